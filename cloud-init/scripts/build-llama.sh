@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Fetch llama.cpp at the pinned commit and build only the targets this node's role needs, with
+# every core. A node that already has the pinned binaries (a reboot, a re-run) builds nothing.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+require_setting LLAMA_CPP_COMMIT
+require_setting LLAMA_CPP_SOURCE
+require_setting LLAMA_ROLE
+
+[[ "$LLAMA_CPP_COMMIT" =~ ^[0-9a-f]{40}$ ]] ||
+  fail "LLAMA_CPP_COMMIT '$LLAMA_CPP_COMMIT' is not a full 40-character commit hash; pin an exact llama.cpp commit"
+
+case "$LLAMA_ROLE" in
+  worker) targets=(ggml-rpc-server) ;;
+  main) targets=(llama-server llama-cli llama-bench) ;;
+  all) targets=(ggml-rpc-server llama-server llama-cli llama-bench) ;;
+  *) fail "LLAMA_ROLE '$LLAMA_ROLE' is not one of worker, main, all" ;;
+esac
+
+root="$LLAMA_PREFIX/$LLAMA_CPP_COMMIT"
+bin_dir="$(llama_bin_dir)"
+build_dir="${LLAMA_BUILD_DIR:-$root/build}"
+jobs="${LLAMA_BUILD_JOBS:-$(cpu_count)}"
+# -DLLAMA_USE_PREBUILT_UI=OFF: the server's web UI would otherwise be downloaded at build time.
+cmake_args=(
+  -G Ninja
+  -DCMAKE_BUILD_TYPE=Release
+  -DGGML_RPC=ON
+  -DGGML_NATIVE=ON
+  -DBUILD_SHARED_LIBS=OFF
+  -DLLAMA_BUILD_TESTS=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_OPENSSL=OFF
+  -DLLAMA_USE_PREBUILT_UI=OFF
+)
+stamp="$bin_dir/.built"
+stamp_text="$(printf '%s\n' "$LLAMA_CPP_COMMIT" "${cmake_args[*]}")"
+
+already_built() {
+  [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_text" ]] || return 1
+  local target
+  for target in "${targets[@]}"; do
+    [[ -x "$bin_dir/$target" ]] || return 1
+  done
+}
+
+if already_built; then
+  log "llama.cpp $LLAMA_CPP_COMMIT already built (${targets[*]}); nothing to do"
+  status build_skipped:=true
+  exit 0
+fi
+
+mkdir -p "$root"
+# Nodes that share a prefix (the local cluster) take turns; on a VM there is only one builder.
+exec 9>"$root/.build.lock"
+flock 9
+if already_built; then
+  status build_skipped:=true
+  exit 0
+fi
+
+status phase=building build_skipped:=false "build_targets=${targets[*]}"
+started=$EPOCHREALTIME
+
+# A plain directory (an unpacked release or sdist tree) is used as it is: whoever passes it
+# vouches for its commit. Anything else (a URL, or a directory holding a git repository) is
+# fetched at the exact commit, shallow, and checked.
+if [[ -d "$LLAMA_CPP_SOURCE" && ! -e "$LLAMA_CPP_SOURCE/.git" ]]; then
+  src="$LLAMA_CPP_SOURCE"
+  [[ -f "$src/CMakeLists.txt" && -d "$src/tools/rpc" ]] ||
+    fail "LLAMA_CPP_SOURCE '$src' is not a llama.cpp source tree (no CMakeLists.txt or tools/rpc)"
+else
+  src="$root/src"
+  if [[ "$(git -C "$src" rev-parse HEAD 2>/dev/null)" != "$LLAMA_CPP_COMMIT" ]]; then
+    log "fetching llama.cpp $LLAMA_CPP_COMMIT from $LLAMA_CPP_SOURCE"
+    rm -rf "$src"
+    git init -q "$src"
+    git -C "$src" fetch -q --depth 1 "$LLAMA_CPP_SOURCE" "$LLAMA_CPP_COMMIT" 2>"$root/fetch.log" ||
+      fail "llama.cpp commit $LLAMA_CPP_COMMIT could not be fetched from $LLAMA_CPP_SOURCE: $(tail -n 1 "$root/fetch.log"); check llamaCppCommit names a commit that exists there"
+    git -C "$src" -c advice.detachedHead=false checkout -q FETCH_HEAD
+  fi
+  [[ "$(git -C "$src" rev-parse HEAD)" == "$LLAMA_CPP_COMMIT" ]] ||
+    fail "fetched llama.cpp is not at $LLAMA_CPP_COMMIT"
+fi
+
+log "building ${targets[*]} with $jobs jobs"
+{
+  cmake -S "$src" -B "$build_dir" "${cmake_args[@]}" &&
+    cmake --build "$build_dir" --target "${targets[@]}" -j "$jobs"
+} >"$root/build.log" 2>&1 ||
+  fail "llama.cpp build failed (${targets[*]}): see $root/build.log"
+
+# Binaries from other build settings must not survive beside the new ones.
+if [[ -f "$stamp" && "$(cat "$stamp")" != "$stamp_text" ]]; then
+  rm -rf "$bin_dir"
+fi
+mkdir -p "$bin_dir"
+for target in "${targets[@]}"; do
+  install -m 0755 "$build_dir/bin/$target" "$bin_dir/$target"
+done
+printf '%s\n' "$stamp_text" >"$stamp"
+status "build_seconds:=$(elapsed_since "$started")"
+log "built ${targets[*]} into $bin_dir"

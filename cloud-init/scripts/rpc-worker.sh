@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# A worker node's service: ggml-rpc-server on this node's private address with every core and
+# the tensor cache on the data disk. Marks the node serving once the port answers.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+require_setting LLAMA_NODE_IP
+case "$LLAMA_NODE_IP" in
+  0.0.0.0 | :: | "*") fail "LLAMA_NODE_IP must be the node's private address; the RPC port has no authentication and must never listen on every interface" ;;
+esac
+export LLAMA_CACHE="${RPC_CACHE_DIR:-$LLAMA_DATA_DIR/rpc-cache}"
+mkdir -p "$LLAMA_CACHE"
+
+status phase=starting
+run_until_ready ggml-rpc-server start_seconds port_answers "$LLAMA_NODE_IP" "$RPC_PORT" -- \
+  "$(llama_bin_dir)/ggml-rpc-server" \
+  --host "$LLAMA_NODE_IP" \
+  --port "$RPC_PORT" \
+  --threads "$(node_threads)" \
+  --cache

@@ -1,0 +1,1 @@
+"""llama-rpc-cluster: private llama.cpp RPC clusters on Arm cloud CPUs."""

@@ -1,0 +1,114 @@
+"""A small random-weight llama GGUF for the local cluster, written with the ``gguf`` package.
+
+Weights are drawn from a seeded generator, so the same shape and seed always give the same file
+(and the same completions). The tokenizer is llama.cpp's own SentencePiece vocab file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+VOCAB_FILE = "models/ggml-vocab-llama-spm.gguf"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 8
+    n_head_kv: int = 4
+    n_ff: int = 704
+    context: int = 2048
+    dtype: str = "f32"  # f32 or f16
+
+    def key(self, seed: int) -> str:
+        text = repr(sorted(asdict(self).items())) + f"seed={seed}"
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+TINY = ModelShape()
+# About 640 MB at f16: large enough that decode is bound by memory, as on a real cluster.
+BENCH = ModelShape(n_embd=2048, n_layer=4, n_head=16, n_head_kv=8, n_ff=5632, dtype="f16")
+
+
+def cached_model(source_tree: Path, cache: Path, shape: ModelShape = TINY, seed: int = 0) -> Path:
+    """The generated model for this shape and seed, written once into ``cache``."""
+    path = cache / "models" / f"random-llama-{shape.key(seed)}.gguf"
+    if not path.is_file():
+        write_model(path, source_tree / VOCAB_FILE, shape, seed)
+    return path
+
+
+def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> Path:  # noqa: PLR0915
+    # Imported here: only the local cluster needs them, not the cloud program.
+    import gguf  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    if shape.n_embd % shape.n_head or shape.n_head % shape.n_head_kv:
+        raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    vocab = gguf.GGUFReader(vocab_path)
+    tokens: list[Any] = vocab.fields["tokenizer.ggml.tokens"].contents()
+    n_vocab = len(tokens)
+    head_dim = shape.n_embd // shape.n_head
+    dtype = np.float16 if shape.dtype == "f16" else np.float32
+    rng = np.random.default_rng(seed)
+
+    def matrix(rows: int, cols: int) -> Any:
+        # Scaled like an initialised network, so activations stay finite through the layers.
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(dtype)
+
+    def ones(n: int) -> Any:
+        return np.ones(n, dtype=np.float32)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    writer = gguf.GGUFWriter(partial, "llama")
+    writer.add_name(f"random-llama-{shape.key(seed)}")
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(
+        gguf.LlamaFileType.MOSTLY_F16 if shape.dtype == "f16" else gguf.LlamaFileType.ALL_F32
+    )
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(vocab.fields["tokenizer.ggml.scores"].contents())
+    writer.add_token_types(vocab.fields["tokenizer.ggml.token_type"].contents())
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+
+    kv_dim = head_dim * shape.n_head_kv
+    writer.add_tensor("token_embd.weight", matrix(n_vocab, shape.n_embd))
+    for i in range(shape.n_layer):
+        block = f"blk.{i}"
+        writer.add_tensor(f"{block}.attn_norm.weight", ones(shape.n_embd))
+        writer.add_tensor(f"{block}.attn_q.weight", matrix(shape.n_embd, shape.n_embd))
+        writer.add_tensor(f"{block}.attn_k.weight", matrix(kv_dim, shape.n_embd))
+        writer.add_tensor(f"{block}.attn_v.weight", matrix(kv_dim, shape.n_embd))
+        writer.add_tensor(f"{block}.attn_output.weight", matrix(shape.n_embd, shape.n_embd))
+        writer.add_tensor(f"{block}.ffn_norm.weight", ones(shape.n_embd))
+        writer.add_tensor(f"{block}.ffn_gate.weight", matrix(shape.n_ff, shape.n_embd))
+        writer.add_tensor(f"{block}.ffn_up.weight", matrix(shape.n_ff, shape.n_embd))
+        writer.add_tensor(f"{block}.ffn_down.weight", matrix(shape.n_embd, shape.n_ff))
+    writer.add_tensor("output_norm.weight", ones(shape.n_embd))
+    writer.add_tensor("output.weight", matrix(n_vocab, shape.n_embd))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.rename(path)
+    return path

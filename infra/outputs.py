@@ -1,0 +1,39 @@
+"""The output contract: the same keys for every provider (and for the local cluster).
+
+The program exports these names and the tests read them; neither spells a key by hand.
+"""
+
+CLOUD = "cloud"
+REGION = "region"
+INSTANCE_TYPE = "instanceType"
+WORKER_COUNT = "workerCount"
+MAIN_PRIVATE_IP = "mainPrivateIp"
+WORKER_PRIVATE_IPS = "workerPrivateIps"
+RPC_SERVERS = "rpcServers"
+LLAMA_SERVER_URL = "llamaServerUrl"
+MAIN_INSTANCE_ID = "mainInstanceId"
+WORKER_INSTANCE_IDS = "workerInstanceIds"
+CONNECT_COMMAND = "connectCommand"
+HOURLY_COST_USD = "hourlyCostUsd"
+LLAMA_CPP_COMMIT = "llamaCppCommit"
+
+ALL_KEYS = (
+    CLOUD,
+    REGION,
+    INSTANCE_TYPE,
+    WORKER_COUNT,
+    MAIN_PRIVATE_IP,
+    WORKER_PRIVATE_IPS,
+    RPC_SERVERS,
+    LLAMA_SERVER_URL,
+    MAIN_INSTANCE_ID,
+    WORKER_INSTANCE_IDS,
+    CONNECT_COMMAND,
+    HOURLY_COST_USD,
+    LLAMA_CPP_COMMIT,
+)
+
+
+def rpc_servers(worker_ips: list[str], port: int) -> str:
+    """``--rpc`` list for llama-server: ``ip:port`` in worker order, comma-separated."""
+    return ",".join(f"{ip}:{port}" for ip in worker_ips)

@@ -1,0 +1,22 @@
+"""The llama.cpp build every node runs, and where it comes from.
+
+The main node and every worker must run the same build: the RPC protocol refuses a peer whose
+protocol version differs. The default commit is the llama.cpp tree vendored in the PyPI sdist of
+llama-cpp-python 0.3.36, so the local cluster and the tests build exactly what the VMs build.
+"""
+
+import re
+
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+LLAMA_CPP_REPO = "https://github.com/ggml-org/llama.cpp"
+LLAMA_CPP_PYTHON_SDIST = "llama-cpp-python==0.3.36"
+
+RPC_PORT = 50052
+SERVER_PORT = 8080
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def is_full_commit(text: str) -> bool:
+    """True for a full 40-character lowercase hex commit hash (never a branch or a tag)."""
+    return _COMMIT.fullmatch(text) is not None
