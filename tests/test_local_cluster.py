@@ -28,7 +28,15 @@ from tests.conftest import SCRIPTS, free_port, require_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-PROMPT = {"prompt": "Hello world, this is", "n_predict": 12, "temperature": 0, "n_probs": 1}
+# cache_prompt off: every request evaluates the whole prompt, so results do not depend on what
+# the server was asked before.
+PROMPT = {
+    "prompt": "Hello world, this is",
+    "n_predict": 12,
+    "temperature": 0,
+    "n_probs": 1,
+    "cache_prompt": False,
+}
 
 
 def complete(url: str, timeout: float = 60) -> tuple[str, list[tuple[int, float]]]:
@@ -178,7 +186,7 @@ def test_a_killed_worker_comes_back_and_the_main_serves_again(up) -> None:
     namespace = network.namespace("w2")
     servers = [
         pid for pid in namespace_pids(namespace)
-        if Path(f"/proc/{pid}/comm").read_text().strip() == "ggml-rpc-serve"
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "ggml-rpc-server"
     ]  # fmt: skip
     assert len(servers) == 1
     os.kill(servers[0], signal.SIGKILL)
@@ -193,7 +201,7 @@ def test_a_killed_worker_comes_back_and_the_main_serves_again(up) -> None:
     assert after == before
     replaced = [
         pid for pid in namespace_pids(namespace)
-        if Path(f"/proc/{pid}/comm").read_text().strip() == "ggml-rpc-serve"
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "ggml-rpc-server"
     ]  # fmt: skip
     assert replaced and replaced != servers
 
@@ -215,3 +223,27 @@ def test_a_bad_checksum_fails_up_and_leaves_nothing_running(up) -> None:
     leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"lrc-{bad.cluster_id}-" not in leftovers
     assert not cluster.state_dir(bad.cache, bad.cluster_id).exists()
+
+
+def test_without_namespaces_the_nodes_share_loopback(up) -> None:
+    options = up["options"]
+    loopback = cluster.UpOptions(
+        workers=1,
+        model=options.model,
+        source=options.source,
+        cache=options.cache,
+        cluster_id=f"{options.cluster_id}l",
+        threads=1,
+        worker_wait_seconds=60,
+        netns=False,
+    )
+    try:
+        contract = cluster.up(loopback, timeout=600)
+        assert contract[outputs.MAIN_PRIVATE_IP] == "127.0.0.10"
+        assert contract[outputs.RPC_SERVERS] == "127.0.0.11:50052"
+        text, tokens = complete(contract[outputs.LLAMA_SERVER_URL])
+        assert text and len(tokens) == PROMPT["n_predict"]
+        log = cluster.state_dir(options.cache, loopback.cluster_id) / "logs" / "w1.log"
+        assert "skipping /opt/llama-rpc/bin/rpc-firewall.sh: it needs root" in log.read_text()
+    finally:
+        cluster.down(loopback.cache, loopback.cluster_id)

@@ -95,16 +95,19 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache", type=Path, default=cache_dir(), help="build and model cache")
+    common.add_argument(
+        "--id", default="local", help="cluster name, to run several (default: local)"
+    )
     parser = argparse.ArgumentParser(
         prog="python -m infra.local", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--cache", type=Path, default=cache_dir(), help="build and model cache")
-    parser.add_argument(
-        "--id", default="local", help="cluster name, to run several (default: local)"
-    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    start = sub.add_parser("up", help="build, boot and wait until the main node serves")
+    start = sub.add_parser(
+        "up", parents=[common], help="build, boot and wait until the main node serves"
+    )
     start.add_argument("--workers", type=int, default=2)
     start.add_argument(
         "--model",
@@ -127,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--timeout", type=float, default=1800)
     start.add_argument("--loopback", action="store_true", help="no namespaces, even as root")
     start.add_argument("--json", action="store_true")
-    show = sub.add_parser("status", help="the output contract and each node's phase")
+    show = sub.add_parser(
+        "status", parents=[common], help="the output contract and each node's phase"
+    )
     show.add_argument("--json", action="store_true")
-    sub.add_parser("down", help="stop every node and remove the namespaces")
-    sub.add_parser("fetch-source", help="download and unpack the pinned llama.cpp source")
+    sub.add_parser("down", parents=[common], help="stop every node and remove the namespaces")
+    sub.add_parser(
+        "fetch-source", parents=[common], help="download and unpack the pinned llama.cpp source"
+    )
     run = sub.add_parser("supervise")  # internal: the detached supervisor
     run.add_argument("state", type=Path)
     args = parser.parse_args(argv)

@@ -109,7 +109,7 @@ class VpcNetwork:
         run("ip", "-n", self.vpc_namespace, "link", "set", name, "master", "br0", "up")
         run("ip", "-n", ns, "addr", "add", f"{ip}/{prefixlen}", "dev", "eth0")
         run("ip", "-n", ns, "link", "set", "eth0", "up")
-        run("ip", "-n", ns, "route", "add", str(self.cidr), "dev", "eth0")
+        run("ip", "-n", ns, "route", "replace", str(self.cidr), "dev", "eth0")
         return ns
 
     def main_is_routed_here(self) -> bool:
