@@ -138,7 +138,7 @@ def test_a_worker_that_never_answers_is_a_bounded_wait(run_script) -> None:
         listener.close()
     elapsed = time.monotonic() - started
     assert result.returncode != 0
-    assert 4 <= elapsed < 20
+    assert 3 <= elapsed < 20  # whole seconds: bash counts the deadline in them
     assert status["phase"] == "failed"
     assert status["workers_answered"] == [answering]
     assert status["workers_missing"] == [silent]
