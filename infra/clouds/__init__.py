@@ -1,0 +1,21 @@
+"""Cloud backends, registered by name and imported only when used (each pulls in its SDK)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from infra.clouds.base import CloudBackend
+
+_REGISTRY = {
+    "aws": "infra.clouds.aws:AwsBackend",
+}
+BACKENDS = tuple(_REGISTRY)
+
+
+def get_backend(name: str) -> CloudBackend[Any, Any]:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown cloud {name!r}; known: {', '.join(BACKENDS)}")
+    module, cls = _REGISTRY[name].split(":")
+    backend: type[CloudBackend[Any, Any]] = getattr(importlib.import_module(module), cls)
+    return backend()

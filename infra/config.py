@@ -1,0 +1,412 @@
+"""The stack's configuration, read once into a typed, frozen, validated ``ClusterConfig``.
+
+Every error names the key (``llama-rpc-cluster:<key>``) and says how to fix it, and is raised
+before any resource is created.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from infra import catalog
+from infra.boot import Cloud
+from infra.catalog import InstanceType
+from infra.models import PRESETS
+from infra.pins import LLAMA_CPP_COMMIT, RPC_PORT, SERVER_PORT, is_full_commit
+
+PROJECT = "llama-rpc-cluster"
+MAX_WORKERS = 16  # llama.cpp's limit on RPC servers
+REGION_KEYS = {"aws": "aws:region", "gcp": "gcp:region", "azure": "azure-native:location"}
+KNOWN_KEYS = (
+    "cloud",
+    "instanceType",
+    "mainInstanceType",
+    "workerCount",
+    "model",
+    "llamaCppCommit",
+    "vpcCidr",
+    "rpcPort",
+    "serverPort",
+    "contextSize",
+    "mainDiskGb",
+    "workerDiskGb",
+    "diskThroughputMibps",
+    "apiAllowedCidrs",
+    "tags",
+)
+MODEL_KEYS = ("preset", "urls", "sha256", "sizeGb", "layers", "kvBytesPerToken")
+
+# Memory a node keeps for itself: the OS, the page cache llama.cpp needs to stream weights, and
+# the RPC server's own allocations.
+OS_HEADROOM_BYTES = 2 * 1024**3
+OS_HEADROOM_FRACTION = 0.05
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; raised before anything is created."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{PROJECT}:{key}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    urls: tuple[str, ...]
+    sha256: tuple[str, ...]
+    size_bytes: int
+    layers: int | None
+    kv_bytes_per_token: int
+    preset: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    cloud: Cloud
+    region: str
+    instance_type: InstanceType
+    main_instance_type: InstanceType
+    worker_count: int
+    model: ModelSpec
+    llama_cpp_commit: str
+    vpc_cidr: ipaddress.IPv4Network
+    rpc_port: int
+    server_port: int
+    context_size: int
+    main_disk_gb: int
+    worker_disk_gb: int
+    disk_throughput_mibps: int
+    api_allowed_cidrs: tuple[str, ...]
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def private_subnet(self) -> ipaddress.IPv4Network:
+        return next(self.vpc_cidr.subnets(new_prefix=24))
+
+    @property
+    def public_subnet(self) -> ipaddress.IPv4Network:
+        subnets = self.vpc_cidr.subnets(new_prefix=24)
+        next(subnets)
+        return next(subnets)
+
+    @property
+    def main_ip(self) -> str:
+        return str(self.private_subnet.network_address + 10)
+
+    @property
+    def worker_ips(self) -> list[str]:
+        base = self.private_subnet.network_address
+        return [str(base + 11 + i) for i in range(self.worker_count)]
+
+    @property
+    def hourly_usd(self) -> float | None:
+        """Instances only, from the catalog; None when a price is unknown."""
+        main, worker = self.main_instance_type.hourly_usd, self.instance_type.hourly_usd
+        if main is None or worker is None:
+            return None
+        return round(main + worker * self.worker_count, 5)
+
+
+def usable_memory_bytes(instance: InstanceType) -> int:
+    """What one node can give the model: its memory less the OS headroom."""
+    return int(instance.memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES
+
+
+def compute_buffer_bytes(model_bytes: int) -> int:
+    """Per-device compute buffers at ubatch 512: about 0.3 GB (8B) to 1.2 GB (405B)."""
+    return int(min(1.2e9, max(0.3e9, 0.005 * model_bytes + 0.28e9)))
+
+
+def worker_need_bytes(model: ModelSpec, context: int, workers: int) -> int:
+    """Memory the most loaded worker needs: its layers' weights and KV cache, and buffers."""
+    # Layers are not split: the most loaded worker holds ceil(layers / workers) of them.
+    share = math.ceil(model.layers / workers) / model.layers if model.layers else 1 / workers
+    weights_and_kv = model.size_bytes + model.kv_bytes_per_token * context
+    return int(weights_and_kv * share) + compute_buffer_bytes(model.size_bytes)
+
+
+def min_workers(model: ModelSpec, context: int, instance: InstanceType) -> int | None:
+    usable = usable_memory_bytes(instance)
+    for count in range(1, MAX_WORKERS + 1):
+        if worker_need_bytes(model, context, count) <= usable:
+            return count
+    return None
+
+
+def load() -> ClusterConfig:
+    """Read the running stack's configuration (inside a Pulumi program)."""
+    from pulumi.runtime.config import CONFIG, get_config_env  # noqa: PLC0415
+
+    values = {**get_config_env(), **CONFIG.get()}
+    settings = {
+        key.split(":", 1)[1]: value
+        for key, value in values.items()
+        if key.startswith(f"{PROJECT}:")
+    }
+    cloud = _decode(settings.get("cloud", "aws"))
+    region_key = REGION_KEYS.get(str(cloud), "")
+    return from_settings(settings, region=values.get(region_key))
+
+
+def _decode(value: Any) -> Any:
+    """Pulumi hands structured values over as JSON text."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _string(settings: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = settings.get(key, default)
+    if value is None:
+        raise ConfigError(key, f"is required; set it with `pulumi config set {key} <value>`")
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int(settings: Mapping[str, Any], key: str, default: int) -> int:
+    value = _decode(settings.get(key, default))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be a whole number, got {value!r}")
+    return value
+
+
+def _port(settings: Mapping[str, Any], key: str, default: int) -> int:
+    port = _int(settings, key, default)
+    if not 1 <= port <= 65535:
+        raise ConfigError(key, f"{port} is outside 1-65535; choose a valid TCP port")
+    return port
+
+
+def _instance(cloud: str, region: str, key: str, name: str) -> InstanceType:
+    from infra.clouds import get_backend  # noqa: PLC0415 (the backends import this module)
+
+    backend = get_backend(cloud)
+    entry = catalog.find(cloud, region, name)
+    if entry is None and not backend.is_arm(name):
+        raise ConfigError(
+            key,
+            f"{name} is not an Arm instance type; this project runs on Arm CPUs "
+            f"({backend.arm_examples}). Choose one of those.",
+        )
+    if entry is None:
+        elsewhere = catalog.regions_of(cloud, name)
+        known = ", ".join(t.name for t in catalog.types_in(cloud, region)) or "none"
+        where = f" (it is listed for {', '.join(elsewhere)})" if elsewhere else ""
+        raise ConfigError(
+            key,
+            f"{name} is not in the instance catalog for {cloud} {region}{where}; "
+            f"known types there: {known}",
+        )
+    if entry.arch != "arm64":
+        raise ConfigError(key, f"{name} is {entry.arch}, not Arm; choose an Arm instance type")
+    return entry
+
+
+def _model(settings: Mapping[str, Any]) -> ModelSpec:
+    raw = _decode(settings.get("model"))
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            "model", "is required: an object with `urls` (every part of the GGUF) and a `preset`"
+        )
+    unknown = sorted(set(raw) - set(MODEL_KEYS))
+    if unknown:
+        raise ConfigError("model", f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
+    urls = raw.get("urls")
+    if isinstance(urls, str):
+        urls = [urls]
+    if not urls or not isinstance(urls, list):
+        raise ConfigError(
+            "model.urls",
+            "no model URL: give the GGUF's https URL (every part, in order, for a split GGUF)",
+        )
+    for url in urls:
+        if not isinstance(url, str) or not re.fullmatch(r"https?://\S+", url):
+            raise ConfigError("model.urls", f"{url!r} is not an http(s) URL")
+    sha256 = raw.get("sha256") or []
+    if isinstance(sha256, str):
+        sha256 = [sha256]
+    if sha256 and len(sha256) != len(urls):
+        raise ConfigError(
+            "model.sha256", f"{len(sha256)} checksums for {len(urls)} URLs; one per part, in order"
+        )
+    for digest in sha256:
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ConfigError("model.sha256", f"{digest!r} is not a lowercase sha256 hex digest")
+    preset_name = raw.get("preset")
+    preset = PRESETS.get(preset_name) if preset_name else None
+    if preset_name and preset is None:
+        raise ConfigError(
+            "model.preset", f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}"
+        )
+    size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
+    kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
+    layers = raw.get("layers", preset.layers if preset else None)
+    if not isinstance(size_gb, int | float) or size_gb <= 0:
+        raise ConfigError("model.sizeGb", "give the model's size in GB (10^9 bytes), or a preset")
+    if not isinstance(kv, int) or kv <= 0:
+        raise ConfigError(
+            "model.kvBytesPerToken",
+            "give the KV-cache bytes per token (layers x 2 x kv_heads x head_dim x 2), or a preset",
+        )
+    if layers is not None and (not isinstance(layers, int) or layers <= 0):
+        raise ConfigError("model.layers", f"must be a positive whole number, got {layers!r}")
+    return ModelSpec(
+        urls=tuple(urls),
+        sha256=tuple(sha256),
+        size_bytes=int(size_gb * 1e9),
+        layers=layers,
+        kv_bytes_per_token=kv,
+        preset=preset_name,
+    )
+
+
+def _vpc_cidr(settings: Mapping[str, Any]) -> ipaddress.IPv4Network:
+    text = _string(settings, "vpcCidr", "10.42.0.0/16")
+    try:
+        cidr = ipaddress.IPv4Network(text)
+    except ValueError as error:
+        raise ConfigError("vpcCidr", f"{text!r} is not a valid IPv4 CIDR ({error})") from None
+    if not cidr.is_private or cidr.is_loopback or cidr.is_link_local:
+        raise ConfigError(
+            "vpcCidr",
+            f"{text} is not a private range; use 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16",
+        )
+    if cidr.prefixlen > 23:
+        raise ConfigError("vpcCidr", f"{text} is too small; use /23 or larger (two /24 subnets)")
+    return cidr
+
+
+def _cidrs(settings: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    raw = _decode(settings.get(key, []))
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise ConfigError(key, "must be a list of CIDRs")
+    cidrs = []
+    for text in raw:
+        try:
+            network = ipaddress.ip_network(str(text), strict=False)
+        except ValueError:
+            raise ConfigError(key, f"{text!r} is not a valid CIDR") from None
+        if network.prefixlen == 0:
+            raise ConfigError(
+                key,
+                f"{text} opens the API to the whole internet, and llama-server has no "
+                "authentication; give your own network's CIDR or use the tunnel (connectCommand)",
+            )
+        cidrs.append(str(network))
+    return tuple(cidrs)
+
+
+def _tags(settings: Mapping[str, Any]) -> dict[str, str]:
+    raw = _decode(settings.get("tags", {}))
+    if not isinstance(raw, dict):
+        raise ConfigError("tags", "must be a map of tag names to values")
+    for name, value in raw.items():
+        if not isinstance(value, str) or not name or len(name) > 128 or len(value) > 256:
+            raise ConfigError(
+                "tags", f"{name!r}: names must be 1-128 characters and values strings of <= 256"
+            )
+    return dict(raw)
+
+
+def _check_fit(
+    model: ModelSpec, context: int, worker_count: int, worker_type: InstanceType
+) -> None:
+    need = worker_need_bytes(model, context, worker_count)
+    usable = usable_memory_bytes(worker_type)
+    if need > usable:
+        fewest = min_workers(model, context, worker_type)
+        fix = (
+            f"raise workerCount to {fewest}"
+            if fewest
+            else f"even {MAX_WORKERS} workers are too few; choose a larger instanceType"
+        )
+        raise ConfigError(
+            "workerCount",
+            f"the model does not fit: each of {worker_count} {worker_type.name} workers needs "
+            f"{need / 1024**3:.1f} GiB (weights, KV cache for contextSize {context}, buffers) "
+            f"but has {usable / 1024**3:.1f} GiB usable; {fix}, or choose an instanceType "
+            "with more memory",
+        )
+
+
+def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
+    """Validate raw settings (the project's config keys without their namespace)."""
+    from infra.clouds import BACKENDS  # noqa: PLC0415
+
+    unknown = sorted(set(settings) - set(KNOWN_KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key; known keys: {', '.join(KNOWN_KEYS)}")
+    cloud = _string(settings, "cloud", "aws")
+    if cloud not in BACKENDS:
+        raise ConfigError("cloud", f"{cloud!r} is not one of {', '.join(sorted(BACKENDS))}")
+    if not region:
+        key = REGION_KEYS[cloud]
+        raise ConfigError("cloud", f"no region: set it with `pulumi config set {key} <region>`")
+    worker_type = _instance(cloud, region, "instanceType", _string(settings, "instanceType"))
+    main_name = settings.get("mainInstanceType") or worker_type.name
+    main_type = _instance(cloud, region, "mainInstanceType", str(main_name))
+
+    worker_count = _int(settings, "workerCount", 2)
+    if not 1 <= worker_count <= MAX_WORKERS:
+        raise ConfigError(
+            "workerCount",
+            f"{worker_count} is outside 1-{MAX_WORKERS}; llama.cpp takes at most "
+            f"{MAX_WORKERS} RPC servers",
+        )
+    commit = _string(settings, "llamaCppCommit", LLAMA_CPP_COMMIT)
+    if not is_full_commit(commit):
+        raise ConfigError(
+            "llamaCppCommit",
+            f"{commit!r} is not a full 40-character commit hash; pin an exact commit",
+        )
+    rpc_port = _port(settings, "rpcPort", RPC_PORT)
+    server_port = _port(settings, "serverPort", SERVER_PORT)
+    if rpc_port == server_port:
+        raise ConfigError("serverPort", f"equals rpcPort ({rpc_port}); choose another port")
+    context = _int(settings, "contextSize", 4096)
+    model = _model(settings)
+    if context < 1:
+        raise ConfigError("contextSize", f"must be positive, got {context}")
+
+    _check_fit(model, context, worker_count, worker_type)
+
+    model_gb = model.size_bytes / 1e9
+    main_disk = _int(settings, "mainDiskGb", math.ceil(model_gb * 1.1) + 40)
+    worker_disk = _int(settings, "workerDiskGb", math.ceil(model_gb * 1.1 / worker_count) + 30)
+    if main_disk < model_gb + 20:
+        raise ConfigError(
+            "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
+        )
+    throughput = _int(settings, "diskThroughputMibps", 1000)
+    if not 125 <= throughput <= 1000:
+        raise ConfigError("diskThroughputMibps", f"{throughput} is outside gp3's 125-1000 MiB/s")
+    return ClusterConfig(
+        cloud=cast(Cloud, cloud),
+        region=region,
+        instance_type=worker_type,
+        main_instance_type=main_type,
+        worker_count=worker_count,
+        model=model,
+        llama_cpp_commit=commit,
+        vpc_cidr=_vpc_cidr(settings),
+        rpc_port=rpc_port,
+        server_port=server_port,
+        context_size=context,
+        main_disk_gb=main_disk,
+        worker_disk_gb=worker_disk,
+        disk_throughput_mibps=throughput,
+        api_allowed_cidrs=_cidrs(settings, "apiAllowedCidrs"),
+        tags=_tags(settings),
+    )

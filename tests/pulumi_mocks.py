@@ -1,0 +1,125 @@
+"""Run the Pulumi program for a stack preset under mocks, recording every resource and output."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+
+from tests.conftest import REPO
+
+STACKS = REPO / "stacks"
+ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
+
+
+def stack_names() -> list[str]:
+    return sorted(
+        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in STACKS.glob("Pulumi.*.yaml")
+    )
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((STACKS / f"Pulumi.{stack}.yaml").read_text())["config"]
+    return config
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    def __init__(self, unavailable: dict[str, set[str]] | None = None) -> None:
+        self.resources: list[pulumi.runtime.MockResourceArgs] = []
+        self.calls: list[pulumi.runtime.MockCallArgs] = []
+        # zone -> instance types it does not offer
+        self.unavailable = unavailable or {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(args)
+        state = dict(args.inputs)
+        state.setdefault("name", args.name)
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        self.calls.append(args)
+        if args.token == "aws:ssm/getParameter:getParameter":
+            return {"name": args.args["name"], "type": "String", "value": "ami-0123456789abcdef0"}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            wanted = args.args["filters"][0]["values"]
+            rows = [
+                (zone, t)
+                for zone in ZONES
+                for t in wanted
+                if t not in self.unavailable.get(zone, set())
+            ]
+            return {
+                "id": "us-east-1",
+                "locations": [z for z, _ in rows],
+                "instanceTypes": [t for _, t in rows],
+                "locationTypes": ["availability-zone"] * len(rows),
+            }
+        return {}
+
+
+@dataclass
+class Deployment:
+    resources: list[pulumi.runtime.MockResourceArgs]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def named(self, name: str) -> pulumi.runtime.MockResourceArgs:
+        return next(r for r in self.resources if r.name == name)
+
+
+def deploy(
+    stack: str, overrides: dict[str, Any] | None = None, mocks: RecordingMocks | None = None
+) -> Deployment:
+    """Run the program for a stack preset (with config overrides) and resolve its outputs."""
+    from infra import program
+
+    mocks = mocks or RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="llama-rpc-cluster", stack=stack, preview=False)
+    config = {**stack_config(stack), **(overrides or {})}
+    pulumi.runtime.set_all_config(
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None}
+    )
+    deployment = Deployment(mocks.resources)
+
+    @pulumi.runtime.test
+    def run() -> pulumi.Output[Any]:
+        cluster = program.run()
+        everything = {**cluster.outputs, **cluster.details}
+        return pulumi.Output.from_input(everything).apply(deployment.outputs.update)
+
+    run()
+    return deployment
+
+
+def user_data_text(instance_inputs: dict[str, Any]) -> str:
+    """The cloud-config an instance boots with, however it was delivered."""
+    if instance_inputs.get("userDataBase64"):
+        return gzip.decompress(base64.b64decode(instance_inputs["userDataBase64"])).decode()
+    text: str = instance_inputs["userData"]
+    return text
+
+
+def env_of(user_data: str) -> dict[str, str]:
+    files = yaml.safe_load(user_data)["write_files"]
+    env_file = next(f for f in files if f["path"] == "/etc/llama-rpc/node.env")
+    pairs = (line.split("=", 1) for line in env_file["content"].splitlines())
+    return {k: v.strip("'") for k, v in pairs}
+
+
+__all__ = [
+    "Deployment",
+    "Path",
+    "RecordingMocks",
+    "deploy",
+    "env_of",
+    "stack_names",
+    "user_data_text",
+]

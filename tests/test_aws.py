@@ -1,0 +1,302 @@
+"""The AWS program under Pulumi mocks, for every AWS stack preset: resources, security, outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra import outputs
+from tests.pulumi_mocks import (
+    RecordingMocks,
+    deploy,
+    env_of,
+    stack_config,
+    stack_names,
+    user_data_text,
+)
+
+AWS_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "aws"]
+# Resources that AWS cannot tag (associations and attachments).
+UNTAGGABLE = {
+    "aws:ec2/routeTableAssociation:RouteTableAssociation",
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+}
+INSTANCE = "aws:ec2/instance:Instance"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+
+_cache: dict[str, Any] = {}
+
+
+def deployed(stack: str) -> Any:
+    if stack not in _cache:
+        _cache[stack] = deploy(stack)
+    return _cache[stack]
+
+
+def test_there_are_aws_presets() -> None:
+    assert {"aws-c8g", "aws-small", "aws-r8g", "aws-c7g"} <= set(AWS_STACKS)
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_instances_count_type_and_placement(stack: str) -> None:
+    d = deployed(stack)
+    config = stack_config(stack)
+    workers = config["llama-rpc-cluster:workerCount"]
+    instances = d.of_type(INSTANCE)
+    assert len(instances) == workers + 1
+    worker_type = config["llama-rpc-cluster:instanceType"]
+    main_type = config.get("llama-rpc-cluster:mainInstanceType", worker_type)
+    by_name = {r.name: r.inputs for r in instances}
+    assert by_name["llama-rpc-cluster-main"]["instanceType"] == main_type
+    for i in range(1, workers + 1):
+        assert by_name[f"llama-rpc-cluster-worker-{i}"]["instanceType"] == worker_type
+    [placement] = d.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert placement.inputs["strategy"] == "cluster"
+    private = d.named("llama-rpc-cluster-private")
+    for inputs in by_name.values():
+        assert inputs["placementGroup"] == "llama-rpc-cluster-placement"
+        assert inputs["subnetId"] == "llama-rpc-cluster-private-id"
+        assert inputs["ami"] == "ami-0123456789abcdef0"
+    assert private.inputs["availabilityZone"] == "us-east-1a"
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_only_the_rpc_port_is_open_and_only_from_the_main_group(stack: str) -> None:
+    d = deployed(stack)
+    [rule] = d.of_type(INGRESS)  # no apiAllowedCidrs in the presets
+    assert rule.inputs["securityGroupId"] == "llama-rpc-cluster-worker-sg-id"
+    assert rule.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-main-sg-id"
+    assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == (
+        "tcp",
+        50052,
+        50052,
+    )
+    assert "cidrIpv4" not in rule.inputs and "cidrIpv6" not in rule.inputs
+    for group in d.of_type("aws:ec2/securityGroup:SecurityGroup"):
+        assert not group.inputs.get("ingress"), "no inline rules: every rule is its own resource"
+    for egress in d.of_type(EGRESS):
+        cidr = egress.inputs.get("cidrIpv4")
+        if cidr == "0.0.0.0/0":
+            assert egress.inputs["fromPort"] in (80, 443)
+        else:
+            assert egress.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-worker-sg-id"
+            assert egress.inputs["fromPort"] == 50052
+    workers = [r for r in d.of_type(INSTANCE) if "worker" in r.name]
+    main = d.named("llama-rpc-cluster-main")
+    assert all(
+        w.inputs["vpcSecurityGroupIds"] == ["llama-rpc-cluster-worker-sg-id"] for w in workers
+    )
+    assert main.inputs["vpcSecurityGroupIds"] == ["llama-rpc-cluster-main-sg-id"]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_no_public_addresses_imdsv2_and_encrypted_disks(stack: str) -> None:
+    d = deployed(stack)
+    for subnet in d.of_type("aws:ec2/subnet:Subnet"):
+        assert subnet.inputs["mapPublicIpOnLaunch"] is False
+    for instance in d.of_type(INSTANCE):
+        inputs = instance.inputs
+        assert inputs["associatePublicIpAddress"] is False
+        assert inputs["metadataOptions"]["httpTokens"] == "required"
+        assert inputs["metadataOptions"]["httpPutResponseHopLimit"] == 1
+        disk = inputs["rootBlockDevice"]
+        assert disk["encrypted"] is True and disk["volumeType"] == "gp3"
+        assert inputs["iamInstanceProfile"] == "llama-rpc-cluster-node"
+        assert "keyName" not in inputs
+        assert inputs["userDataReplaceOnChange"] is True
+    [attachment] = d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    assert attachment.inputs["policyArn"].endswith("AmazonSSMManagedInstanceCore")
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_main_disk_is_sized_for_the_model_and_loads_fast(stack: str) -> None:
+    d = deployed(stack)
+    config = stack_config(stack)
+    model_gb = config["llama-rpc-cluster:model"]["sizeGb"]
+    main_disk = d.named("llama-rpc-cluster-main").inputs["rootBlockDevice"]
+    assert main_disk["volumeSize"] >= model_gb * 1.1
+    expected = config.get("llama-rpc-cluster:diskThroughputMibps", 1000)
+    assert main_disk["throughput"] == expected
+    assert main_disk["iops"] >= max(3000, expected * 4)
+    worker_disk = d.named("llama-rpc-cluster-worker-1").inputs["rootBlockDevice"]
+    workers = config["llama-rpc-cluster:workerCount"]
+    assert worker_disk["volumeSize"] >= model_gb / workers  # the RPC tensor cache
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_taggable_resource_carries_the_stack_tags(stack: str) -> None:
+    d = deployed(stack)
+    for resource in d.resources:
+        if resource.typ in UNTAGGABLE or resource.typ.startswith("llama-rpc-cluster:"):
+            continue
+        tags = resource.inputs.get("tags")
+        assert tags, f"{resource.typ} {resource.name} has no tags"
+        assert tags["project"] == "llama-rpc-cluster"
+        assert tags["stack"] == stack
+        assert tags["role"] in ("network", "main", "worker")
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_user_data_wires_workers_and_main(stack: str) -> None:
+    d = deployed(stack)
+    config = stack_config(stack)
+    main = d.named("llama-rpc-cluster-main").inputs
+    worker_ips = []
+    for i in range(1, config["llama-rpc-cluster:workerCount"] + 1):
+        worker = d.named(f"llama-rpc-cluster-worker-{i}").inputs
+        env = env_of(user_data_text(worker))
+        assert env["LLAMA_ROLE"] == "worker"
+        assert env["LLAMA_NODE_IP"] == worker["privateIp"] == f"10.42.0.{10 + i}"
+        assert env["RPC_ALLOWED_SOURCES"] == f"{main['privateIp']}/32"
+        worker_ips.append(worker["privateIp"])
+    env = env_of(user_data_text(main))
+    assert main["privateIp"] == env["LLAMA_NODE_IP"] == "10.42.0.10"
+    assert env["RPC_WORKERS"] == ",".join(f"{ip}:50052" for ip in worker_ips)
+    model = config["llama-rpc-cluster:model"]
+    assert env["MODEL_URLS"].split() == model["urls"]
+    assert env["MODEL_SHA256"].split() == model.get("sha256", [])
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_outputs_follow_the_contract(stack: str) -> None:
+    d = deployed(stack)
+    out = d.outputs
+    assert set(outputs.ALL_KEYS) <= set(out)
+    config = stack_config(stack)
+    assert out[outputs.CLOUD] == "aws" and out[outputs.REGION] == "us-east-1"
+    assert out[outputs.WORKER_COUNT] == config["llama-rpc-cluster:workerCount"]
+    assert out[outputs.RPC_SERVERS] == ",".join(
+        f"{ip}:50052" for ip in out[outputs.WORKER_PRIVATE_IPS]
+    )
+    assert out[outputs.LLAMA_SERVER_URL] == f"http://{out[outputs.MAIN_PRIVATE_IP]}:8080"
+    assert out[outputs.MAIN_INSTANCE_ID] == "llama-rpc-cluster-main-id"
+    assert out[outputs.WORKER_INSTANCE_IDS] == [
+        f"llama-rpc-cluster-worker-{i}-id" for i in range(1, out[outputs.WORKER_COUNT] + 1)
+    ]
+    assert "AWS-StartPortForwardingSession" in out[outputs.CONNECT_COMMAND]
+    assert "llama-rpc-cluster-main-id" in out[outputs.CONNECT_COMMAND]
+    assert out[outputs.LLAMA_CPP_COMMIT] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert out[outputs.HOURLY_COST_USD] > 0
+    assert "2026-07-20" in out["hourlyCostBasis"]
+
+
+def test_reference_stack_costs_what_arm_guide_pays() -> None:
+    assert deployed("aws-c8g").outputs[outputs.HOURLY_COST_USD] == pytest.approx(3 * 2.55232)
+    assert (
+        deployed("aws-r8g").outputs[outputs.HOURLY_COST_USD]
+        < deployed("aws-c8g").outputs[outputs.HOURLY_COST_USD]
+    )
+
+
+def test_zone_is_one_that_offers_every_type() -> None:
+    mocks = RecordingMocks(
+        unavailable={"us-east-1a": {"r8g.8xlarge"}, "us-east-1b": {"r8g.4xlarge"}}
+    )
+    d = deploy("aws-r8g", mocks=mocks)
+    assert d.named("llama-rpc-cluster-private").inputs["availabilityZone"] == "us-east-1c"
+
+
+def test_api_cidrs_open_only_the_server_port() -> None:
+    d = deploy("aws-small", {"llama-rpc-cluster:apiAllowedCidrs": ["192.168.10.0/24"]})
+    api = [
+        r
+        for r in d.of_type(INGRESS)
+        if r.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
+    ]
+    assert [(r.inputs["cidrIpv4"], r.inputs["fromPort"], r.inputs["toPort"]) for r in api] == [
+        ("192.168.10.0/24", 8080, 8080)
+    ]
+
+
+def test_s3_models_get_a_gateway_endpoint() -> None:
+    url = "https://my-models.s3.us-east-1.amazonaws.com/qwen.gguf"
+    model = {**stack_config("aws-small")["llama-rpc-cluster:model"], "urls": [url], "sha256": []}
+    d = deploy("aws-small", {"llama-rpc-cluster:model": model})
+    [endpoint] = d.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert endpoint.inputs["serviceName"] == "com.amazonaws.us-east-1.s3"
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    assert not deployed("aws-small").of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"llama-rpc-cluster:instanceType": "c7i.16xlarge"},
+            "instanceType: c7i.16xlarge is not an Arm instance type",
+        ),
+        (
+            {"llama-rpc-cluster:instanceType": "c8g.48xlarge"},
+            "instanceType: c8g.48xlarge is not in the instance catalog",
+        ),
+        (
+            {"llama-rpc-cluster:mainInstanceType": "m7i.large"},
+            "mainInstanceType: m7i.large is not an Arm",
+        ),
+        ({"llama-rpc-cluster:workerCount": 0}, "workerCount: 0 is outside 1-16"),
+        ({"llama-rpc-cluster:workerCount": 17}, "workerCount: 17 is outside 1-16"),
+        ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not a private range"),
+        (
+            {"llama-rpc-cluster:vpcCidr": "10.0.0.0/33"},
+            "vpcCidr: '10.0.0.0/33' is not a valid IPv4 CIDR",
+        ),
+        ({"llama-rpc-cluster:vpcCidr": "10.0.0.0/25"}, "vpcCidr: 10.0.0.0/25 is too small"),
+        ({"llama-rpc-cluster:rpcPort": 70000}, "rpcPort: 70000 is outside 1-65535"),
+        ({"llama-rpc-cluster:serverPort": 0}, "serverPort: 0 is outside 1-65535"),
+        ({"llama-rpc-cluster:serverPort": 50052}, "serverPort: equals rpcPort"),
+        ({"llama-rpc-cluster:llamaCppCommit": "master"}, "llamaCppCommit: 'master' is not a full"),
+        (
+            {"llama-rpc-cluster:apiAllowedCidrs": ["0.0.0.0/0"]},
+            "apiAllowedCidrs: 0.0.0.0/0 opens the API",
+        ),
+        ({"llama-rpc-cluster:workerCont": 2}, "workerCont: unknown key"),
+        ({"aws:region": None}, "no region"),
+        (
+            {"aws:region": "eu-west-1"},
+            "not in the instance catalog for aws eu-west-1 (it is listed for us-east-1)",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_created(overrides: dict, message: str) -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-small", overrides, mocks=mocks)
+    assert message in str(error.value)
+    assert mocks.resources == []
+
+
+def test_a_model_that_does_not_fit_names_the_fix() -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-c8g", {"llama-rpc-cluster:instanceType": "c8g.8xlarge"}, mocks=mocks)
+    text = str(error.value)
+    assert "workerCount: the model does not fit" in text
+    assert "raise workerCount to 5" in text  # 26 of 126 layers each: 49 GiB of 58.8
+    assert mocks.resources == []
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"sizeGb": 1, "kvBytesPerToken": 1}, "model.urls: no model URL"),
+        ({"urls": ["ftp://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1}, "is not an http(s) URL"),
+        ({"urls": ["https://x/m.gguf"], "kvBytesPerToken": 1}, "model.sizeGb"),
+        (
+            {"urls": ["https://x/m.gguf"], "preset": "llama-9"},
+            "model.preset: unknown preset 'llama-9'",
+        ),
+        (
+            {"urls": ["https://x/m.gguf"], "preset": "llama-3.1-8b-q4_0", "sha256": ["ab"]},
+            "model.sha256",
+        ),
+    ],
+)
+def test_bad_models_are_refused(model: dict, message: str) -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-small", {"llama-rpc-cluster:model": model}, mocks=mocks)
+    assert message in str(error.value)
+    assert mocks.resources == []
