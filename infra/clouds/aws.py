@@ -294,6 +294,5 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         return pulumi.Output.concat(
             f"aws ssm start-session --region {config.region} --target ",
             main.instance_id,
-            f" --document-name AWS-StartPortForwardingSession --parameters '{parameters}'"
-            f"  # then: curl http://localhost:{port}/v1/models",
+            f" --document-name AWS-StartPortForwardingSession --parameters '{parameters}'",
         )
