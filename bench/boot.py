@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from infra.local.cluster import _build_prefix  # noqa: E402
+from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import BENCH, cached_model  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
 from infra.pins import LLAMA_CPP_COMMIT  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> int:
         }
         print(f"build: worker {worker_cpu:.0f} s CPU, full {full_cpu:.0f} s CPU", file=sys.stderr)
 
-    prefix = _build_prefix(cache)
+    prefix = build_prefix(cache)
     build("all", prefix, source)  # the cached build, as the local cluster uses it
     bin_dir = prefix / LLAMA_CPP_COMMIT / "bin"
     model = cached_model(source, cache, BENCH)

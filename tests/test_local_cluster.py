@@ -110,7 +110,7 @@ def test_status_files_record_the_boot(up) -> None:
 def test_greedy_completion_through_workers_equals_one_node(up) -> None:
     """Same text and the same token log-probabilities as the model on one process."""
     through_workers = complete(up["contract"][outputs.LLAMA_SERVER_URL])
-    bin_dir = Path(cluster._build_prefix(up["options"].cache)) / up["spec"]["commit"] / "bin"
+    bin_dir = Path(cluster.build_prefix(up["options"].cache)) / up["spec"]["commit"] / "bin"
     port = free_port()
     single = subprocess.Popen(
         [

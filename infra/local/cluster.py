@@ -147,7 +147,7 @@ def up(options: UpOptions, *, timeout: float = 1800, progress: Any = None) -> di
             bin_dir=str(SCRIPTS_DIR),
             env_file=str(env_file),
             data_dir=str(node_dir),
-            prefix=str(_build_prefix(options.cache)),
+            prefix=str(build_prefix(options.cache)),
         )
         env_file.write_text(render_env_file(boot.env(paths)))
         nodes.append(
@@ -181,7 +181,7 @@ def up(options: UpOptions, *, timeout: float = 1800, progress: Any = None) -> di
     return contract(spec)
 
 
-def _build_prefix(cache: Path) -> Path:
+def build_prefix(cache: Path) -> Path:
     """Builds are native to this CPU (-DGGML_NATIVE=ON), so they are cached per CPU model."""
     flags = ""
     cpuinfo = Path("/proc/cpuinfo")
