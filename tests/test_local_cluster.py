@@ -6,6 +6,7 @@ it. Traffic goes only to loopback and to the namespaces these tests create.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -208,11 +209,9 @@ def test_a_killed_worker_comes_back_and_the_main_serves_again(up) -> None:
 
 def test_a_bad_checksum_fails_up_and_leaves_nothing_running(up) -> None:
     options = up["options"]
-    bad = cluster.UpOptions(
+    bad = dataclasses.replace(
+        options,
         workers=1,
-        model=options.model,
-        source=options.source,
-        cache=options.cache,
         cluster_id=f"{options.cluster_id}b",
         cidr=options.cidr.replace("10.213.", "10.214."),
         model_sha256="0" * 64,
@@ -227,15 +226,8 @@ def test_a_bad_checksum_fails_up_and_leaves_nothing_running(up) -> None:
 
 def test_without_namespaces_the_nodes_share_loopback(up) -> None:
     options = up["options"]
-    loopback = cluster.UpOptions(
-        workers=1,
-        model=options.model,
-        source=options.source,
-        cache=options.cache,
-        cluster_id=f"{options.cluster_id}l",
-        threads=1,
-        worker_wait_seconds=60,
-        netns=False,
+    loopback = dataclasses.replace(
+        options, workers=1, cluster_id=f"{options.cluster_id}l", worker_wait_seconds=60, netns=False
     )
     try:
         contract = cluster.up(loopback, timeout=600)

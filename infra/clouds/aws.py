@@ -89,23 +89,18 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             tags={**tags, "Name": f"{name}-vpc"},
             opts=opts,
         )
-        public = aws.ec2.Subnet(
-            f"{name}-public",
-            vpc_id=vpc.id,
-            cidr_block=str(config.public_subnet),
-            availability_zone=zone,
-            map_public_ip_on_launch=False,
-            tags={**tags, "Name": f"{name}-public"},
-            opts=opts,
-        )
-        private = aws.ec2.Subnet(
-            f"{name}-private",
-            vpc_id=vpc.id,
-            cidr_block=str(config.private_subnet),
-            availability_zone=zone,
-            map_public_ip_on_launch=False,
-            tags={**tags, "Name": f"{name}-private"},
-            opts=opts,
+        # Nodes live in the private subnet; the public one holds only the NAT gateway.
+        public, private = (
+            aws.ec2.Subnet(
+                f"{name}-{kind}",
+                vpc_id=vpc.id,
+                cidr_block=str(cidr),
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags={**tags, "Name": f"{name}-{kind}"},
+                opts=opts,
+            )
+            for kind, cidr in (("public", config.public_subnet), ("private", config.private_subnet))
         )
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=opts)
         public_routes = aws.ec2.RouteTable(
