@@ -343,7 +343,7 @@ def _check_fit(
 
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
     """Validate raw settings (the project's config keys without their namespace)."""
-    from infra.clouds import BACKENDS  # noqa: PLC0415
+    from infra.clouds import BACKENDS, get_backend  # noqa: PLC0415
 
     unknown = sorted(set(settings) - set(KNOWN_KEYS))
     if unknown:
@@ -392,6 +392,10 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     throughput = _int(settings, "diskThroughputMibps", 1000)
     if not 125 <= throughput <= 1000:
         raise ConfigError("diskThroughputMibps", f"{throughput} is outside gp3's 125-1000 MiB/s")
+    tags = _tags(settings)
+    problem = get_backend(cloud).tag_problem(tags)
+    if problem:
+        raise ConfigError("tags", problem)
     return ClusterConfig(
         cloud=cast(Cloud, cloud),
         region=region,
@@ -408,5 +412,5 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         worker_disk_gb=worker_disk,
         disk_throughput_mibps=throughput,
         api_allowed_cidrs=_cidrs(settings, "apiAllowedCidrs"),
-        tags=_tags(settings),
+        tags=tags,
     )

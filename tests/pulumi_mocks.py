@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from tests.conftest import REPO
 
 STACKS = REPO / "stacks"
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
+GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 
 
 def stack_names() -> list[str]:
@@ -60,7 +62,36 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "instanceTypes": [t for _, t in rows],
                 "locationTypes": ["availability-zone"] * len(rows),
             }
+        if args.token == "gcp:compute/getZones:getZones":
+            return {"id": args.args["region"], "names": GCP_ZONES, "project": "p"}
+        if args.token == "gcp:compute/getMachineTypes:getMachineTypes":
+            zone = args.args["zone"]
+            names = re.findall(r'name = "([^"]+)"', args.args["filter"])
+            offered = [n for n in names if n not in self.unavailable.get(zone, set())]
+            return {
+                "id": zone,
+                "zone": zone,
+                "project": "p",
+                "filter": args.args["filter"],
+                "machineTypes": [machine_type(n) for n in offered],
+            }
         return {}
+
+
+def machine_type(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": name,
+        "guestCpus": 64,
+        "memoryMb": 131072,
+        "isSharedCpus": False,
+        "maximumPersistentDisks": 128,
+        "maximumPersistentDisksSizeGb": 262144,
+        "selfLink": name,
+        "accelerators": [],
+        "bundledLocalSsds": [],
+        "deprecateds": [],
+    }
 
 
 @dataclass

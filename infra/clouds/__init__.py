@@ -9,6 +9,7 @@ from infra.clouds.base import CloudBackend
 
 _REGISTRY = {
     "aws": "infra.clouds.aws:AwsBackend",
+    "gcp": "infra.clouds.gcp:GcpBackend",
 }
 BACKENDS = tuple(_REGISTRY)
 

@@ -38,6 +38,7 @@ class NodeSpec:
 class Node:
     instance_id: pulumi.Output[str]
     private_ip: pulumi.Output[str]
+    zone: pulumi.Output[str] | None = None
 
 
 class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
@@ -50,6 +51,10 @@ class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
     @abstractmethod
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""
+
+    def tag_problem(self, tags: Mapping[str, str]) -> str | None:
+        """Why the user's tags break this cloud's rules, or None."""
+        return None
 
     @abstractmethod
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> NetworkT:
