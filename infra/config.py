@@ -39,6 +39,7 @@ KNOWN_KEYS = (
     "diskThroughputMibps",
     "apiAllowedCidrs",
     "tags",
+    "sshPublicKey",
 )
 MODEL_KEYS = ("preset", "urls", "sha256", "sizeGb", "layers", "kvBytesPerToken")
 
@@ -84,6 +85,7 @@ class ClusterConfig:
     disk_throughput_mibps: int
     api_allowed_cidrs: tuple[str, ...]
     tags: Mapping[str, str] = field(default_factory=dict)
+    ssh_public_key: str | None = None
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:
@@ -341,6 +343,17 @@ def _check_fit(
         )
 
 
+def _ssh_key(settings: Mapping[str, Any]) -> str | None:
+    key = settings.get("sshPublicKey")
+    if key is None:
+        return None
+    if not isinstance(key, str) or not re.fullmatch(
+        r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?", key.strip()
+    ):
+        raise ConfigError("sshPublicKey", "is not an OpenSSH public key (ssh-ed25519 AAAA...)")
+    return key.strip()
+
+
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
     """Validate raw settings (the project's config keys without their namespace)."""
     from infra.clouds import BACKENDS, get_backend  # noqa: PLC0415
@@ -413,4 +426,5 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         disk_throughput_mibps=throughput,
         api_allowed_cidrs=_cidrs(settings, "apiAllowedCidrs"),
         tags=tags,
+        ssh_public_key=_ssh_key(settings),
     )

@@ -10,6 +10,7 @@ from infra.clouds.base import CloudBackend
 _REGISTRY = {
     "aws": "infra.clouds.aws:AwsBackend",
     "gcp": "infra.clouds.gcp:GcpBackend",
+    "azure": "infra.clouds.azure:AzureBackend",
 }
 BACKENDS = tuple(_REGISTRY)
 

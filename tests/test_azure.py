@@ -1,0 +1,167 @@
+"""The Azure (Cobalt 100) program under Pulumi mocks: NSG rules, NICs, image, disks, outputs."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra import boot, outputs
+from infra.clouds.azure import DENY_PRIORITY, LOCKED_SSH_KEY
+from tests.conftest import require_tool
+from tests.pulumi_mocks import RecordingMocks, deploy, env_of, stack_config, stack_names
+
+AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"]
+VM = "azure-native:compute:VirtualMachine"
+NIC = "azure-native:network:NetworkInterface"
+RULE = "azure-native:network:SecurityRule"
+UNTAGGABLE = {RULE, "azure-native:network:Subnet"}
+
+_cache: dict[str, Any] = {}
+
+
+def deployed(stack: str) -> Any:
+    if stack not in _cache:
+        _cache[stack] = deploy(stack)
+    return _cache[stack]
+
+
+def test_there_is_an_azure_preset() -> None:
+    assert "azure-cobalt" in AZURE_STACKS
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_nsg_admits_rpc_from_main_asg_only_and_denies_the_rest(stack: str) -> None:
+    d = deployed(stack)
+    rules = {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
+    assert set(rules) == {"allow-rpc-from-main", "deny-all-other-inbound"}
+    rpc = rules["allow-rpc-from-main"]
+    assert (rpc["direction"], rpc["access"], rpc["protocol"]) == ("Inbound", "Allow", "Tcp")
+    assert rpc["destinationPortRange"] == "50052"
+    assert rpc["sourceApplicationSecurityGroups"] == [{"id": "llama-rpc-cluster-main-asg-id"}]
+    assert rpc["destinationApplicationSecurityGroups"] == [
+        {"id": "llama-rpc-cluster-worker-asg-id"}
+    ]
+    assert "sourceAddressPrefix" not in rpc
+    deny = rules["deny-all-other-inbound"]
+    assert (deny["direction"], deny["access"], deny["sourceAddressPrefix"]) == (
+        "Inbound",
+        "Deny",
+        "*",
+    )
+    assert rpc["priority"] < deny["priority"] == DENY_PRIORITY < 65000  # above AllowVnetInBound
+    for rule in rules.values():
+        assert rule["networkSecurityGroupName"] == "llama-rpc-cluster-nsg"
+    [subnet] = d.of_type("azure-native:network:Subnet")
+    assert subnet.inputs["networkSecurityGroup"] == {"id": "llama-rpc-cluster-nsg-id"}
+    assert subnet.inputs["natGateway"] == {"id": "llama-rpc-cluster-nat-id"}
+    assert subnet.inputs["defaultOutboundAccess"] is False
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_nics_are_accelerated_private_and_in_their_role_group(stack: str) -> None:
+    d = deployed(stack)
+    nics = d.of_type(NIC)
+    assert len(nics) == stack_config(stack)["llama-rpc-cluster:workerCount"] + 1
+    for nic in nics:
+        assert nic.inputs["enableAcceleratedNetworking"] is True
+        [ip] = nic.inputs["ipConfigurations"]
+        assert "publicIPAddress" not in ip
+        assert ip["privateIPAllocationMethod"] == "Static"
+        assert ip["privateIPAddress"].startswith("10.42.0.")
+        role = "main" if nic.name.endswith("-main-nic") else "worker"
+        assert ip["applicationSecurityGroups"] == [{"id": f"llama-rpc-cluster-{role}-asg-id"}]
+    assert not [r for r in d.of_type("azure-native:network:PublicIPAddress") if "nat" not in r.name]
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_path) -> None:
+    d = deployed(stack)
+    vms = d.of_type(VM)
+    for vm in vms:
+        inputs = vm.inputs
+        image = inputs["storageProfile"]["imageReference"]
+        assert (image["publisher"], image["offer"]) == ("Canonical", "ubuntu-24_04-lts")
+        assert (image["sku"], image["version"]) == ("server-arm64", "latest")
+        assert inputs["hardwareProfile"]["vmSize"].endswith("ps_v6")
+        assert inputs["proximityPlacementGroup"] == {"id": "llama-rpc-cluster-ppg-id"}
+        assert inputs["identity"]["type"] == "SystemAssigned"
+        profile = inputs["osProfile"]
+        assert "adminPassword" not in profile
+        linux = profile["linuxConfiguration"]
+        assert linux["disablePasswordAuthentication"] is True
+        assert linux["ssh"]["publicKeys"][0]["keyData"] == LOCKED_SSH_KEY
+        custom = profile["customData"]
+        assert len(custom) <= boot.USER_DATA_LIMITS["azure"]
+    main = d.named("llama-rpc-cluster-main").inputs["osProfile"]["customData"]
+    text = base64.b64decode(main).decode()  # fits uncompressed: about 30 KB of 65,535
+    env = env_of(text)
+    assert env["LLAMA_NODE_IP"] == "10.42.0.10"
+    assert env["RPC_WORKERS"] == "10.42.0.11:50052,10.42.0.12:50052"
+    cloud_init = require_tool("cloud-init")
+    path = tmp_path / "user-data"
+    path.write_text(text)
+    result = subprocess.run([cloud_init, "schema", "-c", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_tags_and_outputs(stack: str) -> None:
+    d = deployed(stack)
+    for r in d.resources:
+        if r.typ in UNTAGGABLE or r.typ.startswith("llama-rpc-cluster:"):
+            continue
+        assert r.inputs["tags"]["stack"] == stack, r.name
+        assert r.inputs["tags"]["project"] == "llama-rpc-cluster"
+    out = d.outputs
+    assert set(outputs.ALL_KEYS) <= set(out)
+    assert out[outputs.CLOUD] == "azure" and out[outputs.REGION] == "eastus"
+    assert out[outputs.RPC_SERVERS] == ",".join(
+        f"{ip}:50052" for ip in out[outputs.WORKER_PRIVATE_IPS]
+    )
+    assert out[outputs.HOURLY_COST_USD] is None  # no Cobalt 100 price found: null, not a guess
+    assert out["hourlyCostBasis"].startswith("unknown")
+    assert "az vm run-command invoke" in out[outputs.CONNECT_COMMAND]
+
+
+def test_a_user_ssh_key_replaces_the_locked_one() -> None:
+    key = (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBzVqzN8t0cJ9ZfQ6m5n3o1rNQ2x2Y5q4u7w8e9r0t1y me@laptop"
+    )
+    d = deploy("azure-cobalt", {"llama-rpc-cluster:sshPublicKey": key})
+    for vm in d.of_type(VM):
+        assert (
+            vm.inputs["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == key
+        )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"llama-rpc-cluster:instanceType": "Standard_D64s_v6"},
+            "Standard_D64s_v6 is not an Arm instance type",
+        ),
+        (
+            {"llama-rpc-cluster:instanceType": "Standard_D2ps_v6"},
+            "not in the instance catalog for azure eastus",
+        ),
+        (
+            {"azure-native:location": "westeurope"},
+            "not in the instance catalog for azure westeurope",
+        ),
+        (
+            {"llama-rpc-cluster:sshPublicKey": "hunter2"},
+            "sshPublicKey: is not an OpenSSH public key",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_created(overrides: dict, message: str) -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("azure-cobalt", overrides, mocks=mocks)
+    assert message in str(error.value)
+    assert mocks.resources == []
