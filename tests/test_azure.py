@@ -157,6 +157,7 @@ def test_a_user_ssh_key_replaces_the_locked_one() -> None:
             {"llama-rpc-cluster:sshPublicKey": "hunter2"},
             "sshPublicKey: is not an OpenSSH public key",
         ),
+        ({"llama-rpc-cluster:tags": {"cost/center": "42"}}, "tag 'cost/center': Azure tag names"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_created(overrides: dict, message: str) -> None:

@@ -69,6 +69,15 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
     def is_arm(self, instance_type: str) -> bool:
         return _ARM_SIZE.fullmatch(instance_type) is not None
 
+    def tag_problem(self, tags: Mapping[str, str]) -> str | None:
+        for key, value in tags.items():
+            if len(key) > 512 or len(value) > 256 or set(key) & set("<>%&\\?/"):
+                return (
+                    f"tag {key!r}: Azure tag names hold at most 512 characters and none of "
+                    "< > % & \\ ? /, and values at most 256 characters"
+                )
+        return None
+
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AzureNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "network")
