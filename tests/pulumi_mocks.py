@@ -130,6 +130,16 @@ def deploy(
     return deployment
 
 
+_presets: dict[str, Deployment] = {}
+
+
+def deployed(stack: str) -> Deployment:
+    """A stack preset deployed under mocks as it is, once per test session."""
+    if stack not in _presets:
+        _presets[stack] = deploy(stack)
+    return _presets[stack]
+
+
 def user_data_text(instance_inputs: dict[str, Any]) -> str:
     """The cloud-config an instance boots with, however it was delivered."""
     if instance_inputs.get("userDataBase64"):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pulumi
 import pytest
 
@@ -11,6 +9,7 @@ from infra import outputs
 from tests.pulumi_mocks import (
     RecordingMocks,
     deploy,
+    deployed,
     env_of,
     stack_config,
     stack_names,
@@ -26,14 +25,6 @@ UNTAGGABLE = {
 INSTANCE = "aws:ec2/instance:Instance"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
-
-_cache: dict[str, Any] = {}
-
-
-def deployed(stack: str) -> Any:
-    if stack not in _cache:
-        _cache[stack] = deploy(stack)
-    return _cache[stack]
 
 
 def test_there_are_aws_presets() -> None:

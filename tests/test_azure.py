@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-from typing import Any
 
 import pulumi
 import pytest
@@ -12,21 +11,13 @@ import pytest
 from infra import boot, outputs
 from infra.clouds.azure import DENY_PRIORITY, LOCKED_SSH_KEY
 from tests.conftest import require_tool
-from tests.pulumi_mocks import RecordingMocks, deploy, env_of, stack_config, stack_names
+from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
 
 AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"]
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"
 UNTAGGABLE = {RULE, "azure-native:network:Subnet"}
-
-_cache: dict[str, Any] = {}
-
-
-def deployed(stack: str) -> Any:
-    if stack not in _cache:
-        _cache[stack] = deploy(stack)
-    return _cache[stack]
 
 
 def test_there_is_an_azure_preset() -> None:

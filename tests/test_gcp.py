@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-from typing import Any
 
 import pulumi
 import pytest
@@ -11,21 +10,13 @@ import pytest
 from infra import outputs
 from infra.clouds.gcp import IAP_RANGE, label_problem
 from tests.conftest import require_tool
-from tests.pulumi_mocks import RecordingMocks, deploy, env_of, stack_config, stack_names
+from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
 
 GCP_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "gcp"]
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 # GCP resources that take labels; the network pieces and firewall rules take none.
 LABELLED = {INSTANCE}
-
-_cache: dict[str, Any] = {}
-
-
-def deployed(stack: str) -> Any:
-    if stack not in _cache:
-        _cache[stack] = deploy(stack)
-    return _cache[stack]
 
 
 def test_there_is_a_gcp_preset() -> None:
