@@ -37,6 +37,16 @@ def require_tool(name: str) -> str:
     return path
 
 
+def assert_valid_cloud_config(text: str, directory: Path) -> None:
+    """``cloud-init schema`` accepts the text (cloud-init's own validator, not a copy of it)."""
+    cloud_init = require_tool("cloud-init")
+    path = directory / "user-data"
+    path.write_text(text)
+    result = subprocess.run([cloud_init, "schema", "-c", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Valid cloud-config" in result.stdout
+
+
 def require_netns() -> None:
     if os.geteuid() != 0:
         unavailable("network namespaces need root")

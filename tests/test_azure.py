@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import base64
-import subprocess
 
 import pulumi
 import pytest
 
 from infra import boot, outputs
 from infra.clouds.azure import DENY_PRIORITY, LOCKED_SSH_KEY
-from tests.conftest import require_tool
+from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
 
 AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"]
@@ -92,11 +91,7 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
     env = env_of(text)
     assert env["LLAMA_NODE_IP"] == "10.42.0.10"
     assert env["RPC_WORKERS"] == "10.42.0.11:50052,10.42.0.12:50052"
-    cloud_init = require_tool("cloud-init")
-    path = tmp_path / "user-data"
-    path.write_text(text)
-    result = subprocess.run([cloud_init, "schema", "-c", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
+    assert_valid_cloud_config(text, tmp_path)
 
 
 @pytest.mark.parametrize("stack", AZURE_STACKS)

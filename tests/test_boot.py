@@ -14,7 +14,7 @@ import yaml
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
 from infra.local.supervisor import parse_unit
-from tests.conftest import REPO, SCRIPTS, require_tool
+from tests.conftest import REPO, SCRIPTS, assert_valid_cloud_config, require_tool
 
 MAIN = boot.example("main")
 WORKER = boot.example("worker")
@@ -33,14 +33,7 @@ def env_of(node: NodeBoot) -> dict[str, str]:
 
 @pytest.mark.parametrize("node", [MAIN, WORKER], ids=["main", "worker"])
 def test_rendered_config_passes_cloud_init_schema(node: NodeBoot, tmp_path: Path) -> None:
-    cloud_init = require_tool("cloud-init")
-    path = tmp_path / "user-data.yaml"
-    path.write_text(boot.render(node))
-    result = subprocess.run(
-        [cloud_init, "schema", "--config-file", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Valid cloud-config" in result.stdout
+    assert_valid_cloud_config(boot.render(node), tmp_path)
 
 
 def test_schema_check_catches_a_broken_config(tmp_path: Path) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pulumi
 import pytest
 
 from infra import outputs
 from infra.clouds.gcp import IAP_RANGE, label_problem
-from tests.conftest import require_tool
+from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
 
 GCP_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "gcp"]
@@ -82,11 +80,7 @@ def test_user_data_goes_in_metadata_and_wires_the_workers(stack: str, tmp_path) 
     worker_env = env_of(worker["metadata"]["user-data"])
     assert worker_env["LLAMA_NODE_IP"] == "10.42.0.12"
     assert worker_env["RPC_ALLOWED_SOURCES"] == "10.42.0.10/32"
-    cloud_init = require_tool("cloud-init")
-    path = tmp_path / "user-data"
-    path.write_text(text)
-    result = subprocess.run([cloud_init, "schema", "-c", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
+    assert_valid_cloud_config(text, tmp_path)
 
 
 @pytest.mark.parametrize("stack", GCP_STACKS)
