@@ -103,7 +103,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.LLAMA_SERVER_URL: f"http://{config.main_ip}:{config.server_port}",
             outputs.MAIN_INSTANCE_ID: main.instance_id,
             outputs.WORKER_INSTANCE_IDS: pulumi.Output.all(*(w.instance_id for w in workers)),
-            outputs.CONNECT_COMMAND: backend.connect_command(config, main),
+            outputs.CONNECT_COMMAND: backend.connect_command(config, network, main),
             outputs.HOURLY_COST_USD: price,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
         }

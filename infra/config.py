@@ -18,10 +18,9 @@ from infra import catalog
 from infra.boot import Cloud
 from infra.catalog import InstanceType
 from infra.models import PRESETS
-from infra.pins import LLAMA_CPP_COMMIT, RPC_PORT, SERVER_PORT, is_full_commit
+from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT, is_full_commit
 
 PROJECT = "llama-rpc-cluster"
-MAX_WORKERS = 16  # llama.cpp's limit on RPC servers
 REGION_KEYS = {"aws": "aws:region", "gcp": "gcp:region", "azure": "azure-native:location"}
 KNOWN_KEYS = (
     "cloud",

@@ -12,6 +12,7 @@ LLAMA_CPP_REPO = "https://github.com/ggml-org/llama.cpp"
 LLAMA_CPP_PYTHON_SDIST = "llama-cpp-python==0.3.36"
 
 RPC_PORT = 50052
+MAX_WORKERS = 16  # llama.cpp takes at most 16 RPC servers
 SERVER_PORT = 8080
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")

@@ -7,7 +7,6 @@ import gzip
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -157,7 +156,6 @@ def env_of(user_data: str) -> dict[str, str]:
 
 __all__ = [
     "Deployment",
-    "Path",
     "RecordingMocks",
     "deploy",
     "env_of",

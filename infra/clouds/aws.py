@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 import pulumi
@@ -187,52 +188,63 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                 opts=opts,
             )
         main, worker = groups["main"], groups["worker"]
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-worker-rpc-from-main",
-            security_group_id=worker.id,
+
+        def rule(
+            kind: type[aws.vpc.SecurityGroupIngressRule] | type[aws.vpc.SecurityGroupEgressRule],
+            rule_name: str,
+            role: str,
+            port: int,
+            description: str,
+            **peer: Any,
+        ) -> None:
+            kind(
+                f"{name}-{rule_name}",
+                security_group_id=groups[role].id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description=description,
+                tags=self.tags(config, role),
+                opts=opts,
+                **peer,
+            )
+
+        ingress, egress = aws.vpc.SecurityGroupIngressRule, aws.vpc.SecurityGroupEgressRule
+        rule(
+            ingress,
+            "worker-rpc-from-main",
+            "worker",
+            config.rpc_port,
+            "llama.cpp RPC from the main node",
             referenced_security_group_id=main.id,
-            ip_protocol="tcp",
-            from_port=config.rpc_port,
-            to_port=config.rpc_port,
-            description="llama.cpp RPC from the main node",
-            tags=self.tags(config, "worker"),
-            opts=opts,
         )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-main-rpc-to-workers",
-            security_group_id=main.id,
+        rule(
+            egress,
+            "main-rpc-to-workers",
+            "main",
+            config.rpc_port,
+            "llama.cpp RPC to the workers",
             referenced_security_group_id=worker.id,
-            ip_protocol="tcp",
-            from_port=config.rpc_port,
-            to_port=config.rpc_port,
-            description="llama.cpp RPC to the workers",
-            tags=self.tags(config, "main"),
-            opts=opts,
         )
         for i, cidr in enumerate(config.api_allowed_cidrs):
-            aws.vpc.SecurityGroupIngressRule(
-                f"{name}-main-api-{i}",
-                security_group_id=main.id,
-                ip_protocol="tcp",
-                from_port=config.server_port,
-                to_port=config.server_port,
-                **({"cidr_ipv6": cidr} if ":" in cidr else {"cidr_ipv4": cidr}),
-                description="llama-server API from apiAllowedCidrs",
-                tags=self.tags(config, "main"),
-                opts=opts,
+            source = {"cidr_ipv6": cidr} if ":" in cidr else {"cidr_ipv4": cidr}
+            rule(
+                ingress,
+                f"main-api-{i}",
+                "main",
+                config.server_port,
+                "llama-server API from apiAllowedCidrs",
+                **source,
             )
-        for role, group in groups.items():
+        for role in groups:
             for port in BOOT_EGRESS_PORTS:
-                aws.vpc.SecurityGroupEgressRule(
-                    f"{name}-{role}-egress-{port}",
-                    security_group_id=group.id,
+                rule(
+                    egress,
+                    f"{role}-egress-{port}",
+                    role,
+                    port,
+                    "packages, llama.cpp source, model, SSM",
                     cidr_ipv4="0.0.0.0/0",
-                    ip_protocol="tcp",
-                    from_port=port,
-                    to_port=port,
-                    description="packages, llama.cpp source, model, SSM",
-                    tags=self.tags(config, role),
-                    opts=opts,
                 )
         return AwsFirewall(main=main, worker=worker)
 
@@ -283,7 +295,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
-    def connect_command(self, config: ClusterConfig, main: Node) -> pulumi.Output[str]:
+    def connect_command(
+        self, config: ClusterConfig, network: AwsNetwork, main: Node
+    ) -> pulumi.Output[str]:
         port = config.server_port
         parameters = json.dumps({"portNumber": [str(port)], "localPortNumber": [str(port)]})
         return pulumi.Output.concat(

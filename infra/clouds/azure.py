@@ -131,7 +131,6 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             tags=tags,
             opts=opts,
         )
-        self._resource_group_name = rg  # for connect_command
         return AzureNetwork(group, subnet, nsg, placement)
 
     def firewall(
@@ -276,10 +275,12 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
         )
         return Node(instance_id=vm.name, private_ip=pulumi.Output.from_input(spec.private_ip))
 
-    def connect_command(self, config: ClusterConfig, main: Node) -> pulumi.Output[str]:
+    def connect_command(
+        self, config: ClusterConfig, network: AzureNetwork, main: Node
+    ) -> pulumi.Output[str]:
         return pulumi.Output.concat(
             "az vm run-command invoke --command-id RunShellScript --resource-group ",
-            self._resource_group_name,
+            network.resource_group.name,
             " --name ",
             main.instance_id,
             f" --scripts 'curl -s http://{config.main_ip}:{config.server_port}/v1/models'",

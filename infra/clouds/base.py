@@ -9,16 +9,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import pulumi
 
-from infra.boot import Delivery
+from infra.boot import Delivery, Role
 from infra.config import ClusterConfig
 
 NetworkT = TypeVar("NetworkT")
 FirewallT = TypeVar("FirewallT")
-NodeRole = Literal["main", "worker"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class NodeSpec:
     """One VM: its name, role, fixed private address, size, disk and boot data."""
 
     name: str
-    role: NodeRole
+    role: Role
     private_ip: str
     instance_type: str
     disk_gb: int
@@ -38,7 +37,6 @@ class NodeSpec:
 class Node:
     instance_id: pulumi.Output[str]
     private_ip: pulumi.Output[str]
-    zone: pulumi.Output[str] | None = None
 
 
 class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
@@ -78,7 +76,9 @@ class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
         """One VM, without a public address, booting from ``spec.user_data``."""
 
     @abstractmethod
-    def connect_command(self, config: ClusterConfig, main: Node) -> pulumi.Output[str]:
+    def connect_command(
+        self, config: ClusterConfig, network: NetworkT, main: Node
+    ) -> pulumi.Output[str]:
         """How a user reaches the main node's API from a laptop (a private tunnel)."""
 
     def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:

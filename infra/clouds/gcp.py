@@ -199,17 +199,15 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(parent=parent),
         )
-        return Node(
-            instance_id=vm.name,
-            private_ip=vm.network_interfaces[0].network_ip,
-            zone=vm.zone,
-        )
+        return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
 
-    def connect_command(self, config: ClusterConfig, main: Node) -> pulumi.Output[str]:
+    def connect_command(
+        self, config: ClusterConfig, network: GcpNetwork, main: Node
+    ) -> pulumi.Output[str]:
         port = config.server_port
         return pulumi.Output.concat(
             "gcloud compute start-iap-tunnel ",
             main.instance_id,
             f" {port} --local-host-port=localhost:{port} --zone ",
-            main.zone if main.zone is not None else "",
+            network.zone,
         )

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,10 @@ from typing import Any
 from infra import outputs
 from infra.boot import SCRIPTS_DIR, NodeBoot, NodePaths, Role, render_env_file
 from infra.local.netns import VpcNetwork, namespace_pids
-from infra.pins import LLAMA_CPP_COMMIT, RPC_PORT, SERVER_PORT
+from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT
 
 DEFAULT_CIDR = "10.213.77.0/24"
 LOOPBACK_CIDR = "127.0.0.0/24"
-MAX_WORKERS = 16
 
 
 class LocalClusterError(RuntimeError):
@@ -103,7 +103,12 @@ def _node_layout(cidr: ipaddress.IPv4Network, workers: int) -> tuple[list[str], 
     return names, ips
 
 
-def up(options: UpOptions, *, timeout: float = 1800, progress: Any = None) -> dict[str, Any]:
+def up(
+    options: UpOptions,
+    *,
+    timeout: float = 1800,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Bring the cluster up and wait until the main node serves; return the output contract.
 
     On any failure everything started is taken down again and the node's error is raised.
@@ -235,7 +240,12 @@ def read_status(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return statuses
 
 
-def _wait_until_serving(state: Path, spec: dict[str, Any], timeout: float, progress: Any) -> None:
+def _wait_until_serving(
+    state: Path,
+    spec: dict[str, Any],
+    timeout: float,
+    progress: Callable[[str], None] | None,
+) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while True:
