@@ -189,11 +189,7 @@ def _validate_worker(boot: NodeBoot) -> None:
 
 
 def _validate_main(boot: NodeBoot) -> None:
-    if not boot.rpc_workers:
-        raise BootConfigError(
-            "rpc_workers is empty: the main node needs at least one worker address "
-            "(set the worker count to 1 or more)"
-        )
+    # No workers: the model fits on the main node, which serves it alone without RPC.
     for ip in boot.rpc_workers:
         _private_host("rpc_workers", ip)
     if len(set(boot.rpc_workers)) != len(boot.rpc_workers):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,13 @@ from infra.boot import Cloud
 from infra.catalog import InstanceType
 from infra.models import PRESETS
 from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT, is_full_commit
+from infra.sizing import (
+    default_main_disk_gb,
+    default_worker_disk_gb,
+    min_workers,
+    node_need_bytes,
+    usable_memory_bytes,
+)
 
 PROJECT = "llama-rpc-cluster"
 REGION_KEYS = {"aws": "aws:region", "gcp": "gcp:region", "azure": "azure-native:location"}
@@ -41,11 +47,6 @@ KNOWN_KEYS = (
     "sshPublicKey",
 )
 MODEL_KEYS = ("preset", "urls", "sha256", "sizeGb", "layers", "kvBytesPerToken")
-
-# Memory a node keeps for itself: the OS, the page cache llama.cpp needs to stream weights, and
-# the RPC server's own allocations.
-OS_HEADROOM_BYTES = 2 * 1024**3
-OS_HEADROOM_FRACTION = 0.05
 
 
 class ConfigError(ValueError):
@@ -112,32 +113,6 @@ class ClusterConfig:
         if main is None or worker is None:
             return None
         return round(main + worker * self.worker_count, 5)
-
-
-def usable_memory_bytes(instance: InstanceType) -> int:
-    """What one node can give the model: its memory less the OS headroom."""
-    return int(instance.memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES
-
-
-def compute_buffer_bytes(model_bytes: int) -> int:
-    """Per-device compute buffers at ubatch 512: about 0.3 GB (8B) to 1.2 GB (405B)."""
-    return int(min(1.2e9, max(0.3e9, 0.005 * model_bytes + 0.28e9)))
-
-
-def worker_need_bytes(model: ModelSpec, context: int, workers: int) -> int:
-    """Memory the most loaded worker needs: its layers' weights and KV cache, and buffers."""
-    # Layers are not split: the most loaded worker holds ceil(layers / workers) of them.
-    share = math.ceil(model.layers / workers) / model.layers if model.layers else 1 / workers
-    weights_and_kv = model.size_bytes + model.kv_bytes_per_token * context
-    return int(weights_and_kv * share) + compute_buffer_bytes(model.size_bytes)
-
-
-def min_workers(model: ModelSpec, context: int, instance: InstanceType) -> int | None:
-    usable = usable_memory_bytes(instance)
-    for count in range(1, MAX_WORKERS + 1):
-        if worker_need_bytes(model, context, count) <= usable:
-            return count
-    return None
 
 
 def load() -> ClusterConfig:
@@ -324,22 +299,31 @@ def _tags(settings: Mapping[str, Any]) -> dict[str, str]:
 def _check_fit(
     model: ModelSpec, context: int, worker_count: int, worker_type: InstanceType
 ) -> None:
-    need = worker_need_bytes(model, context, worker_count)
+    """The workers hold the layers; with no workers, ``worker_type`` is the main node's."""
+    need = node_need_bytes(model, context, max(worker_count, 1))
     usable = usable_memory_bytes(worker_type)
-    if need > usable:
-        fewest = min_workers(model, context, worker_type)
-        fix = (
-            f"raise workerCount to {fewest}"
-            if fewest
-            else f"even {MAX_WORKERS} workers are too few; choose a larger instanceType"
-        )
+    if need <= usable:
+        return
+    if worker_count == 0:
         raise ConfigError(
             "workerCount",
-            f"the model does not fit: each of {worker_count} {worker_type.name} workers needs "
-            f"{need / 1024**3:.1f} GiB (weights, KV cache for contextSize {context}, buffers) "
-            f"but has {usable / 1024**3:.1f} GiB usable; {fix}, or choose an instanceType "
-            "with more memory",
+            f"the model does not fit on one node: it needs {need / 1024**3:.1f} GiB (weights, "
+            f"KV cache for contextSize {context}, buffers) and a {worker_type.name} has "
+            f"{usable / 1024**3:.1f} GiB usable; add workers or choose a larger mainInstanceType",
         )
+    fewest = min_workers(model, context, worker_type)
+    fix = (
+        f"raise workerCount to {fewest}"
+        if fewest
+        else f"even {MAX_WORKERS} workers are too few; choose a larger instanceType"
+    )
+    raise ConfigError(
+        "workerCount",
+        f"the model does not fit: each of {worker_count} {worker_type.name} workers needs "
+        f"{need / 1024**3:.1f} GiB (weights, KV cache for contextSize {context}, buffers) "
+        f"but has {usable / 1024**3:.1f} GiB usable; {fix}, or choose an instanceType "
+        "with more memory",
+    )
 
 
 def _ssh_key(settings: Mapping[str, Any]) -> str | None:
@@ -371,11 +355,11 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     main_type = _instance(cloud, region, "mainInstanceType", str(main_name))
 
     worker_count = _int(settings, "workerCount", 2)
-    if not 1 <= worker_count <= MAX_WORKERS:
+    if not 0 <= worker_count <= MAX_WORKERS:
         raise ConfigError(
             "workerCount",
-            f"{worker_count} is outside 1-{MAX_WORKERS}; llama.cpp takes at most "
-            f"{MAX_WORKERS} RPC servers",
+            f"{worker_count} is outside 0-{MAX_WORKERS}; llama.cpp takes at most "
+            f"{MAX_WORKERS} RPC servers (0: the main node serves the model alone)",
         )
     commit = _string(settings, "llamaCppCommit", LLAMA_CPP_COMMIT)
     if not is_full_commit(commit):
@@ -392,11 +376,13 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     if context < 1:
         raise ConfigError("contextSize", f"must be positive, got {context}")
 
-    _check_fit(model, context, worker_count, worker_type)
+    _check_fit(model, context, worker_count, main_type if worker_count == 0 else worker_type)
 
     model_gb = model.size_bytes / 1e9
-    main_disk = _int(settings, "mainDiskGb", math.ceil(model_gb * 1.1) + 40)
-    worker_disk = _int(settings, "workerDiskGb", math.ceil(model_gb * 1.1 / worker_count) + 30)
+    main_disk = _int(settings, "mainDiskGb", default_main_disk_gb(model.size_bytes))
+    worker_disk = _int(
+        settings, "workerDiskGb", default_worker_disk_gb(model.size_bytes, worker_count)
+    )
     if main_disk < model_gb + 20:
         raise ConfigError(
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"

@@ -227,8 +227,8 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
             {"llama-rpc-cluster:mainInstanceType": "m7i.large"},
             "mainInstanceType: m7i.large is not an Arm",
         ),
-        ({"llama-rpc-cluster:workerCount": 0}, "workerCount: 0 is outside 1-16"),
-        ({"llama-rpc-cluster:workerCount": 17}, "workerCount: 17 is outside 1-16"),
+        ({"llama-rpc-cluster:workerCount": -1}, "workerCount: -1 is outside 0-16"),
+        ({"llama-rpc-cluster:workerCount": 17}, "workerCount: 17 is outside 0-16"),
         ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not a private range"),
         (
             {"llama-rpc-cluster:vpcCidr": "10.0.0.0/33"},
@@ -267,6 +267,32 @@ def test_a_model_that_does_not_fit_names_the_fix() -> None:
     assert "workerCount: the model does not fit" in text
     assert "raise workerCount to 5" in text  # 26 of 126 layers each: 49 GiB of 58.8
     assert mocks.resources == []
+
+
+def test_a_model_too_big_for_one_node_needs_workers() -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-c8g", {"llama-rpc-cluster:workerCount": 0}, mocks=mocks)
+    assert "workerCount: the model does not fit on one node" in str(error.value)
+    assert "add workers or choose a larger mainInstanceType" in str(error.value)
+    assert mocks.resources == []
+
+
+def test_a_model_that_fits_one_node_runs_without_workers() -> None:
+    d = deploy("aws-small", {"llama-rpc-cluster:workerCount": 0})
+    instances = d.of_type("aws:ec2/instance:Instance")
+    assert [i.name for i in instances] == ["llama-rpc-cluster-main"]
+    assert d.outputs[outputs.WORKER_PRIVATE_IPS] == []
+    assert d.outputs[outputs.RPC_SERVERS] == ""
+    env = env_of(user_data_text(instances[0].inputs))
+    assert env["RPC_WORKERS"] == ""
+    # The RPC port stays closed to everything but the main node's group, as with workers.
+    rpc = [
+        r
+        for r in d.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if r.inputs.get("fromPort") == 50052
+    ]
+    assert rpc and all("cidrIpv4" not in r.inputs for r in rpc)
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,6 @@ def test_user_data_over_every_limit_is_refused() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"rpc_workers": ()}, "rpc_workers is empty"),
         ({"model_urls": ()}, "model_urls is empty"),
         ({"llama_cpp_commit": "master"}, "not a full 40-character commit"),
         ({"llama_cpp_commit": "0c1e570"}, "not a full 40-character commit"),

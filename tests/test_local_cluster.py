@@ -239,3 +239,28 @@ def test_without_namespaces_the_nodes_share_loopback(up) -> None:
         assert "skipping /opt/llama-rpc/bin/rpc-firewall.sh: it needs root" in log.read_text()
     finally:
         cluster.down(loopback.cache, loopback.cluster_id)
+
+
+def test_a_model_that_fits_one_node_is_served_without_workers(up) -> None:
+    """workerCount 0: the main node serves alone, and answers as the cluster with workers does."""
+    options = up["options"]
+    alone = dataclasses.replace(
+        options,
+        workers=0,
+        cluster_id=f"{options.cluster_id}s",
+        cidr=options.cidr.replace("10.213.", "10.215."),
+    )
+    try:
+        contract = cluster.up(alone, timeout=600)
+        assert contract[outputs.WORKER_PRIVATE_IPS] == []
+        assert contract[outputs.RPC_SERVERS] == ""
+        spec = cluster.load_spec(alone.cache, alone.cluster_id)
+        assert [n["name"] for n in spec["nodes"]] == ["main"]
+        main = cluster.read_status(spec)["main"]
+        assert main["phase"] == "serving"
+        assert "workers_answered" not in main
+        assert complete(contract[outputs.LLAMA_SERVER_URL]) == complete(
+            up["contract"][outputs.LLAMA_SERVER_URL]
+        )
+    finally:
+        cluster.down(alone.cache, alone.cluster_id)

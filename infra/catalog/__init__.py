@@ -74,3 +74,78 @@ def types_in(provider: str, region: str) -> list[InstanceType]:
 
 def regions_of(provider: str, name: str) -> list[str]:
     return sorted({e.region for e in load() if e.provider == provider and e.name == name})
+
+
+CPUS_FILE = Path(__file__).with_name("cpus.csv")
+SERVICES_FILE = Path(__file__).with_name("services.csv")
+
+
+@dataclass(frozen=True)
+class CpuFamily:
+    """A memory-bandwidth class: what decode speed on CPUs depends on."""
+
+    name: str
+    label: str
+    cores_per_socket: int | None
+    memory: str
+    socket_memory_bandwidth_gbps: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class ServicePrice:
+    """A network or disk price (NAT gateway, disk) for one provider; None when unknown."""
+
+    provider: str
+    item: str
+    usd: float | None
+    unit: str
+    source: str
+    date: str
+
+
+@cache
+def cpu_families(path: Path = CPUS_FILE) -> dict[str, CpuFamily]:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {
+        row["cpu_family"]: CpuFamily(
+            name=row["cpu_family"],
+            label=row["label"],
+            cores_per_socket=None
+            if row["cores_per_socket"] == "unknown"
+            else int(row["cores_per_socket"]),
+            memory=row["memory"],
+            socket_memory_bandwidth_gbps=_number(row["socket_memory_bandwidth_gbps"]),
+            source=row["source"],
+        )
+        for row in rows
+    }
+
+
+@cache
+def service_prices(path: Path = SERVICES_FILE) -> dict[tuple[str, str], ServicePrice]:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {
+        (row["provider"], row["item"]): ServicePrice(
+            provider=row["provider"],
+            item=row["item"],
+            usd=_number(row["usd"]),
+            unit=row["unit"],
+            source=row["source"],
+            date=row["date"],
+        )
+        for row in rows
+    }
+
+
+def service_price(provider: str, item: str) -> ServicePrice:
+    price = service_prices().get((provider, item))
+    if price is None:
+        return ServicePrice(provider, item, None, "", "not in the catalog", "")
+    return price
+
+
+def providers() -> list[str]:
+    return sorted({e.provider for e in load()})

@@ -74,9 +74,10 @@ def _model_parts(model: Path) -> list[Path]:
 
 
 def _validate(options: UpOptions) -> ipaddress.IPv4Network:
-    if not 1 <= options.workers <= MAX_WORKERS:
+    if not 0 <= options.workers <= MAX_WORKERS:
         raise LocalClusterError(
-            f"--workers {options.workers}: give 1 to {MAX_WORKERS} workers (llama.cpp's RPC limit)"
+            f"--workers {options.workers}: give 0 to {MAX_WORKERS} workers (llama.cpp's RPC "
+            "limit; 0 serves the model from the main node alone)"
         )
     if not re.fullmatch(r"[a-z0-9]{1,10}", options.cluster_id):
         raise LocalClusterError(

@@ -56,8 +56,12 @@ class VpcNetwork:
     @property
     def host_link(self) -> tuple[str, str]:
         """Host-side and main-side addresses of the host's link to the main node."""
-        third = self.cidr.network_address.packed[2]
-        return f"169.254.{third}.1", f"169.254.{third}.2"
+        # One /30 per /24 of the VPC (its second and third octets), so two local clusters on
+        # different /24s never share the link's addresses. Kept in 169.254.0.0/17, away from
+        # 169.254.169.254, the cloud metadata address a host may need.
+        packed = self.cidr.network_address.packed
+        block = ipaddress.IPv4Address("169.254.0.0") + 4 * ((packed[1] << 8 | packed[2]) % 8192)
+        return str(block + 1), str(block + 2)
 
     def namespaces(self) -> list[str]:
         return [self.vpc_namespace, *(self.namespace(n) for n in self.node_names)]

@@ -1,0 +1,111 @@
+"""Planner benchmark: plan every preset on every provider, and check the speed model's anchors.
+
+    uv run python bench/plan.py [--repetitions N]
+
+Writes bench/results/plan.json:
+
+- plan_all_presets_seconds: wall time to plan all presets on all providers once (best of N
+  runs; target well under 1 s in total).
+- anchors: each published decode figure against the prediction for its cluster, and one figure
+  the model was not fitted to (Llama-2-7B Q4_0 on r7g.16xlarge, llama.cpp PR #5780, early 2024).
+- picks: each provider's recommendation for every preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from infra import catalog, perf, plan  # noqa: E402
+from infra.models import PRESETS, Model  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "plan.json"
+# Llama-2-7B Q4_0: 3.56 GiB, 32 layers, 32 KV heads of 128 (llama.cpp's model table).
+LLAMA2_7B_Q4_0 = Model("llama-2-7b-q4_0", int(3.56 * 1024**3), 32, 32 * 2 * 32 * 128 * 2)
+
+
+def plan_everything() -> dict[str, plan.Plan]:
+    return {name: plan.plan(model) for name, model in PRESETS.items()}
+
+
+def anchors() -> list[dict[str, object]]:
+    rows = []
+    for anchor in perf.ANCHORS:
+        predicted = perf.decode_tps(
+            PRESETS[anchor.model], anchor.instance, anchor.nodes - 1, anchor.kv_tokens
+        )
+        rows.append({"anchor": anchor.label, "published": anchor.decode_tps,
+                     "predicted": round(predicted or 0, 3), "fitted": True})  # fmt: skip
+    r7g = catalog.find("aws", "us-east-1", "r7g.16xlarge")
+    assert r7g is not None
+    predicted = perf.decode_tps(LLAMA2_7B_Q4_0, r7g, 0, 128) or 0
+    rows.append({
+        "anchor": "Llama-2-7B Q4_0 on 1 x r7g.16xlarge (llama.cpp PR #5780)",
+        "published": 31.6, "predicted": round(predicted, 3), "fitted": False,
+    })  # fmt: skip
+    for row in rows:
+        row["error"] = round(float(row["predicted"]) / float(row["published"]) - 1, 3)  # type: ignore[arg-type]
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repetitions", type=int, default=5)
+    args = parser.parse_args()
+    timings = []
+    for _ in range(args.repetitions):
+        started = time.perf_counter()
+        plans = plan_everything()
+        timings.append(time.perf_counter() - started)
+    picks = {
+        name: {
+            provider: {
+                "instanceType": best.instance.name,
+                "count": best.count,
+                "hourlyUsd": best.hourly_usd,
+                "predictedDecodeTps": None
+                if best.decode_tps is None
+                else round(best.decode_tps, 3),
+            }
+            for provider in catalog.providers()
+            if (best := result.recommendation(provider)) is not None
+        }
+        for name, result in plans.items()
+    }
+    calibration = perf.calibration()
+    results = {
+        "machine": {"cpus": len(os.sched_getaffinity(0)), "arch": platform.machine()},
+        "presets": len(PRESETS),
+        "providers": catalog.providers(),
+        "catalog_rows": len(catalog.load()),
+        "plan_all_presets_seconds": round(min(timings), 4),
+        "plan_all_presets_seconds_runs": [round(t, 4) for t in timings],
+        "calibration": {
+            "eta": round(calibration.eta, 4),
+            "layer_overhead_ms": round(calibration.layer_overhead_seconds * 1e3, 4),
+            "rpc_hop_ms": round(calibration.hop_seconds * 1e3, 3),
+        },
+        "anchors": anchors(),
+        "picks": picks,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        json.dumps(
+            {k: results[k] for k in ("plan_all_presets_seconds", "calibration", "anchors")},
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

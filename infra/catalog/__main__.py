@@ -1,0 +1,51 @@
+"""``python -m infra.catalog``: show the catalog, or refresh its prices from the price APIs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import urllib.error
+from collections.abc import Sequence
+
+from infra import catalog
+from infra.catalog import refresh
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.catalog")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("show", help="print the catalog's rows")
+    update = commands.add_parser("refresh", help="fetch on-demand prices and update the CSV")
+    update.add_argument("--provider", required=True, choices=("aws", "azure", "gcp"))
+    update.add_argument("--region", help="default: every region the catalog has for it")
+    update.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    args = parser.parse_args(argv)
+    if args.command == "show":
+        for e in catalog.load():
+            price = "unknown" if e.hourly_usd is None else f"${e.hourly_usd:g}/h"
+            size = f"{e.vcpus:>3} vCPU {e.memory_gib:>5g} GiB"
+            print(f"{e.provider:<6} {e.region:<12} {e.name:<18} {size}  {price:<12} "
+                  f"{e.price_source} {e.price_date}")  # fmt: skip
+        return 0
+    regions = (
+        [args.region]
+        if args.region
+        else sorted({e.region for e in catalog.load() if e.provider == args.provider})
+    )
+    try:
+        for region in regions:
+            report = refresh.refresh(args.provider, region, dry_run=args.dry_run)
+            print("\n".join(report.lines()))
+    except (refresh.RefreshError, urllib.error.URLError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # botocore's errors: missing credentials, access denied
+        if type(error).__module__.startswith("botocore"):
+            print(f"error: AWS Price List API: {error}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Predicted speed: decode tokens per second and the time from `pulumi up` to serving.
+
+Decode on CPUs is bound by memory bandwidth: every token streams the weights once. A layer
+split runs the nodes one after another, so a token costs
+
+    weight and KV bytes / (eta x node bandwidth)  +  layers x per-layer overhead
+                                                  +  RPC workers x per-hop cost
+
+``eta`` and the per-layer overhead are solved from the two published anchors in ``ANCHORS``
+(the 405B RPC run is bound by bandwidth, the 8B single-node run shows the fixed per-layer
+cost). The per-hop cost is measured by ``bench/boot.py``: its weight in the 405B anchor is
+under 0.5 %, too small to solve for from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from infra import catalog
+from infra.catalog import InstanceType
+from infra.models import PRESETS, Model
+
+MIB = 1024**2
+
+# Assumption: half of a socket's cores saturate its memory controllers, so an instance with at
+# least that many vCPUs streams at the socket's bandwidth. The 405B anchor supports it: on 64 of
+# Graviton4's 96 cores it streams 375 GB/s per node, more than a proportional 358 GB/s.
+SATURATING_CORE_FRACTION = 0.5
+
+# Extra time per RPC worker per token: the graph sent to the worker and the activations back.
+# bench/boot.py measured 30.86 tok/s through two workers against 33.36 tok/s in one process
+# (bench/results/boot.json), 1.22 ms per worker on loopback; a real network adds its latency.
+RPC_HOP_SECONDS = 1.22e-3
+
+# The decode speed is quoted at half the context filled: the KV cache read grows per token.
+KV_FILL_FRACTION = 0.5
+
+# Time to serve. The build figures are bench/boot.py's full llama.cpp build (bench/results/
+# boot.json: 697.5 CPU-s, 401.9 s on 2 cores), split by Amdahl's law into a serial part and a
+# parallel part that divides across the vCPUs.
+BUILD_SERIAL_SECONDS = 106.3
+BUILD_PARALLEL_CPU_SECONDS = 591.2
+# Assumptions, stated in every plan: boot and package installation before the build, and the
+# rate at which the model host serves a download to one VM (the URL's host decides this).
+BOOT_SECONDS = 90.0
+DOWNLOAD_GBPS = 2.0
+# One TCP flow carries the weights to each worker in turn. AWS caps a flow at 10 Gbps inside a
+# cluster placement group (FACTS); the other providers do not publish a cap, so the same is used.
+SINGLE_FLOW_GBPS = 10.0
+# Azure Premium SSD throughput by disk tier (size GiB, MB/s): Azure's managed disk sizes table.
+AZURE_PREMIUM_SSD_TIERS = (
+    (128, 100),
+    (256, 125),
+    (512, 150),
+    (1024, 200),
+    (2048, 250),
+    (4096, 250),
+    (8192, 500),
+    (16384, 750),
+    (32767, 900),
+)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A published decode measurement the model is calibrated to."""
+
+    label: str
+    model: str
+    instance_type: str
+    nodes: int
+    decode_tps: float
+    source: str
+    provider: str = "aws"
+    region: str = "us-east-1"
+    # Tokens in the KV cache during the measured decode (a short prompt and reply).
+    kv_tokens: int = 128
+
+    @property
+    def instance(self) -> InstanceType:
+        found = catalog.find(self.provider, self.region, self.instance_type)
+        if found is None:
+            raise LookupError(f"anchor instance {self.instance_type} is not in the catalog")
+        return found
+
+
+RPC_ANCHOR = Anchor(
+    "Llama-3.1-405B Q4_0 on 3 x c8g.16xlarge (main + 2 RPC workers)",
+    "llama-3.1-405b-q4_0",
+    "c8g.16xlarge",
+    3,
+    1.64,
+    "Arm learning path: distributed inference with llama.cpp (build 5935)",
+)
+SINGLE_NODE_ANCHOR = Anchor(
+    "Llama-3.1-8B Q4_0 on 1 x r8g.16xlarge (64 threads)",
+    "llama-3.1-8b-q4_0",
+    "r8g.16xlarge",
+    1,
+    61.6,
+    "Arm learning path: llama.cpp on Arm CPUs",
+)
+ANCHORS = (RPC_ANCHOR, SINGLE_NODE_ANCHOR)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    eta: float  # fraction of the node's memory bandwidth that decode achieves
+    layer_overhead_seconds: float  # fixed cost per layer per token (dispatch, thread sync)
+    hop_seconds: float = RPC_HOP_SECONDS
+
+
+def node_bandwidth_gbps(instance: InstanceType) -> float | None:
+    """Memory bandwidth one node streams at, or None when its CPU's is not published."""
+    family = catalog.cpu_families().get(instance.cpu_family)
+    if family is None or family.socket_memory_bandwidth_gbps is None:
+        return None
+    if family.cores_per_socket is None:
+        return None
+    saturating = family.cores_per_socket * SATURATING_CORE_FRACTION
+    return family.socket_memory_bandwidth_gbps * min(1.0, instance.vcpus / saturating)
+
+
+def _bytes_per_token(model: Model, kv_tokens: int) -> int:
+    return model.weight_bytes_per_token + model.kv_bytes_per_token * kv_tokens
+
+
+def _terms(
+    model: Model, instance: InstanceType, workers: int, kv_tokens: int
+) -> tuple[float, int, int]:
+    """(bytes / bandwidth in seconds, layers, RPC hops) for one token."""
+    bandwidth = node_bandwidth_gbps(instance)
+    if bandwidth is None:
+        raise ValueError(f"no memory bandwidth for {instance.cpu_family}")
+    return _bytes_per_token(model, kv_tokens) / (bandwidth * 1e9), model.layers, workers
+
+
+def calibrate(anchors: tuple[Anchor, Anchor] = (RPC_ANCHOR, SINGLE_NODE_ANCHOR)) -> Calibration:
+    """Solve eta and the per-layer overhead so both anchors are predicted exactly."""
+    rows = []
+    for anchor in anchors:
+        seconds, layers, hops = _terms(
+            PRESETS[anchor.model], anchor.instance, max(anchor.nodes - 1, 0), anchor.kv_tokens
+        )
+        rows.append((seconds, layers, 1 / anchor.decode_tps - hops * RPC_HOP_SECONDS))
+    (a1, b1, r1), (a2, b2, r2) = rows
+    determinant = a1 * b2 - a2 * b1
+    if abs(determinant) < 1e-15:
+        raise ValueError("the anchors do not separate bandwidth from per-layer overhead")
+    inverse_eta = (r1 * b2 - r2 * b1) / determinant
+    overhead = (a1 * r2 - a2 * r1) / determinant
+    if inverse_eta <= 0 or overhead < 0:
+        raise ValueError(f"anchors give a non-physical fit: 1/eta={inverse_eta}, c={overhead}")
+    return Calibration(eta=1 / inverse_eta, layer_overhead_seconds=overhead)
+
+
+@cache
+def calibration() -> Calibration:
+    return calibrate()
+
+
+def decode_tps(model: Model, instance: InstanceType, workers: int, kv_tokens: int) -> float | None:
+    """Predicted single-stream decode tokens/s with the layers on ``workers`` nodes of this
+    type (0: one node holds them all); None when the CPU's bandwidth is not published."""
+    if node_bandwidth_gbps(instance) is None:
+        return None
+    cal = calibration()
+    seconds, layers, hops = _terms(model, instance, workers, kv_tokens)
+    return 1 / (seconds / cal.eta + layers * cal.layer_overhead_seconds + hops * cal.hop_seconds)
+
+
+@dataclass(frozen=True)
+class ServeTime:
+    boot_and_build_seconds: float
+    download_seconds: float
+    load_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        return self.boot_and_build_seconds + self.download_seconds + self.load_seconds
+
+
+def build_seconds(vcpus: int) -> float:
+    return BUILD_SERIAL_SECONDS + BUILD_PARALLEL_CPU_SECONDS / vcpus
+
+
+def disk_read_mibps(provider: str, disk_gb: int, provisioned_mibps: int) -> float:
+    """The main disk's read throughput as the stacks provision it."""
+    if provider == "azure":
+        size_gib = disk_gb * 1e9 / 1024**3
+        for tier_gib, mbps in AZURE_PREMIUM_SSD_TIERS:
+            if size_gib <= tier_gib:
+                return mbps * 1e6 / MIB
+        return AZURE_PREMIUM_SSD_TIERS[-1][1] * 1e6 / MIB
+    return float(provisioned_mibps)
+
+
+def load_seconds(model_bytes: int, workers: int, disk_mibps: float, flow_gbps: float) -> float:
+    """Reading the file and sending every weight to the workers overlap (the kernel reads
+    ahead while llama.cpp sends), so the slower of the two sets the time."""
+    read = model_bytes / (disk_mibps * MIB)
+    send = model_bytes * 8 / (flow_gbps * 1e9) if workers else 0.0
+    return max(read, send)
+
+
+def time_to_serve(
+    model: Model,
+    main: InstanceType,
+    workers: int,
+    disk_mibps: float,
+    download_gbps: float = DOWNLOAD_GBPS,
+) -> ServeTime:
+    """From creation to the first answer: boot and build, then download, then load."""
+    network = main.network_gbps or download_gbps
+    download = model.size_bytes * 8 / (min(network, download_gbps) * 1e9)
+    flow = min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS)
+    return ServeTime(
+        boot_and_build_seconds=BOOT_SECONDS + build_seconds(main.vcpus),
+        download_seconds=download,
+        load_seconds=load_seconds(model.size_bytes, workers, disk_mibps, flow),
+    )

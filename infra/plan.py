@@ -1,0 +1,211 @@
+"""The planner: the cheapest homogeneous cluster that holds a model, on every provider, with its
+predicted decode speed, time to serve and cost (``python -m infra.plan --help``).
+
+Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
+is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers that hold the layers,
+or, when the model fits on one node, that node alone (no RPC, which would only add latency).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from infra import catalog, costs, perf, sizing
+from infra.catalog import InstanceType
+from infra.models import Model, ModelError
+from infra.pins import MAX_WORKERS
+
+MAX_NODES = MAX_WORKERS + 1
+DEFAULT_CONTEXT = 4096
+DEFAULT_DISK_MIBPS = 1000  # the stacks' diskThroughputMibps default
+
+
+class PlanError(ModelError):
+    """Planner input that cannot work; names the option to fix."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One cluster: ``count`` nodes of ``instance``, evaluated for a model and context."""
+
+    instance: InstanceType
+    count: int
+    fits: bool
+    need_bytes: int
+    usable_bytes: int
+    cost: costs.HourlyCost
+    decode_tps: float | None
+    serve: perf.ServeTime
+    download_usd: float | None
+    main_disk_gb: int
+    worker_disk_gb: int
+
+    @property
+    def provider(self) -> str:
+        return self.instance.provider
+
+    @property
+    def workers(self) -> int:
+        return self.count - 1
+
+    @property
+    def needs_rpc(self) -> bool:
+        return self.count > 1
+
+    @property
+    def hourly_usd(self) -> float | None:
+        return self.cost.total
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        if self.hourly_usd is None or not self.decode_tps:
+            return None
+        return round(self.hourly_usd / (self.decode_tps * 3600) * 1e6, 2)
+
+    def sort_key(self) -> tuple[float, int, float]:
+        # Unknown prices sort after every known one, smallest cluster first among them.
+        price = self.hourly_usd if self.hourly_usd is not None else math.inf
+        return (price, self.count * self.instance.vcpus, -(self.decode_tps or 0.0))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    instance: InstanceType
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: Model
+    context: int
+    options: list[Option]  # sorted by hourly cost; the first per provider is its pick
+    rejected: list[Rejection] = field(default_factory=list)
+
+    def recommendation(self, provider: str) -> Option | None:
+        return next((o for o in self.options if o.provider == provider), None)
+
+
+def holders(count: int) -> int:
+    """Nodes that hold layers: the workers, or the only node."""
+    return max(count - 1, 1)
+
+
+def evaluate(
+    model: Model,
+    instance: InstanceType,
+    count: int,
+    context: int,
+    download_gbps: float = perf.DOWNLOAD_GBPS,
+) -> Option:
+    """One cluster of ``count`` nodes of ``instance``: does it fit, what it costs, its speed."""
+    if not 1 <= count <= MAX_NODES:
+        raise PlanError(
+            "--count",
+            f"{count} is outside 1-{MAX_NODES} (a main node and up to {MAX_WORKERS} "
+            "RPC workers, llama.cpp's limit)",
+        )
+    workers = count - 1
+    need = sizing.node_need_bytes(model, context, holders(count))
+    usable = sizing.usable_memory_bytes(instance)
+    main_disk = sizing.default_main_disk_gb(model.size_bytes)
+    worker_disk = sizing.default_worker_disk_gb(model.size_bytes, workers)
+    disks = [costs.Disk(main_disk, DEFAULT_DISK_MIBPS)] + [
+        costs.Disk(worker_disk, costs.GP3_BASE_MIBPS)
+    ] * workers
+    disk_mibps = perf.disk_read_mibps(instance.provider, main_disk, DEFAULT_DISK_MIBPS)
+    kv_tokens = int(context * perf.KV_FILL_FRACTION)
+    return Option(
+        instance=instance,
+        count=count,
+        fits=need <= usable,
+        need_bytes=need,
+        usable_bytes=usable,
+        cost=costs.hourly_cost(instance, count, disks),
+        decode_tps=perf.decode_tps(model, instance, workers, kv_tokens),
+        serve=perf.time_to_serve(model, instance, workers, disk_mibps, download_gbps),
+        download_usd=costs.download_usd(instance.provider, model.size_bytes),
+        main_disk_gb=main_disk,
+        worker_disk_gb=worker_disk,
+    )
+
+
+def fewest_nodes(model: Model, context: int, instance: InstanceType) -> int | None:
+    """The smallest cluster of this type that holds the model: one node when it fits alone,
+    else a main node and the fewest workers that do; None when 17 nodes are not enough."""
+    if sizing.fits(model, context, 1, instance):
+        return 1
+    workers = sizing.min_workers(model, context, instance)
+    return None if workers is None else workers + 1
+
+
+def _rejection(model: Model, context: int, instance: InstanceType) -> str:
+    need = sizing.node_need_bytes(model, context, MAX_WORKERS)
+    usable = sizing.usable_memory_bytes(instance)
+    return (
+        f"too small: even {MAX_WORKERS} workers would each need {need / 1024**3:.1f} GiB "
+        f"and one has {usable / 1024**3:.1f} GiB usable"
+    )
+
+
+def check_context(model: Model, context: int) -> None:
+    if context < 1:
+        raise PlanError("--context", f"must be a positive number of tokens, got {context}")
+    if model.context_length is not None and context > model.context_length:
+        raise PlanError(
+            "--context",
+            f"{context} tokens is more than {model.name} supports ({model.context_length}); "
+            f"use at most {model.context_length}",
+        )
+
+
+def regions(provider: str) -> list[str]:
+    return sorted({e.region for e in catalog.load() if e.provider == provider})
+
+
+def arm_types(provider: str, region: str) -> list[InstanceType]:
+    """The Arm types the catalog has for this provider and region; an error if there are none."""
+    known_providers = catalog.providers()
+    if provider not in known_providers:
+        raise PlanError("--provider", f"{provider!r} is not one of {', '.join(known_providers)}")
+    found = [t for t in catalog.types_in(provider, region) if t.arch == "arm64"]
+    if not found:
+        raise PlanError(
+            "--region",
+            f"the catalog has no Arm instance types for {provider} in {region!r}; "
+            f"known regions: {', '.join(regions(provider))}. Add the region with "
+            f"`python -m infra.catalog refresh --provider {provider} --region {region}`",
+        )
+    return found
+
+
+def plan(
+    model: Model,
+    context: int = DEFAULT_CONTEXT,
+    where: Sequence[tuple[str, str]] | None = None,
+    download_gbps: float = perf.DOWNLOAD_GBPS,
+) -> Plan:
+    """For each (provider, region), every Arm type's smallest cluster that holds the model,
+    sorted by hourly cost."""
+    check_context(model, context)
+    if where is None:
+        where = [(p, r) for p in catalog.providers() for r in regions(p)]
+    options: list[Option] = []
+    rejected: list[Rejection] = []
+    for provider, region in where:
+        for instance in arm_types(provider, region):
+            count = fewest_nodes(model, context, instance)
+            if count is None:
+                rejected.append(Rejection(instance, _rejection(model, context, instance)))
+                continue
+            options.append(evaluate(model, instance, count, context, download_gbps))
+    options.sort(key=Option.sort_key)
+    return Plan(model=model, context=context, options=options, rejected=rejected)
+
+
+if __name__ == "__main__":
+    from infra.plan_cli import main
+
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""``python -m infra.plan``: choose and price a cluster for a model on every provider."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from infra import catalog, config, models, perf, plan, plan_report
+from infra.models import Model, ModelError
+from infra.plan import PlanError
+
+STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m infra.plan",
+        description="The cheapest homogeneous Arm cluster that holds a model, per provider, "
+        "with its predicted decode speed, time to serve and cost. Offline: prices come from "
+        "the catalog (infra/catalog), each with its source and date.",
+    )
+    p.add_argument("model", nargs="?", help=f"a preset: {', '.join(models.PRESETS)}")
+    p.add_argument(
+        "--gguf",
+        metavar="PATH",
+        help="describe the model from a GGUF's header "
+        "(the first part of a split file); only headers are read",
+    )
+    p.add_argument("--size-gb", type=float, help="custom model: file size in GB (10^9 bytes)")
+    p.add_argument("--layers", type=int, help="custom model: number of layers")
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        help="custom model: f16 KV cache bytes per token (layers x 2 x kv_heads x head_dim x 2)",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=plan.DEFAULT_CONTEXT,
+        help="context size in tokens (default %(default)s)",
+    )
+    p.add_argument(
+        "--provider",
+        action="append",
+        choices=catalog.providers(),
+        help="only this provider (repeat for several; default: all)",
+    )
+    p.add_argument("--region", help="the region to plan in (with one --provider)")
+    p.add_argument("--instance-type", help="evaluate this type instead of searching")
+    p.add_argument("--count", type=int, help="with --instance-type: the number of nodes")
+    p.add_argument(
+        "--min-tps",
+        type=float,
+        help="only clusters predicted to decode at least this many tokens/s",
+    )
+    p.add_argument(
+        "--download-gbps",
+        type=float,
+        default=perf.DOWNLOAD_GBPS,
+        help="model download rate for the time to serve (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--chart", metavar="FILE.png", type=Path, help="draw $/h and predicted tok/s per provider"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="also list the types rejected, and why"
+    )
+    p.add_argument(
+        "--write-stack",
+        metavar="NAME",
+        help="write stacks/Pulumi.NAME.yaml for the first option shown",
+    )
+    p.add_argument(
+        "--model-url",
+        action="append",
+        default=[],
+        help="with --write-stack: the GGUF's https URL (repeat for each split part)",
+    )
+    p.add_argument(
+        "--model-sha256",
+        action="append",
+        default=[],
+        help="with --write-stack: each part's sha256, in order",
+    )
+    p.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
+    return p
+
+
+def describe_model(args: argparse.Namespace) -> Model:
+    custom = [args.size_gb, args.layers, args.kv_bytes_per_token]
+    chosen = sum(x is not None for x in (args.model, args.gguf)) + any(
+        x is not None for x in custom
+    )
+    if chosen != 1:
+        raise ModelError(
+            "model",
+            "give exactly one of: a preset name, --gguf PATH, or --size-gb with "
+            "--layers and --kv-bytes-per-token",
+        )
+    if args.model:
+        return models.preset(args.model)
+    if args.gguf:
+        from infra import gguf_model  # noqa: PLC0415
+
+        return gguf_model.describe(args.gguf)
+    missing = [
+        flag
+        for flag, value in zip(
+            ("--size-gb", "--layers", "--kv-bytes-per-token"), custom, strict=True
+        )
+        if value is None
+    ]
+    if missing:
+        raise ModelError(
+            missing[0], "a custom model needs --size-gb, --layers and --kv-bytes-per-token"
+        )
+    return models.custom(args.size_gb, args.layers, args.kv_bytes_per_token)
+
+
+def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
+    providers = args.provider or catalog.providers()
+    if args.region:
+        if len(providers) != 1:
+            raise PlanError("--region", "give exactly one --provider with --region")
+        return [(providers[0], args.region)]
+    return [(p, r) for p in providers for r in plan.regions(p)]
+
+
+def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
+    """Evaluate the one cluster that --instance-type and --count name."""
+    if args.count is None:
+        raise PlanError("--count", "give --count N (nodes, main included) with --instance-type")
+    matches = [
+        t
+        for t in catalog.load()
+        if t.name == args.instance_type
+        and (not args.provider or t.provider in args.provider)
+        and (not args.region or t.region == args.region)
+    ]
+    if not matches:
+        known = sorted({t.name for t in catalog.load()})
+        raise PlanError(
+            "--instance-type",
+            f"{args.instance_type!r} is not in the catalog; known: {', '.join(known)}",
+        )
+    plan.check_context(model, args.context)
+    option = plan.evaluate(model, matches[0], args.count, args.context, args.download_gbps)
+    return plan.Plan(model=model, context=args.context, options=[option])
+
+
+def write_stack(
+    args: argparse.Namespace, result: plan.Plan, option: plan.Option, command: str
+) -> Path:
+    if not args.model_url:
+        raise PlanError(
+            "--model-url",
+            "--write-stack needs the GGUF's download URL: give --model-url for "
+            "each part, in order (https://..., or your own bucket)",
+        )
+    if not option.fits:
+        raise PlanError(
+            "--write-stack",
+            f"{option.count} x {option.instance.name} does not "
+            "hold the model; choose a cluster that fits",
+        )
+    if not all(c.isalnum() or c in "-_." for c in args.write_stack):
+        raise PlanError("--write-stack", f"{args.write_stack!r}: use letters, digits, - _ .")
+    settings = plan_report.stack_settings(option, result, args.model_url, args.model_sha256)
+    try:  # The program's own validation, before anything is written.
+        config.from_settings(settings, region=option.instance.region)
+    except config.ConfigError as error:
+        raise PlanError("--write-stack", f"the stack would be rejected: {error}") from None
+    path: Path = args.stacks_dir / f"Pulumi.{args.write_stack}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan_report.stack_yaml(option, result, settings, command))
+    return path
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    model = describe_model(args)
+    if args.count is not None and not args.instance_type:
+        raise PlanError("--count", "--count goes with --instance-type")
+    if args.download_gbps <= 0:
+        raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+    if args.instance_type:
+        result = _single(args, model)
+    else:
+        result = plan.plan(model, args.context, _where(args), args.download_gbps)
+    shown = [
+        o
+        for o in result.options
+        if args.min_tps is None or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
+    ]
+    if args.json:
+        print(json.dumps(plan_report.to_json(result, shown), indent=2))
+    else:
+        print(plan_report.table(result, shown, verbose=args.verbose))
+        if not shown:
+            print(
+                "\nno cluster in the catalog holds this model"
+                + (f" at {args.min_tps} tok/s" if args.min_tps else "")
+            )
+    if args.chart:
+        plan_report.chart(plan.Plan(model, result.context, shown, result.rejected), args.chart)
+        print(f"chart written to {args.chart}", file=sys.stderr)
+    if args.write_stack:
+        if not shown:
+            raise PlanError("--write-stack", "there is no option to write")
+        command = "python -m infra.plan " + shlex.join(argv)
+        path = write_stack(args, result, shown[0], command)
+        print(
+            f"stack written to {path}; deploy it with `pulumi up --stack {args.write_stack}`",
+            file=sys.stderr,
+        )
+    return 0 if shown else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except ModelError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

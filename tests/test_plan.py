@@ -1,0 +1,304 @@
+"""The planner: its choice against brute force, the anchors, the CLI and its stack files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infra import catalog, config, perf, plan
+from infra.models import PRESETS, Model
+from infra.plan_cli import main
+
+GIB = 1024**3
+WHERE = [("aws", "us-east-1"), ("gcp", "us-central1"), ("azure", "eastus")]
+
+
+def brute_force(model: Model, context: int, provider: str, region: str) -> plan.Option | None:
+    """Every type and every size from 1 to 17 nodes; the cheapest that fits."""
+    fitting = [
+        option
+        for instance in catalog.types_in(provider, region)
+        for count in range(1, plan.MAX_NODES + 1)
+        if (option := plan.evaluate(model, instance, count, context)).fits
+    ]
+    return min(fitting, key=plan.Option.sort_key, default=None)
+
+
+def holds(model: Model, context: int, option: plan.Option) -> bool:
+    """The fit rule from first principles: the busiest holder's layers, KV and buffers."""
+    holders = max(option.count - 1, 1)
+    share = math.ceil(model.layers / holders) / model.layers
+    buffers = min(1.2e9, max(0.3e9, 0.005 * model.size_bytes + 0.28e9))
+    need = share * (model.size_bytes + model.kv_bytes_per_token * context) + buffers
+    return need <= option.instance.memory_gib * GIB * 0.95 - 2 * GIB
+
+
+def check_against_brute_force(model: Model, context: int) -> None:
+    result = plan.plan(model, context)
+    for provider, region in WHERE:
+        chosen = result.recommendation(provider)
+        expected = brute_force(model, context, provider, region)
+        if expected is None:
+            assert chosen is None
+            continue
+        assert chosen is not None
+        assert (chosen.instance.name, chosen.count) == (expected.instance.name, expected.count)
+    for option in result.options:
+        assert option.fits and holds(model, context, option), option
+        if option.count > 1:  # the fewest nodes of its type
+            smaller = plan.evaluate(model, option.instance, option.count - 1, context)
+            assert not smaller.fits or option.count == 2
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_choice_equals_brute_force_for_every_preset(name: str) -> None:
+    check_against_brute_force(PRESETS[name], 4096)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size_gb=st.floats(min_value=0.05, max_value=1500),
+    layers=st.integers(min_value=1, max_value=200),
+    kv=st.integers(min_value=1024, max_value=2 * 1024**2),
+    context=st.integers(min_value=1, max_value=65536),
+)
+def test_choice_equals_brute_force_for_random_models(
+    size_gb: float, layers: int, kv: int, context: int
+) -> None:
+    model = Model("random", int(size_gb * 1e9), layers, kv, source="custom")
+    check_against_brute_force(model, context)
+
+
+def test_405b_q4_0_fits_on_one_memory_optimized_node() -> None:
+    """Arm's guide uses 3 x c8g.16xlarge; one r8g.8xlarge (256 GiB) holds the model alone."""
+    result = plan.plan(PRESETS["llama-3.1-405b-q4_0"])
+    aws = result.recommendation("aws")
+    assert (aws.instance.name, aws.count, aws.needs_rpc) == ("r8g.8xlarge", 1, False)
+    c8g = catalog.find("aws", "us-east-1", "c8g.16xlarge")
+    arm = plan.evaluate(PRESETS["llama-3.1-405b-q4_0"], c8g, 3, 4096)
+    assert arm.fits and arm.hourly_usd > 3 * aws.hourly_usd
+
+
+def test_a_model_too_big_for_any_single_node_needs_rpc() -> None:
+    huge = Model("huge", int(1000e9), 120, 512 * 1024, source="custom")  # > 768 GiB
+    result = plan.plan(huge, where=[("aws", "us-east-1")])
+    best = result.recommendation("aws")
+    assert best.needs_rpc and best.count >= 3
+    assert any("too small" in r.reason for r in result.rejected)
+
+
+# --- calibration: each constant comes from one anchor ---
+
+
+def anchor_prediction(anchor: perf.Anchor) -> float:
+    option = plan.evaluate(
+        PRESETS[anchor.model], anchor.instance, anchor.nodes, 2 * anchor.kv_tokens
+    )
+    assert option.fits
+    return option.decode_tps
+
+
+@pytest.mark.parametrize("anchor", perf.ANCHORS, ids=lambda a: a.model)
+def test_anchor_predictions_are_within_25_percent(anchor: perf.Anchor) -> None:
+    assert anchor_prediction(anchor) == pytest.approx(anchor.decode_tps, rel=0.25)
+
+
+def test_eta_comes_from_the_405b_anchor_and_overhead_from_the_8b_anchor() -> None:
+    base = perf.calibrate()
+    assert 0.4 <= base.eta <= 0.9 and base.layer_overhead_seconds > 0
+
+    def moved(anchor: perf.Anchor, factor: float) -> perf.Calibration:
+        import dataclasses
+
+        changed = dataclasses.replace(anchor, decode_tps=anchor.decode_tps * factor)
+        pair = [changed if a is anchor else a for a in (perf.RPC_ANCHOR, perf.SINGLE_NODE_ANCHOR)]
+        return perf.calibrate(tuple(pair))
+
+    def change(a: float, b: float) -> float:
+        return abs(a / b - 1)
+
+    from_405b = moved(perf.RPC_ANCHOR, 1.1)
+    from_8b = moved(perf.SINGLE_NODE_ANCHOR, 1.1)
+    assert change(from_405b.eta, base.eta) > 5 * change(from_8b.eta, base.eta)
+    # The overhead is what the 8B anchor's time leaves after eta's share, so it moves with both
+    # anchors, but most with the 8B one.
+    assert change(from_8b.layer_overhead_seconds, base.layer_overhead_seconds) > change(
+        from_405b.layer_overhead_seconds, base.layer_overhead_seconds
+    )
+
+
+def test_measured_constants_match_the_boot_benchmark() -> None:
+    results = json.loads((Path(__file__).parent.parent / "bench/results/boot.json").read_text())
+    hop = (1 / results["decode_tps_two_rpc_workers"] - 1 / results["decode_tps_one_process"]) / 2
+    assert pytest.approx(hop, rel=0.05) == perf.RPC_HOP_SECONDS
+    cores = results["machine"]["cpus"]
+    assert perf.build_seconds(cores) == pytest.approx(results["full_build_wall_seconds"], rel=0.05)
+
+
+def test_load_time_matches_arms_405b_load() -> None:
+    """1797 s to load 213.13 GiB from gp3 at its default 125 MiB/s, outside a placement group."""
+    seconds = perf.load_seconds(int(213.13 * GIB), workers=2, disk_mibps=125, flow_gbps=5)
+    assert seconds == pytest.approx(1797, rel=0.25)
+
+
+def test_speed_is_unknown_where_memory_bandwidth_is_not_published() -> None:
+    result = plan.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("gcp", "us-central1")])
+    assert result.options and all(o.decode_tps is None for o in result.options)
+    assert all(o.usd_per_million_tokens is None for o in result.options)
+
+
+# --- the command line ---
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_lists_options_cheapest_first_with_the_contract_keys(capsys) -> None:
+    code, out, _ = run(capsys, "llama-3.1-70b-q4_k_m", "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert document["model"]["name"] == "llama-3.1-70b-q4_k_m"
+    options = document["options"]
+    required = {"provider", "region", "instanceType", "count", "memoryGib", "hourlyUsd",
+                "predictedDecodeTps", "usdPerMillionTokens", "predictedSecondsToServe",
+                "priceSource", "priceDate"}  # fmt: skip
+    assert all(required <= set(o) for o in options)
+    prices = [o["hourlyUsd"] for o in options]
+    known = [p for p in prices if p is not None]
+    assert known == sorted(known) and prices[: len(known)] == known  # unknown prices last
+    result = plan.plan(PRESETS["llama-3.1-70b-q4_k_m"])
+    for provider in ("aws", "gcp", "azure"):
+        first = next(o for o in options if o["provider"] == provider)
+        best = result.recommendation(provider)
+        assert (first["instanceType"], first["count"]) == (best.instance.name, best.count)
+
+
+def test_table_says_when_rpc_is_not_needed(capsys) -> None:
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws")
+    assert code == 0
+    assert "* aws: 1 x r8g.large, one node, no RPC needed" in out
+
+
+def test_verbose_gives_the_reason_each_type_was_rejected(capsys) -> None:
+    code, out, _ = run(capsys, "deepseek-r1-q4_k_m", "--provider", "aws", "--verbose")
+    assert code == 0
+    assert "rejected:" in out and "c8g.large" in out and "too small: even 16 workers" in out
+
+
+def test_one_named_cluster_is_evaluated(capsys) -> None:
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge",
+                       "--count", "3", "--json")  # fmt: skip
+    assert code == 0
+    [option] = json.loads(out)["options"]
+    assert (option["instanceType"], option["count"], option["workers"]) == ("c8g.16xlarge", 3, 2)
+    assert option["hourlyUsdParts"]["instances"] == pytest.approx(3 * 2.55232)
+    assert option["predictedDecodeTps"] == pytest.approx(1.64, rel=0.1)
+
+
+def test_min_tps_keeps_only_fast_enough_clusters(capsys) -> None:
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "aws", "--min-tps", "1.5",
+                       "--json")  # fmt: skip
+    assert code == 0
+    options = json.loads(out)["options"]
+    assert options and all(o["predictedDecodeTps"] >= 1.5 for o in options)
+    assert options[0]["instanceType"] == "r8g.12xlarge"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["llama-3.1-405b-q4"], "model: unknown model 'llama-3.1-405b-q4'; did you mean "
+         "llama-3.1-405b-q4_0"),
+        (["--size-gb", "-3", "--layers", "10", "--kv-bytes-per-token", "1024"],
+         "--size-gb: must be positive, got -3.0"),
+        (["--size-gb", "3", "--layers", "0", "--kv-bytes-per-token", "1024"],
+         "--layers: must be positive, got 0"),
+        (["--size-gb", "3"], "--layers: a custom model needs"),
+        (["qwen2.5-72b-q4_k_m", "--context", "65536"],
+         "--context: 65536 tokens is more than qwen2.5-72b-q4_k_m supports (32768)"),
+        (["llama-3.1-8b-q4_0", "--context", "0"], "--context: must be a positive number"),
+        (["llama-3.1-8b-q4_0", "--provider", "gcp", "--region", "europe-west4"],
+         "--region: the catalog has no Arm instance types for gcp in 'europe-west4'"),
+        (["llama-3.1-8b-q4_0", "--region", "us-east-1"], "--region: give exactly one --provider"),
+        (["llama-3.1-8b-q4_0", "--instance-type", "c7i.large", "--count", "2"],
+         "--instance-type: 'c7i.large' is not in the catalog"),
+        (["llama-3.1-8b-q4_0", "--instance-type", "c8g.large", "--count", "18"],
+         "--count: 18 is outside 1-17"),
+        (["llama-3.1-8b-q4_0", "--count", "2"], "--count: --count goes with --instance-type"),
+        (["llama-3.1-8b-q4_0", "--gguf", "x.gguf"], "model: give exactly one of"),
+        (["--gguf", "/nonexistent/model.gguf"], "--gguf: /nonexistent/model.gguf does not exist"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_clear_error(capsys, args: list[str], message: str) -> None:
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_a_non_gguf_file_is_a_clear_error(capsys, tmp_path: Path) -> None:
+    text = tmp_path / "model.gguf"
+    text.write_text("not a model")
+    code, _, err = run(capsys, "--gguf", str(text))
+    assert code == 2 and "not a GGUF file" in err
+
+
+def test_chart_is_a_png(capsys, tmp_path: Path) -> None:
+    code, _, _ = run(capsys, "llama-3.1-405b-q4_0", "--chart", str(tmp_path / "c.png"))
+    data = (tmp_path / "c.png").read_bytes()
+    assert code == 0 and data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def written_settings(path: Path) -> tuple[dict, str]:
+    document = yaml.safe_load(path.read_text())["config"]
+    region = next(v for k, v in document.items() if not k.startswith("llama-rpc-cluster:"))
+    return {
+        k.split(":", 1)[1]: v for k, v in document.items() if k.startswith("llama-rpc-cluster:")
+    }, region
+
+
+@pytest.mark.parametrize(
+    ("args", "workers"),
+    [
+        (["llama-3.1-405b-q4_0", "--provider", "aws"], 0),
+        (
+            [
+                "--size-gb",
+                "1000",
+                "--layers",
+                "120",
+                "--kv-bytes-per-token",
+                "524288",
+                "--provider",
+                "gcp",
+            ],
+            4,
+        ),
+        (["llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3"], 2),
+    ],
+)
+def test_written_stacks_pass_the_programs_validation(
+    capsys, tmp_path: Path, args: list[str], workers: int
+) -> None:
+    url = "https://example.org/model-00001-of-00001.gguf"
+    code, _, err = run(capsys, *args, "--write-stack", "planned", "--model-url", url,
+                       "--stacks-dir", str(tmp_path))  # fmt: skip
+    assert code == 0, err
+    settings_, region = written_settings(tmp_path / "Pulumi.planned.yaml")
+    parsed = config.from_settings(settings_, region)
+    assert parsed.worker_count == workers and parsed.model.urls == (url,)
+
+
+def test_write_stack_needs_the_model_url(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--write-stack", "x", "--stacks-dir",
+                       str(tmp_path))  # fmt: skip
+    assert code == 2 and "--model-url: --write-stack needs the GGUF's download URL" in err
+    assert not list(tmp_path.iterdir())
