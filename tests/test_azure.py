@@ -152,3 +152,12 @@ def test_bad_input_is_refused_before_anything_is_created(overrides: dict, messag
         deploy("azure-cobalt", overrides, mocks=mocks)
     assert message in str(error.value)
     assert mocks.resources == []
+
+
+def test_a_model_that_fits_one_node_runs_without_workers() -> None:
+    big = "Standard_E96ps_v6"  # 672 GiB holds the 405B preset alone
+    d = deploy("azure-cobalt", {"llama-rpc-cluster:workerCount": 0,
+                                "llama-rpc-cluster:instanceType": big,
+                                "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
+    assert [v.name for v in d.of_type(VM)] == ["llama-rpc-cluster-main"]
+    assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""

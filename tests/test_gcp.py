@@ -143,3 +143,12 @@ def test_label_rules() -> None:
     assert label_problem({"team": "ml-infra", "cost_center": "42"}) is None
     assert label_problem({"x" * 64: "v"}) is not None
     assert label_problem({"9team": "v"}) is not None
+
+
+def test_a_model_that_fits_one_node_runs_without_workers() -> None:
+    big = "c4a-highmem-72"  # 576 GiB holds the 405B preset alone
+    d = deploy("gcp-c4a", {"llama-rpc-cluster:workerCount": 0,
+                           "llama-rpc-cluster:instanceType": big,
+                           "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
+    assert [i.name for i in d.of_type(INSTANCE)] == ["llama-rpc-cluster-main"]
+    assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""
