@@ -83,6 +83,7 @@ class Plan:
     context: int
     options: list[Option]  # sorted by hourly cost; the first per provider is its pick
     rejected: list[Rejection] = field(default_factory=list)
+    download_gbps: float = perf.DOWNLOAD_GBPS  # the time to serve's download rate
 
     def recommendation(self, provider: str) -> Option | None:
         return next((o for o in self.options if o.provider == provider), None)
@@ -202,7 +203,7 @@ def plan(
                 continue
             options.append(evaluate(model, instance, count, context, download_gbps))
     options.sort(key=Option.sort_key)
-    return Plan(model=model, context=context, options=options, rejected=rejected)
+    return Plan(model, context, options, rejected, download_gbps)
 
 
 if __name__ == "__main__":

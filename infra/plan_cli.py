@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -150,7 +151,7 @@ def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
         )
     plan.check_context(model, args.context)
     option = plan.evaluate(model, matches[0], args.count, args.context, args.download_gbps)
-    return plan.Plan(model=model, context=args.context, options=[option])
+    return plan.Plan(model, args.context, [option], download_gbps=args.download_gbps)
 
 
 def write_stack(
@@ -208,7 +209,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 + (f" at {args.min_tps} tok/s" if args.min_tps else "")
             )
     if args.chart:
-        plan_report.chart(plan.Plan(model, result.context, shown, result.rejected), args.chart)
+        plan_report.chart(dataclasses.replace(result, options=shown), args.chart)
         print(f"chart written to {args.chart}", file=sys.stderr)
     if args.write_stack:
         if not shown:

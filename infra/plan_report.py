@@ -69,11 +69,11 @@ def option_json(option: Option) -> dict[str, Any]:
     }
 
 
-def assumptions(context: int) -> dict[str, Any]:
+def assumptions(plan: Plan) -> dict[str, Any]:
     cal = perf.calibration()
     return {
         "decode": (
-            f"single stream at {int(context * perf.KV_FILL_FRACTION)} tokens of context; "
+            f"single stream at {int(plan.context * perf.KV_FILL_FRACTION)} tokens of context; "
             f"eta {cal.eta:.3f} and {cal.layer_overhead_seconds * 1e3:.3f} ms per layer "
             f"solved from the anchors, {cal.hop_seconds * 1e3:.2f} ms per RPC worker"
         ),
@@ -82,7 +82,7 @@ def assumptions(context: int) -> dict[str, Any]:
         "no speed is predicted for them",
         "serve": (
             f"{perf.BOOT_SECONDS:.0f} s boot, the measured llama.cpp build, a "
-            f"{perf.DOWNLOAD_GBPS:g} Gbit/s model download, then the load: disk read and "
+            f"{plan.download_gbps:g} Gbit/s model download, then the load: disk read and "
             f"transfer to the workers at up to {perf.SINGLE_FLOW_GBPS:g} Gbit/s, overlapped"
         ),
         "cost": "on-demand instances, NAT for egress and disks; a price the catalog lacks is "
@@ -99,7 +99,7 @@ def to_json(plan: Plan, options: Sequence[Option] | None = None) -> dict[str, An
             {"provider": r.instance.provider, "instanceType": r.instance.name, "reason": r.reason}
             for r in plan.rejected
         ],
-        "assumptions": assumptions(plan.context),
+        "assumptions": assumptions(plan),
     }
 
 
@@ -165,7 +165,7 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
             f"  {r.instance.provider:<8}  {r.instance.name:<17}  {r.reason}" for r in plan.rejected
         ]
     lines += ["", "assumptions:"] + [
-        f"  {k}: {v}" for k, v in assumptions(plan.context).items() if k != "anchors"
+        f"  {k}: {v}" for k, v in assumptions(plan).items() if k != "anchors"
     ]
     return "\n".join(lines)
 

@@ -204,3 +204,10 @@ def test_gcp_refresh_needs_an_api_key(csv_copy: Path) -> None:
 def test_only_https_price_urls_are_fetched() -> None:
     with pytest.raises(RefreshError, match="non-https"):
         refresh.http_json("http://prices.azure.com/api/retail/prices")
+
+
+def test_refresh_refuses_a_region_that_is_not_a_name(capsys) -> None:
+    from infra.catalog.__main__ import main
+
+    assert main(["refresh", "--provider", "azure", "--region", "eastus' or 1 eq 1"]) == 2
+    assert '--region "eastus\' or 1 eq 1" is not a region name' in capsys.readouterr().err

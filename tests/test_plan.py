@@ -302,3 +302,16 @@ def test_write_stack_needs_the_model_url(capsys, tmp_path: Path) -> None:
                        str(tmp_path))  # fmt: skip
     assert code == 2 and "--model-url: --write-stack needs the GGUF's download URL" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_download_rate_given_is_the_one_used_and_stated(capsys) -> None:
+    code, out, _ = run(capsys, "llama-3.1-70b-q4_0", "--provider", "aws", "--json",
+                       "--download-gbps", "8")  # fmt: skip
+    document = json.loads(out)
+    assert code == 0 and "a 8 Gbit/s model download" in document["assumptions"]["serve"]
+    model = PRESETS["llama-3.1-70b-q4_0"]
+    first = document["options"][0]
+    network = catalog.find("aws", "us-east-1", first["instanceType"]).network_gbps
+    assert first["secondsToServeParts"]["download"] == round(
+        model.size_bytes * 8 / (min(8, network) * 1e9)
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import urllib.error
 from collections.abc import Sequence
@@ -27,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{e.provider:<6} {e.region:<12} {e.name:<18} {size}  {price:<12} "
                   f"{e.price_source} {e.price_date}")  # fmt: skip
         return 0
+    if args.region and not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", args.region):
+        print(f"error: --region {args.region!r} is not a region name (us-east-1, eastus, "
+              "us-central1)", file=sys.stderr)  # fmt: skip
+        return 2
     regions = (
         [args.region]
         if args.region
