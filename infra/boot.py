@@ -81,7 +81,8 @@ class NodeBoot:
     """Everything one node needs to boot into its role.
 
     Workers need ``rpc_allowed_sources`` (who may reach the RPC port: the main node); the main
-    node needs ``rpc_workers`` (worker IPs, in order) and ``model_urls``.
+    node needs ``rpc_workers`` (worker IPs, in order), ``model_urls``, and with workers the
+    placement flags ``gpu_layers`` and ``tensor_split``.
     """
 
     role: Role
@@ -95,6 +96,11 @@ class NodeBoot:
     model_sha256: tuple[str, ...] = ()
     server_port: int = SERVER_PORT
     context_size: int = 4096
+    slots: int = 1
+    # The layer placement as llama-server's flags (``infra.placement``): --n-gpu-layers and
+    # --tensor-split, one value per worker. Needed with workers, meaningless without.
+    gpu_layers: int = 0
+    tensor_split: tuple[int, ...] = ()
     worker_wait_seconds: int = 900
     threads: int | None = None
     data_device: str | None = None
@@ -135,6 +141,9 @@ class NodeBoot:
                 "MODEL_SHA256": " ".join(self.model_sha256),
                 "SERVER_PORT": str(self.server_port),
                 "CONTEXT_SIZE": str(self.context_size),
+                "SLOTS": str(self.slots),
+                "LLAMA_GPU_LAYERS": str(self.gpu_layers) if self.rpc_workers else "",
+                "LLAMA_TENSOR_SPLIT": ",".join(map(str, self.tensor_split)),
                 "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
             }
         env |= self.extra_env
@@ -160,8 +169,8 @@ def _validate(boot: NodeBoot) -> None:
         port = getattr(boot, name)
         if not 1 <= port <= 65535:
             raise BootConfigError(f"{name} {port} is outside 1-65535; choose a valid TCP port")
-    if boot.context_size < 1 or boot.worker_wait_seconds < 1:
-        raise BootConfigError("context_size and worker_wait_seconds must be positive")
+    if boot.context_size < 1 or boot.worker_wait_seconds < 1 or boot.slots < 1:
+        raise BootConfigError("context_size, slots and worker_wait_seconds must be positive")
     if boot.role == "worker":
         _validate_worker(boot)
     else:
@@ -194,6 +203,17 @@ def _validate_main(boot: NodeBoot) -> None:
         _private_host("rpc_workers", ip)
     if len(set(boot.rpc_workers)) != len(boot.rpc_workers):
         raise BootConfigError(f"rpc_workers lists an address twice: {', '.join(boot.rpc_workers)}")
+    if boot.rpc_workers and (
+        len(boot.tensor_split) != len(boot.rpc_workers)
+        or min(boot.tensor_split) < 0
+        or boot.gpu_layers != sum(boot.tensor_split)
+        or boot.gpu_layers < 1
+    ):
+        raise BootConfigError(
+            f"tensor_split {boot.tensor_split} and gpu_layers {boot.gpu_layers} do not place "
+            f"layers on {len(boot.rpc_workers)} workers: give one count per worker (the last "
+            "with the output head) and their sum; infra.placement computes them"
+        )
     if not boot.model_urls:
         raise BootConfigError(
             "model_urls is empty: give the model's GGUF URL "
@@ -368,7 +388,8 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
 
 
 def example(role: Role) -> NodeBoot:
-    """A node of the reference layout: main .10 and workers .11, .12 of 10.0.1.0/24."""
+    """A node of the reference layout: main .10 and workers .11, .12 of 10.0.1.0/24, serving an
+    80-layer model whose layers the three nodes share (27 + 27 + 26, and the output head)."""
     if role == "worker":
         return NodeBoot(role="worker", node_ip="10.0.1.11", rpc_allowed_sources=("10.0.1.10/32",))
     return NodeBoot(
@@ -376,6 +397,8 @@ def example(role: Role) -> NodeBoot:
         node_ip="10.0.1.10",
         rpc_workers=("10.0.1.11", "10.0.1.12"),
         model_urls=("https://huggingface.co/example/model-GGUF/resolve/main/model-Q4_0.gguf",),
+        gpu_layers=54,
+        tensor_split=(27, 27),
     )
 
 

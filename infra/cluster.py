@@ -44,6 +44,9 @@ def node_boots(config: ClusterConfig) -> tuple[boot.NodeBoot, list[boot.NodeBoot
         model_sha256=config.model.sha256,
         server_port=config.server_port,
         context_size=config.context_size,
+        slots=config.slots,
+        gpu_layers=config.placement.gpu_layers,
+        tensor_split=config.placement.tensor_split,
     )
     return main, workers
 

@@ -6,6 +6,7 @@ before any resource is created.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -13,18 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from infra import catalog
+from infra import catalog, models, placement, sizing
 from infra.boot import Cloud
 from infra.catalog import InstanceType
-from infra.models import PRESETS
+from infra.models import PRESETS, Model
 from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT, is_full_commit
-from infra.sizing import (
-    default_main_disk_gb,
-    default_worker_disk_gb,
-    min_workers,
-    node_need_bytes,
-    usable_memory_bytes,
-)
+from infra.placement import Placement
 
 PROJECT = "llama-rpc-cluster"
 REGION_KEYS = {"aws": "aws:region", "gcp": "gcp:region", "azure": "azure-native:location"}
@@ -39,6 +34,7 @@ KNOWN_KEYS = (
     "rpcPort",
     "serverPort",
     "contextSize",
+    "slots",
     "mainDiskGb",
     "workerDiskGb",
     "diskThroughputMibps",
@@ -62,9 +58,37 @@ class ModelSpec:
     urls: tuple[str, ...]
     sha256: tuple[str, ...]
     size_bytes: int
-    layers: int | None
+    layers: int
     kv_bytes_per_token: int
     preset: str | None = None
+
+    def described(self) -> Model:
+        """The model as sizing sees it: the preset's shape (embeddings, context length) with the
+        sizes given here, or a custom model."""
+        base = PRESETS.get(self.preset or "")
+        if base is None:
+            return models.custom(self.size_bytes / 1e9, self.layers, self.kv_bytes_per_token)
+        if (base.size_bytes, base.layers, base.kv_bytes_per_token) == (
+            self.size_bytes,
+            self.layers,
+            self.kv_bytes_per_token,
+        ):
+            return base
+        scale = self.size_bytes / base.size_bytes  # the same shape, quantised differently
+
+        def scaled(value: int) -> int:
+            return int(value * scale)
+
+        return dataclasses.replace(
+            base,
+            size_bytes=self.size_bytes,
+            layers=self.layers,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            active_bytes=None if base.active_bytes is None else scaled(base.active_bytes),
+            input_bytes=scaled(base.input_bytes),
+            output_bytes=scaled(base.output_bytes),
+            source="config",
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +104,8 @@ class ClusterConfig:
     rpc_port: int
     server_port: int
     context_size: int
+    slots: int
+    placement: Placement
     main_disk_gb: int
     worker_disk_gb: int
     disk_throughput_mibps: int
@@ -234,7 +260,13 @@ def _model(settings: Mapping[str, Any]) -> ModelSpec:
             "model.kvBytesPerToken",
             "give the KV-cache bytes per token (layers x 2 x kv_heads x head_dim x 2), or a preset",
         )
-    if layers is not None and (not isinstance(layers, int) or layers <= 0):
+    if layers is None:
+        raise ConfigError(
+            "model.layers",
+            "give the model's number of layers (its GGUF's block_count), or a preset: the "
+            "layers are divided between the nodes",
+        )
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
         raise ConfigError("model.layers", f"must be a positive whole number, got {layers!r}")
     return ModelSpec(
         urls=tuple(urls),
@@ -296,33 +328,45 @@ def _tags(settings: Mapping[str, Any]) -> dict[str, str]:
     return dict(raw)
 
 
-def _check_fit(
-    model: ModelSpec, context: int, worker_count: int, worker_type: InstanceType
-) -> None:
-    """The workers hold the layers; with no workers, ``worker_type`` is the main node's."""
-    need = node_need_bytes(model, context, max(worker_count, 1))
-    usable = usable_memory_bytes(worker_type)
-    if need <= usable:
-        return
-    if worker_count == 0:
-        raise ConfigError(
-            "workerCount",
-            f"the model does not fit on one node: it needs {need / 1024**3:.1f} GiB (weights, "
-            f"KV cache for contextSize {context}, buffers) and a {worker_type.name} has "
-            f"{usable / 1024**3:.1f} GiB usable; add workers or choose a larger mainInstanceType",
-        )
-    fewest = min_workers(model, context, worker_type)
-    fix = (
-        f"raise workerCount to {fewest}"
-        if fewest
-        else f"even {MAX_WORKERS} workers are too few; choose a larger instanceType"
+def _placement(
+    model: Model,
+    context: int,
+    slots: int,
+    *,
+    main_type: InstanceType,
+    worker_type: InstanceType,
+    worker_count: int,
+) -> Placement:
+    """Divide the layers between the main node and the workers; an error if they cannot hold
+    them, naming the fix."""
+    main_usable = sizing.usable_memory_bytes(main_type)
+    worker_usable = sizing.usable_memory_bytes(worker_type)
+    result = placement.place(model, context, slots, [main_usable] + [worker_usable] * worker_count)
+    if result.fits:
+        return result
+    worst = result.worst
+    node_type = main_type if worst.node == placement.MAIN else worker_type
+    fewest = placement.fewest_workers(
+        model,
+        context,
+        slots,
+        main_usable=main_usable,
+        worker_usable=worker_usable,
+        most=MAX_WORKERS,
     )
+    if fewest is not None:
+        fix = f"raise workerCount to {fewest}"
+    elif worker_count == 0:
+        fix = "add workers"
+    else:
+        fix = f"even {MAX_WORKERS} workers are too few"
     raise ConfigError(
         "workerCount",
-        f"the model does not fit: each of {worker_count} {worker_type.name} workers needs "
-        f"{need / 1024**3:.1f} GiB (weights, KV cache for contextSize {context}, buffers) "
-        f"but has {usable / 1024**3:.1f} GiB usable; {fix}, or choose an instanceType "
-        "with more memory",
+        f"the model does not fit: with {worker_count} workers the {worst.node} node "
+        f"({node_type.name}) would hold {worst.layers} layers and need "
+        f"{worst.need_bytes / 1024**3:.1f} GiB (weights, KV cache for contextSize {context} x "
+        f"{slots} slots, buffers) but has {worst.usable_bytes / 1024**3:.1f} GiB usable; {fix}, "
+        "or choose instance types with more memory",
     )
 
 
@@ -371,18 +415,38 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     server_port = _port(settings, "serverPort", SERVER_PORT)
     if rpc_port == server_port:
         raise ConfigError("serverPort", f"equals rpcPort ({rpc_port}); choose another port")
-    context = _int(settings, "contextSize", 4096)
+    context = _int(settings, "contextSize", sizing.DEFAULT_CONTEXT)
     model = _model(settings)
+    described = model.described()
     if context < 1:
         raise ConfigError("contextSize", f"must be positive, got {context}")
+    if described.context_length and context > described.context_length:
+        raise ConfigError(
+            "contextSize",
+            f"{context} tokens is more than {model.preset} supports "
+            f"({described.context_length}); use at most {described.context_length}",
+        )
+    slots = _int(settings, "slots", sizing.DEFAULT_SLOTS)
+    if not 1 <= slots <= sizing.MAX_SLOTS:
+        raise ConfigError(
+            "slots",
+            f"{slots} is outside 1-{sizing.MAX_SLOTS}: the number of requests served at once, "
+            "each with contextSize tokens of its own",
+        )
 
-    _check_fit(model, context, worker_count, main_type if worker_count == 0 else worker_type)
+    layout = _placement(
+        described,
+        context,
+        slots,
+        main_type=main_type,
+        worker_type=worker_type,
+        worker_count=worker_count,
+    )
 
     model_gb = model.size_bytes / 1e9
-    main_disk = _int(settings, "mainDiskGb", default_main_disk_gb(model.size_bytes))
-    worker_disk = _int(
-        settings, "workerDiskGb", default_worker_disk_gb(model.size_bytes, worker_count)
-    )
+    main_disk = _int(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes))
+    largest_share = max((s.weight_bytes for s in layout.shares[1:]), default=0)
+    worker_disk = _int(settings, "workerDiskGb", sizing.default_worker_disk_gb(largest_share))
     if main_disk < model_gb + 20:
         raise ConfigError(
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
@@ -406,6 +470,8 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         rpc_port=rpc_port,
         server_port=server_port,
         context_size=context,
+        slots=slots,
+        placement=layout,
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
         disk_throughput_mibps=throughput,

@@ -18,8 +18,12 @@ from infra.models import Model, ModelError
 
 SETTING = "--gguf"
 SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.")
 # f16 K and V cache entries.
 KV_ELEMENT_BYTES = 2
+# Which layers use sliding-window attention, for architectures whose header does not say
+# (llama.cpp's defaults at the pinned commit): every layer but each n-th one.
+SLIDING_WINDOW_PERIODS = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2}
 
 
 @dataclass(frozen=True)
@@ -79,21 +83,23 @@ def _parts(first: Path, fields: dict[str, Any]) -> list[Path]:
     return paths
 
 
-def _per_layer_sum(value: Any, layers: int) -> int:
-    """Sum a per-layer setting stored either once for all layers or as one value per layer."""
+def _per_layer(value: Any, layers: int) -> list[int]:
+    """A per-layer setting stored either once for all layers or as one value per layer."""
     if isinstance(value, list):
-        return int(sum(value))
-    return int(value) * layers
+        return [int(v) for v in value]
+    return [int(value)] * layers
 
 
-def _kv_bytes_per_token(fields: dict[str, Any], arch: str, layers: int) -> int:
+def _kv_per_layer(fields: dict[str, Any], arch: str, layers: int) -> tuple[int, ...]:
+    """f16 KV-cache bytes per token of each layer."""
+
     def get(key: str) -> Any:
         return fields.get(f"{arch}.{key}")
 
     rank = get("attention.kv_lora_rank")
     if rank:  # Multi-head latent attention caches the compressed latent and the rope part.
         rope = int(get("rope.dimension_count") or 0)
-        return layers * 2 * (int(rank) + rope) * KV_ELEMENT_BYTES
+        return (2 * (int(rank) + rope) * KV_ELEMENT_BYTES,) * layers
     heads = get("attention.head_count")
     kv_heads = get("attention.head_count_kv") or heads
     embedding = get("embedding_length")
@@ -104,7 +110,39 @@ def _kv_bytes_per_token(fields: dict[str, Any], arch: str, layers: int) -> int:
     head_dim = int(embedding) // int(heads if not isinstance(heads, list) else max(heads))
     key_len = int(get("attention.key_length") or head_dim)
     value_len = int(get("attention.value_length") or head_dim)
-    return _per_layer_sum(kv_heads, layers) * (key_len + value_len) * KV_ELEMENT_BYTES
+    per_head = (key_len + value_len) * KV_ELEMENT_BYTES
+    return tuple(h * per_head for h in _per_layer(kv_heads, layers))
+
+
+def _sliding_layers(fields: dict[str, Any], arch: str, layers: int) -> frozenset[int]:
+    """The layers that cache only a sliding window of tokens; none when unknown (which
+    overestimates the KV cache rather than underestimating it)."""
+    pattern = fields.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return frozenset(i for i, sliding in enumerate(pattern) if sliding)
+    period = int(pattern) if pattern else SLIDING_WINDOW_PERIODS.get(arch)
+    if not period:
+        return frozenset()
+    return frozenset(i for i in range(layers) if i % period < period - 1)
+
+
+def _layer_weights(tensor_bytes: dict[str, int], layers: int) -> tuple[int, int, tuple[int, ...]]:
+    """(input bytes, output bytes, bytes of each layer) as llama.cpp places them: the output
+    head (``output*``) with the last layer, a copy of the embeddings when the output is tied to
+    them, and everything else outside the layers on the main node's CPU."""
+    per_layer = [0] * layers
+    input_bytes = output_bytes = 0
+    for name, size in tensor_bytes.items():
+        match = LAYER_TENSOR.match(name)
+        if match and int(match["layer"]) < layers:
+            per_layer[int(match["layer"])] += size
+        elif name.startswith("output"):
+            output_bytes += size
+        else:
+            input_bytes += size
+    if "output.weight" not in tensor_bytes:
+        output_bytes += tensor_bytes.get("token_embd.weight", 0)
+    return input_bytes, output_bytes, tuple(per_layer)
 
 
 def describe(path: str | Path) -> Model:
@@ -138,15 +176,24 @@ def describe(path: str | Path) -> Model:
         active_bytes = int(size - expert_bytes * idle)
         active_parameters = int(parameters - expert_elements * idle)
     context = fields.get(f"{arch}.context_length")
+    window = fields.get(f"{arch}.attention.sliding_window")
     name = fields.get("general.name") or first.name
+    kv_per_layer = _kv_per_layer(fields, arch, layers)
+    input_bytes, output_bytes, layer_bytes = _layer_weights(tensor_bytes, layers)
     return Model(
         name=str(name),
         size_bytes=size,
         layers=layers,
-        kv_bytes_per_token=_kv_bytes_per_token(fields, arch, layers),
+        kv_bytes_per_token=sum(kv_per_layer),
         context_length=int(context) if context else None,
         active_bytes=active_bytes,
         parameters=parameters,
         active_parameters=active_parameters,
         source=f"gguf:{first}",
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        layer_weight_bytes=layer_bytes,
+        layer_kv_bytes_per_token=kv_per_layer,
+        sliding_window=int(window) if window else None,
+        sliding_layers=_sliding_layers(fields, arch, layers) if window else frozenset(),
     )

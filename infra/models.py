@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import cached_property
 
 KIB = 1024
 
@@ -35,6 +36,17 @@ class Model:
     parameters: int | None = None
     active_parameters: int | None = None
     source: str = "preset"
+    # Weights outside the repeating layers: the token embeddings, which llama.cpp always keeps on
+    # the main node's CPU, and the output head, which goes with the last layer (a copy of the
+    # embeddings when they are tied). Zero when unknown: the layers then carry all the weight.
+    input_bytes: int = 0
+    output_bytes: int = 0
+    # Per-layer detail from a GGUF header. Empty: the layers are alike (presets, custom sizes).
+    layer_weight_bytes: tuple[int, ...] = ()
+    layer_kv_bytes_per_token: tuple[int, ...] = ()
+    # Sliding-window attention: these layers cache only the last ``sliding_window`` tokens.
+    sliding_window: int | None = None
+    sliding_layers: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         for setting, value in (
@@ -46,6 +58,14 @@ class Model:
                 raise ModelError(setting, f"must be positive, got {value}")
         if self.context_length is not None and self.context_length <= 0:
             raise ModelError("context length", f"must be positive, got {self.context_length}")
+        if not self.layer_weight_bytes and self.input_bytes + self.output_bytes >= self.size_bytes:
+            raise ModelError("size", "the embeddings and output head leave nothing for the layers")
+        for name, values in (
+            ("layer weights", self.layer_weight_bytes),
+            ("layer KV bytes", self.layer_kv_bytes_per_token),
+        ):
+            if values and len(values) != self.layers:
+                raise ModelError(name, f"{len(values)} values for {self.layers} layers")
 
     @property
     def size_gb(self) -> float:
@@ -60,44 +80,80 @@ class Model:
     def is_moe(self) -> bool:
         return self.active_bytes is not None
 
+    @cached_property
+    def weights_per_layer(self) -> tuple[int, ...]:
+        """Weight bytes of each repeating layer (evenly spread when the header is not known)."""
+        if self.layer_weight_bytes:
+            return self.layer_weight_bytes
+        return _spread(self.size_bytes - self.input_bytes - self.output_bytes, self.layers)
 
-def _preset(
-    name: str,
-    size_gb: float,
-    layers: int,
-    kv_kib: int,
-    *,
-    context_length: int = 131072,
-    active_fraction: float | None = None,
-) -> Model:
+    @cached_property
+    def kv_per_layer(self) -> tuple[int, ...]:
+        """f16 KV-cache bytes per token of each layer."""
+        return self.layer_kv_bytes_per_token or _spread(self.kv_bytes_per_token, self.layers)
+
+
+def _spread(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` in ``parts`` whole shares that differ by at most one and add up to it."""
+    share, extra = divmod(total, parts)
+    return tuple(share + (1 if i < extra else 0) for i in range(parts))
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What a model card publishes: parameters, layers, vocabulary and embedding width."""
+
+    parameters: float
+    layers: int
+    kv_kib: int
+    vocab: int
+    embedding: int
+    context_length: int = 131072
+    active_parameters: float | None = None
+
+
+LLAMA_3_1_8B = _Family(8.03e9, 32, 128, 128256, 4096)
+LLAMA_3_1_70B = _Family(70.6e9, 80, 320, 128256, 8192)
+LLAMA_3_1_405B = _Family(405.9e9, 126, 504, 128256, 16384)
+QWEN_2_5_72B = _Family(72.7e9, 80, 320, 152064, 8192, context_length=32768)
+# 37B of 671B parameters are active per token; the weights read scale the same way.
+DEEPSEEK_R1 = _Family(671e9, 61, 130, 129280, 7168, context_length=163840, active_parameters=37e9)
+
+
+def _preset(name: str, family: _Family, size_gb: float) -> Model:
     size = int(size_gb * 1e9)
+    # The embedding and output matrices are vocab x embedding each, at the file's average bytes
+    # per parameter (the quantisation mixes types, so this is an estimate; a GGUF is exact).
+    matrix = int(family.vocab * family.embedding * size / family.parameters)
+    active = family.active_parameters
     return Model(
         name=name,
         size_bytes=size,
-        layers=layers,
-        kv_bytes_per_token=kv_kib * KIB,
-        context_length=context_length,
-        active_bytes=int(size * active_fraction) if active_fraction else None,
+        layers=family.layers,
+        kv_bytes_per_token=family.kv_kib * KIB,
+        context_length=family.context_length,
+        active_bytes=int(size * active / family.parameters) if active else None,
+        parameters=int(family.parameters),
+        active_parameters=int(active) if active else None,
+        input_bytes=matrix,
+        output_bytes=matrix,
     )
 
 
 PRESETS: dict[str, Model] = {
     m.name: m
     for m in (
-        _preset("llama-3.1-8b-q4_0", 4.66, 32, 128),
-        _preset("llama-3.1-8b-q4_k_m", 4.92, 32, 128),
-        _preset("llama-3.1-8b-q8_0", 8.54, 32, 128),
-        _preset("llama-3.1-70b-q4_0", 40.12, 80, 320),
-        _preset("llama-3.1-70b-q4_k_m", 42.52, 80, 320),
-        _preset("llama-3.1-70b-q8_0", 74.98, 80, 320),
-        _preset("llama-3.1-405b-q4_0", 228.8, 126, 504),
-        _preset("llama-3.1-405b-q4_k_m", 244.0, 126, 504),
-        _preset("llama-3.1-405b-q8_0", 431.0, 126, 504),
-        _preset("qwen2.5-72b-q4_k_m", 47.4, 80, 320, context_length=32768),
-        # 37B of 671B parameters are active per token; the weights read scale the same way.
-        _preset(
-            "deepseek-r1-q4_k_m", 404.3, 61, 130, context_length=163840, active_fraction=37 / 671
-        ),
+        _preset("llama-3.1-8b-q4_0", LLAMA_3_1_8B, 4.66),
+        _preset("llama-3.1-8b-q4_k_m", LLAMA_3_1_8B, 4.92),
+        _preset("llama-3.1-8b-q8_0", LLAMA_3_1_8B, 8.54),
+        _preset("llama-3.1-70b-q4_0", LLAMA_3_1_70B, 40.12),
+        _preset("llama-3.1-70b-q4_k_m", LLAMA_3_1_70B, 42.52),
+        _preset("llama-3.1-70b-q8_0", LLAMA_3_1_70B, 74.98),
+        _preset("llama-3.1-405b-q4_0", LLAMA_3_1_405B, 228.8),
+        _preset("llama-3.1-405b-q4_k_m", LLAMA_3_1_405B, 244.0),
+        _preset("llama-3.1-405b-q8_0", LLAMA_3_1_405B, 431.0),
+        _preset("qwen2.5-72b-q4_k_m", QWEN_2_5_72B, 47.4),
+        _preset("deepseek-r1-q4_k_m", DEEPSEEK_R1, 404.3),
     )
 }
 
@@ -123,11 +179,17 @@ def custom(
     ):
         if not value > 0:
             raise ModelError(setting, f"must be positive, got {value}")
+    size = int(size_gb * 1e9)
+    # Without a header the embeddings and the output head are unknown: each is taken to weigh as
+    # much as one layer, so the main node and the last worker are not sized too small.
+    matrix = size // (layers + 2)
     return Model(
         name=f"custom-{size_gb:g}gb",
-        size_bytes=int(size_gb * 1e9),
+        size_bytes=size,
         layers=layers,
         kv_bytes_per_token=kv_bytes_per_token,
         context_length=context_length,
         source="custom",
+        input_bytes=matrix,
+        output_bytes=matrix,
     )

@@ -14,12 +14,14 @@ under 0.5 %, too small to solve for from it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from infra import catalog
+from infra import catalog, placement, sizing
 from infra.catalog import InstanceType
 from infra.models import PRESETS, Model
+from infra.placement import NodeShare, Placement
 
 MIB = 1024**2
 
@@ -122,27 +124,49 @@ def node_bandwidth_gbps(instance: InstanceType) -> float | None:
     return family.socket_memory_bandwidth_gbps * min(1.0, instance.vcpus / saturating)
 
 
-def _bytes_per_token(model: Model, kv_tokens: int) -> int:
-    return model.weight_bytes_per_token + model.kv_bytes_per_token * kv_tokens
+def streamed_bytes(model: Model, share: NodeShare, kv_tokens: int) -> float:
+    """Bytes one node reads per decoded token: its weights (a MoE's active share; of the
+    embeddings only one row, so nothing) and its layers' KV cache at ``kv_tokens`` tokens."""
+    weights = share.weight_bytes - (model.input_bytes if share.node == placement.MAIN else 0)
+    active = model.weight_bytes_per_token / model.size_bytes
+    window = model.sliding_window or kv_tokens
+    kv = sum(
+        model.kv_per_layer[i] * (min(kv_tokens, window) if i in model.sliding_layers else kv_tokens)
+        for i in range(share.first_layer, share.first_layer + share.layers)
+    )
+    return weights * active + kv
 
 
 def _terms(
-    model: Model, instance: InstanceType, workers: int, kv_tokens: int
-) -> tuple[float, int, int]:
-    """(bytes / bandwidth in seconds, layers, RPC hops) for one token."""
-    bandwidth = node_bandwidth_gbps(instance)
-    if bandwidth is None:
-        raise ValueError(f"no memory bandwidth for {instance.cpu_family}")
-    return _bytes_per_token(model, kv_tokens) / (bandwidth * 1e9), model.layers, workers
+    model: Model, nodes: Sequence[InstanceType], layout: Placement, kv_tokens: int
+) -> tuple[float, int, int] | None:
+    """(seconds of memory traffic, layers, RPC hops) for one token: the nodes run one after
+    another, each streaming its share at its own bandwidth. None when a bandwidth is unknown."""
+    seconds = 0.0
+    for share, instance in zip(layout.shares, nodes, strict=True):
+        bandwidth = node_bandwidth_gbps(instance)
+        if bandwidth is None:
+            return None
+        seconds += streamed_bytes(model, share, kv_tokens) / (bandwidth * 1e9)
+    return seconds, model.layers, len(nodes) - 1
+
+
+def anchor_terms(anchor: Anchor) -> tuple[float, int, int]:
+    model, nodes = PRESETS[anchor.model], [anchor.instance] * anchor.nodes
+    usable = [sizing.usable_memory_bytes(n) for n in nodes]
+    terms = _terms(
+        model, nodes, placement.place(model, 2 * anchor.kv_tokens, 1, usable), anchor.kv_tokens
+    )
+    if terms is None:
+        raise ValueError(f"no memory bandwidth for {anchor.instance.cpu_family}")
+    return terms
 
 
 def calibrate(anchors: tuple[Anchor, Anchor] = (RPC_ANCHOR, SINGLE_NODE_ANCHOR)) -> Calibration:
     """Solve eta and the per-layer overhead so both anchors are predicted exactly."""
     rows = []
     for anchor in anchors:
-        seconds, layers, hops = _terms(
-            PRESETS[anchor.model], anchor.instance, max(anchor.nodes - 1, 0), anchor.kv_tokens
-        )
+        seconds, layers, hops = anchor_terms(anchor)
         rows.append((seconds, layers, 1 / anchor.decode_tps - hops * RPC_HOP_SECONDS))
     (a1, b1, r1), (a2, b2, r2) = rows
     determinant = a1 * b2 - a2 * b1
@@ -160,13 +184,17 @@ def calibration() -> Calibration:
     return calibrate()
 
 
-def decode_tps(model: Model, instance: InstanceType, workers: int, kv_tokens: int) -> float | None:
-    """Predicted single-stream decode tokens/s with the layers on ``workers`` nodes of this
-    type (0: one node holds them all); None when the CPU's bandwidth is not published."""
-    if node_bandwidth_gbps(instance) is None:
+def decode_tps(
+    model: Model, nodes: Sequence[InstanceType], layout: Placement, kv_tokens: int
+) -> float | None:
+    """Predicted single-stream decode tokens/s of a cluster (``nodes``: the main node's type,
+    then each worker's) with its layers placed as ``layout`` says; None when a CPU's bandwidth is
+    not published."""
+    terms = _terms(model, nodes, layout, kv_tokens)
+    if terms is None:
         return None
     cal = calibration()
-    seconds, layers, hops = _terms(model, instance, workers, kv_tokens)
+    seconds, layers, hops = terms
     return 1 / (seconds / cal.eta + layers * cal.layer_overhead_seconds + hops * cal.hop_seconds)
 
 
@@ -196,27 +224,29 @@ def disk_read_mibps(provider: str, disk_gb: int, provisioned_mibps: int) -> floa
     return float(provisioned_mibps)
 
 
-def load_seconds(model_bytes: int, workers: int, disk_mibps: float, flow_gbps: float) -> float:
-    """Reading the file and sending every weight to the workers overlap (the kernel reads
+def load_seconds(model_bytes: int, sent_bytes: int, disk_mibps: float, flow_gbps: float) -> float:
+    """Reading the file and sending the workers' weights to them overlap (the kernel reads
     ahead while llama.cpp sends), so the slower of the two sets the time."""
     read = model_bytes / (disk_mibps * MIB)
-    send = model_bytes * 8 / (flow_gbps * 1e9) if workers else 0.0
+    send = sent_bytes * 8 / (flow_gbps * 1e9)
     return max(read, send)
 
 
 def time_to_serve(
     model: Model,
     main: InstanceType,
-    workers: int,
+    layout: Placement,
     disk_mibps: float,
     download_gbps: float = DOWNLOAD_GBPS,
 ) -> ServeTime:
-    """From creation to the first answer: boot and build, then download, then load."""
+    """From creation to the first answer: boot and build, then download, then load (the main
+    node's own layers are not sent anywhere)."""
     network = main.network_gbps or download_gbps
     download = model.size_bytes * 8 / (min(network, download_gbps) * 1e9)
     flow = min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS)
+    sent = sum(share.weight_bytes for share in layout.shares[1:])
     return ServeTime(
         boot_and_build_seconds=BOOT_SECONDS + build_seconds(main.vcpus),
         download_seconds=download,
-        load_seconds=load_seconds(model.size_bytes, workers, disk_mibps, flow),
+        load_seconds=load_seconds(model.size_bytes, sent, disk_mibps, flow),
     )

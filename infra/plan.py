@@ -2,8 +2,9 @@
 predicted decode speed, time to serve and cost (``python -m infra.plan --help``).
 
 Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
-is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers that hold the layers,
-or, when the model fits on one node, that node alone (no RPC, which would only add latency).
+is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers, all holding layers
+(``infra.placement``), or, when the model fits on one node, that node alone (no RPC, which would
+only add latency).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from infra import catalog, costs, perf, sizing
+from infra import catalog, costs, perf, placement, sizing
 from infra.catalog import InstanceType
 from infra.models import Model, ModelError
 from infra.pins import MAX_WORKERS
+from infra.placement import Placement
 
 MAX_NODES = MAX_WORKERS + 1
-DEFAULT_CONTEXT = 4096
+DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
 DEFAULT_DISK_MIBPS = 1000  # the stacks' diskThroughputMibps default
 
 
@@ -33,9 +35,7 @@ class Option:
 
     instance: InstanceType
     count: int
-    fits: bool
-    need_bytes: int
-    usable_bytes: int
+    placement: Placement
     cost: costs.HourlyCost
     decode_tps: float | None
     serve: perf.ServeTime
@@ -46,6 +46,19 @@ class Option:
     @property
     def provider(self) -> str:
         return self.instance.provider
+
+    @property
+    def fits(self) -> bool:
+        return self.placement.fits
+
+    @property
+    def need_bytes(self) -> int:
+        """Memory the busiest node needs (weights, KV cache, buffers)."""
+        return self.placement.worst.need_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return sizing.usable_memory_bytes(self.instance)
 
     @property
     def workers(self) -> int:
@@ -81,6 +94,7 @@ class Rejection:
 class Plan:
     model: Model
     context: int
+    slots: int
     options: list[Option]  # sorted by hourly cost; the first per provider is its pick
     rejected: list[Rejection] = field(default_factory=list)
     download_gbps: float = perf.DOWNLOAD_GBPS  # the time to serve's download rate
@@ -89,19 +103,17 @@ class Plan:
         return next((o for o in self.options if o.provider == provider), None)
 
 
-def holders(count: int) -> int:
-    """Nodes that hold layers: the workers, or the only node."""
-    return max(count - 1, 1)
-
-
 def evaluate(
     model: Model,
     instance: InstanceType,
     count: int,
     context: int,
+    *,
+    slots: int = sizing.DEFAULT_SLOTS,
     download_gbps: float = perf.DOWNLOAD_GBPS,
 ) -> Option:
-    """One cluster of ``count`` nodes of ``instance``: does it fit, what it costs, its speed."""
+    """One cluster of ``count`` nodes of ``instance``: where the layers go, whether they fit,
+    what it costs, its speed."""
     if not 1 <= count <= MAX_NODES:
         raise PlanError(
             "--count",
@@ -109,10 +121,12 @@ def evaluate(
             "RPC workers, llama.cpp's limit)",
         )
     workers = count - 1
-    need = sizing.node_need_bytes(model, context, holders(count))
-    usable = sizing.usable_memory_bytes(instance)
+    nodes = [instance] * count
+    layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = sizing.default_main_disk_gb(model.size_bytes)
-    worker_disk = sizing.default_worker_disk_gb(model.size_bytes, workers)
+    worker_disk = sizing.default_worker_disk_gb(
+        max((s.weight_bytes for s in layout.shares[1:]), default=0)
+    )
     disks = [costs.Disk(main_disk, DEFAULT_DISK_MIBPS)] + [
         costs.Disk(worker_disk, costs.GP3_BASE_MIBPS)
     ] * workers
@@ -121,33 +135,33 @@ def evaluate(
     return Option(
         instance=instance,
         count=count,
-        fits=need <= usable,
-        need_bytes=need,
-        usable_bytes=usable,
+        placement=layout,
         cost=costs.hourly_cost(instance, count, disks),
-        decode_tps=perf.decode_tps(model, instance, workers, kv_tokens),
-        serve=perf.time_to_serve(model, instance, workers, disk_mibps, download_gbps),
+        decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
+        serve=perf.time_to_serve(model, instance, layout, disk_mibps, download_gbps),
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
     )
 
 
-def fewest_nodes(model: Model, context: int, instance: InstanceType) -> int | None:
-    """The smallest cluster of this type that holds the model: one node when it fits alone,
-    else a main node and the fewest workers that do; None when 17 nodes are not enough."""
-    if sizing.fits(model, context, 1, instance):
-        return 1
-    workers = sizing.min_workers(model, context, instance)
+def fewest_nodes(model: Model, context: int, slots: int, instance: InstanceType) -> int | None:
+    """The smallest cluster of this type that holds the model, every node holding layers; one
+    node when it fits alone, None when even the largest cluster does not."""
+    usable = sizing.usable_memory_bytes(instance)
+    workers = placement.fewest_workers(
+        model, context, slots, main_usable=usable, worker_usable=usable, most=MAX_WORKERS
+    )
     return None if workers is None else workers + 1
 
 
-def _rejection(model: Model, context: int, instance: InstanceType) -> str:
-    need = sizing.node_need_bytes(model, context, MAX_WORKERS)
+def _rejection(model: Model, context: int, slots: int, instance: InstanceType) -> str:
     usable = sizing.usable_memory_bytes(instance)
+    worst = placement.place(model, context, slots, [usable] * MAX_NODES).worst
     return (
-        f"too small: even {MAX_WORKERS} workers would each need {need / 1024**3:.1f} GiB "
-        f"and one has {usable / 1024**3:.1f} GiB usable"
+        f"too small: even {MAX_NODES} nodes ({MAX_WORKERS} workers) would need "
+        f"{worst.need_bytes / 1024**3:.1f} GiB on the busiest and one has "
+        f"{usable / 1024**3:.1f} GiB usable"
     )
 
 
@@ -159,6 +173,13 @@ def check_context(model: Model, context: int) -> None:
             "--context",
             f"{context} tokens is more than {model.name} supports ({model.context_length}); "
             f"use at most {model.context_length}",
+        )
+
+
+def check_slots(slots: int) -> None:
+    if not 1 <= slots <= sizing.MAX_SLOTS:
+        raise PlanError(
+            "--slots", f"{slots} is outside 1-{sizing.MAX_SLOTS} (requests served at once)"
         )
 
 
@@ -187,23 +208,28 @@ def plan(
     context: int = DEFAULT_CONTEXT,
     where: Sequence[tuple[str, str]] | None = None,
     download_gbps: float = perf.DOWNLOAD_GBPS,
+    slots: int = sizing.DEFAULT_SLOTS,
 ) -> Plan:
     """For each (provider, region), every Arm type's smallest cluster that holds the model,
     sorted by hourly cost."""
     check_context(model, context)
+    check_slots(slots)
     if where is None:
         where = [(p, r) for p in catalog.providers() for r in regions(p)]
     options: list[Option] = []
     rejected: list[Rejection] = []
     for provider, region in where:
         for instance in arm_types(provider, region):
-            count = fewest_nodes(model, context, instance)
+            count = fewest_nodes(model, context, slots, instance)
             if count is None:
-                rejected.append(Rejection(instance, _rejection(model, context, instance)))
+                reason = _rejection(model, context, slots, instance)
+                rejected.append(Rejection(instance, reason))
                 continue
-            options.append(evaluate(model, instance, count, context, download_gbps))
+            options.append(
+                evaluate(model, instance, count, context, slots=slots, download_gbps=download_gbps)
+            )
     options.sort(key=Option.sort_key)
-    return Plan(model, context, options, rejected, download_gbps)
+    return Plan(model, context, slots, options, rejected, download_gbps)
 
 
 if __name__ == "__main__":

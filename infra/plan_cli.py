@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra import catalog, config, models, perf, plan, plan_report
+from infra import catalog, config, models, perf, plan, plan_report, sizing
 from infra.models import Model, ModelError
 from infra.plan import PlanError
 
@@ -43,6 +43,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=plan.DEFAULT_CONTEXT,
         help="context size in tokens (default %(default)s)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=sizing.DEFAULT_SLOTS,
+        help="requests served at once, each with --context tokens of KV cache "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--provider",
@@ -150,8 +157,16 @@ def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
             f"{args.instance_type!r} is not in the catalog; known: {', '.join(known)}",
         )
     plan.check_context(model, args.context)
-    option = plan.evaluate(model, matches[0], args.count, args.context, args.download_gbps)
-    return plan.Plan(model, args.context, [option], download_gbps=args.download_gbps)
+    plan.check_slots(args.slots)
+    option = plan.evaluate(
+        model,
+        matches[0],
+        args.count,
+        args.context,
+        slots=args.slots,
+        download_gbps=args.download_gbps,
+    )
+    return plan.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
 
 
 def write_stack(
@@ -193,7 +208,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.instance_type:
         result = _single(args, model)
     else:
-        result = plan.plan(model, args.context, _where(args), args.download_gbps)
+        result = plan.plan(model, args.context, _where(args), args.download_gbps, args.slots)
     shown = [
         o
         for o in result.options

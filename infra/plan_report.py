@@ -47,6 +47,7 @@ def option_json(option: Option) -> dict[str, Any]:
         "perNodeNeedGib": round(option.need_bytes / GIB, 2),
         "perNodeUsableGib": round(option.usable_bytes / GIB, 2),
         "fits": option.fits,
+        "placement": option.placement.to_json(),
         "hourlyUsd": option.hourly_usd,
         "hourlyUsdParts": {
             "instances": option.cost.instances,
@@ -72,6 +73,11 @@ def option_json(option: Option) -> dict[str, Any]:
 def assumptions(plan: Plan) -> dict[str, Any]:
     cal = perf.calibration()
     return {
+        "memory": (
+            f"{plan.slots} slot(s) of {plan.context} tokens: every node holds the KV cache of "
+            "its layers for every slot, its compute buffers and OS headroom; the layers are "
+            "shared in proportion to each node's free memory, the main node included"
+        ),
         "decode": (
             f"single stream at {int(plan.context * perf.KV_FILL_FRACTION)} tokens of context; "
             f"eta {cal.eta:.3f} and {cal.layer_overhead_seconds * 1e3:.3f} ms per layer "
@@ -94,6 +100,7 @@ def to_json(plan: Plan, options: Sequence[Option] | None = None) -> dict[str, An
     return {
         "model": model_json(plan.model),
         "context": plan.context,
+        "slots": plan.slots,
         "options": [option_json(o) for o in (plan.options if options is None else options)],
         "rejected": [
             {"provider": r.instance.provider, "instanceType": r.instance.name, "reason": r.reason}
@@ -117,11 +124,12 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
     model = plan.model
     lines = [
         f"{model.name}: {model.size_gb:.1f} GB, {model.layers} layers, context {plan.context}"
+        + (f" x {plan.slots} slots" if plan.slots > 1 else "")
         + (f", {model.active_bytes / 1e9:.1f} GB active per token" if model.active_bytes else "")
     ]
     header = (
         "  provider  region       instance type      nodes  mem GiB     $/h  tok/s  $/Mtok"
-        "  to serve  price date"
+        "  to serve  price date  layers (main + workers)"
     )
     lines += ["", header]
     picked = {plan.recommendation(p) for p in {o.provider for o in options}}
@@ -139,8 +147,8 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
             f"{option.instance.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
             f"{_money(option.hourly_usd):>7}  {tps:>5}  "
             f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}':>6}  "
-            f"{_duration(option.serve.total_seconds):>8}  {option.instance.price_date or '-'}"
-            f"{extra}"
+            f"{_duration(option.serve.total_seconds):>8}  {option.instance.price_date or '-':<10}"
+            f"  {option.placement.describe()}{extra}"
         )
     lines.append("")
     for provider in sorted({o.provider for o in options}):
@@ -231,6 +239,7 @@ def stack_settings(
         "instanceType": option.instance.name,
         "workerCount": option.workers,
         "contextSize": plan.context,
+        "slots": plan.slots,
         "model": described,
     }
 

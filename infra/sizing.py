@@ -1,40 +1,41 @@
-"""How much memory a model needs per node, and the disks that hold it.
+"""Memory rules: what a node can give the model, the KV cache llama.cpp allocates for a context
+and a number of slots, compute buffers, and the disks that hold the model.
 
-One rule for the stack's config validation and the planner, so a cluster the planner recommends
-is one the program accepts. The nodes that hold layers are the workers; with no workers the main
-node holds them all itself.
+One home for these rules, shared by the stack's config validation, the planner and the local
+cluster, so a cluster the planner recommends is one the program accepts. How the layers are
+divided between the nodes is ``infra.placement``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 from infra.catalog import InstanceType
-from infra.pins import MAX_WORKERS
 
 # Memory a node keeps for itself: the OS, the page cache llama.cpp needs to stream weights, and
 # the RPC server's own allocations.
 OS_HEADROOM_BYTES = 2 * 1024**3
 OS_HEADROOM_FRACTION = 0.05
 
-
-class Footprint(Protocol):
-    """What sizing needs to know about a model."""
-
-    @property
-    def size_bytes(self) -> int: ...
-
-    @property
-    def layers(self) -> int | None: ...
-
-    @property
-    def kv_bytes_per_token(self) -> int: ...
+# llama.cpp at the pinned commit pads the context to multiples of 256 cells, and sizes a
+# sliding-window layer's cache to the window plus one micro-batch (src/llama-context.cpp,
+# src/llama-kv-cache-iswa.cpp).
+KV_CELL_PADDING = 256
+MICRO_BATCH = 512
+DEFAULT_CONTEXT = 4096
+# One request at a time: a large model on CPUs decodes a few tokens per second, and every slot
+# costs a whole context of KV cache on every node.
+DEFAULT_SLOTS = 1
+MAX_SLOTS = 64
 
 
 def usable_memory_bytes(instance: InstanceType) -> int:
     """What one node can give the model: its memory less the OS headroom."""
-    return int(instance.memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES
+    return usable_of(instance.memory_bytes)
+
+
+def usable_of(memory_bytes: int) -> int:
+    return int(memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES
 
 
 def compute_buffer_bytes(model_bytes: int) -> int:
@@ -42,29 +43,23 @@ def compute_buffer_bytes(model_bytes: int) -> int:
     return int(min(1.2e9, max(0.3e9, 0.005 * model_bytes + 0.28e9)))
 
 
-def kv_cache_bytes(model: Footprint, context: int) -> int:
-    return model.kv_bytes_per_token * context
+def _pad(cells: int) -> int:
+    return math.ceil(cells / KV_CELL_PADDING) * KV_CELL_PADDING
 
 
-def node_need_bytes(model: Footprint, context: int, holders: int) -> int:
-    """Memory the most loaded of ``holders`` nodes needs: its layers' weights and KV cache, and
-    its compute buffers."""
-    # Layers are not split: the most loaded node holds ceil(layers / holders) of them.
-    share = math.ceil(model.layers / holders) / model.layers if model.layers else 1 / holders
-    weights_and_kv = model.size_bytes + kv_cache_bytes(model, context)
-    return int(weights_and_kv * share) + compute_buffer_bytes(model.size_bytes)
+def slot_context(context: int, slots: int) -> int:
+    """The context each slot gets from ``--ctx-size context x slots --parallel slots`` (as
+    llama-server.sh runs it): at least ``context``, rounded up to a multiple of 256."""
+    return _pad(_pad(context * slots) // slots)
 
 
-def fits(model: Footprint, context: int, holders: int, instance: InstanceType) -> bool:
-    return node_need_bytes(model, context, holders) <= usable_memory_bytes(instance)
-
-
-def min_workers(model: Footprint, context: int, instance: InstanceType) -> int | None:
-    """The fewest workers of this type that hold the model, or None if even the most do not."""
-    for count in range(1, MAX_WORKERS + 1):
-        if fits(model, context, count, instance):
-            return count
-    return None
+def kv_cells(context: int, slots: int, window: int | None = None) -> int:
+    """KV-cache cells a layer holds for all slots: the slot context, or for a sliding-window
+    layer the window and one micro-batch, whichever is smaller."""
+    per_slot = slot_context(context, slots)
+    if window is not None:
+        per_slot = _pad(min(per_slot, window + MICRO_BATCH))
+    return per_slot * slots
 
 
 def default_main_disk_gb(model_bytes: int) -> int:
@@ -72,6 +67,6 @@ def default_main_disk_gb(model_bytes: int) -> int:
     return math.ceil(model_bytes / 1e9 * 1.1) + 40
 
 
-def default_worker_disk_gb(model_bytes: int, workers: int) -> int:
-    """A worker's tensor cache holds its share of the weights."""
-    return math.ceil(model_bytes / 1e9 * 1.1 / max(workers, 1)) + 30
+def default_worker_disk_gb(share_bytes: int) -> int:
+    """A worker's tensor cache holds its share of the weights, plus the build and the OS."""
+    return math.ceil(share_bytes / 1e9 * 1.1) + 30

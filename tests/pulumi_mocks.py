@@ -30,6 +30,17 @@ def stack_config(stack: str) -> dict[str, Any]:
     return config
 
 
+def parsed_config(stack: str, overrides: dict[str, Any] | None = None) -> Any:
+    """The stack's validated ``ClusterConfig``, as the program reads it."""
+    from infra import config as cluster_config
+
+    values = {**stack_config(stack), **(overrides or {})}
+    project = f"{cluster_config.PROJECT}:"
+    settings = {k.removeprefix(project): v for k, v in values.items() if k.startswith(project)}
+    cloud = settings.get("cloud", "aws")
+    return cluster_config.from_settings(settings, values.get(cluster_config.REGION_KEYS[cloud]))
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self, unavailable: dict[str, set[str]] | None = None) -> None:
         self.resources: list[pulumi.runtime.MockResourceArgs] = []
@@ -159,6 +170,7 @@ __all__ = [
     "RecordingMocks",
     "deploy",
     "env_of",
+    "parsed_config",
     "stack_names",
     "user_data_text",
 ]

@@ -11,6 +11,7 @@ from tests.pulumi_mocks import (
     deploy,
     deployed,
     env_of,
+    parsed_config,
     stack_config,
     stack_names,
     user_data_text,
@@ -112,9 +113,14 @@ def test_main_disk_is_sized_for_the_model_and_loads_fast(stack: str) -> None:
     expected = config.get("llama-rpc-cluster:diskThroughputMibps", 1000)
     assert main_disk["throughput"] == expected
     assert main_disk["iops"] >= max(3000, expected * 4)
-    worker_disk = d.named("llama-rpc-cluster-worker-1").inputs["rootBlockDevice"]
-    workers = config["llama-rpc-cluster:workerCount"]
-    assert worker_disk["volumeSize"] >= model_gb / workers  # the RPC tensor cache
+    # A worker's tensor cache holds the largest worker share of the weights, not the main's.
+    shares = parsed_config(stack).placement.shares[1:]
+    largest_gb = max(s.weight_bytes for s in shares) / 1e9
+    for share in shares:
+        disk = d.named(f"llama-rpc-cluster-{share.node}").inputs["rootBlockDevice"]
+        assert largest_gb <= disk["volumeSize"] <= largest_gb * 1.1 + 31
+    if len(shares) > 1:
+        assert largest_gb < model_gb / len(shares)
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -227,8 +233,10 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
             {"llama-rpc-cluster:mainInstanceType": "m7i.large"},
             "mainInstanceType: m7i.large is not an Arm",
         ),
-        ({"llama-rpc-cluster:workerCount": -1}, "workerCount: -1 is outside 0-16"),
-        ({"llama-rpc-cluster:workerCount": 17}, "workerCount: 17 is outside 0-16"),
+        ({"llama-rpc-cluster:workerCount": -1}, "workerCount: -1 is outside 0-15"),
+        ({"llama-rpc-cluster:workerCount": 16}, "workerCount: 16 is outside 0-15"),
+        ({"llama-rpc-cluster:slots": 0}, "slots: 0 is outside 1-64"),
+        ({"llama-rpc-cluster:slots": "two"}, "slots: must be a whole number"),
         ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not a private range"),
         (
             {"llama-rpc-cluster:vpcCidr": "10.0.0.0/33"},
@@ -264,8 +272,11 @@ def test_a_model_that_does_not_fit_names_the_fix() -> None:
     with pytest.raises(pulumi.RunError) as error:
         deploy("aws-c8g", {"llama-rpc-cluster:instanceType": "c8g.8xlarge"}, mocks=mocks)
     text = str(error.value)
-    assert "workerCount: the model does not fit" in text
-    assert "raise workerCount to 5" in text  # 26 of 126 layers each: 49 GiB of 58.8
+    assert (
+        "does not fit: with 2 workers the worker-1 node (c8g.8xlarge) would hold 43 layers" in text
+    )
+    # 5 nodes of 64 GiB hold the 229 GiB of weights and KV cache; 4 do not.
+    assert "raise workerCount to 4" in text
     assert mocks.resources == []
 
 
@@ -273,8 +284,52 @@ def test_a_model_too_big_for_one_node_needs_workers() -> None:
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError) as error:
         deploy("aws-c8g", {"llama-rpc-cluster:workerCount": 0}, mocks=mocks)
-    assert "workerCount: the model does not fit on one node" in str(error.value)
-    assert "add workers or choose a larger mainInstanceType" in str(error.value)
+    text = str(error.value)
+    assert "the main node (c8g.16xlarge) would hold 126 layers" in text
+    assert "raise workerCount to 1" in text
+    assert mocks.resources == []
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_main_node_is_told_where_every_layer_goes(stack: str) -> None:
+    """--n-gpu-layers and --tensor-split from the stack's placement: the main node holds layers
+    too, and each worker its share (the last also the output head)."""
+    config = parsed_config(stack)
+    layout = config.placement
+    assert layout.fits and layout.layers[0] > 0
+    env = env_of(user_data_text(deployed(stack).named("llama-rpc-cluster-main").inputs))
+    split = [int(n) for n in env["LLAMA_TENSOR_SPLIT"].split(",")]
+    assert split[:-1] == list(layout.layers[1:-1]) and split[-1] == layout.layers[-1] + 1
+    assert int(env["LLAMA_GPU_LAYERS"]) == sum(split) == config.model.layers + 1 - layout.layers[0]
+    assert (env["CONTEXT_SIZE"], env["SLOTS"]) == (str(config.context_size), "1")
+
+
+def test_slots_multiply_the_kv_cache_the_fit_check_counts() -> None:
+    """Each slot holds contextSize tokens of KV cache on every node: enough slots no longer fit."""
+    fits = parsed_config("aws-c8g", {"llama-rpc-cluster:slots": 4})
+    assert fits.slots == 4
+    one_slot = parsed_config("aws-c8g").placement.shares
+    for one, four in zip(one_slot, fits.placement.shares, strict=True):
+        assert four.kv_bytes == 4 * one.kv_bytes * four.layers // max(one.layers, 1)
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-c8g", {"llama-rpc-cluster:slots": 40}, mocks=mocks)
+    assert "KV cache for contextSize 4096 x 40 slots" in str(error.value)
+    assert mocks.resources == []
+    env = env_of(user_data_text(deploy("aws-small", {"llama-rpc-cluster:slots": 3}).named(
+        "llama-rpc-cluster-main").inputs))  # fmt: skip
+    assert env["SLOTS"] == "3"
+
+
+def test_a_context_longer_than_the_model_supports_is_refused() -> None:
+    mocks = RecordingMocks()
+    overrides = {"llama-rpc-cluster:model": {"preset": "llama-3.1-8b-q4_0", "urls": ["https://x.org/m.gguf"]},
+                 "llama-rpc-cluster:contextSize": 200000}  # fmt: skip
+    with pytest.raises(pulumi.RunError) as error:
+        deploy("aws-small", overrides, mocks=mocks)
+    assert "contextSize: 200000 tokens is more than llama-3.1-8b-q4_0 supports (131072)" in str(
+        error.value
+    )
     assert mocks.resources == []
 
 
@@ -301,6 +356,10 @@ def test_a_model_that_fits_one_node_runs_without_workers() -> None:
         ({"sizeGb": 1, "kvBytesPerToken": 1}, "model.urls: no model URL"),
         ({"urls": ["ftp://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1}, "is not an http(s) URL"),
         ({"urls": ["https://x/m.gguf"], "kvBytesPerToken": 1}, "model.sizeGb"),
+        (
+            {"urls": ["https://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
+            "model.layers: give the model's number of layers",
+        ),
         (
             {"urls": ["https://x/m.gguf"], "preset": "llama-9"},
             "model.preset: unknown preset 'llama-9'",

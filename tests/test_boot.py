@@ -99,9 +99,15 @@ def test_main_lists_exactly_the_workers_in_order() -> None:
             "https://example.org/m-00002-of-00002.gguf",
         ),
         model_sha256=("a" * 64, "b" * 64),
+        gpu_layers=21,
+        tensor_split=(7, 7, 7),
+        context_size=8192,
+        slots=2,
     )
     env = env_of(node)
     assert env["RPC_WORKERS"] == "10.0.1.13:50052,10.0.1.11:50052,10.0.1.12:50052"
+    assert (env["LLAMA_GPU_LAYERS"], env["LLAMA_TENSOR_SPLIT"]) == ("21", "7,7,7")
+    assert (env["CONTEXT_SIZE"], env["SLOTS"]) == ("8192", "2")
     assert env["MODEL_URLS"].split() == list(node.model_urls)
     assert env["MODEL_SHA256"].split() == ["a" * 64, "b" * 64]
     assert env["LLAMA_CPP_COMMIT"] == boot.LLAMA_CPP_COMMIT
@@ -188,6 +194,10 @@ def test_user_data_over_every_limit_is_refused() -> None:
         ({"model_urls": ("ftp://host/model.gguf",)}, "not an http"),
         ({"server_port": 70000}, "server_port 70000 is outside 1-65535"),
         ({"extra_env": {"X": "it's"}}, "quotes, backslashes and line breaks"),
+        ({"tensor_split": ()}, r"tensor_split \(\) and gpu_layers 9 do not place layers on 1"),
+        ({"tensor_split": (4, 5)}, "do not place layers on 1 workers"),
+        ({"gpu_layers": 10}, "do not place layers"),
+        ({"slots": 0}, "context_size, slots and worker_wait_seconds must be positive"),
     ],
 )
 def test_bad_main_settings_are_refused(changes: dict, message: str) -> None:
@@ -196,6 +206,8 @@ def test_bad_main_settings_are_refused(changes: dict, message: str) -> None:
         "node_ip": "10.0.1.10",
         "rpc_workers": ("10.0.1.11",),
         "model_urls": ("https://example.org/model.gguf",),
+        "gpu_layers": 9,
+        "tensor_split": (9,),
         **changes,
     }
     with pytest.raises(BootConfigError, match=message):

@@ -140,3 +140,67 @@ def test_unreadable_and_non_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     truncated.write_bytes(write_gguf(tmp_path / "whole.gguf").read_bytes()[:40])
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         gguf_model.describe(truncated)
+
+
+def test_the_header_says_what_each_layer_weighs_and_where_the_rest_goes(tmp_path: Path) -> None:
+    tensors = {
+        "token_embd.weight": np.zeros((100, 64), np.float32),
+        "output_norm.weight": np.zeros(64, np.float32),
+        "output.weight": np.zeros((100, 64), np.float16),
+        **{f"blk.{i}.attn_q.weight": np.zeros((64, 64 * (i + 1)), np.float16) for i in range(3)},
+    }
+    m = gguf_model.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
+    assert m.input_bytes == 100 * 64 * 4
+    assert m.output_bytes == 64 * 4 + 100 * 64 * 2
+    assert m.weights_per_layer == (64 * 64 * 2, 64 * 128 * 2, 64 * 192 * 2)
+    assert sum(m.weights_per_layer) + m.input_bytes + m.output_bytes == m.size_bytes
+    assert m.kv_per_layer == (2 * 8 * 2 * 2,) * 3  # 2 KV heads of 8: K and V, f16
+
+
+def test_tied_embeddings_give_the_output_head_a_copy_of_them(tmp_path: Path) -> None:
+    tensors = {
+        "token_embd.weight": np.zeros((100, 64), np.float16),
+        **{f"blk.{i}.attn_q.weight": np.zeros((64, 64), np.float16) for i in range(3)},
+    }
+    m = gguf_model.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
+    assert m.input_bytes == m.output_bytes == 100 * 64 * 2
+
+
+def test_sliding_window_layers_follow_the_architecture_or_the_header(tmp_path: Path) -> None:
+    import gguf
+
+    def write(path: Path, pattern: list[bool] | None) -> Path:
+        writer = gguf.GGUFWriter(path, "gemma3")
+        writer.add_block_count(12)
+        writer.add_embedding_length(64)
+        writer.add_head_count(4)
+        writer.add_head_count_kv(1)
+        writer.add_uint32("gemma3.attention.sliding_window", 512)
+        if pattern is not None:
+            writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
+        for i in range(12):
+            writer.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 64), np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    default = gguf_model.describe(write(tmp_path / "a.gguf", None))
+    assert default.sliding_window == 512
+    assert sorted(set(range(12)) - default.sliding_layers) == [5, 11]  # every 6th is global
+    explicit = gguf_model.describe(write(tmp_path / "b.gguf", [True, False] * 6))
+    assert explicit.sliding_layers == frozenset(range(0, 12, 2))
+
+
+def test_presets_estimate_the_embeddings_from_the_model_card() -> None:
+    """vocab x embedding at the file's bytes per parameter: 128256 x 16384 for Llama-3.1-405B."""
+    m = models.preset("llama-3.1-405b-q4_0")
+    assert (
+        m.input_bytes == m.output_bytes == pytest.approx(128256 * 16384 * 228.8 / 405.9, rel=1e-6)
+    )
+    assert sum(m.weights_per_layer) + m.input_bytes + m.output_bytes == m.size_bytes
+    custom = models.custom(10, 8, 1024)
+    assert (
+        custom.input_bytes == custom.output_bytes == custom.weights_per_layer[0] == int(1e10) // 10
+    )

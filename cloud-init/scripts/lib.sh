@@ -59,7 +59,8 @@ port_answers() {
 
 # run_until_ready NAME SECONDS_KEY PROBE... -- COMMAND...: start COMMAND, mark the node serving
 # once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with COMMAND's status so the
-# service manager restarts it on failure.
+# service manager restarts it on failure. A function on_ready, if the caller defines one, runs
+# just before the node is marked serving.
 run_until_ready() {
   local name="$1" seconds_key="$2"
   shift 2
@@ -81,6 +82,9 @@ run_until_ready() {
     fi
     sleep 0.5
   done
+  if declare -F on_ready >/dev/null; then
+    on_ready || fail "$name is ready, but recording it failed"
+  fi
   status phase=serving "$seconds_key:=$(elapsed_since "$started")" last_error:=null
   log "$name is ready"
   local code=0
@@ -109,4 +113,21 @@ json_words() {
 # node_threads: threads for llama.cpp, every core unless LLAMA_THREADS says otherwise.
 node_threads() {
   printf '%s' "${LLAMA_THREADS:-$(cpu_count)}"
+}
+
+# filter_server_log LOAD_LOG: pass llama-server's log (run with --log-verbosity 5 --log-prefix,
+# so that it says where each layer went) through, keeping its debug lines out of the journal:
+# they go to LOAD_LOG, with everything else, until the server listens, and nowhere afterwards.
+filter_server_log() {
+  awk -v load_log="$1" '
+    {
+      line = $0
+      gsub(/\033\[[0-9;]*m/, "", line)  # some messages carry colour codes across lines
+      split(line, field, " ")
+      level = line ~ /^[0-9.]+ [A-Z] / ? field[2] : ""
+    }
+    !loaded { print > load_log; fflush(load_log) }
+    level != "D" { print; fflush() }
+    !loaded && / listening on / { loaded = 1; close(load_log) }
+  '
 }

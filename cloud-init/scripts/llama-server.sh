@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The main node's service: wait for every worker, then serve the model through them with
-# llama-server on this node's private address. Marks the node serving once /health answers.
+# The main node's service: wait for every worker, then serve the model with llama-server on this
+# node's private address, its layers placed as planned. Marks the node serving once /health
+# answers, with the placement llama-server reports in the status file.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting LLAMA_NODE_IP
 require_setting MODEL_URLS
 server_port="${SERVER_PORT:-8080}"
+context="${CONTEXT_SIZE:-4096}"
+slots="${SLOTS:-1}"
 read -r -a urls <<<"$MODEL_URLS"
 model="$(model_file "${urls[0]}")"
 [[ -f "$model" ]] || fail "model file $model is missing; fetch-model.sh downloads it at first boot"
@@ -13,24 +16,39 @@ model="$(model_file "${urls[0]}")"
 # No workers: the model fits on this node, which holds every layer itself (no RPC).
 rpc_args=()
 if [[ -n "${RPC_WORKERS:-}" ]]; then
+  require_setting LLAMA_GPU_LAYERS
+  require_setting LLAMA_TENSOR_SPLIT
   "$LLAMA_RPC_BIN_DIR/wait-workers.sh"
-  rpc_args=(--rpc "$RPC_WORKERS")
+  # The planned placement (infra/placement.py): the first n_layer + 1 - LLAMA_GPU_LAYERS layers
+  # stay on this node's CPU, the rest go to the workers in LLAMA_TENSOR_SPLIT's counts.
+  rpc_args=(--rpc "$RPC_WORKERS" --n-gpu-layers "$LLAMA_GPU_LAYERS" --tensor-split "$LLAMA_TENSOR_SPLIT")
 fi
 
-# Extra llama-server flags, word-split on purpose (for example "--parallel 2").
+load_log="$LLAMA_DATA_DIR/llama-server-load.log"
+on_ready() {
+  local placed
+  placed="$(python3 "$LLAMA_RPC_BIN_DIR/llama-placement" "$load_log" "${RPC_WORKERS:-}")" &&
+    status "placement:=$placed"
+}
+
+# Extra llama-server flags, word-split on purpose (for example "--threads-batch 8").
 read -r -a extra_args <<<"${LLAMA_SERVER_ARGS:-}"
 status phase=loading
-# -ngl 99 offloads every layer to the RPC devices; without it a CPU-only main keeps them all.
-# With no RPC devices it changes nothing.
+# --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
+# own. --fit off: the placement and the context are planned, llama.cpp must not change them.
 run_until_ready llama-server load_seconds \
   curl --fail --silent --max-time 2 --output /dev/null "http://$LLAMA_NODE_IP:$server_port/health" -- \
   "$(llama_bin_dir)/llama-server" \
   --model "$model" \
   "${rpc_args[@]}" \
-  --n-gpu-layers 99 \
+  --fit off \
   --host "$LLAMA_NODE_IP" \
   --port "$server_port" \
-  --ctx-size "${CONTEXT_SIZE:-4096}" \
+  --ctx-size "$((context * slots))" \
+  --parallel "$slots" \
   --threads "$(node_threads)" \
   --metrics \
-  "${extra_args[@]}"
+  --log-verbosity 5 \
+  --log-prefix \
+  "${extra_args[@]}" \
+  > >(filter_server_log "$load_log") 2>&1

@@ -1,6 +1,6 @@
 """python -m infra.local up|status|down|fetch-source: a llama.cpp RPC cluster on this machine.
 
-python -m infra.local up [--workers N] [--model PATH] [--json]
+python -m infra.local up [--workers N] [--model PATH] [--context N] [--slots N] [--json]
 python -m infra.local status [--json]
 python -m infra.local down
 """
@@ -16,10 +16,11 @@ from typing import Any
 from infra import outputs
 from infra.boot import BootConfigError
 from infra.local import cluster
-from infra.local.model import cached_model
+from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.supervisor import supervise
 from infra.pins import LLAMA_CPP_COMMIT
+from infra.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
 
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
@@ -35,7 +36,13 @@ def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
 def _up(args: argparse.Namespace) -> int:
     cache = args.cache
     source = args.source or sdist_tree(cache)
-    model = args.model or cached_model(source, cache)
+    model = args.model or real_model(cache)
+    if args.model is None:
+        print(
+            f"model: Gemma 3 270M Q4_K_M ({model}). {GEMMA_NOTICE}; a copy is in "
+            f"{real_model_terms()}",
+            file=sys.stderr,
+        )
     netns = cluster.can_use_netns() and not args.loopback
     if not netns:
         print(
@@ -53,6 +60,9 @@ def _up(args: argparse.Namespace) -> int:
         commit=args.commit,
         model_sha256=args.model_sha256,
         threads=args.threads,
+        context_size=args.context,
+        slots=args.slots,
+        node_memory_bytes=int(args.node_memory_gib * 1024**3) if args.node_memory_gib else None,
         worker_wait_seconds=args.worker_wait,
         netns=netns,
     )
@@ -74,9 +84,20 @@ def _status(args: argparse.Namespace) -> int:
     spec = cluster.load_spec(args.cache, args.id)
     statuses = cluster.read_status(spec)
     if args.json:
-        print(json.dumps({"outputs": cluster.contract(spec), "nodes": statuses}, indent=2))
+        document = {
+            "outputs": cluster.contract(spec),
+            "placement": spec["placement"],
+            "nodes": statuses,
+        }
+        print(json.dumps(document, indent=2))
         return 0
     _print_contract(cluster.contract(spec), False)
+    print(f"\ncontext {spec['context_size']} tokens per request, {spec['slots']} slot(s); layers:")
+    recorded = statuses["main"].get("placement") or []
+    for planned in spec["placement"]:
+        placed = next((p for p in recorded if p["node"] == planned["node"]), None)
+        seen = f"placed {placed['layers']}" if placed else "not loaded yet"
+        print(f"  {planned['node']:<9} planned {planned['layers']:>3}, {seen}")
     print()
     for name, status in statuses.items():
         line = f"{name:<6} {status.get('phase', 'starting'):<20}"
@@ -112,7 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument(
         "--model",
         type=Path,
-        help="a GGUF file (first part of a split GGUF); default: a small generated model",
+        help="a GGUF file (first part of a split GGUF); default: Gemma 3 270M Q4_K_M from PyPI",
+    )
+    start.add_argument(
+        "--context",
+        type=int,
+        default=DEFAULT_CONTEXT,
+        help="tokens per request, prompt and completion (default %(default)s)",
+    )
+    start.add_argument(
+        "--slots",
+        type=int,
+        default=DEFAULT_SLOTS,
+        help="requests served at once, each with --context tokens (default %(default)s)",
+    )
+    start.add_argument(
+        "--node-memory-gib",
+        type=float,
+        help="memory each node may use for the placement (default: an equal share of this "
+        "machine's)",
     )
     start.add_argument("--model-sha256", help="expected sha256 of the model file")
     start.add_argument(

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import outputs
+from infra import outputs, placement, sizing
 from infra.boot import SCRIPTS_DIR, NodeBoot, NodePaths, Role, render_env_file
 from infra.local.netns import VpcNetwork, namespace_pids
+from infra.models import ModelError
 from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT
 
 DEFAULT_CIDR = "10.213.77.0/24"
@@ -48,7 +49,10 @@ class UpOptions:
     commit: str = LLAMA_CPP_COMMIT
     model_sha256: str | None = None
     threads: int | None = None
-    context_size: int = 1024
+    context_size: int = sizing.DEFAULT_CONTEXT
+    slots: int = sizing.DEFAULT_SLOTS
+    # Memory each node may use, as a VM's would be: by default an equal share of this machine's.
+    node_memory_bytes: int | None = None
     worker_wait_seconds: int = 900
     netns: bool = True
 
@@ -94,7 +98,44 @@ def _validate(options: UpOptions) -> ipaddress.IPv4Network:
     for part in _model_parts(options.model):
         if not part.is_file():
             raise LocalClusterError(f"--model: {part} does not exist")
+    if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
+        raise LocalClusterError(
+            f"--context {options.context_size} --slots {options.slots}: give a positive context "
+            f"and 1 to {sizing.MAX_SLOTS} slots"
+        )
     return cidr
+
+
+def machine_memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise LocalClusterError("cannot read this machine's memory from /proc/meminfo")
+
+
+def plan_placement(options: UpOptions) -> placement.Placement:
+    """The layers per node, from the model's GGUF header and each node's memory: the same rule
+    the cloud stacks use."""
+    from infra import gguf_model  # noqa: PLC0415 (the gguf package: the local extra)
+
+    try:
+        model = gguf_model.describe(options.model)
+    except ModelError as error:
+        raise LocalClusterError(f"--model: {error}") from None
+    nodes = options.workers + 1
+    memory = options.node_memory_bytes or machine_memory_bytes() // nodes
+    layout = placement.place(
+        model, options.context_size, options.slots, [sizing.usable_of(memory)] * nodes
+    )
+    if not layout.fits:
+        worst = layout.worst
+        raise LocalClusterError(
+            f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
+            f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
+            f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, or lower --context or "
+            "--slots"
+        )
+    return layout
 
 
 def _node_layout(cidr: ipaddress.IPv4Network, workers: int) -> tuple[list[str], list[str]]:
@@ -125,6 +166,7 @@ def up(
                 f"{'' if options.cluster_id == 'local' else ' --id ' + options.cluster_id}` first"
             )
         down(options.cache, options.cluster_id)
+    layout = plan_placement(options)
     names, ips = _node_layout(cidr, options.workers)
     network = (
         VpcNetwork(options.cluster_id, cidr, tuple(names), tuple(ips)) if options.netns else None
@@ -143,6 +185,9 @@ def up(
             model_urls=tuple(p.resolve().as_uri() for p in _model_parts(options.model)),
             model_sha256=(options.model_sha256,) if options.model_sha256 else (),
             context_size=options.context_size,
+            slots=options.slots,
+            gpu_layers=layout.gpu_layers,
+            tensor_split=layout.tensor_split,
             worker_wait_seconds=options.worker_wait_seconds,
             threads=options.threads,
         )
@@ -173,6 +218,9 @@ def up(
         "commit": options.commit,
         "rpc_port": RPC_PORT,
         "server_port": SERVER_PORT,
+        "context_size": options.context_size,
+        "slots": options.slots,
+        "placement": layout.to_json(),
         "nodes": nodes,
     }
     (state / "cluster.json").write_text(json.dumps(spec, indent=2))
@@ -182,7 +230,9 @@ def up(
         _start_supervisor(state)
         _wait_until_serving(state, spec, timeout, progress)
     except BaseException:
-        down(options.cache, options.cluster_id)
+        # Nothing keeps running, but the logs and status files stay until the next `up` or
+        # `down`: they say what went wrong.
+        stop(spec, state)
         raise
     return contract(spec)
 
@@ -259,16 +309,30 @@ def _wait_until_serving(
         if failed:
             name, status = next(iter(failed.items()))
             raise LocalClusterError(
-                f"node {name} failed: {status.get('last_error')} "
-                f"(log: {state / 'logs' / (name + '.log')})"
+                f"node {name} failed: {status.get('last_error')}{_log_tail(state, name)}"
             )
         if statuses["main"].get("phase") == "serving":
             return
         if not _supervisor_alive(state):
-            raise LocalClusterError(f"the supervisor stopped; see {state / 'supervisor.log'}")
+            raise LocalClusterError(
+                f"the supervisor stopped; see {state / 'supervisor.log'}{_log_tail(state, 'main')}"
+            )
         if time.monotonic() > deadline:
-            raise LocalClusterError(f"not serving after {timeout:.0f}s ({phases})")
+            raise LocalClusterError(
+                f"not serving after {timeout:.0f}s ({phases}){_log_tail(state, 'main')}"
+            )
         time.sleep(0.5)
+
+
+def _log_tail(state: Path, node: str, lines: int = 15) -> str:
+    """The last lines of a node's log, for an error message; the log is kept until `down`."""
+    log = state / "logs" / f"{node}.log"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return f" (no log at {log})"
+    shown = "\n".join(f"  {line}" for line in tail)
+    return f"\nlast {len(tail)} lines of {log} (kept until `python -m infra.local down`):\n{shown}"
 
 
 def load_spec(cache: Path, cluster_id: str) -> dict[str, Any]:
@@ -321,7 +385,13 @@ def down(cache: Path, cluster_id: str) -> bool:
     state = state_dir(cache, cluster_id)
     if not (state / "cluster.json").exists():
         return False
-    spec = load_spec(cache, cluster_id)
+    stop(load_spec(cache, cluster_id), state)
+    shutil.rmtree(state, ignore_errors=True)
+    return True
+
+
+def stop(spec: dict[str, Any], state: Path) -> None:
+    """Stop every node and remove the namespaces; the logs and status files stay."""
     pid = _supervisor_pid(state)
     if pid is not None and _supervisor_alive(state):
         os.kill(pid, signal.SIGTERM)
@@ -338,5 +408,3 @@ def down(cache: Path, cluster_id: str) -> bool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(leftover, signal.SIGKILL)
         network.destroy()
-    shutil.rmtree(state, ignore_errors=True)
-    return True

