@@ -11,8 +11,10 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,35 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> Any:
+    """POST JSON to a llama-server (on loopback or in a namespace this test made); the reply."""
+    request = urllib.request.Request(
+        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def tokens_of_length(url: str, count: int) -> str:
+    """English text that the server's tokenizer makes exactly ``count`` tokens of (with the
+    start token a completion adds), counted by its own /tokenize."""
+    words = ("the", "river", "runs", "past", "a", "quiet", "town", "and")
+
+    def text(n: int) -> str:
+        return " ".join(words[i % len(words)] for i in range(n))
+
+    def length(n: int) -> int:
+        reply = post(url, "/tokenize", {"content": text(n), "add_special": True})
+        return len(reply["tokens"])
+
+    low, high = 0, count  # each word is at least one token
+    while low < high:
+        middle = (low + high + 1) // 2
+        if length(middle) <= count:
+            low = middle
+        else:
+            high = middle - 1
+    assert length(low) == count, f"no prompt of exactly {count} tokens from these words"
+    return text(low)

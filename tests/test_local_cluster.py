@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from infra.local import cluster
 from infra.local.model import cached_model
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from infra.local.source import cache_dir
-from tests.conftest import SCRIPTS, free_port, require_netns
+from tests.conftest import SCRIPTS, free_port, post, require_netns, tokens_of_length
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -40,14 +41,10 @@ PROMPT = {
 }
 
 
-def complete(url: str, timeout: float = 60) -> tuple[str, list[tuple[int, float]]]:
-    request = urllib.request.Request(
-        f"{url}/completion",
-        data=json.dumps(PROMPT).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        body = json.load(response)
+def complete(
+    url: str, timeout: float = 60, prompt: dict[str, Any] = PROMPT
+) -> tuple[str, list[tuple[int, float]]]:
+    body = post(url, "/completion", prompt, timeout)
     tokens = [(p["id"], p["logprob"]) for p in body["completion_probabilities"]]
     return body["content"], tokens
 
@@ -92,6 +89,40 @@ def test_outputs_follow_the_contract(up) -> None:
     assert ips == [f"{base}.11", f"{base}.12"]
     assert contract[outputs.RPC_SERVERS] == ",".join(f"{ip}:50052" for ip in ips)
     assert contract[outputs.LLAMA_SERVER_URL] == f"http://{base}.10:8080"
+
+
+def test_the_main_node_reports_the_placement_it_was_given(up) -> None:
+    """llama-server's own account of where it put each layer (read from its load log into the
+    status file) equals the computed placement: 4 layers on 3 nodes, which do not divide evenly,
+    the main node holding its share on its CPU."""
+    planned = up["spec"]["placement"]
+    placed = cluster.read_status(up["spec"])["main"]["placement"]
+    assert [(p["node"], p["layers"]) for p in placed] == [(p["node"], p["layers"]) for p in planned]
+    assert sorted(p["layers"] for p in planned) == [1, 1, 2] and planned[0]["layers"] >= 1
+    for got, want in zip(placed, planned, strict=True):
+        # llama.cpp reports each buffer to 0.01 MiB; a node has at most three (model, KV).
+        assert abs(got["bytes"] - want["bytes"]) <= 3 * 0.005 * 1024**2, (got, want)
+
+
+def test_a_request_gets_the_whole_context(up) -> None:
+    """contextSize is what one request gets, prompt and completion: a prompt of context - 64
+    tokens (counted by the server) completes 64 tokens; one token more than fits is refused at
+    once with the server's own error."""
+    url, context = up["contract"][outputs.LLAMA_SERVER_URL], up["options"].context_size
+    prompt = tokens_of_length(url, context - 64)
+    started = time.monotonic()
+    body = post(url, "/completion", {"prompt": prompt, "n_predict": 64, "temperature": 0,
+                                     "cache_prompt": False}, timeout=300)  # fmt: skip
+    assert body["tokens_evaluated"] == context - 64 and body["tokens_predicted"] == 64
+    print(f"{context - 64}-token prompt and 64 tokens: {time.monotonic() - started:.1f} s")
+    too_long = tokens_of_length(url, context)
+    started = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(url, "/completion", {"prompt": too_long, "n_predict": 8}, timeout=60)
+    error = json.loads(refused.value.read())["error"]
+    assert refused.value.code == 400 and error["type"] == "exceed_context_size_error"
+    assert error["n_ctx"] == context and error["n_prompt_tokens"] == context
+    assert time.monotonic() - started < 30
 
 
 def test_status_files_record_the_boot(up) -> None:
@@ -207,7 +238,7 @@ def test_a_killed_worker_comes_back_and_the_main_serves_again(up) -> None:
     assert replaced and replaced != servers
 
 
-def test_a_bad_checksum_fails_up_and_leaves_nothing_running(up) -> None:
+def test_a_failed_up_leaves_nothing_running_and_keeps_its_evidence(up) -> None:
     options = up["options"]
     bad = dataclasses.replace(
         options,
@@ -217,11 +248,34 @@ def test_a_bad_checksum_fails_up_and_leaves_nothing_running(up) -> None:
         model_sha256="0" * 64,
         worker_wait_seconds=30,
     )
-    with pytest.raises(cluster.LocalClusterError, match="node main failed: checksum mismatch"):
-        cluster.up(bad, timeout=600)
-    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"lrc-{bad.cluster_id}-" not in leftovers
-    assert not cluster.state_dir(bad.cache, bad.cluster_id).exists()
+    state = cluster.state_dir(bad.cache, bad.cluster_id)
+    try:
+        with pytest.raises(cluster.LocalClusterError) as failed:
+            cluster.up(bad, timeout=600)
+        message = str(failed.value)
+        assert message.startswith("node main failed: checksum mismatch")
+        # The error shows the end of the node's log, which is still there.
+        log = state / "logs" / "main.log"
+        assert (
+            f"lines of {log}" in message and "fetch-model.sh: error: checksum mismatch" in message
+        )
+        assert "checksum mismatch" in log.read_text()
+        spec = cluster.load_spec(bad.cache, bad.cluster_id)
+        assert cluster.read_status(spec)["main"]["phase"] == "failed"
+        leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"lrc-{bad.cluster_id}-" not in leftovers
+        assert not any(
+            f"lrc-{bad.cluster_id}" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+            for pid in os.listdir("/proc")
+            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").exists()
+        )
+        # The next up starts afresh: it fails the same way, with a log of its own run only.
+        with pytest.raises(cluster.LocalClusterError):
+            cluster.up(bad, timeout=600)
+        assert log.read_text().count("checksum mismatch for") == 1
+    finally:
+        assert cluster.down(bad.cache, bad.cluster_id)
+    assert not state.exists()
 
 
 def test_without_namespaces_the_nodes_share_loopback(up) -> None:
