@@ -29,24 +29,34 @@ from infra.models import PRESETS, Model  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
 # Llama-2-7B Q4_0: 3.56 GiB, 32 layers, 32 KV heads of 128 (llama.cpp's model table).
-LLAMA2_7B_Q4_0 = Model("llama-2-7b-q4_0", int(3.56 * 1024**3), 32, 32 * 2 * 32 * 128 * 2)
+LLAMA2_7B_Q4_0 = Model(
+    "llama-2-7b-q4_0", int(3.56 * 1024**3), 32, 32 * 2 * 32 * 128 * 2, source="custom"
+)
 
 
 def plan_everything() -> dict[str, plan.Plan]:
     return {name: plan.plan(model) for name, model in PRESETS.items()}
 
 
+def predicted_tps(
+    model: Model, instance: catalog.InstanceType, nodes: int, kv_tokens: int
+) -> float:
+    option = plan.evaluate(model, instance, nodes, 2 * kv_tokens)
+    assert option.fits and option.decode_tps is not None
+    return option.decode_tps
+
+
 def anchors() -> list[dict[str, object]]:
     rows = []
     for anchor in perf.ANCHORS:
-        predicted = perf.decode_tps(
-            PRESETS[anchor.model], anchor.instance, anchor.nodes - 1, anchor.kv_tokens
+        predicted = predicted_tps(
+            PRESETS[anchor.model], anchor.instance, anchor.nodes, anchor.kv_tokens
         )
         rows.append({"anchor": anchor.label, "published": anchor.decode_tps,
-                     "predicted": round(predicted or 0, 3), "fitted": True})  # fmt: skip
+                     "predicted": round(predicted, 3), "fitted": True})  # fmt: skip
     r7g = catalog.find("aws", "us-east-1", "r7g.16xlarge")
     assert r7g is not None
-    predicted = perf.decode_tps(LLAMA2_7B_Q4_0, r7g, 0, 128) or 0
+    predicted = predicted_tps(LLAMA2_7B_Q4_0, r7g, 1, 128)
     rows.append({
         "anchor": "Llama-2-7B Q4_0 on 1 x r7g.16xlarge (llama.cpp PR #5780)",
         "published": 31.6, "predicted": round(predicted, 3), "fitted": False,
@@ -70,6 +80,7 @@ def main() -> int:
             provider: {
                 "instanceType": best.instance.name,
                 "count": best.count,
+                "layers": list(best.placement.layers),
                 "hourlyUsd": best.hourly_usd,
                 "predictedDecodeTps": None
                 if best.decode_tps is None

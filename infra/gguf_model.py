@@ -192,6 +192,7 @@ def describe(path: str | Path) -> Model:
         source=f"gguf:{first}",
         input_bytes=input_bytes,
         output_bytes=output_bytes,
+        tied_embeddings="output.weight" not in tensor_bytes,
         layer_weight_bytes=layer_bytes,
         layer_kv_bytes_per_token=kv_per_layer,
         sliding_window=int(window) if window else None,

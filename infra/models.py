@@ -41,6 +41,8 @@ class Model:
     # embeddings when they are tied). Zero when unknown: the layers then carry all the weight.
     input_bytes: int = 0
     output_bytes: int = 0
+    # The output head is the embeddings (tied): llama.cpp copies them only to another node.
+    tied_embeddings: bool = False
     # Per-layer detail from a GGUF header. Empty: the layers are alike (presets, custom sizes).
     layer_weight_bytes: tuple[int, ...] = ()
     layer_kv_bytes_per_token: tuple[int, ...] = ()

@@ -111,10 +111,12 @@ def _costs(model: Model, context: int, slots: int, nodes: int) -> _Costs:
         per_token * (window if i in model.sliding_layers else full)
         for i, per_token in enumerate(model.kv_per_layer)
     )
-    # The main node always holds the embeddings; the last node the output head.
+    # The main node always holds the embeddings; the last node the output head (which, when it
+    # is the embeddings, costs nothing more on the main node itself).
     fixed = [0] * nodes
     fixed[0] += model.input_bytes
-    fixed[-1] += model.output_bytes
+    if nodes > 1 or not model.tied_embeddings:
+        fixed[-1] += model.output_bytes
     return _Costs(
         model.weights_per_layer,
         layer_kv,

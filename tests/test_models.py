@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra import gguf_model, models
+from infra import gguf_model, models, placement
 from infra.models import ModelError
 
 
@@ -163,7 +163,12 @@ def test_tied_embeddings_give_the_output_head_a_copy_of_them(tmp_path: Path) -> 
         **{f"blk.{i}.attn_q.weight": np.zeros((64, 64), np.float16) for i in range(3)},
     }
     m = gguf_model.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
-    assert m.input_bytes == m.output_bytes == 100 * 64 * 2
+    assert m.input_bytes == m.output_bytes == 100 * 64 * 2 and m.tied_embeddings
+    # On one node the output head is the embeddings themselves; on several, a copy.
+    [alone] = placement.place(m, 256, 1, [2**30]).shares
+    assert alone.weight_bytes == m.size_bytes
+    main, worker = placement.place(m, 256, 1, [2**30, 2**30]).shares
+    assert main.weight_bytes + worker.weight_bytes == m.size_bytes + m.output_bytes
 
 
 def test_sliding_window_layers_follow_the_architecture_or_the_header(tmp_path: Path) -> None:

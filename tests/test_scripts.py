@@ -7,6 +7,10 @@ the status file, and nothing left running.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import time
@@ -15,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.pins import LLAMA_CPP_COMMIT
-from tests.conftest import free_port
+from tests.conftest import SCRIPTS, free_port
 
 
 def sha256(data: bytes) -> str:
@@ -215,3 +219,166 @@ def test_status_tool_merges_fields_from_concurrent_writers(tmp_path: Path) -> No
 
     data = json.loads(status.read_text())
     assert {f"k{i}": i for i in range(20)}.items() <= data.items()
+
+
+# --- the main node's service: flags, log and placement ---
+
+FIXTURES = Path(__file__).parent / "fixtures" / "llama-server"
+# llama-server's load log (debug lines in) from a Gemma 3 270M main node with workers .11, .12.
+GEMMA_LOAD_LOG = FIXTURES / "gemma-270m-main-and-2-workers.log"
+GEMMA_WORKERS = "10.0.1.11:50052,10.0.1.12:50052"
+
+
+SERVER_LOG = SCRIPTS / "llama-server-log"
+
+
+def placement_of(log: Path, workers: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["python3", str(SERVER_LOG), "placement", str(log), workers],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_placement_is_read_from_llama_servers_own_log() -> None:
+    result = placement_of(GEMMA_LOAD_LOG, GEMMA_WORKERS)
+    assert result.returncode == 0, result.stderr
+    mib = 1024**2
+    # main: the mapped embeddings and 6 layers, and the KV cache (its repacked copies are not
+    # counted twice); worker-2: 6 layers and the copy of the tied embeddings for the output.
+    assert json.loads(result.stdout) == [
+        {"node": "main", "layers": 6, "bytes": round((191.72 + 4.00 + 5.00) * mib)},
+        {"node": "worker-1", "layers": 6, "bytes": round((21.34 + 4.00 + 5.00) * mib)},
+        {"node": "worker-2", "layers": 6, "bytes": round((192.10 + 4.00 + 5.00) * mib)},
+    ]
+
+
+def test_a_log_without_the_layer_lines_is_an_error_that_says_why(tmp_path: Path) -> None:
+    quiet = tmp_path / "load.log"
+    lines = GEMMA_LOAD_LOG.read_text().splitlines(keepends=True)
+    quiet.write_text("".join(line for line in lines if " D " not in line))
+    result = placement_of(quiet, GEMMA_WORKERS)
+    assert result.returncode != 0
+    assert "0 placed layers of 18; was llama-server run with --log-verbosity 5" in result.stderr
+    result = placement_of(GEMMA_LOAD_LOG, "10.0.1.11:50052,10.0.9.9:50052")
+    assert result.returncode != 0 and "RPC0[10.0.1.12:50052] is on no server" in result.stderr
+
+
+def test_the_filter_passes_each_line_on_as_it_comes(tmp_path: Path) -> None:
+    """A line reaches the journal while llama-server is still running, not when a buffer fills."""
+    filtering = subprocess.Popen(
+        ["python3", str(SERVER_LOG), "filter", str(tmp_path / "load.log")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert filtering.stdin and filtering.stdout
+    try:
+        filtering.stdin.write("0.00.000.001 I srv  load_model: loading\n")
+        filtering.stdin.flush()
+        assert filtering.stdout.readline() == "0.00.000.001 I srv  load_model: loading\n"
+    finally:
+        filtering.kill()
+        filtering.wait()
+
+
+def test_debug_lines_stay_out_of_the_journal(tmp_path: Path) -> None:
+    """Everything until the server listens goes to the load log; debug lines never pass on, even
+    those after a colour code."""
+    lines = GEMMA_LOAD_LOG.read_text() + (
+        "0.02.000.000 D a debug line after loading\n"
+        "\x1b[0m0.02.000.001 D \x1b[1mcoloured debug\n"
+        "0.02.000.002 I srv  update_slots: all slots are idle\n"
+        "\tcontinued\n"
+    )
+    load_log = tmp_path / "load.log"
+    passed = subprocess.run(
+        ["python3", str(SERVER_LOG), "filter", str(load_log)],
+        input=lines, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert " D " not in passed and "coloured" not in passed
+    assert "all slots are idle\n\tcontinued\n" in passed
+    assert "model buffer size" in passed and "listening on" in passed
+    kept = load_log.read_text()
+    assert kept == GEMMA_LOAD_LOG.read_text()  # up to and with "listening on", debug included
+
+
+FAKE_SERVER = r"""#!/usr/bin/env bash
+# Stands in for llama-server: records its arguments, prints a real load log, answers /health.
+printf '%s\n' "$@" >"$FAKE_ARGS"
+cat "$FAKE_LOG"
+while [[ $# -gt 0 ]]; do
+  case "$1" in --host) host="$2" ;; --port) port="$2" ;; esac
+  shift
+done
+exec python3 -c '
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
+' "$host" "$port"
+"""
+
+
+def test_the_main_node_serves_with_its_placement_slots_and_context(tmp_path: Path) -> None:
+    """llama-server.sh renders the planned flags, and records the placement llama-server reports
+    in the status file by the time the node says it is serving."""
+    prefix, data = tmp_path / "prefix", tmp_path / "data"
+    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_SERVER)
+    fake.chmod(0o755)
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    # The fixture's buffers name 10.0.1.11 and .12: the same order as these two workers.
+    log = tmp_path / "fixture.log"
+    workers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in listeners)
+    renamed = dict(zip(GEMMA_WORKERS.split(","), workers.split(","), strict=True))
+    log.write_text(
+        re.sub(r"10\.0\.1\.1[12]:50052", lambda m: renamed[m[0]], GEMMA_LOAD_LOG.read_text())
+    )
+    port = free_port()
+    env = {
+        "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
+        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
+        "SERVER_PORT": str(port), "MODEL_URLS": "https://example.org/model.gguf",
+        "RPC_WORKERS": workers, "LLAMA_GPU_LAYERS": "13", "LLAMA_TENSOR_SPLIT": "6,7",
+        "CONTEXT_SIZE": "4096", "SLOTS": "3", "LLAMA_THREADS": "1",
+        "FAKE_ARGS": str(tmp_path / "args"), "FAKE_LOG": str(log),
+    }  # fmt: skip
+    service = subprocess.Popen(
+        ["bash", str(SCRIPTS / "llama-server.sh")], env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        status: dict = {}
+        while status.get("phase") != "serving":
+            assert service.poll() is None and time.monotonic() < deadline, status
+            time.sleep(0.2)
+            status_file = data / "status.json"
+            status = json.loads(status_file.read_text()) if status_file.exists() else {}
+    finally:
+        os.killpg(service.pid, signal.SIGTERM)
+        journal = service.communicate(timeout=30)[0]
+        for s in listeners:
+            s.close()
+    assert [(p["node"], p["layers"]) for p in status["placement"]] == [
+        ("main", 6),
+        ("worker-1", 6),
+        ("worker-2", 6),
+    ]
+    args = (tmp_path / "args").read_text().split("\n")
+
+    def flag(name: str) -> str:
+        return args[args.index(name) + 1]
+
+    assert (flag("--rpc"), flag("--n-gpu-layers"), flag("--tensor-split")) == (workers, "13", "6,7")
+    assert (flag("--ctx-size"), flag("--parallel"), flag("--fit")) == ("12288", "3", "off")
+    assert (flag("--log-verbosity"), flag("--host")) == (
+        "5",
+        "127.0.0.1",
+    ) and "--log-prefix" in args
+    assert "assigned to device" not in journal and "model buffer size" in journal

@@ -33,6 +33,18 @@ cmake_args=(
   -DLLAMA_OPENSSL=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF
 )
+# GCC (12 here) miscompiles ggml's AMX tile configuration at -O3: its intrinsic says it reads 8
+# of the config's 64 bytes, so the other stores are dropped and the first batched matrix
+# product faults (ggml/src/ggml-cpu/amx/mmq.cpp, ggml_tile_config_init; llama.cpp issue 20824).
+# Arm nodes never compile that code. An x86 machine whose -march=native enables AMX builds
+# without it, keeping its other repacked kernels.
+# (The defines are read whole: grep -q on a pipe can stop the compiler with SIGPIPE, and under
+# pipefail that would read as "no AMX" now and then.)
+native_defines="$(c++ -march=native -dM -E -x c++ /dev/null 2>/dev/null || true)"
+if [[ "$native_defines" == *__AMX_INT8__* ]]; then
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  cmake_args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+fi
 stamp="$bin_dir/.built"
 stamp_text="$(printf '%s\n' "$LLAMA_CPP_COMMIT" "${cmake_args[*]}")"
 

@@ -115,19 +115,3 @@ node_threads() {
   printf '%s' "${LLAMA_THREADS:-$(cpu_count)}"
 }
 
-# filter_server_log LOAD_LOG: pass llama-server's log (run with --log-verbosity 5 --log-prefix,
-# so that it says where each layer went) through, keeping its debug lines out of the journal:
-# they go to LOAD_LOG, with everything else, until the server listens, and nowhere afterwards.
-filter_server_log() {
-  awk -v load_log="$1" '
-    {
-      line = $0
-      gsub(/\033\[[0-9;]*m/, "", line)  # some messages carry colour codes across lines
-      split(line, field, " ")
-      level = line ~ /^[0-9.]+ [A-Z] / ? field[2] : ""
-    }
-    !loaded { print > load_log; fflush(load_log) }
-    level != "D" { print; fflush() }
-    !loaded && / listening on / { loaded = 1; close(load_log) }
-  '
-}

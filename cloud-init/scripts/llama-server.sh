@@ -24,10 +24,13 @@ if [[ -n "${RPC_WORKERS:-}" ]]; then
   rpc_args=(--rpc "$RPC_WORKERS" --n-gpu-layers "$LLAMA_GPU_LAYERS" --tensor-split "$LLAMA_TENSOR_SPLIT")
 fi
 
+# llama-server logs where each layer went at debug level: llama-server-log keeps those lines in
+# the load log and out of the journal, and reads the placement from it once the server is ready.
+server_log=("$LLAMA_RPC_BIN_DIR/llama-server-log")
 load_log="$LLAMA_DATA_DIR/llama-server-load.log"
 on_ready() {
   local placed
-  placed="$(python3 "$LLAMA_RPC_BIN_DIR/llama-placement" "$load_log" "${RPC_WORKERS:-}")" &&
+  placed="$(python3 "${server_log[@]}" placement "$load_log" "${RPC_WORKERS:-}" --wait 30)" &&
     status "placement:=$placed"
 }
 
@@ -51,4 +54,4 @@ run_until_ready llama-server load_seconds \
   --log-verbosity 5 \
   --log-prefix \
   "${extra_args[@]}" \
-  > >(filter_server_log "$load_log") 2>&1
+  > >(python3 "${server_log[@]}" filter "$load_log") 2>&1

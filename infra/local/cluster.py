@@ -53,6 +53,8 @@ class UpOptions:
     slots: int = sizing.DEFAULT_SLOTS
     # Memory each node may use, as a VM's would be: by default an equal share of this machine's.
     node_memory_bytes: int | None = None
+    # Extra llama-server flags for the main node (LLAMA_SERVER_ARGS), e.g. ("--no-repack",).
+    server_args: tuple[str, ...] = ()
     worker_wait_seconds: int = 900
     netns: bool = True
 
@@ -190,6 +192,9 @@ def up(
             tensor_split=layout.tensor_split,
             worker_wait_seconds=options.worker_wait_seconds,
             threads=options.threads,
+            extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
+            if role == "main" and options.server_args
+            else {},
         )
         node_dir = state / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,172 @@
+"""A real model on the local cluster: Gemma 3 270M (Q4_K_M, from PyPI) through two workers and on
+one node, as a user runs it: completions that read as language, chat, a prompt that fills the
+context, and the placement llama-server reports.
+
+Traffic goes only to loopback and to the namespaces these tests create.
+"""
+
+from __future__ import annotations
+
+import random
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import outputs, placement
+from infra.local import cluster
+from infra.local.model import real_model
+from infra.local.source import cache_dir
+from tests.conftest import post, require_netns, tokens_of_length
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+CONTEXT = 4096
+# Greedy, with the top log-probability of each token; no prompt cache, so every request
+# evaluates its whole prompt and results do not depend on earlier requests.
+PROMPT = {
+    "prompt": "The capital of France is the city of",
+    "n_predict": 24,
+    "temperature": 0,
+    "n_probs": 1,
+    "cache_prompt": False,
+}
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Path:
+    return real_model(cache_dir())
+
+
+def bring_up(
+    llama_source: Path, model: Path, workers: int, suffix: str, server_args: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    require_netns()
+    cache = cache_dir()
+    options = cluster.UpOptions(
+        workers=workers,
+        model=model,
+        source=llama_source,
+        cache=cache,
+        cluster_id=f"g{suffix}{random.randint(0, 99999)}",
+        cidr=f"10.216.{random.randint(0, 63) * 4 + 2 * bool(server_args) + (workers > 0)}.0/24",
+        threads=1,
+        context_size=CONTEXT,
+        server_args=server_args,
+        worker_wait_seconds=300,
+    )
+    contract = cluster.up(options, timeout=2400)
+    spec = cluster.load_spec(cache, options.cluster_id)
+    return {"contract": contract, "spec": spec, "options": options}
+
+
+@pytest.fixture(scope="module")
+def two_workers(llama_source: Path, gemma: Path) -> Iterator[dict[str, Any]]:
+    up = bring_up(llama_source, gemma, 2, "w")
+    yield up
+    cluster.down(up["options"].cache, up["options"].cluster_id)
+
+
+@pytest.fixture(scope="module")
+def one_node(llama_source: Path, gemma: Path) -> Iterator[dict[str, Any]]:
+    up = bring_up(llama_source, gemma, 0, "s")
+    yield up
+    cluster.down(up["options"].cache, up["options"].cluster_id)
+
+
+@pytest.fixture(scope="module")
+def same_kernels(llama_source: Path, gemma: Path) -> Iterator[list[dict[str, Any]]]:
+    """Two workers and one node, both without CPU weight repacking (see below)."""
+    ups = [bring_up(llama_source, gemma, n, f"p{n}", ("--no-repack",)) for n in (2, 0)]
+    yield ups
+    for up in ups:
+        cluster.down(up["options"].cache, up["options"].cluster_id)
+
+
+def url_of(up: dict[str, Any]) -> str:
+    url: str = up["contract"][outputs.LLAMA_SERVER_URL]
+    return url
+
+
+def complete(up: dict[str, Any]) -> tuple[str, list[tuple[int, float]]]:
+    body = post(url_of(up), "/completion", PROMPT, timeout=300)
+    return body["content"], [(p["id"], p["logprob"]) for p in body["completion_probabilities"]]
+
+
+def test_the_answer_reads_as_language(two_workers) -> None:
+    text, tokens = complete(two_workers)
+    assert len(tokens) == PROMPT["n_predict"]
+    assert "Paris" in text, text
+
+
+def test_two_workers_answer_exactly_as_one_node(same_kernels) -> None:
+    """The same tokens and the same log-probabilities, whether three nodes share the layers or
+    one node holds them all.
+
+    With the same kernels on both sides: by default llama.cpp repacks quantized weights for its
+    fast CPU kernels on the main node, but an RPC worker keeps plain buffers, so a cluster and a
+    single node compute some layers with different kernels (here their greedy texts part after
+    about 14 tokens). Without repacking, every layer runs the same kernel either way.
+    """
+    through_workers, one_node = (complete(up) for up in same_kernels)
+    assert through_workers == one_node
+    assert len(through_workers[1]) == PROMPT["n_predict"] and "Paris" in through_workers[0]
+
+
+def test_the_default_cluster_and_one_node_agree_on_the_answer(two_workers, one_node) -> None:
+    """As users run them (repacking on), both answer the question the same way."""
+    answers = [complete(up)[0] for up in (two_workers, one_node)]
+    assert all(a.startswith(" Paris.") for a in answers), answers
+
+
+@pytest.mark.parametrize("where", ["two_workers", "one_node"])
+def test_the_placement_reported_is_the_one_computed(where: str, request) -> None:
+    up = request.getfixturevalue(where)
+    planned = up["spec"]["placement"]
+    placed = cluster.read_status(up["spec"])["main"]["placement"]
+    assert [(p["node"], p["layers"]) for p in placed] == [(p["node"], p["layers"]) for p in planned]
+    assert sum(p["layers"] for p in placed) == 18
+    for got, want in zip(placed, planned, strict=True):
+        # Sliding-window layers, the tied output head and the embeddings all counted: within a
+        # MiB of what llama.cpp allocated.
+        assert abs(got["bytes"] - want["bytes"]) <= 1024**2, (got, want)
+    if where == "two_workers":
+        assert [p["layers"] for p in planned] == [6, 6, 6]
+        assert placed[0]["node"] == placement.MAIN
+
+
+def test_chat_gets_an_answer_from_a_model_without_a_chat_template(two_workers) -> None:
+    """Gemma 3 270M is a base model with no chat template: llama-server formats the messages
+    with its ChatML default, and the model continues them."""
+    url = url_of(two_workers)
+    props = post(url, "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert props["prompt"].startswith("<|im_start|>user\nHi<|im_end|>")
+    body = post(
+        url,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Name the capital of France."}],
+            "max_tokens": 24,
+            "temperature": 0,
+        },
+        timeout=300,
+    )
+    [choice] = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"].strip()
+    assert body["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize("where", ["two_workers", "one_node"])
+def test_a_prompt_that_fills_the_context_is_answered(where: str, request) -> None:
+    up = request.getfixturevalue(where)
+    url = url_of(up)
+    prompt = tokens_of_length(url, CONTEXT - 64)
+    body = post(url, "/completion", {"prompt": prompt, "n_predict": 64, "temperature": 0,
+                                     "cache_prompt": False}, timeout=600)  # fmt: skip
+    assert body["tokens_evaluated"] == CONTEXT - 64 and body["tokens_predicted"] == 64
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(url, "/completion", {"prompt": tokens_of_length(url, CONTEXT), "n_predict": 8})
+    assert refused.value.code == 400
