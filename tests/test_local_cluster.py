@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -123,6 +124,42 @@ def test_a_request_gets_the_whole_context(up) -> None:
     assert refused.value.code == 400 and error["type"] == "exceed_context_size_error"
     assert error["n_ctx"] == context and error["n_prompt_tokens"] == context
     assert time.monotonic() - started < 30
+
+
+def test_every_slot_serves_a_whole_context_at_the_same_time(up) -> None:
+    """slots: 2 gives two requests at once a context each, and the placement llama-server
+    reports counts the KV cache of both slots."""
+    options = up["options"]
+    two = dataclasses.replace(
+        options,
+        cluster_id=f"{options.cluster_id}p",
+        cidr=options.cidr.replace("10.213.", "10.212."),
+        context_size=2048,
+        slots=2,
+    )
+    try:
+        contract = cluster.up(two, timeout=600)
+        url = contract[outputs.LLAMA_SERVER_URL]
+        spec = cluster.load_spec(two.cache, two.cluster_id)
+        placed = cluster.read_status(spec)["main"]["placement"]
+        for got, want in zip(placed, spec["placement"], strict=True):
+            assert abs(got["bytes"] - want["bytes"]) <= 3 * 0.005 * 1024**2, (got, want)
+        prompts = [tokens_of_length(url, 2048 - 64) for _ in range(2)]
+        results: list[Any] = [None, None]
+
+        def ask(i: int) -> None:
+            body = {"prompt": prompts[i], "n_predict": 64, "temperature": 0, "cache_prompt": False}
+            results[i] = post(url, "/completion", body, timeout=300)
+
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for asker in askers:
+            asker.start()
+        for asker in askers:
+            asker.join(300)
+        assert [r["tokens_predicted"] for r in results] == [64, 64]
+        assert {r["id_slot"] for r in results} == {0, 1}  # served side by side
+    finally:
+        cluster.down(two.cache, two.cluster_id)
 
 
 def test_status_files_record_the_boot(up) -> None:
