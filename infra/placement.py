@@ -84,7 +84,7 @@ class Placement:
         return [{"node": s.node, "layers": s.layers, "bytes": s.bytes} for s in self.shares]
 
     def describe(self) -> str:
-        """``main 42 + 42 + 42`` style: the layers per node, main first."""
+        """The layers per node, main first: ``42 + 42 + 42``."""
         return " + ".join(str(n) for n in self.layers)
 
 

@@ -35,6 +35,7 @@ def usable_memory_bytes(instance: InstanceType) -> int:
 
 
 def usable_of(memory_bytes: int) -> int:
+    """What a node with ``memory_bytes`` of memory can give the model."""
     return int(memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES
 
 

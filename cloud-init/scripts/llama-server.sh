@@ -30,8 +30,11 @@ server_log=("$LLAMA_RPC_BIN_DIR/llama-server-log")
 load_log="$LLAMA_DATA_DIR/llama-server-load.log"
 on_ready() {
   local placed
-  placed="$(python3 "${server_log[@]}" placement "$load_log" "${RPC_WORKERS:-}" --wait 30)" &&
-    status "placement:=$placed"
+  if ! placed="$(python3 "${server_log[@]}" placement "$load_log" "${RPC_WORKERS:-}" --wait 30)"; then
+    status placement:=null
+    return 1
+  fi
+  status "placement:=$placed"
 }
 
 # Extra llama-server flags, word-split on purpose (for example "--threads-batch 8").
