@@ -445,8 +445,11 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
 
     model_gb = model.size_bytes / 1e9
     main_disk = _int(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes))
-    largest_share = max((s.weight_bytes for s in layout.shares[1:]), default=0)
-    worker_disk = _int(settings, "workerDiskGb", sizing.default_worker_disk_gb(largest_share))
+    worker_disk = _int(
+        settings,
+        "workerDiskGb",
+        sizing.default_worker_disk_gb(layout.largest_worker_weight_bytes),
+    )
     if main_disk < model_gb + 20:
         raise ConfigError(
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"

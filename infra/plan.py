@@ -124,9 +124,7 @@ def evaluate(
     nodes = [instance] * count
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = sizing.default_main_disk_gb(model.size_bytes)
-    worker_disk = sizing.default_worker_disk_gb(
-        max((s.weight_bytes for s in layout.shares[1:]), default=0)
-    )
+    worker_disk = sizing.default_worker_disk_gb(layout.largest_worker_weight_bytes)
     disks = [costs.Disk(main_disk, DEFAULT_DISK_MIBPS)] + [
         costs.Disk(worker_disk, costs.GP3_BASE_MIBPS)
     ] * workers

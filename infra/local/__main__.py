@@ -86,15 +86,16 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         document = {
             "outputs": cluster.contract(spec),
-            "placement": spec["placement"],
+            "placement": spec.get("placement", []),
             "nodes": statuses,
         }
         print(json.dumps(document, indent=2))
         return 0
     _print_contract(cluster.contract(spec), False)
-    print(f"\ncontext {spec['context_size']} tokens per request, {spec['slots']} slot(s); layers:")
+    if "placement" in spec:  # clusters brought up before placements were planned have none
+        print(f"\ncontext {spec['context_size']} tokens per request, {spec['slots']} slot(s):")
     recorded = statuses["main"].get("placement") or []
-    for planned in spec["placement"]:
+    for planned in spec.get("placement", []):
         placed = next((p for p in recorded if p["node"] == planned["node"]), None)
         seen = f"placed {placed['layers']}" if placed else "not loaded yet"
         print(f"  {planned['node']:<9} planned {planned['layers']:>3}, {seen}")

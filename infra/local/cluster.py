@@ -123,7 +123,8 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     try:
         model = gguf_model.describe(options.model)
     except ModelError as error:
-        raise LocalClusterError(f"--model: {error}") from None
+        reason = str(error).removeprefix(f"{error.setting}: ")
+        raise LocalClusterError(f"--model: {reason}") from None
     nodes = options.workers + 1
     memory = options.node_memory_bytes or machine_memory_bytes() // nodes
     layout = placement.place(
@@ -134,8 +135,8 @@ def plan_placement(options: UpOptions) -> placement.Placement:
         raise LocalClusterError(
             f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
             f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
-            f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, or lower --context or "
-            "--slots"
+            f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, raise --node-memory-gib, "
+            "or lower --context or --slots"
         )
     return layout
 

@@ -1,0 +1,62 @@
+"""The local cluster's settings: each bad value is refused with the option named, before any
+node, namespace or state directory exists. Nothing here boots a node."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from infra.local import cluster
+from infra.local.__main__ import main
+from tests.test_models import write_gguf
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """A 3-layer GGUF of about 1 MB: a header is all the placement reads."""
+    return write_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--context", "0"], "--context 0 --slots 1: give a positive context and 1 to 64 slots"),
+        (["--slots", "65"], "--context 4096 --slots 65: give a positive context and 1 to 64"),
+        (["--workers", "16"], "--workers 16: give 0 to 15 workers"),
+        # 1.9 GiB of 2 usable is gone to the OS: nothing holds the model.
+        (["--node-memory-gib", "2"], "raise --node-memory-gib, or lower --context or --slots"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_starts(
+    capsys, tmp_path: Path, model: Path, args: list[str], message: str
+) -> None:
+    cache = tmp_path / "cache"
+    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
+                 "--loopback", "--id", "cli", *args])  # fmt: skip
+    assert code == 1 and message in capsys.readouterr().err
+    assert not cluster.state_dir(cache, "cli").exists()
+
+
+def test_a_file_that_is_not_a_model_is_named(capsys, tmp_path: Path) -> None:
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    code = main(["up", "--model", str(text), "--source", str(tmp_path),
+                 "--cache", str(tmp_path / "cache"), "--loopback"])  # fmt: skip
+    assert code == 1
+    assert f"error: --model: {text} is not a GGUF file" in capsys.readouterr().err
+
+
+def test_context_slots_and_node_memory_reach_the_placement(tmp_path: Path) -> None:
+    """--context and --slots size every node's KV cache; --node-memory-gib is each node's memory."""
+    model = write_gguf(tmp_path / "m.gguf", layers=6)
+    options = cluster.UpOptions(
+        workers=2, model=model, source=tmp_path, cache=tmp_path, context_size=1024, slots=2,
+        node_memory_bytes=8 * 1024**3,
+    )  # fmt: skip
+    one = cluster.plan_placement(options)
+    two = cluster.plan_placement(dataclasses.replace(options, slots=4))
+    assert one.layers == two.layers == (2, 2, 2)
+    assert [b.kv_bytes for b in two.shares] == [2 * a.kv_bytes for a in one.shares]
+    assert {s.usable_bytes for s in one.shares} == {int(8 * 1024**3 * 0.95) - 2 * 1024**3}
