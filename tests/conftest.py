@@ -9,10 +9,15 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
+import tempfile
 import threading
+import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +140,136 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class FlakyServer:
+    """A loopback HTTP server over ``root`` that misbehaves as told, and logs every request.
+
+    ``faults[path]`` lists what the next requests for ``path`` get, one entry each, before the
+    file is served properly (with ``Range: bytes=N-`` support): ``"drop"`` (the full
+    Content-Length, half the body, then the connection closed), ``"reset"`` (the same, ended by
+    a TCP reset), ``"429"`` (Too Many Requests, Retry-After: 1) or ``"503"``.
+    """
+
+    url: str
+    root: Path
+    faults: dict[str, list[str]] = field(default_factory=dict)
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, range
+
+    def paths(self) -> list[str]:
+        return [path for _, path, _ in self.requests]
+
+
+def _flaky_handler(server: FlakyServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = urllib.parse.unquote(self.path.split("?", 1)[0])
+            asked = self.headers.get("Range")
+            server.requests.append(("GET", path, asked))
+            faults = server.faults.get(path, [])
+            fault = faults.pop(0) if faults else None
+            if fault in ("429", "503"):
+                self.send_response(int(fault))
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            file = server.root / path.lstrip("/")
+            if not file.is_file():
+                self.send_error(404)
+                return
+            data = file.read_bytes()
+            match = re.fullmatch(r"bytes=(\d+)-", asked or "")
+            start = int(match.group(1)) if match else 0
+            if start >= len(data) and match:
+                self.send_error(416)
+                return
+            self.send_response(206 if match else 200)
+            if match:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data) - start))
+            self.end_headers()
+            body = data[start:]
+            if fault in ("drop", "reset"):
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                time.sleep(0.1)  # the half arrives before the connection ends
+                if fault == "reset":
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                self.connection.close()
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture
+def flaky_http(tmp_path: Path) -> Iterator[FlakyServer]:
+    """A loopback HTTP server that drops, resets or rate-limits requests as a test tells it."""
+    root = tmp_path / "www"
+    root.mkdir()
+    state = FlakyServer(url="", root=root)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _flaky_handler(state))
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def small_tmpfs() -> Iterator[Callable[[int], Path]]:
+    """Mounts a tmpfs of the given size in bytes (a small disk to fill); unmounted afterwards."""
+    if os.geteuid() != 0:
+        unavailable("mounting a tmpfs needs root")
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        point = Path(tempfile.mkdtemp(prefix="llama-rpc-tmpfs-"))
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if result.returncode != 0:
+            point.rmdir()
+            unavailable(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    try:
+        yield mount
+    finally:
+        for point in mounted:
+            subprocess.run(["umount", str(point)], check=True)
+            point.rmdir()
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> tuple[Path, Callable[[str, str], Path]]:
+    """A directory of stand-in commands, and a function that writes one (name, bash body); put
+    the directory first in PATH."""
+    directory = tmp_path / "fake-bin"
+    directory.mkdir()
+
+    def write(name: str, body: str) -> Path:
+        path = directory / name
+        path.write_text("#!/usr/bin/env bash\n" + body)
+        path.chmod(0o755)
+        return path
+
+    return directory, write
 
 
 def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> Any:

@@ -233,6 +233,39 @@ def test_rpc_port_is_closed_to_everyone_but_the_main_node(up) -> None:
     assert network.host_interface not in result.stdout
 
 
+def test_a_serving_worker_reaches_nothing_beyond_the_cluster(up) -> None:
+    """The RPC server is the process most exposed to remote-code bugs: once it serves, its node
+    opens no connection outside the cluster's network (the main node, unrestricted, is the
+    control)."""
+    network: VpcNetwork = up["network"]
+    outside = "192.168.214.5"
+    listener = network.add_outsider("far", outside, 24)
+    server = subprocess.Popen(
+        [*exec_prefix(listener), "python3", "-c",
+         "import socket, time; s = socket.create_server(('0.0.0.0', 9999)); time.sleep(60)"],
+    )  # fmt: skip
+    try:
+        for node in (network.node_names[0], network.node_names[1]):
+            # A route to the outsider's network over the bridge, which the cluster lacks.
+            subprocess.run(
+                [*exec_prefix(network.namespace(node)), "ip", "route", "replace",
+                 "192.168.214.0/24", "dev", "eth0"], check=True,
+            )  # fmt: skip
+        subprocess.run([*exec_prefix(listener), "ip", "route", "replace", str(network.cidr),
+                        "dev", "eth0"], check=True)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not port_answers(network.namespace("main"), outside, 9999):
+            assert time.monotonic() < deadline, "the control never reached the outsider"
+            time.sleep(0.2)
+        assert not port_answers(network.namespace(network.node_names[1]), outside, 9999)
+        # Inside the cluster the worker still reaches other nodes (the main node's API).
+        port = up["spec"]["server_port"]
+        assert port_answers(network.namespace(network.node_names[1]), network.node_ips[0], port)
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_rerunning_boot_does_not_rebuild(up) -> None:
     node = next(n for n in up["spec"]["nodes"] if n["name"] == "w1")
     started = time.monotonic()

@@ -10,9 +10,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,16 +64,19 @@ def test_download_resumes_a_partial_part(run_script, http_files, tmp_path) -> No
     assert (models / "model.gguf").read_bytes() == data
 
 
-def test_a_verified_model_is_not_downloaded_again(run_script, http_files) -> None:
+def test_a_verified_model_is_not_downloaded_again(run_script, http_files, tmp_path) -> None:
     base, root = http_files
     data = b"gguf" * 1000
     (root / "model.gguf").write_bytes(data)
     settings = {"MODEL_URLS": f"{base}/model.gguf", "MODEL_SHA256": sha256(data)}
     assert run_script("fetch-model.sh", **settings)[0].returncode == 0
+    first = json.loads((tmp_path / "data" / "status.json").read_text())["download_seconds"]
     (root / "model.gguf").unlink()  # a second download would now fail with 404
-    result, _ = run_script("fetch-model.sh", **settings)
+    result, status = run_script("fetch-model.sh", **settings)
     assert result.returncode == 0, result.stderr
     assert "have model.gguf" in result.stderr
+    # A re-run (every reboot runs the boot) keeps the first download's time.
+    assert status["download_skipped"] is True and status["download_seconds"] == first
 
 
 def test_a_model_url_that_answers_404_fails(run_script, http_files, tmp_path) -> None:
@@ -92,7 +97,7 @@ def test_a_checksum_mismatch_fails_and_keeps_nothing(run_script, http_files, tmp
     result, status = run_script(
         "fetch-model.sh", MODEL_URLS=f"{base}/model.gguf", MODEL_SHA256="0" * 64
     )
-    assert result.returncode != 0
+    assert result.returncode == 78  # the same bytes would come again: not worth retrying
     assert status["phase"] == "failed"
     assert "checksum mismatch" in status["last_error"]
     assert "0" * 64 in status["last_error"]
@@ -163,10 +168,11 @@ def test_an_unknown_commit_fails_fast_with_the_commit_named(run_script, llama_so
         LLAMA_CPP_COMMIT=unknown,
         LLAMA_CPP_SOURCE=str(llama_source),
     )
-    assert result.returncode != 0
+    assert result.returncode == 78  # final: no fetch will find it
     assert status["phase"] == "failed"
     assert f"llama.cpp commit {unknown} could not be fetched" in status["last_error"]
     assert "not our ref" in status["last_error"]
+    assert "attempt 2" not in result.stderr
 
 
 def test_a_short_commit_is_refused_before_any_fetch(run_script, tmp_path) -> None:
@@ -400,3 +406,409 @@ def test_a_placement_that_cannot_be_read_does_not_stop_the_node(tmp_path: Path) 
     status, _, journal = serve(tmp_path, "".join(line for line in lines if " D " not in line))
     assert status["phase"] == "serving" and status["placement"] is None
     assert "0 placed layers of 18" in journal and "warning: llama-server is ready" in journal
+
+
+# --- downloads that fail: retried, resumed, refused, and always recorded ---
+
+FAST_RETRIES = {"DOWNLOAD_RETRY_DELAY": "0"}
+
+
+def model_bytes(size: int) -> bytes:
+    return bytes(i * 7 % 251 for i in range(size))
+
+
+@pytest.mark.parametrize(("fault", "curl_error"), [("drop", 18), ("reset", 56)])
+def test_a_dropped_connection_resumes_until_the_part_is_whole(
+    run_script, flaky_http, tmp_path, fault: str, curl_error: int
+) -> None:
+    """curl --retry does not retry a body cut short (curl 18, 56): the outer loop does, resuming
+    from what arrived rather than starting again."""
+    data = model_bytes(600_000)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    flaky_http.faults["/model.gguf"] = [fault, fault]
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/model.gguf", MODEL_SHA256=sha256(data),
+        **FAST_RETRIES,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    models = tmp_path / "data" / "models"
+    assert sha256((models / "model.gguf").read_bytes()) == sha256(data)
+    assert status["model_bytes"] == len(data)
+    assert flaky_http.paths() == ["/model.gguf"] * 3
+    if fault == "drop":  # each try asks for the rest only
+        assert [r for _, _, r in flaky_http.requests] == [
+            None,
+            f"bytes={len(data) // 2}-",
+            f"bytes={len(data) // 2 + (len(data) - len(data) // 2) // 2}-",
+        ]
+    assert f"curl: ({curl_error})" in result.stderr and "attempt 3 of 8" in result.stderr
+    assert not list(models.glob("*.partial"))
+
+
+def test_a_429_waits_as_long_as_retry_after_says(run_script, flaky_http, tmp_path) -> None:
+    data = model_bytes(10_000)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    flaky_http.faults["/model.gguf"] = ["429"]
+    started = time.monotonic()
+    result, _ = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/model.gguf", **FAST_RETRIES
+    )
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started >= 1  # Retry-After: 1
+    assert flaky_http.paths() == ["/model.gguf"] * 2
+    assert (tmp_path / "data" / "models" / "model.gguf").read_bytes() == data
+
+
+def test_retries_are_bounded_and_keep_what_can_resume(run_script, flaky_http, tmp_path) -> None:
+    """A connection that always drops fails after DOWNLOAD_ATTEMPTS tries, exit 1 (the boot
+    unit tries again later), keeping the partial file that the next try resumes."""
+    data = model_bytes(100_000)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    flaky_http.faults["/model.gguf"] = ["drop"] * 10
+    url = f"{flaky_http.url}/model.gguf"
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=url, DOWNLOAD_ATTEMPTS="3", **FAST_RETRIES
+    )
+    assert result.returncode == 1
+    assert len(flaky_http.requests) == 3
+    assert status["phase"] == "failed"
+    assert f"download of {url} failed after 3 attempts" in status["last_error"]
+    partial = tmp_path / "data" / "models" / "model.gguf.partial"
+    assert 0 < partial.stat().st_size < len(data)
+    assert partial.read_bytes() == data[: partial.stat().st_size]
+
+
+def test_two_parts_with_one_file_name_are_refused(run_script, flaky_http) -> None:
+    """They would be saved over each other and the model would look complete."""
+    first, second = f"{flaky_http.url}/a/model.gguf", f"{flaky_http.url}/b/model.gguf"
+    result, status = run_script("fetch-model.sh", MODEL_URLS=f"{first} {second}")
+    assert result.returncode == 78  # final: the boot unit does not retry it
+    assert status["phase"] == "failed"
+    assert f"model URLs '{first}' and '{second}' both save as 'model.gguf'" in status["last_error"]
+    assert flaky_http.requests == []
+
+
+@pytest.mark.parametrize("path", ["/models/", "/models/?download=true", "/models/.."])
+def test_a_url_without_a_file_name_is_refused(run_script, flaky_http, path: str) -> None:
+    url = flaky_http.url + path
+    result, status = run_script("fetch-model.sh", MODEL_URLS=url)
+    assert result.returncode == 78
+    assert status["phase"] == "failed"
+    assert f"model URL '{url}' does not end in a file name" in status["last_error"]
+    assert flaky_http.requests == []
+
+
+def test_a_name_with_brackets_is_one_file_not_a_glob(run_script, flaky_http, tmp_path) -> None:
+    """Without --globoff, curl would fetch m-1.gguf, m-2.gguf and m-3.gguf instead."""
+    (flaky_http.root / "m-[1-3].gguf").write_bytes(b"GGUF one file")
+    result, _ = run_script("fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/m-[1-3].gguf")
+    assert result.returncode == 0, result.stderr
+    assert flaky_http.paths() == ["/m-[1-3].gguf"]
+    assert (tmp_path / "data" / "models" / "m-[1-3].gguf").read_bytes() == b"GGUF one file"
+
+
+def test_one_failed_part_fails_the_download_and_names_it(run_script, flaky_http, tmp_path) -> None:
+    (flaky_http.root / "m-00001-of-00002.gguf").write_bytes(b"first part")
+    good, bad = (f"{flaky_http.url}/m-0000{i}-of-00002.gguf" for i in (1, 2))
+    result, status = run_script("fetch-model.sh", MODEL_URLS=f"{good} {bad}")
+    assert result.returncode == 78  # a 404 does not go away by itself
+    assert status["phase"] == "failed"
+    assert f"download of {bad} failed: HTTP 404" in status["last_error"]
+    assert good not in status["last_error"]
+    assert "model ready" not in result.stderr
+    assert (tmp_path / "data" / "models" / "m-00001-of-00002.gguf").read_bytes() == b"first part"
+
+
+def test_a_part_that_fails_without_saying_why_still_fails(
+    run_script, flaky_http, fake_bin, tmp_path
+) -> None:
+    """The job's exit status decides, not whether it wrote a reason: a checksum tool that fails
+    silently (an I/O error) must not end in "model ready"."""
+    directory, write = fake_bin
+    write("sha256sum", "exit 1\n")
+    data = b"GGUF"
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    url = f"{flaky_http.url}/model.gguf"
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=url, MODEL_SHA256=sha256(data),
+        PATH=f"{directory}:{os.environ['PATH']}",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "model ready" not in result.stderr
+    assert status["phase"] == "failed"
+    assert url in status["last_error"] and "sha256" in status["last_error"]
+    assert not (tmp_path / "data" / "models" / "model.gguf").exists()
+
+
+def test_a_full_disk_fails_the_download_and_says_so(run_script, flaky_http, small_tmpfs) -> None:
+    """On a disk too small for the model: the status says failed, which part, that the disk is
+    full and by how much, and the partial file is gone (it cannot resume on this disk)."""
+    disk = small_tmpfs(1024 * 1024)
+    data = model_bytes(2 * 1024 * 1024)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    url = f"{flaky_http.url}/model.gguf"
+    result, _ = run_script(
+        "fetch-model.sh", MODEL_URLS=url, LLAMA_DATA_DIR=str(disk), **FAST_RETRIES
+    )
+    status = json.loads((disk / "status.json").read_text())
+    assert result.returncode == 78
+    assert status["phase"] == "failed"
+    assert f"download of {url} failed: the disk is full" in status["last_error"]
+    assert "model.gguf needs 2.0MiB" in status["last_error"]
+    assert re.search(r"models has 10[0-9]{2}KiB free", status["last_error"])  # of 1 MiB
+    assert sorted(p.name for p in disk.rglob("*")) == ["models", "status.json", "status.json.lock"]
+    assert len(flaky_http.requests) == 1  # not retried
+
+
+def test_a_model_url_that_answers_404_is_final_and_keeps_nothing(
+    run_script, flaky_http, tmp_path
+) -> None:
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    (models / "gone.gguf.partial").write_bytes(b"half of an old download")
+    result, status = run_script("fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/gone.gguf")
+    assert result.returncode == 78
+    assert "HTTP 404" in status["last_error"]
+    assert not list(models.iterdir())
+
+
+# --- a load that hangs has a deadline ---
+
+
+def test_a_load_that_never_finishes_is_stopped_at_its_deadline(tmp_path: Path) -> None:
+    """llama-server that never answers /health: after LOAD_TIMEOUT_SECONDS the node is failed,
+    says why, and the server is gone (systemd then starts it again, later)."""
+    prefix, data = tmp_path / "prefix", tmp_path / "data"
+    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/usr/bin/env bash\necho $$ >"$FAKE_PID"\nexec sleep 600\n')
+    fake.chmod(0o755)
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    pid_file = tmp_path / "server.pid"
+    env = {
+        "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
+        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
+        "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+        "LOAD_TIMEOUT_SECONDS": "2", "FAKE_PID": str(pid_file),
+    }  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "llama-server.sh")], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert 2 <= time.monotonic() - started < 20
+    status = json.loads((data / "status.json").read_text())
+    assert status["phase"] == "failed"
+    assert (
+        "llama-server did not finish loading within 2s (LOAD_TIMEOUT_SECONDS)"
+        in (status["last_error"])
+    )
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+# --- packages and the llama.cpp source: transient failures are retried, boundedly ---
+
+FAKE_DPKG_QUERY = 'grep -qx "${!#}" "$FAKE_INSTALLED" && printf installed\n'
+# Records each call; `install` fails until FAKE_APT_FAILURES calls have failed.
+FAKE_APT_GET = r"""
+echo "$*" >>"$FAKE_APT_LOG"
+[[ " $* " == *" install "* ]] || exit 0
+failed=$(grep -c ' install ' "$FAKE_APT_LOG")
+if [[ $failed -le $FAKE_APT_FAILURES ]]; then
+  echo "E: Failed to fetch http://archive.ubuntu.com/ubuntu/pool/cmake.deb  Connection timed out"
+  exit 100
+fi
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -o) shift ;;
+    -* | install) ;;
+    *) echo "$1" >>"$FAKE_INSTALLED" ;;
+  esac
+  shift
+done
+"""
+
+
+@pytest.fixture
+def fake_apt(fake_bin, tmp_path: Path) -> dict[str, str]:
+    """dpkg-query and apt-get stand-ins: nftables installed, the rest missing."""
+    directory, write = fake_bin
+    write("dpkg-query", FAKE_DPKG_QUERY)
+    write("apt-get", FAKE_APT_GET)
+    (tmp_path / "installed").write_text("nftables\n")
+    return {
+        "PATH": f"{directory}:{os.environ['PATH']}",
+        "FAKE_INSTALLED": str(tmp_path / "installed"),
+        "FAKE_APT_LOG": str(tmp_path / "apt.log"),
+        "RETRY_DELAY": "0",
+    }
+
+
+def apt_calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "apt.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_missing_packages_are_installed_with_retries(run_script, fake_apt, tmp_path) -> None:
+    result, _ = run_script(
+        "install-packages.sh", LLAMA_PACKAGES="cmake g++ nftables", FAKE_APT_FAILURES="2",
+        **fake_apt,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    installs = [c for c in apt_calls(tmp_path) if " install " in c]
+    assert len(installs) == 3
+    assert all(
+        "-o Acquire::Retries=5" in c and c.endswith("install -y cmake g++") for c in installs
+    )
+    assert "trying again" in result.stderr
+    # Everything there now: nothing to do, apt not called again.
+    calls = len(apt_calls(tmp_path))
+    result, _ = run_script(
+        "install-packages.sh", LLAMA_PACKAGES="cmake g++ nftables", FAKE_APT_FAILURES="0",
+        **fake_apt,
+    )  # fmt: skip
+    assert result.returncode == 0 and len(apt_calls(tmp_path)) == calls
+
+
+def test_package_retries_are_bounded(run_script, fake_apt, tmp_path) -> None:
+    result, status = run_script(
+        "install-packages.sh", LLAMA_PACKAGES="cmake", FAKE_APT_FAILURES="99",
+        PACKAGE_ATTEMPTS="3", **fake_apt,
+    )  # fmt: skip
+    assert result.returncode == 1  # worth retrying later: the boot unit will
+    assert len([c for c in apt_calls(tmp_path) if " install " in c]) == 3
+    assert status["phase"] == "failed"
+    assert "could not install cmake after 3 attempts: E: Failed to fetch" in status["last_error"]
+
+
+def test_the_boot_installs_missing_packages_before_it_builds(
+    run_script, fake_apt, tmp_path
+) -> None:
+    """node-boot.sh: packages first, then the build (which fails here, at once and for good, on
+    a short commit); the failure's exit status is the boot unit's."""
+    result, status = run_script(
+        "node-boot.sh", LLAMA_ROLE="worker", LLAMA_PACKAGES="cmake", FAKE_APT_FAILURES="1",
+        LLAMA_CPP_COMMIT="0c1e570", LLAMA_CPP_SOURCE="https://github.com/ggml-org/llama.cpp",
+        **fake_apt,
+    )  # fmt: skip
+    assert result.returncode == 78
+    assert (tmp_path / "installed").read_text().split() == ["nftables", "cmake"]
+    assert "not a full 40-character commit hash" in status["last_error"]
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o750
+
+
+def git_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A one-commit repository standing in for llama.cpp (no CMakeLists.txt: its build fails)."""
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}  # fmt: skip
+    for args in (["init", "-q"], ["config", "uploadpack.allowAnySHA1InWant", "true"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
+    (repo / "README").write_text("not llama.cpp\n")
+    subprocess.run(["git", "-C", str(repo), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "one"], check=True, env=env)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return repo, head
+
+
+# git, except that its first FAKE_GIT_FAILURES fetches fail as an unreachable network does.
+FAKE_GIT = r"""
+if [[ " $* " == *" fetch "* ]]; then
+  echo fetch >>"$FAKE_GIT_LOG"
+  if [[ $(wc -l <"$FAKE_GIT_LOG") -le $FAKE_GIT_FAILURES ]]; then
+    echo "fatal: unable to access 'https://github.com/': Could not resolve host: github.com" >&2
+    exit 128
+  fi
+fi
+exec "$REAL_GIT" "$@"
+"""
+
+
+@pytest.mark.parametrize(("failures", "fetches"), [(2, 3), (9, 3)])
+def test_a_git_fetch_that_fails_is_retried_a_bounded_number_of_times(
+    run_script, fake_bin, tmp_path, failures: int, fetches: int
+) -> None:
+    directory, write = fake_bin
+    write("git", FAKE_GIT)
+    repo, head = git_repo(tmp_path)
+    result, status = run_script(
+        "build-llama.sh", LLAMA_ROLE="worker", LLAMA_CPP_COMMIT=head, LLAMA_CPP_SOURCE=str(repo),
+        GIT_FETCH_ATTEMPTS="3", RETRY_DELAY="0", PATH=f"{directory}:{os.environ['PATH']}",
+        REAL_GIT=shutil.which("git"), FAKE_GIT_LOG=str(tmp_path / "git.log"),
+        FAKE_GIT_FAILURES=str(failures),
+    )  # fmt: skip
+    assert (tmp_path / "git.log").read_text().split() == ["fetch"] * fetches
+    assert status["phase"] == "failed"
+    if failures < fetches:  # fetched on the third try; then the build fails (no CMakeLists.txt)
+        assert "llama.cpp build failed" in status["last_error"]
+        src = tmp_path / "prefix" / head / "src"
+        assert (src / "README").read_text() == "not llama.cpp\n"
+    else:
+        assert result.returncode == 1
+        assert (
+            f"llama.cpp commit {head} could not be fetched from {repo} after 3 attempts: "
+            "fatal: unable to access"
+        ) in status["last_error"]
+
+
+# --- the status file: not for everyone's eyes ---
+
+
+def test_the_status_file_is_not_world_readable(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    status = data / "status.json"
+    subprocess.run(
+        ["python3", str(SCRIPTS / "llama-rpc-status"), "--file", str(status), "set", "phase=x"],
+        check=True, env={**os.environ, "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert data.stat().st_mode & 0o777 == 0o750
+    assert status.stat().st_mode & 0o777 == 0o640
+    assert (data / "status.json.lock").stat().st_mode & 0o777 == 0o640
+
+
+def test_roots_status_updates_belong_to_the_services_user(request: pytest.FixtureRequest) -> None:
+    """The boot (root) and the service (its user) both update the file: what root writes in the
+    service's directory goes to the directory's owner, or the service could not update it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to write as root into another user's directory")
+    reachable = Path(tempfile.mkdtemp())  # pytest's own is root's alone
+    request.addfinalizer(lambda: shutil.rmtree(reachable))
+    reachable.chmod(0o755)
+    data = reachable / "data"
+    data.mkdir(mode=0o750)
+    os.chown(data, 4321, 4321)
+    tool = ["python3", str(SCRIPTS / "llama-rpc-status"), "--file", str(data / "status.json")]
+    subprocess.run([*tool, "set", "phase=building"], check=True)
+    for name in ("status.json", "status.json.lock"):
+        st = (data / name).stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (4321, 4321, 0o640)
+    # And that user can update it.
+    result = subprocess.run(
+        [*tool, "set", "phase=serving"], user=4321, group=4321, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((data / "status.json").read_text())["phase"] == "serving"
+
+
+def test_a_part_in_place_but_not_marked_is_checked_not_fetched(
+    run_script, flaky_http, tmp_path
+) -> None:
+    """A boot stopped between moving a part into place and marking it verified: the re-run
+    checks the file it has instead of downloading it again."""
+    data = b"GGUF" * 100
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    (models / "model.gguf").write_bytes(data)
+    result, _ = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/model.gguf", MODEL_SHA256=sha256(data)
+    )
+    assert result.returncode == 0, result.stderr
+    assert flaky_http.requests == []
+    assert (models / "model.gguf.verified").read_text() == sha256(data)

@@ -8,13 +8,13 @@ require_setting LLAMA_CPP_SOURCE
 require_setting LLAMA_ROLE
 
 [[ "$LLAMA_CPP_COMMIT" =~ ^[0-9a-f]{40}$ ]] ||
-  fail "LLAMA_CPP_COMMIT '$LLAMA_CPP_COMMIT' is not a full 40-character commit hash; pin an exact llama.cpp commit"
+  fail_final "LLAMA_CPP_COMMIT '$LLAMA_CPP_COMMIT' is not a full 40-character commit hash; pin an exact llama.cpp commit"
 
 case "$LLAMA_ROLE" in
   worker) targets=(ggml-rpc-server) ;;
   main) targets=(llama-server llama-cli llama-bench) ;;
   all) targets=(ggml-rpc-server llama-server llama-cli llama-bench) ;;
-  *) fail "LLAMA_ROLE '$LLAMA_ROLE' is not one of worker, main, all" ;;
+  *) fail_final "LLAMA_ROLE '$LLAMA_ROLE' is not one of worker, main, all" ;;
 esac
 
 root="$LLAMA_PREFIX/$LLAMA_CPP_COMMIT"
@@ -46,6 +46,10 @@ if [[ "$native_defines" == *__AMX_INT8__* ]]; then
   cmake_args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
 fi
 stamp="$bin_dir/.built"
+GIT_FETCH_ATTEMPTS="${GIT_FETCH_ATTEMPTS:-5}"
+RETRY_DELAY="${RETRY_DELAY:-10}" # seconds, doubled after each attempt
+require_count GIT_FETCH_ATTEMPTS
+require_count RETRY_DELAY
 stamp_text="$(printf '%s\n' "$LLAMA_CPP_COMMIT" "${cmake_args[*]}")"
 
 already_built() {
@@ -53,6 +57,25 @@ already_built() {
   local target
   for target in "${targets[@]}"; do
     [[ -x "$bin_dir/$target" ]] || return 1
+  done
+}
+
+# fetch_commit: a shallow fetch of the pinned commit into $src. A commit or repository that is not
+# there fails at once; anything else (DNS, a dropped connection) is tried GIT_FETCH_ATTEMPTS times.
+fetch_commit() {
+  local attempt delay reason
+  for ((attempt = 1; ; attempt++)); do
+    git -C "$src" fetch -q --depth 1 "$LLAMA_CPP_SOURCE" "$LLAMA_CPP_COMMIT" 2>"$root/fetch.log" && return 0
+    reason="$(tail -n 1 "$root/fetch.log")"
+    if grep -qiE "not our ref|unadvertised object|couldn't find remote ref|not a git repository|repository .* not found" "$root/fetch.log"; then
+      fail_final "llama.cpp commit $LLAMA_CPP_COMMIT could not be fetched from $LLAMA_CPP_SOURCE: $reason; check llamaCppCommit names a commit that exists there"
+    fi
+    if [[ $attempt -ge $GIT_FETCH_ATTEMPTS ]]; then
+      fail "llama.cpp commit $LLAMA_CPP_COMMIT could not be fetched from $LLAMA_CPP_SOURCE after $attempt attempts: $reason"
+    fi
+    delay="$(backoff_seconds "$RETRY_DELAY" "$attempt")"
+    log "fetching llama.cpp failed ($reason); attempt $((attempt + 1)) of $GIT_FETCH_ATTEMPTS in ${delay}s"
+    sleep "$delay"
   done
 }
 
@@ -80,15 +103,14 @@ started=$EPOCHREALTIME
 if [[ -d "$LLAMA_CPP_SOURCE" && ! -e "$LLAMA_CPP_SOURCE/.git" ]]; then
   src="$LLAMA_CPP_SOURCE"
   [[ -f "$src/CMakeLists.txt" && -d "$src/tools/rpc" ]] ||
-    fail "LLAMA_CPP_SOURCE '$src' is not a llama.cpp source tree (no CMakeLists.txt or tools/rpc)"
+    fail_final "LLAMA_CPP_SOURCE '$src' is not a llama.cpp source tree (no CMakeLists.txt or tools/rpc)"
 else
   src="$root/src"
   if [[ "$(git -C "$src" rev-parse HEAD 2>/dev/null)" != "$LLAMA_CPP_COMMIT" ]]; then
     log "fetching llama.cpp $LLAMA_CPP_COMMIT from $LLAMA_CPP_SOURCE"
     rm -rf "$src"
     git init -q "$src"
-    git -C "$src" fetch -q --depth 1 "$LLAMA_CPP_SOURCE" "$LLAMA_CPP_COMMIT" 2>"$root/fetch.log" ||
-      fail "llama.cpp commit $LLAMA_CPP_COMMIT could not be fetched from $LLAMA_CPP_SOURCE: $(tail -n 1 "$root/fetch.log"); check llamaCppCommit names a commit that exists there"
+    fetch_commit
     git -C "$src" -c advice.detachedHead=false checkout -q FETCH_HEAD
   fi
   [[ "$(git -C "$src" rev-parse HEAD)" == "$LLAMA_CPP_COMMIT" ]] ||

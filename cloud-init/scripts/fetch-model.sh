@@ -1,70 +1,193 @@
 #!/usr/bin/env bash
-# Download the model (one GGUF, or every part of a split GGUF) in parallel, resumably, and check
-# each part's sha256 when one is given. Parts already downloaded and checked are kept.
+# Download the model (one GGUF, or every part of a split GGUF) in parallel, checking each part's
+# sha256 when given. Finished parts are kept, so a re-run fetches only what is missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting MODEL_URLS
 read -r -a urls <<<"$MODEL_URLS"
 read -r -a sums <<<"${MODEL_SHA256:-}"
+DOWNLOAD_JOBS="${DOWNLOAD_JOBS:-8}"
+DOWNLOAD_ATTEMPTS="${DOWNLOAD_ATTEMPTS:-8}"
+DOWNLOAD_RETRY_DELAY="${DOWNLOAD_RETRY_DELAY:-5}" # seconds, doubled after each attempt
+for setting in DOWNLOAD_JOBS DOWNLOAD_ATTEMPTS DOWNLOAD_RETRY_DELAY; do
+  require_count "$setting"
+done
+[[ $DOWNLOAD_JOBS -gt 0 ]] || DOWNLOAD_JOBS=1
 if [[ ${#sums[@]} -gt 0 && ${#sums[@]} -ne ${#urls[@]} ]]; then
-  fail "MODEL_SHA256 has ${#sums[@]} checksums for ${#urls[@]} model URLs; give one per part, in order, or none"
+  fail_final "MODEL_SHA256 has ${#sums[@]} checksums for ${#urls[@]} model URLs; give one per part, in order, or none"
 fi
-model_dir="${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
-mkdir -p "$model_dir"
-errors="$(mktemp -d)"
-trap 'rm -rf "$errors"' EXIT
 
-# fetch_part INDEX URL [SHA256]: download one part; on failure write the reason to $errors/INDEX.
+# A URL ending in '/' names no file, and two parts of one name would overwrite each other and
+# still look complete.
+declare -A url_of=()
+for url in "${urls[@]}"; do
+  name="$(model_name "$url")"
+  if [[ -z "$name" || "$name" == . || "$name" == .. ]]; then
+    fail_final "model URL '$url' does not end in a file name; give the URL of the GGUF file itself (of every part, for a split GGUF)"
+  fi
+  [[ -z "${url_of[$name]:-}" ]] ||
+    fail_final "model URLs '${url_of[$name]}' and '$url' both save as '$name'; every part needs a file name of its own"
+  url_of[$name]="$url"
+done
+
+mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
+scratch="$(mktemp -d)"
+# Whatever stops this script, the status must not stay "downloading".
+finish() {
+  local code=$?
+  rm -rf "$scratch"
+  if [[ $code -ne 0 && -z "${FAILURE_RECORDED:-}" ]]; then
+    status phase=failed "last_error=model download stopped unexpectedly (exit status $code)" || true
+  fi
+}
+trap finish EXIT
+
+size_of() { stat -c %s "$1" 2>/dev/null || printf 0; }
+human() { numfmt --to=iec-i --suffix=B "$1"; }
+sha256_of() {
+  local line
+  line="$(sha256sum "$1")" || return 1
+  printf '%s' "${line%% *}"
+}
+# part_error INDEX MESSAGE: why part INDEX failed, for the status file.
+part_error() { printf '%s' "$2" >"$scratch/$1"; }
+
+# have_part DEST [SHA256]: DEST is there and, given a checksum, verified (now, or by an earlier
+# run: DEST.verified; a run stopped before writing that checks the file instead).
+have_part() {
+  [[ -f "$1" ]] || return 1
+  [[ -z "$2" || "$(cat "$1.verified" 2>/dev/null)" == "$2" ]] && return 0
+  if [[ "$(sha256_of "$1" || true)" == "$2" ]]; then
+    printf '%s' "$2" >"$1.verified"
+    return 0
+  fi
+  rm -f "$1" "$1.verified"
+  return 1
+}
+
+# download INDEX URL PARTIAL: fetch URL into PARTIAL, resuming, in at most DOWNLOAD_ATTEMPTS
+# tries. Returns 0, 1 (PARTIAL kept: a later run resumes it) or EXIT_FINAL (PARTIAL removed: a
+# retry cannot help). curl's --retry covers timeouts and HTTP 408/429/5xx (honouring Retry-After);
+# this loop what it does not: a body cut short or reset (curl 18, 56), DNS and connect failures.
+download() {
+  local index="$1" url="$2" partial="$3"
+  local attempt code reply http length reason delay start need
+  for ((attempt = 1; ; attempt++)); do
+    start="$(size_of "$partial")"
+    code=0
+    # --globoff: [] and {} in a URL are characters, not a list of URLs.
+    reply="$(curl --globoff --fail --location --silent --show-error --continue-at - \
+      --retry 5 --connect-timeout 20 --speed-limit 1024 --speed-time 60 \
+      --write-out '%{http_code} %header{content-length}' \
+      --output "$partial" "$url" 2>"$scratch/$index.curl")" || code=$?
+    [[ $code -ne 0 ]] || return 0
+    read -r http length <<<"$reply"
+    reason="$(tail -n 1 "$scratch/$index.curl")"
+    if [[ $code -eq 23 ]]; then # could not write the file
+      need=""
+      [[ ! "$length" =~ ^[0-9]+$ ]] || need=$((start + length))
+      write_failed "$index" "$url" "$partial" "$need" "$reason"
+      return $?
+    elif [[ $code -eq 33 || "$code $http" == "22 416" ]]; then
+      rm -f "$partial" # the remote file is not what the partial one began: start again
+    elif [[ $code -eq 22 && "$http" == 4* && "$http" != 408 && "$http" != 429 ]]; then
+      rm -f "$partial"
+      part_error "$index" "download of $url failed: HTTP $http ($reason); check the model URL and that it needs no login"
+      return "$EXIT_FINAL"
+    elif [[ " 1 3 37 " == *" $code "* ]]; then # unsupported, malformed, unreadable (file://)
+      part_error "$index" "download of $url failed: $reason; check the model URL"
+      return "$EXIT_FINAL"
+    fi
+    if [[ $attempt -ge $DOWNLOAD_ATTEMPTS ]]; then
+      part_error "$index" "download of $url failed after $attempt attempts: $reason"
+      return 1
+    fi
+    delay="$(backoff_seconds "$DOWNLOAD_RETRY_DELAY" "$attempt")"
+    log "download of $url failed ($reason); attempt $((attempt + 1)) of $DOWNLOAD_ATTEMPTS in ${delay}s, from byte $(size_of "$partial")"
+    sleep "$delay"
+  done
+}
+
+# write_failed INDEX URL PARTIAL NEED REASON: curl could not write PARTIAL (NEED bytes in all,
+# if known). A full disk is final, and the partial file goes: the status file needs the space,
+# and the part will not fit this disk however often it resumes.
+write_failed() {
+  local index="$1" url="$2" partial="$3" need="$4" reason="$5" size free dir
+  size="$(size_of "$partial")"
+  dir="$(dirname "$partial")"
+  free=$(($(df --output=avail -B1 "$dir" | tail -n 1) + size))
+  if [[ $free -ge $((size + 1048576)) && $free -ge ${need:-0} ]]; then
+    part_error "$index" "download of $url failed: could not write $partial: $reason"
+    return 1
+  fi
+  rm -f "$partial"
+  part_error "$index" "download of $url failed: the disk is full: ${need:+$(basename "$partial" .partial) needs $(human "$need") and }$dir has $(human "$free") free; give the node a larger data disk"
+  return "$EXIT_FINAL"
+}
+
+# fetch_part INDEX URL [SHA256]: download one part, check it and move it into place; returns as
+# download does, with the reason for a failure in $scratch/INDEX.
 fetch_part() {
-  local index="$1" url="$2" want="${3:-}"
-  local dest verified
+  local index="$1" url="$2" want="${3:-}" dest got
   dest="$(model_file "$url")"
-  verified="$dest.verified"
-  if [[ -f "$dest" && ( -z "$want" || "$(cat "$verified" 2>/dev/null)" == "$want" ) ]]; then
+  if have_part "$dest" "$want"; then
     log "have $(basename "$dest")"
     return 0
   fi
   log "downloading $url"
-  # --continue-at - resumes a partial file; --speed-limit/--speed-time turn a stalled transfer
-  # into an error instead of a hang.
-  if ! curl --fail --location --silent --show-error --continue-at - \
-    --retry 5 --retry-delay 2 --connect-timeout 20 --speed-limit 1024 --speed-time 60 \
-    --output "$dest.partial" "$url" 2>"$errors/$index.curl"; then
-    printf 'download of %s failed: %s' "$url" "$(tail -n 1 "$errors/$index.curl")" >"$errors/$index"
-    return 1
-  fi
+  touch "$scratch/$index.fetched"
+  download "$index" "$url" "$dest.partial" || return $?
   if [[ -n "$want" ]]; then
-    local got
-    got="$(sha256sum "$dest.partial" | cut -d ' ' -f 1)"
-    if [[ "$got" != "$want" ]]; then
-      rm -f "$dest.partial"
-      printf 'checksum mismatch for %s: expected sha256 %s, got %s' "$url" "$want" "$got" >"$errors/$index"
+    if ! got="$(sha256_of "$dest.partial")"; then
+      part_error "$index" "download of $url failed: could not read $dest.partial to check its sha256"
       return 1
     fi
+    if [[ "$got" != "$want" ]]; then
+      rm -f "$dest.partial"
+      part_error "$index" "checksum mismatch for $url: expected sha256 $want, got $got"
+      return "$EXIT_FINAL"
+    fi
   fi
-  mv "$dest.partial" "$dest"
-  [[ -z "$want" ]] || printf '%s' "$want" >"$verified"
+  if ! mv "$dest.partial" "$dest" || { [[ -n "$want" ]] && ! printf '%s' "$want" >"$dest.verified"; }; then
+    part_error "$index" "download of $url failed: could not move it into place as $dest"
+    return 1
+  fi
 }
 
 status phase=downloading "model_path=$(model_file "${urls[0]}")" "model_parts:=${#urls[@]}"
 started=$EPOCHREALTIME
-max_jobs="${DOWNLOAD_JOBS:-8}"
+pids=()
 for i in "${!urls[@]}"; do
-  while [[ $(jobs -rp | wc -l) -ge $max_jobs ]]; do
-    wait -n || true
+  while [[ $(jobs -rp | wc -l) -ge $DOWNLOAD_JOBS ]]; do
+    wait -n || true # a throttle only: each part's status is collected below
   done
   fetch_part "$i" "${urls[$i]}" "${sums[$i]:-}" &
+  pids[i]=$!
 done
-wait || true
 
+# Each part's exit status decides: a part that failed without saying why still fails.
+failures=()
+exit_code=1
 for i in "${!urls[@]}"; do
-  if [[ -f "$errors/$i" ]]; then
-    fail "$(cat "$errors/$i")"
-  fi
+  code=0
+  wait "${pids[$i]}" || code=$?
+  [[ $code -ne 0 ]] || continue
+  [[ $code -ne $EXIT_FINAL ]] || exit_code=$EXIT_FINAL
+  reason="$(cat "$scratch/$i" 2>/dev/null || true)"
+  failures+=("${reason:-download of ${urls[$i]} failed (exit status $code; see the log)}")
 done
+if [[ ${#failures[@]} -gt 0 ]]; then
+  message="$(printf '%s; ' "${failures[@]}")"
+  fail_with "$exit_code" "${message%; }"
+fi
+
 bytes=0
 for url in "${urls[@]}"; do
-  bytes=$((bytes + $(stat -c %s "$(model_file "$url")")))
+  bytes=$((bytes + $(size_of "$(model_file "$url")")))
 done
-status "download_seconds:=$(elapsed_since "$started")" "model_bytes:=$bytes"
+if compgen -G "$scratch/*.fetched" >/dev/null; then
+  status download_skipped:=false "download_seconds:=$(elapsed_since "$started")" "model_bytes:=$bytes"
+else # a re-run (every boot runs this): keep the first download's time
+  status download_skipped:=true "model_bytes:=$bytes"
+fi
 log "model ready: $(model_file "${urls[0]}") ($bytes bytes)"

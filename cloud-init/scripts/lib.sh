@@ -28,17 +28,42 @@ status() {
   python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-status" --file "$LLAMA_STATUS_FILE" set "$@"
 }
 
-# fail MESSAGE: record the error and the failed phase, then exit non-zero.
-fail() {
+# The exit status of a failure that a retry cannot mend (EX_CONFIG): the boot unit does not
+# restart on it (RestartPreventExitStatus=78).
+EXIT_FINAL=78
+
+# fail MESSAGE: record the error and the failed phase, then exit 1 (worth retrying).
+fail() { fail_with 1 "$*"; }
+# fail_final MESSAGE: the same, exit 78.
+fail_final() { fail_with "$EXIT_FINAL" "$*"; }
+
+fail_with() {
+  local code="$1"
+  shift
   log "error: $*"
   status phase=failed "last_error=$*" || true
-  exit 1
+  # shellcheck disable=SC2034  # read by the callers' EXIT traps (fetch-model.sh)
+  FAILURE_RECORDED=1
+  exit "$code"
 }
 
 # require_setting NAME: stop with a clear error when a setting is empty.
 require_setting() {
   local name="$1"
-  [[ -n "${!name:-}" ]] || fail "setting $name is empty; set it in $LLAMA_RPC_ENV_FILE"
+  [[ -n "${!name:-}" ]] || fail_final "setting $name is empty; set it in $LLAMA_RPC_ENV_FILE"
+}
+
+# require_count NAME: stop when a setting is not a whole number.
+require_count() {
+  [[ "${!1:-}" =~ ^[0-9]+$ ]] ||
+    fail_final "setting $1='${!1:-}' is not a whole number; set it in $LLAMA_RPC_ENV_FILE"
+}
+
+# backoff_seconds BASE ATTEMPT: the wait after failed attempt 1, 2, ...: BASE, doubling, <= 300.
+backoff_seconds() {
+  local base="$1" attempt="$2" delay
+  delay=$((base << (attempt > 9 ? 9 : attempt - 1)))
+  printf '%s' $((delay > 300 ? 300 : delay))
 }
 
 cpu_count() {
@@ -57,13 +82,17 @@ port_answers() {
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
-# run_until_ready NAME SECONDS_KEY PROBE... -- COMMAND...: start COMMAND, mark the node serving
-# once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with COMMAND's status so the
-# service manager restarts it on failure. A function on_ready, if the caller defines one, runs
-# just before the node is marked serving; it reports, and its failure stops nothing.
+# run_until_ready NAME SECONDS_KEY TIMEOUT_SETTING PROBE... -- COMMAND...: start COMMAND, mark
+# the node serving once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with
+# COMMAND's status so the service manager restarts it on failure. COMMAND that is not ready
+# within TIMEOUT_SETTING's seconds (a hung load) is stopped, and the node fails. A function
+# on_ready, if the caller defines one, runs just before the node is marked serving; it
+# reports, and its failure stops nothing.
 run_until_ready() {
-  local name="$1" seconds_key="$2"
-  shift 2
+  local name="$1" seconds_key="$2" timeout_setting="$3"
+  shift 3
+  require_count "$timeout_setting"
+  local timeout="${!timeout_setting}"
   local -a probe=()
   while [[ $# -gt 0 && "$1" != "--" ]]; do
     probe+=("$1")
@@ -74,11 +103,16 @@ run_until_ready() {
   local child=$!
   trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
   local started=$EPOCHREALTIME
+  local deadline=$((SECONDS + timeout))
   until "${probe[@]}"; do
     if ! kill -0 "$child" 2>/dev/null; then
       local code=0
       wait "$child" || code=$?
       fail "$name exited with status $code before it was ready"
+    fi
+    if [[ $SECONDS -ge $deadline ]]; then
+      stop_child "$child"
+      fail "$name did not finish loading within ${timeout}s ($timeout_setting) and was stopped; if it is only slow, raise $timeout_setting"
     fi
     sleep 0.5
   done
@@ -94,15 +128,33 @@ run_until_ready() {
   exit "$code"
 }
 
+# stop_child PID: SIGTERM, then SIGKILL after 10 s.
+stop_child() {
+  local pid="$1" tries
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((tries = 0; tries < 20; tries++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
 # elapsed_since EPOCHREALTIME: seconds since then, with millisecond precision.
 elapsed_since() {
   python3 -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 3))' "$1"
 }
 
-# model_file URL: the local file name of a model part (the URL's last path segment).
-model_file() {
+# model_name URL: a model part's file name: the URL's last path segment, without query or
+# fragment (as infra/boot.py's model_file_name).
+model_name() {
   local path="${1%%[?#]*}"
-  printf '%s/%s' "${MODEL_DIR:-$LLAMA_DATA_DIR/models}" "${path##*/}"
+  printf '%s' "${path##*/}"
+}
+
+# model_file URL: where a model part is saved.
+model_file() {
+  printf '%s/%s' "${MODEL_DIR:-$LLAMA_DATA_DIR/models}" "$(model_name "$1")"
 }
 
 # json_words WORD...: the words as a JSON list, for list-valued status fields.

@@ -7,6 +7,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 require_setting LLAMA_NODE_IP
 require_setting MODEL_URLS
 server_port="${SERVER_PORT:-8080}"
+# How long the model may take to load before the node gives up on this start (and systemd tries
+# again, later): a hung load must not leave the node "loading" for ever.
+LOAD_TIMEOUT_SECONDS="${LOAD_TIMEOUT_SECONDS:-3600}"
 context="${CONTEXT_SIZE:-4096}"
 slots="${SLOTS:-1}"
 read -r -a urls <<<"$MODEL_URLS"
@@ -42,7 +45,7 @@ read -r -a extra_args <<<"${LLAMA_SERVER_ARGS:-}"
 status phase=loading
 # --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
 # own. --fit off: the placement and the context are planned, llama.cpp must not change them.
-run_until_ready llama-server load_seconds \
+run_until_ready llama-server load_seconds LOAD_TIMEOUT_SECONDS \
   curl --fail --silent --max-time 2 --output /dev/null "http://$LLAMA_NODE_IP:$server_port/health" -- \
   "$(llama_bin_dir)/llama-server" \
   --model "$model" \

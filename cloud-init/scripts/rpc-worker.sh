@@ -10,8 +10,11 @@ esac
 export LLAMA_CACHE="${RPC_CACHE_DIR:-$LLAMA_DATA_DIR/rpc-cache}"
 mkdir -p "$LLAMA_CACHE"
 
+# ggml-rpc-server listens within seconds; one that does not is stopped and started again.
+START_TIMEOUT_SECONDS="${START_TIMEOUT_SECONDS:-300}"
+
 status phase=starting
-run_until_ready ggml-rpc-server start_seconds port_answers "$LLAMA_NODE_IP" "$RPC_PORT" -- \
+run_until_ready ggml-rpc-server start_seconds START_TIMEOUT_SECONDS port_answers "$LLAMA_NODE_IP" "$RPC_PORT" -- \
   "$(llama_bin_dir)/ggml-rpc-server" \
   --host "$LLAMA_NODE_IP" \
   --port "$RPC_PORT" \

@@ -184,6 +184,7 @@ def up(
             llama_cpp_commit=options.commit,
             llama_cpp_source=str(options.source),
             rpc_allowed_sources=(f"{ips[0]}/32",),
+            cluster_cidr=str(cidr),
             rpc_workers=tuple(ips[1:]),
             model_urls=tuple(p.resolve().as_uri() for p in _model_parts(options.model)),
             model_sha256=(options.model_sha256,) if options.model_sha256 else (),

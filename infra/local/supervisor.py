@@ -1,14 +1,17 @@
-"""A small stand-in for systemd: runs each node's first boot, then its unit, restarting it.
+"""A small stand-in for systemd: runs each node's boot unit until it succeeds, then its role's
+unit, restarting each as systemd would.
 
 It reads the very unit files that the VMs install (``cloud-init/systemd/``): ``ExecStartPre``
-(``+`` marks a step that needs root), ``ExecStart``, ``Restart`` and ``RestartSec``. Commands under
-the VM's script directory run from ``cloud-init/scripts/``; ``User=`` is not applied.
+(``+`` marks a step that needs root), ``ExecStart``, ``Restart``, ``RestartSec``, ``RestartSteps``,
+``RestartMaxDelaySec`` and ``RestartPreventExitStatus``. Commands under the VM's script directory
+run from ``cloud-init/scripts/``; ``User=`` is not applied.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from infra.boot import ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS, Role
+from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS, Role
 from infra.local.netns import exec_prefix
 
 
@@ -28,6 +31,41 @@ class Unit:
     start: str
     restart: str
     restart_sec: float
+    type: str = "simple"
+    restart_steps: int = 0
+    restart_max_delay_sec: float | None = None
+    restart_prevent_exit_status: tuple[int, ...] = ()
+    requires: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
+    def restart_delay(self, restart: int) -> float:
+        """Seconds before restart number ``restart`` (1, 2, ...), as systemd computes it: from
+        RestartSec to RestartMaxDelaySec in RestartSteps geometric steps."""
+        top = self.restart_max_delay_sec
+        if restart <= 1 or not self.restart_steps or top is None or self.restart_sec >= top:
+            return self.restart_sec
+        if restart > self.restart_steps:
+            return top
+        return float(
+            self.restart_sec * (top / self.restart_sec) ** ((restart - 1) / self.restart_steps)
+        )
+
+    def restarts_after(self, code: int) -> bool:
+        """Whether the unit is started again after its command exited with ``code``."""
+        if code in self.restart_prevent_exit_status:
+            return False
+        return self.restart == "always" or (self.restart == "on-failure" and code != 0)
+
+
+_TIMESPAN_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600}
+
+
+def parse_timespan(text: str) -> float:
+    """A systemd time span: ``5``, ``10s``, ``10min``, ``1min 30s`` (seconds when bare)."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip())
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s", "", text):
+        raise ValueError(f"not a time span: {text!r}")
+    return sum(float(number) * _TIMESPAN_UNITS[unit or "s"] for number, unit in parts)
 
 
 def parse_unit(path: Path) -> Unit:
@@ -37,13 +75,26 @@ def parse_unit(path: Path) -> Unit:
         if line and not line.startswith(("#", ";", "[")) and "=" in line:
             key, value = line.split("=", 1)
             values.setdefault(key.strip(), []).append(value.strip())
+
+    def last(key: str, default: str) -> str:
+        return values.get(key, [default])[-1]
+
     pre = tuple((v.lstrip("+"), v.startswith("+")) for v in values.get("ExecStartPre", []))
+    top = values.get("RestartMaxDelaySec")
     return Unit(
         name=path.name,
         pre=pre,
         start=values["ExecStart"][0],
-        restart=values.get("Restart", ["no"])[0],
-        restart_sec=float(values.get("RestartSec", ["0.1"])[0]),
+        restart=last("Restart", "no"),
+        restart_sec=parse_timespan(last("RestartSec", "100ms")),
+        type=last("Type", "simple"),
+        restart_steps=int(last("RestartSteps", "0")),
+        restart_max_delay_sec=parse_timespan(top[-1]) if top else None,
+        restart_prevent_exit_status=tuple(
+            int(code) for v in values.get("RestartPreventExitStatus", []) for code in v.split()
+        ),
+        requires=tuple(u for v in values.get("Requires", []) for u in v.split()),
+        after=tuple(u for v in values.get("After", []) for u in v.split()),
     )
 
 
@@ -68,6 +119,7 @@ class NodeProcess:
     privileged: bool  # False without root: steps marked '+' are skipped, and said so
 
     def __post_init__(self) -> None:
+        self.boot = parse_unit(UNITS_DIR / BOOT_UNIT)
         self.unit = parse_unit(UNITS_DIR / ROLE_UNIT[self.role])
         self.stopping = threading.Event()
         self.current: subprocess.Popen[str] | None = None
@@ -98,28 +150,39 @@ class NodeProcess:
         self.log.flush()
 
     def run(self) -> None:
-        code = self._run(local_command(f"{VM_PATHS.bin_dir}/node-boot.sh"))
-        if code != 0:
-            self.say(f"first boot failed with status {code}; the service is not started")
-            return
-        while not self.stopping.is_set():
-            code = 0
-            for command, needs_root in self.unit.pre:
-                if needs_root and not self.privileged:
-                    self.say(f"skipping {command}: it needs root (no firewall without namespaces)")
-                    continue
-                code = self._run(local_command(command))
-                if code != 0:
-                    break
-            if code == 0:
-                code = self._run(local_command(self.unit.start))
+        # The role's unit Requires= and is After= the boot unit: it starts once the boot succeeded.
+        if self._keep_running(self.boot) == 0 and not self.stopping.is_set():
+            self._keep_running(self.unit)
+
+    def _keep_running(self, unit: Unit) -> int:
+        """Run ``unit`` as systemd would, restarting it by its Restart= rules, until it stops
+        for good (a oneshot: until it succeeds); its last exit status."""
+        restarts = 0
+        while True:
+            code = self._start(unit)
             if self.stopping.is_set():
-                break
-            if self.unit.restart == "no" or (self.unit.restart == "on-failure" and code == 0):
-                self.say(f"{self.unit.name} exited with status {code}; not restarting")
-                return
-            self.say(f"{self.unit.name} exited with status {code}; restarting")
-            self.stopping.wait(self.unit.restart_sec)
+                return code
+            if unit.type == "oneshot" and code == 0:
+                return 0
+            if not unit.restarts_after(code):
+                self.say(f"{unit.name} exited with status {code}; not restarting")
+                return code
+            restarts += 1
+            delay = unit.restart_delay(restarts)
+            self.say(f"{unit.name} exited with status {code}; restarting in {delay:.0f} s")
+            if self.stopping.wait(delay):
+                return code
+
+    def _start(self, unit: Unit) -> int:
+        code = 0
+        for command, needs_root in unit.pre:
+            if needs_root and not self.privileged:
+                self.say(f"skipping {command}: it needs root (no firewall without namespaces)")
+                continue
+            code = self._run(local_command(command))
+            if code != 0:
+                return code
+        return self._run(local_command(unit.start))
 
     def stop(self) -> None:
         with self.lock:
