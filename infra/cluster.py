@@ -11,44 +11,16 @@ from typing import Any
 
 import pulumi
 
-from infra import boot, outputs
+from infra import outputs
 from infra.clouds import get_backend
 from infra.clouds.base import NodeSpec
 from infra.config import ClusterConfig
+from infra.nodes import NodePlan
 
 
 @dataclass(frozen=True)
 class LlamaRpcClusterArgs:
     config: ClusterConfig
-
-
-def node_boots(config: ClusterConfig) -> tuple[boot.NodeBoot, list[boot.NodeBoot]]:
-    """The main node's and each worker's boot settings."""
-    workers = [
-        boot.NodeBoot(
-            role="worker",
-            node_ip=ip,
-            llama_cpp_commit=config.llama_cpp_commit,
-            rpc_port=config.rpc_port,
-            rpc_allowed_sources=(f"{config.main_ip}/32",),
-        )
-        for ip in config.worker_ips
-    ]
-    main = boot.NodeBoot(
-        role="main",
-        node_ip=config.main_ip,
-        llama_cpp_commit=config.llama_cpp_commit,
-        rpc_port=config.rpc_port,
-        rpc_workers=tuple(config.worker_ips),
-        model_urls=config.model.urls,
-        model_sha256=config.model.sha256,
-        server_port=config.server_port,
-        context_size=config.context_size,
-        slots=config.slots,
-        gpu_layers=config.placement.gpu_layers,
-        tensor_split=config.placement.tensor_split,
-    )
-    return main, workers
 
 
 class LlamaRpcCluster(pulumi.ComponentResource):
@@ -60,39 +32,25 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         backend = get_backend(config.cloud)
         network = backend.network(name, config, self)
         firewall = backend.firewall(name, config, network, self)
-        main_boot, worker_boots = node_boots(config)
+        main_plan, *worker_plans = config.nodes
 
-        def spec(
-            node_name: str, node: boot.NodeBoot, disk_gb: int, throughput: int | None
-        ) -> NodeSpec:
-            instance = config.main_instance_type if node.role == "main" else config.instance_type
+        def spec(plan: NodePlan) -> NodeSpec:
+            main = plan.role == "main"
+            instance = config.main_instance_type if main else config.instance_type
             return NodeSpec(
-                name=node_name,
-                role=node.role,
-                private_ip=node.node_ip,
+                name=f"{name}-{plan.name}",
+                role=plan.role,
+                private_ip=plan.boot.node_ip,
                 instance_type=instance.name,
-                disk_gb=disk_gb,
-                disk_throughput_mibps=throughput,
-                user_data=boot.deliver(boot.render(node), config.cloud),
+                disk_gb=config.main_disk_gb if main else config.worker_disk_gb,
+                disk_throughput_mibps=config.disk_throughput_mibps if main else None,
+                user_data=plan.user_data,
             )
 
         workers = [
-            backend.node(
-                spec(f"{name}-worker-{i}", node, config.worker_disk_gb, None),
-                config,
-                network,
-                firewall,
-                self,
-            )
-            for i, node in enumerate(worker_boots, start=1)
+            backend.node(spec(plan), config, network, firewall, self) for plan in worker_plans
         ]
-        main = backend.node(
-            spec(f"{name}-main", main_boot, config.main_disk_gb, config.disk_throughput_mibps),
-            config,
-            network,
-            firewall,
-            self,
-        )
+        main = backend.node(spec(main_plan), config, network, firewall, self)
 
         price = config.hourly_usd
         self.outputs: dict[str, Any] = {
@@ -102,7 +60,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.WORKER_COUNT: config.worker_count,
             outputs.MAIN_PRIVATE_IP: main.private_ip,
             outputs.WORKER_PRIVATE_IPS: pulumi.Output.all(*(w.private_ip for w in workers)),
-            outputs.RPC_SERVERS: main_boot.rpc_servers,
+            outputs.RPC_SERVERS: main_plan.boot.rpc_servers,
             outputs.LLAMA_SERVER_URL: f"http://{config.main_ip}:{config.server_port}",
             outputs.MAIN_INSTANCE_ID: main.instance_id,
             outputs.WORKER_INSTANCE_IDS: pulumi.Output.all(*(w.instance_id for w in workers)),
@@ -113,7 +71,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         self.details: dict[str, Any] = {
             "hourlyCostBasis": _cost_basis(config),
             "mainInstanceType": config.main_instance_type.name,
-            "limitations": [f"{k}: {v}" for k, v in backend.limitations.items()],
+            "limitations": [f"{k}: {v}" for k, v in backend.limitations(config).items()],
         }
         self.register_outputs({**self.outputs, **self.details})
 

@@ -14,15 +14,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from infra import catalog, models, placement, sizing
-from infra.boot import Cloud
+from infra import catalog, models, network_rules, nodes, placement, sizing
+from infra.boot import BootConfigError, Cloud
 from infra.catalog import InstanceType
+from infra.clouds.facts import FACTS, CloudFacts
 from infra.models import PRESETS, Model
 from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT, is_full_commit
 from infra.placement import Placement
 
 PROJECT = "llama-rpc-cluster"
-REGION_KEYS = {"aws": "aws:region", "gcp": "gcp:region", "azure": "azure-native:location"}
+REGION_KEYS = {name: facts.region_key for name, facts in FACTS.items()}
+# The services run as an unprivileged user, which cannot bind ports below this.
+LOWEST_UNPRIVILEGED_PORT = 1024
+DEFAULT_DISK_THROUGHPUT_MIBPS = 1000
+# Which setting a boot-data error comes from (``BootConfigError.setting`` -> config key).
+BOOT_SETTING_KEYS = {
+    "model_urls": "model.urls",
+    "model_sha256": "model.sha256",
+    "user_data": "model.urls",
+    "context_size": "contextSize",
+    "slots": "slots",
+    "rpc_port": "rpcPort",
+    "server_port": "serverPort",
+    "llama_cpp_commit": "llamaCppCommit",
+    "node_ip": "vpcCidr",
+    "rpc_workers": "vpcCidr",
+    "rpc_allowed_sources": "vpcCidr",
+    "cluster_cidr": "vpcCidr",
+}
 KNOWN_KEYS = (
     "cloud",
     "instanceType",
@@ -41,16 +60,22 @@ KNOWN_KEYS = (
     "apiAllowedCidrs",
     "tags",
     "sshPublicKey",
+    "image",
+    "flowLogs",
+    "bastion",
+    "encryptionAtHost",
 )
 MODEL_KEYS = ("preset", "urls", "sha256", "sizeGb", "layers", "kvBytesPerToken")
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot work; raised before anything is created."""
+    """A configuration value that cannot work; raised before anything is created.
+
+    ``key`` is one of the project's keys, or a provider's own (``aws:region``) as given."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
-        super().__init__(f"{PROJECT}:{key}: {message}")
+        super().__init__(f"{key if ':' in key else f'{PROJECT}:{key}'}: {message}")
 
 
 @dataclass(frozen=True)
@@ -108,10 +133,23 @@ class ClusterConfig:
     placement: Placement
     main_disk_gb: int
     worker_disk_gb: int
-    disk_throughput_mibps: int
+    # Provisioned throughput of the main node's disk; None where the disk type has no such knob.
+    disk_throughput_mibps: int | None
     api_allowed_cidrs: tuple[str, ...]
     tags: Mapping[str, str] = field(default_factory=dict)
     ssh_public_key: str | None = None
+    # A pinned OS image (see CloudFacts.image_meaning); None: the provider's current Ubuntu
+    # image when a node is created, kept for that node's life.
+    image: str | None = None
+    flow_logs: bool = True
+    bastion: bool = False  # Azure: a Bastion host the tunnel goes through
+    encryption_at_host: bool = False  # Azure
+    # Every node with its rendered user data, main first (set by from_settings).
+    nodes: tuple[nodes.NodePlan, ...] = ()
+
+    @property
+    def facts(self) -> CloudFacts:
+        return FACTS[self.cloud]
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:
@@ -182,23 +220,87 @@ def _int(settings: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _bool(settings: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = _decode(settings.get(key, default))
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    return value
+
+
 def _port(settings: Mapping[str, Any], key: str, default: int) -> int:
     port = _int(settings, key, default)
     if not 1 <= port <= 65535:
         raise ConfigError(key, f"{port} is outside 1-65535; choose a valid TCP port")
+    if port < LOWEST_UNPRIVILEGED_PORT:
+        raise ConfigError(
+            key,
+            f"{port} is a privileged port, and the service runs unprivileged; choose one of "
+            f"{LOWEST_UNPRIVILEGED_PORT}-65535",
+        )
     return port
 
 
-def _instance(cloud: str, region: str, key: str, name: str) -> InstanceType:
-    from infra.clouds import get_backend  # noqa: PLC0415 (the backends import this module)
+def _region(facts: CloudFacts, region: str | None) -> str:
+    key = facts.region_key
+    if not region:
+        raise ConfigError(key, f"no region: set it with `pulumi config set {key} <region>`")
+    if not facts.region_pattern.fullmatch(region):
+        raise ConfigError(
+            key, f"{region!r} is not a {facts.name} region name (like {facts.region_example})"
+        )
+    if not catalog.types_in(facts.name, region):
+        known = sorted({e.region for e in catalog.load() if e.provider == facts.name})
+        raise ConfigError(
+            key,
+            f"the instance catalog has no {facts.name} types in {region}; catalogued regions: "
+            f"{', '.join(known)} (add the region's types to infra/catalog/instances.csv)",
+        )
+    return region
 
-    backend = get_backend(cloud)
+
+def _disk(settings: Mapping[str, Any], key: str, default: int, facts: CloudFacts) -> int:
+    size = _int(settings, key, default)
+    if size not in facts.boot_disk_gb:
+        raise ConfigError(
+            key,
+            f"{size} GB is outside what {facts.name} takes for a boot disk "
+            f"({facts.boot_disk_gb} GB)",
+        )
+    return size
+
+
+def _throughput(settings: Mapping[str, Any], facts: CloudFacts) -> int | None:
+    key = "diskThroughputMibps"
+    limits = facts.disk_throughput_mibps
+    if limits is None:
+        return None
+    throughput = _int(settings, key, min(DEFAULT_DISK_THROUGHPUT_MIBPS, limits.high))
+    if throughput not in limits:
+        raise ConfigError(key, f"{throughput} is outside {facts.name}'s {limits} MiB/s")
+    return throughput
+
+
+def _image(settings: Mapping[str, Any], facts: CloudFacts) -> str | None:
+    image = settings.get("image")
+    if image is None:
+        return None
+    if not isinstance(image, str) or not facts.image_pattern.fullmatch(image):
+        raise ConfigError(
+            "image",
+            f"{image!r} is not {facts.image_meaning} (like {facts.image_example}); "
+            "remove the setting to use the current Ubuntu 24.04 image",
+        )
+    return image
+
+
+def _instance(cloud: str, region: str, key: str, name: str) -> InstanceType:
+    facts = FACTS[cloud]
     entry = catalog.find(cloud, region, name)
-    if entry is None and not backend.is_arm(name):
+    if entry is None and not facts.is_arm(name):
         raise ConfigError(
             key,
             f"{name} is not an Arm instance type; this project runs on Arm CPUs "
-            f"({backend.arm_examples}). Choose one of those.",
+            f"({facts.arm_examples}). Choose one of those.",
         )
     if entry is None:
         elsewhere = catalog.regions_of(cloud, name)
@@ -214,16 +316,7 @@ def _instance(cloud: str, region: str, key: str, name: str) -> InstanceType:
     return entry
 
 
-def _model(settings: Mapping[str, Any]) -> ModelSpec:
-    raw = _decode(settings.get("model"))
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            "model", "is required: an object with `urls` (every part of the GGUF) and a `preset`"
-        )
-    unknown = sorted(set(raw) - set(MODEL_KEYS))
-    if unknown:
-        raise ConfigError("model", f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
-    urls = raw.get("urls")
+def _model_urls(urls: Any) -> list[str]:
     if isinstance(urls, str):
         urls = [urls]
     if not urls or not isinstance(urls, list):
@@ -234,6 +327,22 @@ def _model(settings: Mapping[str, Any]) -> ModelSpec:
     for url in urls:
         if not isinstance(url, str) or not re.fullmatch(r"https?://\S+", url):
             raise ConfigError("model.urls", f"{url!r} is not an http(s) URL")
+        problem = network_rules.model_url_problem(url)
+        if problem:
+            raise ConfigError("model.urls", problem)
+    return urls
+
+
+def _model(settings: Mapping[str, Any]) -> ModelSpec:
+    raw = _decode(settings.get("model"))
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            "model", "is required: an object with `urls` (every part of the GGUF) and a `preset`"
+        )
+    unknown = sorted(set(raw) - set(MODEL_KEYS))
+    if unknown:
+        raise ConfigError("model", f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
+    urls = _model_urls(raw.get("urls"))
     sha256 = raw.get("sha256") or []
     if isinstance(sha256, str):
         sha256 = [sha256]
@@ -244,6 +353,9 @@ def _model(settings: Mapping[str, Any]) -> ModelSpec:
     for digest in sha256:
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise ConfigError("model.sha256", f"{digest!r} is not a lowercase sha256 hex digest")
+    unverified = network_rules.unverified_download_problem(tuple(urls), tuple(sha256))
+    if unverified:
+        raise ConfigError("model.sha256", unverified)
     preset_name = raw.get("preset")
     preset = PRESETS.get(preset_name) if preset_name else None
     if preset_name and preset is None:
@@ -278,53 +390,47 @@ def _model(settings: Mapping[str, Any]) -> ModelSpec:
     )
 
 
-def _vpc_cidr(settings: Mapping[str, Any]) -> ipaddress.IPv4Network:
+def _vpc_cidr(settings: Mapping[str, Any], facts: CloudFacts) -> ipaddress.IPv4Network:
     text = _string(settings, "vpcCidr", "10.42.0.0/16")
     try:
         cidr = ipaddress.IPv4Network(text)
     except ValueError as error:
         raise ConfigError("vpcCidr", f"{text!r} is not a valid IPv4 CIDR ({error})") from None
-    if not cidr.is_private or cidr.is_loopback or cidr.is_link_local:
-        raise ConfigError(
-            "vpcCidr",
-            f"{text} is not a private range; use 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16",
-        )
+    problem = network_rules.vpc_cidr_problem(cidr, facts.vpc_widest_prefix)
+    if problem:
+        raise ConfigError("vpcCidr", problem)
     if cidr.prefixlen > 23:
         raise ConfigError("vpcCidr", f"{text} is too small; use /23 or larger (two /24 subnets)")
     return cidr
 
 
-def _cidrs(settings: Mapping[str, Any], key: str) -> tuple[str, ...]:
+def _api_cidrs(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    key = "apiAllowedCidrs"
     raw = _decode(settings.get(key, []))
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list):
         raise ConfigError(key, "must be a list of CIDRs")
+    if len(raw) > network_rules.MAX_API_CIDRS:
+        raise ConfigError(
+            key, f"{len(raw)} ranges; at most {network_rules.MAX_API_CIDRS} (one rule each)"
+        )
     cidrs = []
     for text in raw:
-        try:
-            network = ipaddress.ip_network(str(text), strict=False)
-        except ValueError:
-            raise ConfigError(key, f"{text!r} is not a valid CIDR") from None
-        if network.prefixlen == 0:
-            raise ConfigError(
-                key,
-                f"{text} opens the API to the whole internet, and llama-server has no "
-                "authentication; give your own network's CIDR or use the tunnel (connectCommand)",
-            )
-        cidrs.append(str(network))
+        problem = network_rules.api_cidr_problem(str(text))
+        if problem:
+            raise ConfigError(key, problem)
+        cidrs.append(str(ipaddress.ip_network(str(text), strict=False)))
     return tuple(cidrs)
 
 
-def _tags(settings: Mapping[str, Any]) -> dict[str, str]:
+def _tags(settings: Mapping[str, Any], facts: CloudFacts) -> dict[str, str]:
     raw = _decode(settings.get("tags", {}))
-    if not isinstance(raw, dict):
-        raise ConfigError("tags", "must be a map of tag names to values")
-    for name, value in raw.items():
-        if not isinstance(value, str) or not name or len(name) > 128 or len(value) > 256:
-            raise ConfigError(
-                "tags", f"{name!r}: names must be 1-128 characters and values strings of <= 256"
-            )
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ConfigError("tags", f"must be a map of {facts.tag_word} names to string values")
+    problem = facts.tag_problem(raw)
+    if problem:
+        raise ConfigError("tags", problem)
     return dict(raw)
 
 
@@ -370,7 +476,7 @@ def _placement(
     )
 
 
-def _ssh_key(settings: Mapping[str, Any]) -> str | None:
+def _ssh_key(settings: Mapping[str, Any], facts: CloudFacts) -> str | None:
     key = settings.get("sshPublicKey")
     if key is None:
         return None
@@ -383,17 +489,17 @@ def _ssh_key(settings: Mapping[str, Any]) -> str | None:
 
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
     """Validate raw settings (the project's config keys without their namespace)."""
-    from infra.clouds import BACKENDS, get_backend  # noqa: PLC0415
-
     unknown = sorted(set(settings) - set(KNOWN_KEYS))
     if unknown:
         raise ConfigError(unknown[0], f"unknown key; known keys: {', '.join(KNOWN_KEYS)}")
     cloud = _string(settings, "cloud", "aws")
-    if cloud not in BACKENDS:
-        raise ConfigError("cloud", f"{cloud!r} is not one of {', '.join(sorted(BACKENDS))}")
-    if not region:
-        key = REGION_KEYS[cloud]
-        raise ConfigError("cloud", f"no region: set it with `pulumi config set {key} <region>`")
+    if cloud not in FACTS:
+        raise ConfigError("cloud", f"{cloud!r} is not one of {', '.join(sorted(FACTS))}")
+    facts = FACTS[cloud]
+    for key, instead in facts.refuses.items():
+        if settings.get(key) is not None:
+            raise ConfigError(key, f"{cloud} does not take this setting: {instead}; remove it")
+    region = _region(facts, region)
     worker_type = _instance(cloud, region, "instanceType", _string(settings, "instanceType"))
     main_name = settings.get("mainInstanceType") or worker_type.name
     main_type = _instance(cloud, region, "mainInstanceType", str(main_name))
@@ -444,24 +550,18 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     )
 
     model_gb = model.size_bytes / 1e9
-    main_disk = _int(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes))
-    worker_disk = _int(
+    main_disk = _disk(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes), facts)
+    worker_disk = _disk(
         settings,
         "workerDiskGb",
         sizing.default_worker_disk_gb(layout.largest_worker_weight_bytes),
+        facts,
     )
     if main_disk < model_gb + 20:
         raise ConfigError(
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
         )
-    throughput = _int(settings, "diskThroughputMibps", 1000)
-    if not 125 <= throughput <= 1000:
-        raise ConfigError("diskThroughputMibps", f"{throughput} is outside gp3's 125-1000 MiB/s")
-    tags = _tags(settings)
-    problem = get_backend(cloud).tag_problem(tags)
-    if problem:
-        raise ConfigError("tags", problem)
-    return ClusterConfig(
+    config = ClusterConfig(
         cloud=cast(Cloud, cloud),
         region=region,
         instance_type=worker_type,
@@ -469,7 +569,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         worker_count=worker_count,
         model=model,
         llama_cpp_commit=commit,
-        vpc_cidr=_vpc_cidr(settings),
+        vpc_cidr=_vpc_cidr(settings, facts),
         rpc_port=rpc_port,
         server_port=server_port,
         context_size=context,
@@ -477,8 +577,18 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         placement=layout,
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
-        disk_throughput_mibps=throughput,
-        api_allowed_cidrs=_cidrs(settings, "apiAllowedCidrs"),
-        tags=tags,
-        ssh_public_key=_ssh_key(settings),
+        disk_throughput_mibps=_throughput(settings, facts),
+        api_allowed_cidrs=_api_cidrs(settings),
+        tags=_tags(settings, facts),
+        ssh_public_key=_ssh_key(settings, facts),
+        image=_image(settings, facts),
+        flow_logs=_bool(settings, "flowLogs", True),
+        bastion=_bool(settings, "bastion", False),
+        encryption_at_host=_bool(settings, "encryptionAtHost", False),
     )
+    try:
+        planned = nodes.plan_nodes(config)
+    except BootConfigError as error:
+        setting = getattr(error, "setting", None) or ""
+        raise ConfigError(BOOT_SETTING_KEYS.get(setting, "model"), str(error)) from None
+    return dataclasses.replace(config, nodes=planned)

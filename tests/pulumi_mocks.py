@@ -17,6 +17,7 @@ from tests.conftest import REPO
 STACKS = REPO / "stacks"
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
+DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
 
 
 def stack_names() -> list[str]:
@@ -52,6 +53,16 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources.append(args)
         state = dict(args.inputs)
         state.setdefault("name", args.name)
+        if args.typ == "azure-native:compute:VirtualMachine":
+            # Azure names the OS disk and gives the VM an id of its own.
+            disk = f"{DISKS}/{args.name}-os"
+            profile = json.loads(json.dumps(state["storageProfile"]))
+            profile["osDisk"].setdefault("managedDisk", {})["id"] = disk
+            state |= {"storageProfile": profile, "vmId": f"{args.name}-vm-id"}
+        if args.typ == "gcp:serviceaccount/account:Account":
+            state["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
+        if args.typ == "azure-native:resources:ResourceGroup":
+            state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
@@ -72,6 +83,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "instanceTypes": [t for _, t in rows],
                 "locationTypes": ["availability-zone"] * len(rows),
             }
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"id": "c", "project": "my-project", "region": "", "zone": "", "accessToken": ""}
         if args.token == "gcp:compute/getZones:getZones":
             return {"id": args.args["region"], "names": GCP_ZONES, "project": "p"}
         if args.token == "gcp:compute/getMachineTypes:getMachineTypes":
@@ -108,6 +121,8 @@ def machine_type(name: str) -> dict[str, Any]:
 class Deployment:
     resources: list[pulumi.runtime.MockResourceArgs]
     outputs: dict[str, Any] = field(default_factory=dict)
+    # Each resource's options by name (mocks do not see them: a stack transformation does).
+    options: dict[str, pulumi.ResourceOptions] = field(default_factory=dict)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
@@ -130,8 +145,15 @@ def deploy(
     )
     deployment = Deployment(mocks.resources)
 
+    def record(
+        args: pulumi.ResourceTransformationArgs,
+    ) -> pulumi.ResourceTransformationResult | None:
+        deployment.options[args.name] = args.opts
+        return None
+
     @pulumi.runtime.test
     def run() -> pulumi.Output[Any]:
+        pulumi.runtime.register_stack_transformation(record)
         cluster = program.run()
         everything = {**cluster.outputs, **cluster.details}
         return pulumi.Output.from_input(everything).apply(deployment.outputs.update)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 
 import pulumi
 import pytest
@@ -24,6 +26,8 @@ AWS_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:clo
 UNTAGGABLE = {
     "aws:ec2/routeTableAssociation:RouteTableAssociation",
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
 }
 INSTANCE = "aws:ec2/instance:Instance"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -98,11 +102,74 @@ def test_no_public_addresses_imdsv2_and_encrypted_disks(stack: str) -> None:
         assert inputs["metadataOptions"]["httpPutResponseHopLimit"] == 1
         disk = inputs["rootBlockDevice"]
         assert disk["encrypted"] is True and disk["volumeType"] == "gp3"
-        assert inputs["iamInstanceProfile"] == "llama-rpc-cluster-node"
         assert "keyName" not in inputs
         assert inputs["userDataReplaceOnChange"] is True
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) -> None:
+    d = deployed(stack)
+    for instance in d.of_type(INSTANCE):
+        profile = instance.inputs.get("iamInstanceProfile")
+        if instance.name.endswith("-main"):
+            assert profile == "llama-rpc-cluster-main-profile"
+        else:
+            assert profile is None, f"{instance.name}: workers need no instance role"
+    [role] = d.of_type("aws:iam/role:Role")
     [attachment] = d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-    assert attachment.inputs["policyArn"].endswith("AmazonSSMManagedInstanceCore")
+    assert attachment.inputs["role"] == role.inputs.get("name", role.name)
+    assert attachment.inputs["policyArn"] == "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    assert not d.of_type("aws:iam/rolePolicy:RolePolicy")
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_default_group_and_acl_are_locked_down_and_flow_logs_kept(stack: str) -> None:
+    d = deployed(stack)
+    [default_sg] = d.of_type("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")
+    assert not default_sg.inputs.get("ingress") and not default_sg.inputs.get("egress")
+    [acl] = d.of_type("aws:ec2/defaultNetworkAcl:DefaultNetworkAcl")
+    assert len(acl.inputs["subnetIds"]) == 2
+    ingress = sorted(acl.inputs["ingress"], key=lambda r: r["ruleNo"])
+    denied = {(r["fromPort"], r["cidrBlock"]) for r in ingress if r["action"] == "deny"}
+    assert denied == {(22, "0.0.0.0/0"), (3389, "0.0.0.0/0")}
+    assert all(r["ruleNo"] < ingress[-1]["ruleNo"] for r in ingress if r["action"] == "deny")
+    [flow] = d.of_type("aws:ec2/flowLog:FlowLog")
+    assert flow.inputs["trafficType"] == "ALL"
+    assert flow.inputs["logDestinationType"] == "s3"
+    [block] = d.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    assert all(
+        block.inputs[k] is True
+        for k in (
+            "blockPublicAcls",
+            "blockPublicPolicy",
+            "ignorePublicAcls",
+            "restrictPublicBuckets",
+        )
+    )
+    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+    assert not off.of_type("aws:ec2/flowLog:FlowLog") and not off.of_type("aws:s3/bucket:Bucket")
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_a_node_is_replaced_delete_first_when_its_boot_data_changes(stack: str) -> None:
+    """Nodes hold fixed private addresses: create-before-delete would ask for an address still
+    in use (InvalidIPAddress.InUse)."""
+    d = deployed(stack)
+    for instance in d.of_type(INSTANCE):
+        options = d.options[instance.name]
+        assert options.delete_before_replace is True
+        assert instance.inputs["userDataReplaceOnChange"] is True
+        # A new "current" Ubuntu AMI in SSM replaces no running node.
+        assert options.ignore_changes == ["ami"]
+
+
+def test_a_pinned_image_is_used_as_is_and_changing_it_is_a_replacement() -> None:
+    mocks = RecordingMocks()
+    d = deploy("aws-small", {"llama-rpc-cluster:image": "ami-0fedcba9876543210"}, mocks=mocks)
+    for instance in d.of_type(INSTANCE):
+        assert instance.inputs["ami"] == "ami-0fedcba9876543210"
+        assert not d.options[instance.name].ignore_changes
+    assert not [c for c in mocks.calls if c.token == "aws:ssm/getParameter:getParameter"]
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -175,8 +242,23 @@ def test_outputs_follow_the_contract(stack: str) -> None:
     assert out[outputs.WORKER_INSTANCE_IDS] == [
         f"llama-rpc-cluster-worker-{i}-id" for i in range(1, out[outputs.WORKER_COUNT] + 1)
     ]
-    assert "AWS-StartPortForwardingSession" in out[outputs.CONNECT_COMMAND]
-    assert "llama-rpc-cluster-main-id" in out[outputs.CONNECT_COMMAND]
+    command = shlex.split(out[outputs.CONNECT_COMMAND])
+    main_ip, port = out[outputs.MAIN_PRIVATE_IP], "8080"
+    assert command[:3] == ["aws", "ssm", "start-session"]
+    options = dict(zip(command[3::2], command[4::2], strict=True))
+    assert options == {
+        "--region": "us-east-1",
+        "--target": "llama-rpc-cluster-main-id",
+        # Forwards to the main node's private address, where llama-server listens (the plain
+        # AWS-StartPortForwardingSession would reach the instance's loopback).
+        "--document-name": "AWS-StartPortForwardingSessionToRemoteHost",
+        "--parameters": options["--parameters"],
+    }
+    assert json.loads(options["--parameters"]) == {
+        "host": [main_ip],
+        "portNumber": [port],
+        "localPortNumber": [port],
+    }
     assert out[outputs.LLAMA_CPP_COMMIT] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert out[outputs.HOURLY_COST_USD] > 0
     assert "2026-07-20" in out["hourlyCostBasis"]
@@ -239,7 +321,7 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
         ({"llama-rpc-cluster:workerCount": 16}, "workerCount: 16 is outside 0-15"),
         ({"llama-rpc-cluster:slots": 0}, "slots: 0 is outside 1-64"),
         ({"llama-rpc-cluster:slots": "two"}, "slots: must be a whole number"),
-        ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not a private range"),
+        ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not private address"),
         (
             {"llama-rpc-cluster:vpcCidr": "10.0.0.0/33"},
             "vpcCidr: '10.0.0.0/33' is not a valid IPv4 CIDR",
@@ -254,11 +336,8 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
             "apiAllowedCidrs: 0.0.0.0/0 opens the API",
         ),
         ({"llama-rpc-cluster:workerCont": 2}, "workerCont: unknown key"),
-        ({"aws:region": None}, "no region"),
-        (
-            {"aws:region": "eu-west-1"},
-            "not in the instance catalog for aws eu-west-1 (it is listed for us-east-1)",
-        ),
+        ({"aws:region": None}, "aws:region: no region"),
+        ({"aws:region": "eu-west-1"}, "aws:region: the instance catalog has no aws types"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_created(overrides: dict, message: str) -> None:
@@ -388,3 +467,14 @@ def test_reference_user_data_passes_cloud_init_schema(node: str, tmp_path) -> No
 
     inputs = deployed("aws-c8g").named(f"llama-rpc-cluster-{node}").inputs
     assert_valid_cloud_config(user_data_text(inputs), tmp_path)
+
+
+def test_a_model_host_on_another_port_is_reachable_from_the_main_node_only() -> None:
+    model = {
+        **stack_config("aws-small")["llama-rpc-cluster:model"],
+        "urls": ["https://models.example.com:8443/qwen.gguf"],
+    }
+    d = deploy("aws-small", {"llama-rpc-cluster:model": model})
+    extra = [r for r in d.of_type(EGRESS) if r.inputs["fromPort"] == 8443]
+    assert [r.inputs["securityGroupId"] for r in extra] == ["llama-rpc-cluster-main-sg-id"]
+    assert not [r for r in deployed("aws-small").of_type(EGRESS) if r.inputs["fromPort"] == 8443]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import re
+import shlex
 
 import pulumi
 import pytest
@@ -10,13 +12,21 @@ import pytest
 from infra import boot, outputs
 from infra.clouds.azure import DENY_PRIORITY, LOCKED_SSH_KEY
 from tests.conftest import assert_valid_cloud_config
-from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
+from tests.pulumi_mocks import (
+    DISKS,
+    RecordingMocks,
+    deploy,
+    deployed,
+    env_of,
+    stack_config,
+    stack_names,
+)
 
 AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"]
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"
-UNTAGGABLE = {RULE, "azure-native:network:Subnet"}
+UNTAGGABLE = {RULE, "azure-native:network:Subnet", "azure-native:resources:TagAtScope"}
 
 
 def test_there_is_an_azure_preset() -> None:
@@ -78,7 +88,11 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
         assert (image["sku"], image["version"]) == ("server-arm64", "latest")
         assert inputs["hardwareProfile"]["vmSize"].endswith("ps_v6")
         assert inputs["proximityPlacementGroup"] == {"id": "llama-rpc-cluster-ppg-id"}
-        assert inputs["identity"]["type"] == "SystemAssigned"
+        assert "identity" not in inputs, "no managed identity: nothing on a node calls Azure"
+        security = inputs["securityProfile"]
+        assert security["securityType"] == "TrustedLaunch"
+        assert security["uefiSettings"] == {"secureBootEnabled": True, "vTpmEnabled": True}
+        assert security["encryptionAtHost"] is False
         profile = inputs["osProfile"]
         assert "adminPassword" not in profile
         linux = profile["linuxConfiguration"]
@@ -137,7 +151,7 @@ def test_a_user_ssh_key_replaces_the_locked_one() -> None:
         ),
         (
             {"azure-native:location": "westeurope"},
-            "not in the instance catalog for azure westeurope",
+            "azure-native:location: the instance catalog has no azure types in westeurope",
         ),
         (
             {"llama-rpc-cluster:sshPublicKey": "hunter2"},
@@ -161,3 +175,72 @@ def test_a_model_that_fits_one_node_runs_without_workers() -> None:
                                 "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
     assert [v.name for v in d.of_type(VM)] == ["llama-rpc-cluster-main"]
     assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_new_custom_data_replaces_the_vm_delete_first(stack: str) -> None:
+    """Azure refuses a customData change on a VM: the change must plan a replacement, and the
+    old VM (and NIC, which hold the fixed address) must go first."""
+    d = deployed(stack)
+    for vm in d.of_type(VM):
+        options = d.options[vm.name]
+        assert options.replace_on_changes == ["osProfile.customData"]
+        assert options.delete_before_replace is True
+    for nic in d.of_type(NIC):
+        assert d.options[nic.name].delete_before_replace is True
+
+
+@pytest.mark.parametrize("stack", AZURE_STACKS)
+def test_os_disks_are_tagged_and_flow_logs_kept(stack: str) -> None:
+    d = deployed(stack)
+    tagged = {r.inputs["scope"]: r.inputs["properties"]["tags"] for r in d.of_type(
+        "azure-native:resources:TagAtScope")}  # fmt: skip
+    vms = d.of_type(VM)
+    assert len(tagged) == len(vms)
+    for vm in vms:
+        tags = tagged[f"{DISKS}/{vm.name}-os"]
+        assert tags["stack"] == stack and tags["project"] == "llama-rpc-cluster"
+        assert tags["vm"] == f"{vm.name}-vm-id"  # a replaced VM's new disk is tagged again
+    [flow] = d.of_type("azure-native:network:FlowLog")
+    [account] = d.of_type("azure-native:storage:StorageAccount")
+    assert flow.inputs["targetResourceId"] == "llama-rpc-cluster-vnet-id"
+    assert flow.inputs["storageId"] == "llama-rpc-cluster-flow-logs-id"
+    assert re.fullmatch(r"[a-z0-9]{3,24}", account.inputs["accountName"])
+    assert account.inputs["allowBlobPublicAccess"] is False
+    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+    assert not off.of_type("azure-native:network:FlowLog")
+
+
+def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
+    d = deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True})
+    [bastion] = d.of_type("azure-native:network:BastionHost")
+    assert bastion.inputs["enableTunneling"] is True
+    assert bastion.inputs["sku"] == {"name": "Standard"}
+    [subnet] = [s for s in d.of_type("azure-native:network:Subnet") if "bastion" in s.name]
+    assert subnet.inputs["subnetName"] == "AzureBastionSubnet"
+    rules = {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
+    api = rules["allow-api-from-bastion"]
+    assert api["sourceAddressPrefix"] == subnet.inputs["addressPrefix"]
+    assert api["destinationPortRange"] == "8080"
+    assert api["destinationApplicationSecurityGroups"] == [{"id": "llama-rpc-cluster-main-asg-id"}]
+    assert shlex.split(d.outputs[outputs.CONNECT_COMMAND]) == [
+        "az", "network", "bastion", "tunnel",
+        "--name", "llama-rpc-cluster-bastion",
+        "--resource-group", "llama-rpc-cluster-rg",
+        "--target-resource-id", "llama-rpc-cluster-main-id",
+        "--resource-port", "8080", "--port", "8080",
+    ]  # fmt: skip
+    assert not any(line.startswith("tunnel:") for line in d.outputs["limitations"])
+    assert any(
+        line.startswith("tunnel:") for line in deployed("azure-cobalt").outputs["limitations"]
+    )
+
+
+def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
+    d = deploy(
+        "azure-cobalt",
+        {"llama-rpc-cluster:encryptionAtHost": True, "llama-rpc-cluster:image": "24.04.202510010"},
+    )
+    for vm in d.of_type(VM):
+        assert vm.inputs["securityProfile"]["encryptionAtHost"] is True
+        assert vm.inputs["storageProfile"]["imageReference"]["version"] == "24.04.202510010"

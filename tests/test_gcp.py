@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+
 import pulumi
 import pytest
 
 from infra import outputs
-from infra.clouds.gcp import IAP_RANGE, label_problem
+from infra.clouds.facts.gcp import IAP_RANGE, label_problem, service_account_id
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import RecordingMocks, deploy, deployed, env_of, stack_config, stack_names
 
@@ -98,10 +101,19 @@ def test_labels_and_outputs(stack: str) -> None:
     assert out[outputs.RPC_SERVERS] == ",".join(
         f"{ip}:50052" for ip in out[outputs.WORKER_PRIVATE_IPS]
     )
-    assert out[outputs.CONNECT_COMMAND].startswith(
-        "gcloud compute start-iap-tunnel llama-rpc-cluster-main 8080"
-    )
-    assert "--zone us-central1-a" in out[outputs.CONNECT_COMMAND]
+    # The command names the project, so it works whatever gcloud's default project is.
+    assert shlex.split(out[outputs.CONNECT_COMMAND]) == [
+        "gcloud",
+        "compute",
+        "start-iap-tunnel",
+        "llama-rpc-cluster-main",
+        "8080",
+        "--local-host-port=localhost:8080",
+        "--zone",
+        "us-central1-a",
+        "--project",
+        "my-project",
+    ]
     assert any(line.startswith("placement:") for line in out["limitations"])
     assert out[outputs.HOURLY_COST_USD] == pytest.approx(1.4368 + 2 * 2.72736)
 
@@ -123,7 +135,7 @@ def test_zone_is_one_that_offers_both_types() -> None:
             {"llama-rpc-cluster:instanceType": "c4a-standard-4"},
             "not in the instance catalog for gcp us-central1",
         ),
-        ({"gcp:region": "europe-west4"}, "not in the instance catalog for gcp europe-west4"),
+        ({"gcp:region": "europe-west4"}, "gcp:region: the instance catalog has no gcp types"),
         (
             {"llama-rpc-cluster:tags": {"Team": "ml"}},
             "label key 'Team' must start with a lowercase letter",
@@ -152,3 +164,44 @@ def test_a_model_that_fits_one_node_runs_without_workers() -> None:
                            "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
     assert [i.name for i in d.of_type(INSTANCE)] == ["llama-rpc-cluster-main"]
     assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""
+
+
+@pytest.mark.parametrize("stack", GCP_STACKS)
+def test_new_boot_data_replaces_a_node_delete_first(stack: str) -> None:
+    """Metadata changes apply in place, and cloud-init reads user-data on first boot only: a
+    changed user-data must replace the node, deleting first (its address is fixed)."""
+    d = deployed(stack)
+    for instance in d.of_type(INSTANCE):
+        options = d.options[instance.name]
+        assert options.replace_on_changes == ["metadata"]
+        assert options.delete_before_replace is True
+
+
+@pytest.mark.parametrize("stack", GCP_STACKS)
+def test_ssh_keys_accounts_and_flow_logs(stack: str) -> None:
+    d = deployed(stack)
+    [account] = d.of_type("gcp:serviceaccount/account:Account")
+    for instance in d.of_type(INSTANCE):
+        metadata = instance.inputs["metadata"]
+        assert metadata["block-project-ssh-keys"] == "TRUE"
+        assert metadata["enable-oslogin"] == "TRUE"
+        if instance.name.endswith("-main"):
+            email = instance.inputs["serviceAccount"]["email"]
+            assert email == f"{account.inputs['accountId']}@my-project.iam.gserviceaccount.com"
+        else:
+            assert "serviceAccount" not in instance.inputs, "workers run without an account"
+    assert not d.of_type("gcp:projects/iAMMember:IAMMember"), "the account has no roles"
+    [subnet] = d.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert subnet.inputs["logConfig"]["flowSampling"] > 0
+    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+    assert "logConfig" not in off.of_type("gcp:compute/subnetwork:Subnetwork")[0].inputs
+
+
+def test_each_stack_has_its_own_service_account() -> None:
+    [account] = deployed("gcp-c4a").of_type("gcp:serviceaccount/account:Account")
+    account_id = account.inputs["accountId"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])", account_id) and 6 <= len(account_id) <= 30
+    assert service_account_id("llama-rpc-cluster", "gcp-c4a") == account_id
+    others = {service_account_id("llama-rpc-cluster", s) for s in ("gcp-c4a-2", "prod", "x" * 40)}
+    assert account_id not in others and len(others) == 3
+    assert all(6 <= len(i) <= 30 for i in others)

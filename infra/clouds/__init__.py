@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infra.clouds.base import CloudBackend
+if TYPE_CHECKING:  # the base module imports pulumi; facts users must not pay for it
+    from infra.clouds.base import CloudBackend
 
 _REGISTRY = {
     "aws": "infra.clouds.aws:AwsBackend",

@@ -1,12 +1,17 @@
 """AWS Graviton: a VPC with a private subnet behind a NAT gateway, security groups that open the
 RPC port from the main node's group only, a cluster placement group, and SSM instead of SSH.
+
+Baseline (AWS Foundational Security Best Practices): the VPC's default security group holds no
+rules (EC2.2), its default network ACL refuses SSH and RDP from anywhere (EC2.21), VPC flow logs
+go to an S3 bucket of the stack (EC2.6), nodes take IMDSv2 only (EC2.8) and encrypted volumes
+(EC2.7), and have no public address (EC2.9). Only the main node has an instance role, with what
+Session Manager needs; workers have none.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,18 +20,27 @@ from urllib.parse import urlparse
 import pulumi
 import pulumi_aws as aws
 
-from infra.clouds.base import CloudBackend, Node, NodeSpec
+from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
+from infra.clouds.facts import aws as aws_facts
+from infra.clouds.facts.base import FLOW_LOG_RETENTION_DAYS
 from infra.config import ClusterConfig
 
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
 )
+# What Session Manager needs on the instance, and no more (AWS's managed policy for it):
+# https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html
 SSM_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-# Graviton families carry a "g" after the generation digit: c8g, r7gd, c7gn, t4g, x2gd, im4gn.
-_ARM_TYPE = re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+")
+# Port forwarding to an address the instance reaches (llama-server listens on the main node's
+# private address, not its loopback, which AWS-StartPortForwardingSession would use):
+# https://docs.aws.amazon.com/systems-manager/latest/userguide/session-manager-working-with-sessions-start.html#sessions-remote-port-forwarding
+PORT_FORWARD_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
 # Egress the nodes need while booting: package mirrors (80), GitHub, the model host and the SSM
 # endpoints (443). The VPC's DNS resolver and the metadata service are not filtered by groups.
+# Workers close all egress beyond the VPC once serving (their host firewall, rpc-firewall.sh).
 BOOT_EGRESS_PORTS = (80, 443)
+# Remote administration ports the default network ACL refuses from anywhere (EC2.21).
+ADMIN_PORTS = (22, 3389)
 
 
 def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequence[str]) -> str:
@@ -53,8 +67,8 @@ class AwsNetwork:
     vpc: aws.ec2.Vpc
     private_subnet: aws.ec2.Subnet
     placement_group: aws.ec2.PlacementGroup
-    instance_profile: aws.iam.InstanceProfile
-    ami: pulumi.Output[str]
+    main_profile: aws.iam.InstanceProfile
+    ami: pulumi.Input[str]
 
 
 @dataclass(frozen=True)
@@ -63,12 +77,14 @@ class AwsFirewall:
     worker: aws.ec2.SecurityGroup
 
 
-class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
-    name = "aws"
-    arm_examples = "Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g"
+def model_ports(config: ClusterConfig) -> list[int]:
+    """Ports the main node downloads the model from, besides 80 and 443."""
+    ports = {urlparse(url).port for url in config.model.urls}
+    return sorted(port for port in ports if port and port not in BOOT_EGRESS_PORTS)
 
-    def is_arm(self, instance_type: str) -> bool:
-        return _ARM_TYPE.fullmatch(instance_type) is not None
+
+class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
+    facts = aws_facts.FACTS
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AwsNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
@@ -145,8 +161,12 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         placement = aws.ec2.PlacementGroup(
             f"{name}-placement", strategy="cluster", tags=tags, opts=opts
         )
+        self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
+        if config.flow_logs:
+            self._flow_logs(name, vpc, tags, opts)
+        # The main node's role: Session Manager only (the tunnel). Workers get no role at all.
         role = aws.iam.Role(
-            f"{name}-node",
+            f"{name}-main-role",
             assume_role_policy=json.dumps(
                 {
                     "Version": "2012-10-17",
@@ -159,17 +179,111 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                     ],
                 }
             ),
-            tags=tags,
+            tags=self.tags(config, "main"),
             opts=opts,
         )
         aws.iam.RolePolicyAttachment(
-            f"{name}-node-ssm", role=role.name, policy_arn=SSM_POLICY_ARN, opts=opts
+            f"{name}-main-ssm", role=role.name, policy_arn=SSM_POLICY_ARN, opts=opts
         )
-        profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=opts)
-        ami = aws.ssm.get_parameter_output(
-            name=UBUNTU_AMI_PARAMETER, opts=pulumi.InvokeOutputOptions(parent=parent)
-        ).value
+        profile = aws.iam.InstanceProfile(
+            f"{name}-main-profile", role=role.name, tags=self.tags(config, "main"), opts=opts
+        )
+        ami: pulumi.Input[str] = (
+            config.image
+            or aws.ssm.get_parameter_output(
+                name=UBUNTU_AMI_PARAMETER, opts=pulumi.InvokeOutputOptions(parent=parent)
+            ).value
+        )
         return AwsNetwork(vpc, private, placement, profile, ami)
+
+    def _baseline(
+        self,
+        *,
+        name: str,
+        vpc: aws.ec2.Vpc,
+        subnets: list[aws.ec2.Subnet],
+        tags: dict[str, Any],
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        """Adopt the VPC's default security group with no rules (nothing uses it: EC2.2) and its
+        default network ACL refusing remote administration from anywhere (EC2.21)."""
+        aws.ec2.DefaultSecurityGroup(
+            f"{name}-default-sg",
+            vpc_id=vpc.id,
+            tags={**tags, "Name": f"{name}-default-sg"},
+            opts=opts,
+        )
+        # NACLs are stateless and match the destination port: denying 22 and 3389 inbound
+        # leaves replies to the nodes' own connections (to ephemeral ports) alone.
+        deny: list[aws.ec2.DefaultNetworkAclIngressArgsDict] = [
+            {
+                "rule_no": 10 + i,
+                "action": "deny",
+                "protocol": "tcp",
+                "from_port": port,
+                "to_port": port,
+                "cidr_block": "0.0.0.0/0",
+            }
+            for i, port in enumerate(ADMIN_PORTS)
+        ]
+        allow: aws.ec2.DefaultNetworkAclIngressArgsDict = {
+            "rule_no": 100,
+            "action": "allow",
+            "protocol": "-1",
+            "from_port": 0,
+            "to_port": 0,
+            "cidr_block": "0.0.0.0/0",
+        }
+        aws.ec2.DefaultNetworkAcl(
+            f"{name}-default-nacl",
+            default_network_acl_id=vpc.default_network_acl_id,
+            subnet_ids=[subnet.id for subnet in subnets],
+            ingress=[*deny, allow],
+            egress=[allow],
+            tags={**tags, "Name": f"{name}-default-nacl"},
+            opts=opts,
+        )
+
+    def _flow_logs(
+        self, name: str, vpc: aws.ec2.Vpc, tags: dict[str, Any], opts: pulumi.ResourceOptions
+    ) -> None:
+        """VPC flow logs to a private S3 bucket of the stack (S3 is the cheaper destination;
+        the bucket goes with ``pulumi destroy``, logs and all)."""
+        bucket = aws.s3.Bucket(f"{name}-flow-logs", force_destroy=True, tags=tags, opts=opts)
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-flow-logs",
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=opts,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-flow-logs",
+            bucket=bucket.id,
+            rules=[
+                {
+                    "id": "expire",
+                    "status": "Enabled",
+                    "filter": {},
+                    "expiration": {"days": FLOW_LOG_RETENTION_DAYS},
+                }
+            ],
+            opts=opts,
+        )
+        # AWS adds the bucket policy that lets the log delivery service write:
+        # https://docs.aws.amazon.com/vpc/latest/userguide/flow-logs-s3-permissions.html
+        aws.ec2.FlowLog(
+            f"{name}-flow-logs",
+            vpc_id=vpc.id,
+            traffic_type="ALL",
+            log_destination_type="s3",
+            log_destination=bucket.arn,
+            max_aggregation_interval=600,
+            tags=tags,
+            opts=opts,
+        )
 
     def firewall(
         self, name: str, config: ClusterConfig, network: AwsNetwork, parent: pulumi.Resource
@@ -227,14 +341,13 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             referenced_security_group_id=worker.id,
         )
         for i, cidr in enumerate(config.api_allowed_cidrs):
-            source = {"cidr_ipv6": cidr} if ":" in cidr else {"cidr_ipv4": cidr}
             rule(
                 ingress,
                 f"main-api-{i}",
                 "main",
                 config.server_port,
                 "llama-server API from apiAllowedCidrs",
-                **source,
+                cidr_ipv4=cidr,
             )
         for role in groups:
             for port in BOOT_EGRESS_PORTS:
@@ -246,6 +359,15 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                     "packages, llama.cpp source, model, SSM",
                     cidr_ipv4="0.0.0.0/0",
                 )
+        for port in model_ports(config):
+            rule(
+                egress,
+                f"main-egress-{port}",
+                "main",
+                port,
+                "the model host",
+                cidr_ipv4="0.0.0.0/0",
+            )
         return AwsFirewall(main=main, worker=worker)
 
     def node(
@@ -262,6 +384,11 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         # gp3 allows 0.25 MiB/s per provisioned IOPS: more throughput needs more IOPS.
         iops = max(3000, math.ceil(throughput * 4))
         user_data = spec.user_data
+        main = spec.role == "main"
+        # Without a pinned image every up resolves SSM's "current" AMI; a new Ubuntu release
+        # must not replace running nodes, so each keeps the image it was created with.
+        # Setting `image` makes the change deliberate: every node is replaced with it.
+        ignore = [] if config.image else ["ami"]
         instance = aws.ec2.Instance(
             spec.name,
             ami=network.ami,
@@ -270,7 +397,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             private_ip=spec.private_ip,
             associate_public_ip_address=False,
             vpc_security_group_ids=[group.id],
-            iam_instance_profile=network.instance_profile.name,
+            iam_instance_profile=network.main_profile.name if main else None,
             placement_group=network.placement_group.name,
             metadata_options={
                 "http_tokens": "required",
@@ -289,19 +416,22 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             ebs_optimized=True,
             user_data=None if user_data.gzipped else user_data.value,
             user_data_base64=user_data.value if user_data.gzipped else None,
+            # New boot data means a new node: cloud-init reads user data on first boot only.
             user_data_replace_on_change=True,
             tags={**tags, "Name": spec.name},
-            opts=pulumi.ResourceOptions(parent=parent),
+            opts=node_options(parent, ignore_changes=ignore),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
     def connect_command(
         self, config: ClusterConfig, network: AwsNetwork, main: Node
     ) -> pulumi.Output[str]:
-        port = config.server_port
-        parameters = json.dumps({"portNumber": [str(port)], "localPortNumber": [str(port)]})
+        port = str(config.server_port)
+        parameters = json.dumps(
+            {"host": [config.main_ip], "portNumber": [port], "localPortNumber": [port]}
+        )
         return pulumi.Output.concat(
             f"aws ssm start-session --region {config.region} --target ",
             main.instance_id,
-            f" --document-name AWS-StartPortForwardingSession --parameters '{parameters}'",
+            f" --document-name {PORT_FORWARD_DOCUMENT} --parameters '{parameters}'",
         )

@@ -1,19 +1,24 @@
 """Azure Cobalt 100: a VNet with a NAT gateway (new VNets have no default outbound access),
 an NSG whose rules name application security groups per role and deny all other inbound traffic
 explicitly, accelerated NICs without public IPs, and a proximity placement group.
+
+Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
+any node, VNet flow logs to a storage account of the stack, tags on every resource including
+the OS disks, and optionally encryption at host and a Bastion host for the tunnel.
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 import pulumi
 import pulumi_azure_native as azure
 
-from infra.clouds.base import CloudBackend, Node, NodeSpec
+from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
+from infra.clouds.facts import azure as azure_facts
+from infra.clouds.facts.base import FLOW_LOG_RETENTION_DAYS
 from infra.config import ClusterConfig
 
 IMAGE: azure.compute.ImageReferenceArgsDict = {
@@ -22,6 +27,13 @@ IMAGE: azure.compute.ImageReferenceArgsDict = {
     "sku": "server-arm64",  # Generation 2, as Cobalt 100 requires
     "version": "latest",
 }
+# Trusted Launch covers Dpsv6, Dplsv6 and Epsv6 (Arm64):
+# https://learn.microsoft.com/azure/virtual-machines/trusted-launch#virtual-machines-sizes
+SECURITY_TYPE = "TrustedLaunch"
+# Azure creates a Network Watcher per region in this group when a VNet is created there:
+# https://learn.microsoft.com/azure/network-watcher/network-watcher-create
+NETWORK_WATCHER_GROUP = "NetworkWatcherRG"
+BASTION_SUBNET = "AzureBastionSubnet"  # the name Azure requires
 ADMIN_USER = "azureuser"
 # Azure will not create a Linux VM with passwords off and no SSH key. Without sshPublicKey the
 # VM gets this public key, whose private half was destroyed when it was made: nobody can log in
@@ -37,8 +49,6 @@ LOCKED_SSH_KEY = (
     "9wbosWh2EM0stTc="
     " llama-rpc-cluster: private half destroyed"
 )
-# Cobalt 100 sizes carry a "p" among the feature letters: Standard_D64ps_v6, Standard_E32pds_v6.
-_ARM_SIZE = re.compile(r"Standard_[A-Z]+\d+[a-z]*p[a-z]*_v\d+")
 DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
 
 
@@ -48,6 +58,7 @@ class AzureNetwork:
     subnet: azure.network.Subnet
     security_group: azure.network.NetworkSecurityGroup
     placement: azure.compute.ProximityPlacementGroup
+    bastion: azure.network.BastionHost | None
 
 
 @dataclass(frozen=True)
@@ -56,27 +67,24 @@ class AzureFirewall:
     worker: azure.network.ApplicationSecurityGroup
 
 
+def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) -> str:
+    disk = profile.os_disk.managed_disk if profile and profile.os_disk else None
+    if disk is None or not disk.id:
+        raise ValueError("the VM reported no managed OS disk")
+    return disk.id
+
+
 class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
-    name = "azure"
-    arm_examples = "Cobalt 100: Standard_D64ps_v6, Standard_E64ps_v6, Standard_D64pls_v6"
-    limitations: ClassVar[Mapping[str, str]] = {
-        "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
-        "null until the catalog has one",
-        "tunnel": "no port forward is created: reach the API with Run Command, or through an "
-        "Azure Bastion you already have",
-    }
+    facts = azure_facts.FACTS
 
-    def is_arm(self, instance_type: str) -> bool:
-        return _ARM_SIZE.fullmatch(instance_type) is not None
-
-    def tag_problem(self, tags: Mapping[str, str]) -> str | None:
-        for key, value in tags.items():
-            if len(key) > 512 or len(value) > 256 or set(key) & set("<>%&\\?/"):
-                return (
-                    f"tag {key!r}: Azure tag names hold at most 512 characters and none of "
-                    "< > % & \\ ? /, and values at most 256 characters"
-                )
-        return None
+    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
+        if config.bastion:
+            return self.facts.limitations
+        return {
+            **self.facts.limitations,
+            "tunnel": "no port forward without `bastion: true`: connectCommand queries the API "
+            "with Run Command",
+        }
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AzureNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
@@ -121,6 +129,13 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             default_outbound_access=False,
             opts=opts,
         )
+        if config.flow_logs:
+            self._flow_logs(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
+        bastion = (
+            self._bastion(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
+            if config.bastion
+            else None
+        )
         placement = azure.compute.ProximityPlacementGroup(
             f"{name}-ppg",
             resource_group_name=rg,
@@ -131,7 +146,94 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             tags=tags,
             opts=opts,
         )
-        return AzureNetwork(group, subnet, nsg, placement)
+        return AzureNetwork(group, subnet, nsg, placement, bastion)
+
+    def _flow_logs(
+        self,
+        *,
+        name: str,
+        config: ClusterConfig,
+        group: azure.resources.ResourceGroup,
+        vnet: azure.network.VirtualNetwork,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        """VNet flow logs (NSG flow logs are retired) into a storage account of the stack:
+        https://learn.microsoft.com/azure/network-watcher/vnet-flow-logs-overview"""
+        # Storage account names are global: derive one from the group's id (subscription and
+        # stack), 3-24 lowercase letters and digits.
+        account_name = group.id.apply(
+            lambda group_id: "lrcflow" + hashlib.sha256(group_id.encode()).hexdigest()[:16]
+        )
+        account = azure.storage.StorageAccount(
+            f"{name}-flow-logs",
+            account_name=account_name,
+            resource_group_name=group.name,
+            kind=azure.storage.Kind.STORAGE_V2,
+            sku={"name": azure.storage.SkuName.STANDARD_LRS},
+            allow_blob_public_access=False,
+            allow_shared_key_access=False,
+            enable_https_traffic_only=True,
+            minimum_tls_version=azure.storage.MinimumTlsVersion.TLS1_2,
+            tags=tags,
+            opts=opts,
+        )
+        azure.network.FlowLog(
+            f"{name}-flow-logs",
+            resource_group_name=NETWORK_WATCHER_GROUP,
+            network_watcher_name=f"NetworkWatcher_{config.region}",
+            location=config.region,
+            target_resource_id=vnet.id,
+            storage_id=account.id,
+            enabled=True,
+            retention_policy={"days": FLOW_LOG_RETENTION_DAYS, "enabled": True},
+            tags=tags,
+            opts=opts,
+        )
+
+    def _bastion(
+        self,
+        *,
+        name: str,
+        config: ClusterConfig,
+        group: azure.resources.ResourceGroup,
+        vnet: azure.network.VirtualNetwork,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions,
+    ) -> azure.network.BastionHost:
+        """A Standard Bastion with native-client tunnelling, the only way in from outside:
+        https://learn.microsoft.com/azure/bastion/connect-vm-native-client-linux"""
+        subnet = azure.network.Subnet(
+            f"{name}-bastion",
+            subnet_name=BASTION_SUBNET,
+            resource_group_name=group.name,
+            virtual_network_name=vnet.name,
+            address_prefix=str(config.public_subnet),
+            opts=opts,
+        )
+        address = azure.network.PublicIPAddress(
+            f"{name}-bastion-ip",
+            resource_group_name=group.name,
+            sku={"name": "Standard"},
+            public_ip_allocation_method="Static",
+            tags=tags,
+            opts=opts,
+        )
+        return azure.network.BastionHost(
+            f"{name}-bastion",
+            resource_group_name=group.name,
+            sku={"name": "Standard"},
+            enable_tunneling=True,
+            ip_configurations=[
+                {
+                    "name": "bastion",
+                    "subnet": {"id": subnet.id},
+                    "public_ip_address": {"id": address.id},
+                }
+            ],
+            tags=tags,
+            opts=opts,
+        )
 
     def firewall(
         self, name: str, config: ClusterConfig, network: AzureNetwork, parent: pulumi.Resource
@@ -160,6 +262,19 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                 "destination_port_range": str(config.rpc_port),
             }
         ]
+        if config.bastion:
+            rules.append(
+                {
+                    **rule,
+                    "name": "allow-api-from-bastion",
+                    "priority": 120,
+                    "access": "Allow",
+                    "protocol": "Tcp",
+                    "source_address_prefix": str(config.public_subnet),
+                    "destination_application_security_groups": [{"id": main.id}],
+                    "destination_port_range": str(config.server_port),
+                }
+            )
         if config.api_allowed_cidrs:
             rules.append(
                 {
@@ -209,6 +324,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
         tags = self.tags(config, spec.role)
         rg = network.resource_group.name
         group = firewall.main if spec.role == "main" else firewall.worker
+        # The NIC holds the node's fixed address: a replacement NIC must come after the old one.
         nic = azure.network.NetworkInterface(
             f"{spec.name}-nic",
             resource_group_name=rg,
@@ -224,11 +340,11 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                 }
             ],
             tags=tags,
-            opts=opts,
+            opts=node_options(parent),
         )
         key = config.ssh_public_key or LOCKED_SSH_KEY
         storage: azure.compute.StorageProfileArgsDict = {
-            "image_reference": IMAGE,
+            "image_reference": {**IMAGE, "version": config.image or IMAGE["version"]},
             "os_disk": {
                 "create_option": azure.compute.DiskCreateOptionTypes.FROM_IMAGE,
                 "disk_size_gb": spec.disk_gb,
@@ -268,16 +384,47 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                     }
                 ]
             },
-            identity={"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED},
+            # No managed identity: nothing on a node calls Azure's APIs.
+            security_profile={
+                "security_type": SECURITY_TYPE,
+                "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
+                "encryption_at_host": config.encryption_at_host,
+            },
             proximity_placement_group={"id": network.placement.id},
             tags=tags,
+            # Azure refuses a customData change on an existing VM ("Changing property
+            # 'customData' is not allowed"): new boot data means a new node.
+            # https://learn.microsoft.com/azure/virtual-machines/custom-data
+            opts=node_options(parent, replace_on_changes=["osProfile.customData"]),
+        )
+        # The OS disk takes none of the VM's tags. The VM's id is among them, so a replaced VM's
+        # new disk is tagged again.
+        azure.resources.TagAtScope(
+            f"{spec.name}-os-disk-tags",
+            scope=vm.storage_profile.apply(_os_disk_id),
+            properties={"tags": {**tags, "vm": vm.vm_id}},
             opts=opts,
         )
-        return Node(instance_id=vm.name, private_ip=pulumi.Output.from_input(spec.private_ip))
+        return Node(
+            instance_id=vm.name,
+            private_ip=pulumi.Output.from_input(spec.private_ip),
+            resource_id=vm.id,
+        )
 
     def connect_command(
         self, config: ClusterConfig, network: AzureNetwork, main: Node
     ) -> pulumi.Output[str]:
+        port = config.server_port
+        if network.bastion is not None and main.resource_id is not None:
+            return pulumi.Output.concat(
+                "az network bastion tunnel --name ",
+                network.bastion.name,
+                " --resource-group ",
+                network.resource_group.name,
+                " --target-resource-id ",
+                main.resource_id,
+                f" --resource-port {port} --port {port}",
+            )
         return pulumi.Output.concat(
             "az vm run-command invoke --command-id RunShellScript --resource-group ",
             network.resource_group.name,

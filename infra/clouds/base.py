@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import pulumi
 
 from infra.boot import Delivery, Role
+from infra.clouds.facts import CloudFacts
 from infra.config import ClusterConfig
 
 NetworkT = TypeVar("NetworkT")
@@ -37,22 +38,24 @@ class NodeSpec:
 class Node:
     instance_id: pulumi.Output[str]
     private_ip: pulumi.Output[str]
+    # The cloud's own id of the VM resource (ARM id on Azure), where a command needs it.
+    resource_id: pulumi.Output[str] | None = None
+
+
+def node_options(parent: pulumi.Resource, **options: Any) -> pulumi.ResourceOptions:
+    """Options for a resource that holds a fixed private address (a VM, a NIC): the old one is
+    deleted before its replacement is created, since the address can only be used once
+    (AWS answers a create-first replacement with InvalidIPAddress.InUse)."""
+    return pulumi.ResourceOptions(parent=parent, delete_before_replace=True, **options)
 
 
 class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
-    name: ClassVar[str]
-    # Examples of Arm types, for the error a user sees when they give an x86 type.
-    arm_examples: ClassVar[str]
-    # What this cloud cannot do, in words (capability -> what happens instead). Empty: nothing.
-    limitations: ClassVar[Mapping[str, str]] = {}
+    # The cloud's limits and rules (no SDK), checked by the config before this backend runs.
+    facts: ClassVar[CloudFacts]
 
-    @abstractmethod
-    def is_arm(self, instance_type: str) -> bool:
-        """Whether a type name is an Arm type, from the provider's naming rules."""
-
-    def tag_problem(self, tags: Mapping[str, str]) -> str | None:
-        """Why the user's tags break this cloud's rules, or None."""
-        return None
+    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
+        """What this cloud cannot do for this stack, in words (capability -> what instead)."""
+        return self.facts.limitations
 
     @abstractmethod
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> NetworkT:
@@ -79,7 +82,8 @@ class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
     def connect_command(
         self, config: ClusterConfig, network: NetworkT, main: Node
     ) -> pulumi.Output[str]:
-        """How a user reaches the main node's API from a laptop (a private tunnel)."""
+        """How a user reaches the main node's API from a laptop: a command that forwards
+        localhost:<serverPort> to the main node's private address."""
 
     def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:
         """The tags every resource carries: the user's, then project, stack and role."""

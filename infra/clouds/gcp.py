@@ -1,47 +1,30 @@
 """Google Axion (C4A): a custom VPC, Cloud NAT for egress, firewall rules by network tag,
 Hyperdisk Balanced disks, gVNIC, Tier_1 networking, and IAP for access. No external IPs.
+
+Baseline (CIS Google Cloud): no default network, subnet flow logs, project-wide SSH keys
+blocked with OS Login on, Shielded VM, no default service account: the main node runs as a
+service account of the stack with no roles, and workers run with none.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.clouds.base import CloudBackend, Node, NodeSpec
+from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
+from infra.clouds.facts import gcp as gcp_facts
+from infra.clouds.facts.gcp import IAP_RANGE
 from infra.config import ClusterConfig
 
+# The family resolves when a disk is created; the provider does not diff a node whose image
+# came from it when the family moves on, so a new Ubuntu image replaces nothing.
 IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-arm64"
-# Google's IAP TCP forwarding range: the only source allowed to the main node's API port.
-IAP_RANGE = "35.235.240.0/20"
-BOOT_EGRESS_PORTS = ("80", "443")
-# Axion (C4A, N4A) and Ampere Altra (T2A) are Google's Arm families.
-_ARM_TYPE = re.compile(r"(c4a|n4a|t2a)-[a-z0-9-]+")
-_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 # C4A takes Tier_1 networking from 32 vCPUs up.
 TIER_1_MIN_VCPUS = 32
 HYPERDISK_MIN_THROUGHPUT = 140
-
-
-def label_problem(labels: Mapping[str, str]) -> str | None:
-    """Why these labels break GCP's rules, or None."""
-    for key, value in labels.items():
-        if not _LABEL_KEY.fullmatch(key):
-            return (
-                f"label key {key!r} must start with a lowercase letter and hold at most 63 "
-                "lowercase letters, digits, '_' or '-'"
-            )
-        if not _LABEL_VALUE.fullmatch(value):
-            return (
-                f"label value {value!r} (key {key!r}) may hold at most 63 lowercase letters, "
-                "digits, '_' or '-'"
-            )
-    return None
 
 
 def choose_zone(zones: Sequence[str], offers: Callable[[str], bool]) -> str:
@@ -57,7 +40,8 @@ class GcpNetwork:
     network: gcp.compute.Network
     subnet: gcp.compute.Subnetwork
     zone: pulumi.Output[str]
-    service_account: gcp.serviceaccount.Account
+    project: pulumi.Output[str]
+    main_account: gcp.serviceaccount.Account
 
 
 @dataclass(frozen=True)
@@ -67,19 +51,7 @@ class GcpFirewall:
 
 
 class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
-    name = "gcp"
-    arm_examples = "Axion: c4a-standard-*, c4a-highmem-*, c4a-highcpu-*"
-    limitations: ClassVar[Mapping[str, str]] = {
-        "placement": "C4A has no compact placement policy; all nodes share one zone instead",
-        "labels": "networks, subnets, routers, NAT and firewall rules take no labels; "
-        "their names carry the project instead",
-    }
-
-    def is_arm(self, instance_type: str) -> bool:
-        return _ARM_TYPE.fullmatch(instance_type) is not None
-
-    def tag_problem(self, tags: Mapping[str, str]) -> str | None:
-        return label_problem(tags)
+    facts = gcp_facts.FACTS
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> GcpNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
@@ -104,6 +76,16 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             region=config.region,
             ip_cidr_range=str(config.private_subnet),
             private_ip_google_access=True,
+            # Flow logs (CIS GCP 3.8), sampled: a record per flow every 5 minutes at most.
+            log_config=(
+                {
+                    "aggregation_interval": "INTERVAL_5_MIN",
+                    "flow_sampling": 0.5,
+                    "metadata": "INCLUDE_ALL_METADATA",
+                }
+                if config.flow_logs
+                else None
+            ),
             opts=opts,
         )
         router = gcp.compute.Router(
@@ -117,13 +99,17 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
             opts=opts,
         )
+        # Account ids are unique per GCP project: one per stack, so two stacks never share one.
         account = gcp.serviceaccount.Account(
-            f"{name}-node",
-            account_id=f"{name[:24]}-node",
-            display_name="llama-rpc-cluster nodes (no roles)",
+            f"{name}-main-sa",
+            account_id=gcp_facts.service_account_id(pulumi.get_project(), pulumi.get_stack()),
+            display_name=f"llama-rpc-cluster {pulumi.get_stack()} main node (no roles)",
             opts=opts,
         )
-        return GcpNetwork(network, subnet, zone, account)
+        project = gcp.organizations.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=parent)
+        ).project
+        return GcpNetwork(network, subnet, zone, project, account)
 
     def firewall(
         self, name: str, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
@@ -161,7 +147,8 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
         parent: pulumi.Resource,
     ) -> Node:
         labels = self.tags(config, spec.role)
-        instance = config.main_instance_type if spec.role == "main" else config.instance_type
+        main = spec.role == "main"
+        instance = config.main_instance_type if main else config.instance_type
         throughput = max(HYPERDISK_MIN_THROUGHPUT, spec.disk_throughput_mibps or 0)
         tier = "TIER_1" if instance.vcpus >= TIER_1_MIN_VCPUS else "DEFAULT"
         vm = gcp.compute.Instance(
@@ -171,7 +158,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             boot_disk={
                 "auto_delete": True,
                 "initialize_params": {
-                    "image": IMAGE,
+                    "image": config.image or IMAGE,
                     "size": spec.disk_gb,
                     "type": "hyperdisk-balanced",  # C4A takes Hyperdisk only
                     "provisioned_throughput": throughput,
@@ -187,17 +174,30 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
                 }
             ],
             network_performance_config={"total_egress_bandwidth_tier": tier},
-            metadata={"user-data": spec.user_data.value, "enable-oslogin": "TRUE"},
-            tags=[firewall.main_tag if spec.role == "main" else firewall.worker_tag],
+            metadata={
+                "user-data": spec.user_data.value,
+                "enable-oslogin": "TRUE",
+                "block-project-ssh-keys": "TRUE",
+            },
+            tags=[firewall.main_tag if main else firewall.worker_tag],
             labels=labels,
-            service_account={"email": network.service_account.email, "scopes": ["cloud-platform"]},
+            # Workers run the RPC server, the most exposed process: no account, no token.
+            service_account=(
+                {"email": network.main_account.email, "scopes": ["cloud-platform"]}
+                if main
+                else None
+            ),
             shielded_instance_config={
                 "enable_secure_boot": True,
                 "enable_vtpm": True,
                 "enable_integrity_monitoring": True,
             },
             allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(parent=parent),
+            # A metadata change is applied in place and cloud-init, which reads user-data on
+            # first boot only, would never see it: new boot data means a new node. (The
+            # provider updates metadata without replacement:
+            # https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#metadata)
+            opts=node_options(parent, replace_on_changes=["metadata"]),
         )
         return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
 
@@ -210,4 +210,6 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             main.instance_id,
             f" {port} --local-host-port=localhost:{port} --zone ",
             network.zone,
+            " --project ",
+            network.project,
         )

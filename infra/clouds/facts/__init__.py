@@ -1,0 +1,11 @@
+"""Each cloud's facts (limits, naming rules, capabilities), by name. No provider SDK here."""
+
+from __future__ import annotations
+
+from infra.clouds.facts import aws, azure, gcp
+from infra.clouds.facts.base import CloudFacts
+
+FACTS: dict[str, CloudFacts] = {facts.name: facts for facts in (aws.FACTS, gcp.FACTS, azure.FACTS)}
+CLOUD_NAMES = tuple(FACTS)
+
+__all__ = ["CLOUD_NAMES", "FACTS", "CloudFacts"]

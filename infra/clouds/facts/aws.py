@@ -1,0 +1,77 @@
+"""AWS facts: Graviton naming, gp3 limits, tag rules, regions. No SDK here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+
+from infra.clouds.facts.base import PROGRAM_TAGS, CloudFacts, Range, reserved_tag_problem
+
+# Tags the program sets on AWS resources besides project, stack and role.
+NAME_TAG = "Name"
+# https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html
+# (50 tags per resource; keys 1-128 and values 0-256 characters; the aws: prefix is reserved).
+# IAM roles carry the tags too, and IAM allows only letters, digits, spaces and _ . : / = + - @
+# (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
+MAX_TAGS = 50
+_TAG_PUNCTUATION = set("_.:/=+-@ ")
+
+
+def _tag_text_ok(text: str) -> bool:
+    return all(c.isalnum() or c in _TAG_PUNCTUATION for c in text)
+
+
+def _tag_problems(tags: Mapping[str, str]) -> Iterator[str | None]:
+    yield reserved_tag_problem(tags, (NAME_TAG,))
+    program = {key.lower() for key in (*PROGRAM_TAGS, NAME_TAG)}
+    for key in tags:
+        # IAM compares tag keys without case: "Project" collides with the program's "project".
+        if key.lower() in program:
+            yield f"tag {key!r} collides with the program's {key.lower()!r} (IAM ignores case)"
+    if len({key.lower() for key in tags}) != len(tags):
+        yield "two tag names differ only in case; IAM treats them as one"
+    if len(tags) > MAX_TAGS - 4:  # project, stack, role and Name
+        yield f"{len(tags)} tags; AWS allows {MAX_TAGS} per resource and the program sets 4"
+    for key, value in tags.items():
+        if key.lower().startswith("aws:"):
+            yield f"tag {key!r}: the aws: prefix is reserved for AWS"
+        if not 1 <= len(key) <= 128 or len(value) > 256:
+            yield f"tag {key!r}: names hold 1-128 characters and values at most 256"
+        if not (_tag_text_ok(key) and _tag_text_ok(value)):
+            yield (
+                f"tag {key!r}={value!r}: AWS (IAM) tags hold only letters, digits, spaces "
+                "and _ . : / = + - @"
+            )
+
+
+def tag_problem(tags: Mapping[str, str]) -> str | None:
+    """Why these tags break AWS's rules (EC2 and IAM), or None."""
+    return next((problem for problem in _tag_problems(tags) if problem), None)
+
+
+FACTS = CloudFacts(
+    name="aws",
+    region_key="aws:region",
+    # us-east-1, ap-southeast-2, us-gov-west-1, eu-central-2, il-central-1
+    region_pattern=re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d"),
+    region_example="us-east-1",
+    # Graviton families carry a "g" after the generation digit: c8g, r7gd, c7gn, t4g, x2gd.
+    arm_pattern=re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+"),
+    arm_examples="Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g",
+    # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
+    # 2025; throughput is held to the 1,000 MiB/s every region offers)
+    boot_disk_gb=Range(1, 65_536),
+    disk_throughput_mibps=Range(125, 1000),
+    # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
+    vpc_widest_prefix=16,
+    tag_problem=tag_problem,
+    tag_word="tag",
+    image_pattern=re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?"),
+    image_example="ami-0123456789abcdef0",
+    image_meaning="an arm64 Ubuntu 24.04 AMI id in the stack's region",
+    refuses={
+        "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",
+        "bastion": "connectCommand forwards through SSM Session Manager already",
+        "encryptionAtHost": "every EBS volume of the cluster is encrypted already",
+    },
+)

@@ -1,0 +1,80 @@
+"""GCP facts: Axion naming, Hyperdisk limits, label rules, regions, service account ids."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+
+from infra.clouds.facts.base import CloudFacts, Range, reserved_tag_problem
+
+# https://cloud.google.com/compute/docs/labeling-resources#requirements: at most 64 labels;
+# keys start with a lowercase letter; keys and values hold at most 63 lowercase letters,
+# digits, '_' or '-'.
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+# Google's IAP TCP forwarding range: the only source the main node's API port admits
+# (https://cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule).
+IAP_RANGE = "35.235.240.0/20"
+
+
+def label_problem(labels: Mapping[str, str]) -> str | None:
+    """Why these labels break GCP's rules, or None."""
+    reserved = reserved_tag_problem(labels)
+    if reserved:
+        return reserved
+    if len(labels) > MAX_LABELS - 3:
+        return f"{len(labels)} labels; GCP allows {MAX_LABELS} and the program sets 3"
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            return (
+                f"label key {key!r} must start with a lowercase letter and hold at most 63 "
+                "lowercase letters, digits, '_' or '-'"
+            )
+        if not _LABEL_VALUE.fullmatch(value):
+            return (
+                f"label value {value!r} (key {key!r}) may hold at most 63 lowercase letters, "
+                "digits, '_' or '-'"
+            )
+    return None
+
+
+def service_account_id(project: str, stack: str) -> str:
+    """A service account id unique to the stack: ids are per GCP project, and two stacks of this
+    program in one project must not share (or delete) each other's account. 6-30 characters,
+    ``[a-z]([-a-z0-9]*[a-z0-9])``."""
+    digest = hashlib.sha256(f"{project}/{stack}".encode()).hexdigest()[:8]
+    readable = re.sub(r"[^a-z0-9-]", "-", stack.lower()).strip("-")[:12].strip("-")
+    return f"lrc-{readable}-{digest}" if readable else f"lrc-{digest}"
+
+
+FACTS = CloudFacts(
+    name="gcp",
+    region_key="gcp:region",
+    # us-central1, europe-west4, northamerica-northeast1 (a zone adds "-a")
+    region_pattern=re.compile(r"[a-z]+-[a-z]+\d+"),
+    region_example="us-central1",
+    # Axion (C4A, N4A) and Ampere Altra (T2A) are Google's Arm families.
+    arm_pattern=re.compile(r"(c4a|n4a|t2a)-[a-z0-9-]+"),
+    arm_examples="Axion: c4a-standard-*, c4a-highmem-*, c4a-highcpu-*",
+    # Hyperdisk Balanced: https://cloud.google.com/compute/docs/disks/hyperdisks#hd-size-limits
+    boot_disk_gb=Range(4, 65_536),
+    disk_throughput_mibps=Range(140, 2_400),
+    vpc_widest_prefix=8,
+    tag_problem=label_problem,
+    tag_word="label",
+    image_pattern=re.compile(r"projects/[a-z][-a-z0-9]*/global/images/(family/)?[a-z][-a-z0-9]*"),
+    image_example="projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-arm64-v20251001",
+    image_meaning="an arm64 Ubuntu 24.04 image (or image family) path",
+    refuses={
+        "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
+        "bastion": "connectCommand forwards through IAP already",
+        "encryptionAtHost": "Google encrypts every disk at rest already",
+    },
+    limitations={
+        "placement": "C4A has no compact placement policy; all nodes share one zone instead",
+        "labels": "networks, subnets, routers, NAT and firewall rules take no labels; "
+        "their names carry the project instead",
+    },
+)

@@ -1,0 +1,138 @@
+"""The network rules a setting must pass before anything is created: who may reach the API,
+which ranges the cluster may use, and where a model may be downloaded from.
+
+Each function returns what is wrong (a sentence naming the fix) or None; ``infra.config`` names
+the setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+# Ranges a cluster network may use: RFC 1918 private space. (0.0.0.0/8, 240.0.0.0/4 and the
+# like count as "private" to Python's ipaddress, but no cloud routes them in a VPC.)
+PRIVATE_RANGES = tuple(
+    ipaddress.IPv4Network(text) for text in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
+# Sources that are not the internet: private space and carrier-grade NAT (VPNs, peered networks).
+INTERNAL_SOURCES = (*PRIVATE_RANGES, ipaddress.IPv4Network("100.64.0.0/10"))
+# The widest public range the API may be opened to: a site's own block. Anything wider (for
+# example 0.0.0.0/1 + 128.0.0.0/1) opens an unauthenticated API to much of the internet.
+WIDEST_PUBLIC_API_PREFIX = 24
+MAX_API_CIDRS = 50  # AWS security groups hold 60 inbound rules; the program uses a few
+# Hosts a node must never download from: its own loopback, the clouds' metadata and agent
+# endpoints (link-local 169.254.0.0/16, fd00:ec2::254, Azure's 168.63.129.16).
+METADATA_HOSTS = frozenset(
+    {
+        "localhost",
+        "metadata",
+        "metadata.google.internal",
+        "metadata.azure.com",
+        "instance-data",
+        "instance-data.ec2.internal",
+    }
+)
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(text) for text in ("168.63.129.16", "fd00:ec2::254", "fd00:ec2::23")
+)
+
+
+def is_rfc1918(network: ipaddress.IPv4Network) -> bool:
+    return any(network.subnet_of(space) for space in PRIVATE_RANGES)
+
+
+def vpc_cidr_problem(network: ipaddress.IPv4Network, widest_prefix: int) -> str | None:
+    if not is_rfc1918(network):
+        return (
+            f"{network} is not private address space a cloud network takes; use a range inside "
+            "10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16"
+        )
+    if network.prefixlen < widest_prefix:
+        return (
+            f"{network} is wider than this cloud takes (/{widest_prefix} at most); "
+            f"use a /{widest_prefix} or smaller"
+        )
+    return None
+
+
+def api_cidr_problem(text: str) -> str | None:
+    """Why this source range may not reach the API, or None."""
+    try:
+        network = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return f"{text!r} is not a valid CIDR"
+    if network.version == 6:
+        return (
+            f"{text} is IPv6, and the cluster's network is IPv4 only: the rule would never "
+            "match; give the IPv4 range your requests come from"
+        )
+    if any(network.subnet_of(space) for space in INTERNAL_SOURCES):
+        return None
+    if network.prefixlen < WIDEST_PUBLIC_API_PREFIX:
+        return (
+            f"{text} opens the API to {network.num_addresses:,} internet addresses, and "
+            "llama-server has no authentication; give your own network's range "
+            f"(/{WIDEST_PUBLIC_API_PREFIX} or narrower) or use the tunnel (connectCommand)"
+        )
+    return None
+
+
+def _host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a URL host names literally, in any of the forms a resolver accepts
+    (dotted, decimal 2852039166, hex 0xa9fea9fe, IPv6), or None for a name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def model_url_problem(url: str) -> str | None:
+    """Why a node must not download its model from this URL, or None."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL with a host"
+    if parts.username or parts.password:
+        return (
+            f"{url!r} carries credentials: user data is readable through the cloud's API; "
+            "use a pre-signed or public URL"
+        )
+    host = parts.hostname.lower().rstrip(".")
+    address = _host_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if (
+        host in METADATA_HOSTS
+        or host.endswith(".localhost")
+        or (
+            address is not None
+            and (
+                address.is_loopback
+                or address.is_link_local
+                or address.is_unspecified
+                or address.is_multicast
+                or address in METADATA_ADDRESSES
+            )
+        )
+    ):
+        return (
+            f"{url!r} points at the node itself or at the cloud's metadata service; "
+            "give the model host's address"
+        )
+    return None
+
+
+def unverified_download_problem(urls: tuple[str, ...], sha256: tuple[str, ...]) -> str | None:
+    """Plain http without a checksum: anyone on the path could swap the model."""
+    plain = [url for url in urls if urlsplit(url).scheme == "http"]
+    if plain and not sha256:
+        return (
+            f"{plain[0]!r} is plain http, which anyone on the path can alter; give each part's "
+            "sha256 here, or use https"
+        )
+    return None
