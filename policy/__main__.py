@@ -1,0 +1,171 @@
+"""llama-rpc-cluster-security: the Pulumi policy pack every llama-rpc-cluster stack must pass.
+
+    pulumi preview --policy-pack policy/
+
+The checks themselves live in ``rules.py`` (plain functions, tested with the project); this
+file only adapts Pulumi's policy arguments to them. Pulumi runs the pack from this directory,
+in its own environment (``requirements.txt``), so ``rules`` imports as a top-level module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pulumi
+import rules
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyPack,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    Severity,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import UnknownValueError
+
+PACK_NAME = "llama-rpc-cluster-security"
+
+
+def plain(value: Any) -> Any:
+    """Pulumi's property proxies as plain dicts and lists, with ``rules.UNKNOWN`` where a
+    preview does not know a value yet (the proxy raises on reading one)."""
+    if isinstance(value, Mapping):
+        return {key: _read(value, key) for key in value}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_read(value, i) for i in range(len(value))]
+    return value
+
+
+def _read(container: Any, key: Any) -> Any:
+    try:
+        return plain(container[key])
+    except UnknownValueError:
+        return rules.UNKNOWN
+
+
+def expected_tags() -> dict[str, str | None]:
+    """The project and stack being checked, as the language host tells a policy pack."""
+    return {"project": os.environ.get("PULUMI_PROJECT"), "stack": os.environ.get("PULUMI_STACK")}
+
+
+def resource_policy(
+    name: str,
+    description: str,
+    check: Callable[..., list[str]],
+    remediation: str,
+    severity: Severity,
+) -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        extra = {"expected": expected_tags()} if check is rules.node_tags else {}
+        for message in check(args.resource_type, plain(args.props), args.name, **extra):
+            report_violation(message, None)
+
+    return ResourceValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        severity=severity,
+        remediation_steps=remediation,
+    )
+
+
+def stack_resource(resource: Any) -> rules.Resource:
+    props = plain(resource.props)
+    identity = props.get("id")
+    return rules.Resource(
+        type=resource.resource_type,
+        name=resource.name,
+        props=props,
+        urn=resource.urn,
+        id=identity if isinstance(identity, str) and identity else None,
+        property_dependencies={
+            key: [dependency.urn for dependency in dependencies]
+            for key, dependencies in resource.property_dependencies.items()
+        },
+    )
+
+
+def validate_rpc(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    port = rules.rpc_port(
+        args.get_config().get(rules.RPC_PORT_KEY),
+        pulumi.Config(rules.PROJECT).get(rules.RPC_PORT_KEY),
+    )
+    resources = [stack_resource(r) for r in args.resources]
+    for violation in rules.rpc_only_from_main(resources, port):
+        report_violation(violation.message, violation.urn or None)
+
+
+POLICIES = [
+    resource_policy(
+        "no-internet-ingress",
+        "No firewall rule admits the internet: 0.0.0.0/0, ::/0, '*', 'Internet', or public "
+        f"ranges wider than /{rules.WIDEST_PUBLIC_IPV4_SOURCE} (IPv4) or "
+        f"/{rules.WIDEST_PUBLIC_IPV6_SOURCE} (IPv6) in one rule.",
+        rules.no_internet_ingress,
+        "Remove the wide sources; reach the main node through the private tunnel "
+        "(connectCommand), or list your own network in apiAllowedCidrs.",
+        Severity.CRITICAL,
+    ),
+    StackValidationPolicy(
+        name="rpc-only-from-main",
+        description="The llama.cpp RPC port (unauthenticated) admits only the main node's "
+        "security group, network tag or application security group, and only the main node "
+        "carries it.",
+        validate=validate_rpc,
+        config_schema=PolicyConfigSchema(
+            properties={
+                rules.RPC_PORT_KEY: {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 65535,
+                    "description": "The RPC port to guard; without it, the stack's "
+                    f"{rules.PROJECT}:{rules.RPC_PORT_KEY}, else {rules.DEFAULT_RPC_PORT}.",
+                }
+            }
+        ),
+        severity=Severity.CRITICAL,
+        remediation_steps="Make the main node's group, tag or application security group the "
+        "rule's only source, and keep it off every other node.",
+    ),
+    resource_policy(
+        "no-public-node-addresses",
+        "No node has a public IP address: egress goes through NAT, access through a tunnel.",
+        rules.no_public_addresses,
+        "Remove the public address (associate_public_ip_address=False on AWS, no access_configs "
+        "on GCP, no public_ip_address on an Azure NIC).",
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "aws-imdsv2-required",
+        "AWS instances require IMDSv2 session tokens for instance metadata.",
+        rules.imdsv2_required,
+        'Set metadata_options={"http_tokens": "required"}.',
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "encrypted-node-disks",
+        "Node disks are encrypted at rest: encrypted EBS volumes on AWS, managed disks (and "
+        "encryption at host when set) on Azure; GCP always encrypts.",
+        rules.encrypted_disks,
+        "Set encrypted=True on EBS volumes; use managed disks on Azure.",
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "nodes-carry-stack-tags",
+        "Every node carries the 'project' and 'stack' tags (labels on GCP) of its stack.",
+        rules.node_tags,
+        "Keep the program's tags on the node: project, stack and role.",
+        Severity.LOW,
+    ),
+]
+
+PolicyPack(
+    name=PACK_NAME,
+    enforcement_level=EnforcementLevel.MANDATORY,
+    policies=POLICIES,
+)

@@ -1,0 +1,873 @@
+"""The invariants every llama-rpc-cluster stack keeps, as plain functions over resource properties.
+
+The policy pack (``__main__.py``) feeds these functions what Pulumi gives a policy: a resource's
+type token and its properties under Pulumi's camelCase names (the inputs in a resource check,
+the outputs in the stack check). The tests feed them what the program registers under mocks.
+Nothing here imports pulumi or pulumi_policy, so the same code runs in both places.
+
+* A resource validator is ``f(resource_type, props, name="") -> list[str]``: one message per
+  violation, naming the resource and the fix. A type it does not know passes.
+* The stack validator takes every resource of the stack (``Resource``) and returns
+  ``Violation``s, which carry the URN of the resource at fault.
+
+During a preview some values are not known yet (the id of a resource still to be created); the
+pack hands them over as ``UNKNOWN``. A resource validator never reports a value it cannot see:
+the engine checks each resource again, with its inputs known, before it creates it. The stack
+check runs once the preview has every resource, so it traces an unknown group reference through
+the property's dependencies, and reports a reference it cannot trace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
+
+PROJECT: Final = "llama-rpc-cluster"
+DEFAULT_RPC_PORT: Final = 50052  # the program's default for `llama-rpc-cluster:rpcPort`
+RPC_PORT_KEY: Final = "rpcPort"  # in the policy's config, and in the stack's (project prefix)
+
+# "The internet": one rule whose public sources together cover more addresses than one /16
+# (IPv4) or one /48 (IPv6). Counting addresses, not prefixes, also catches a range split into
+# pieces within a rule (0.0.0.0/1 + 128.0.0.0/1, or many /17s); each piece wider than the
+# threshold is caught on its own anyway.
+WIDEST_PUBLIC_IPV4_SOURCE: Final = 16
+WIDEST_PUBLIC_IPV6_SOURCE: Final = 48
+# Sources that are not the internet: RFC 1918, carrier-grade NAT (RFC 6598), IPv6 unique-local
+# and link-local space. (Python's ``is_private`` is no test: it calls 0.0.0.0/1 private.)
+INTERNAL_SOURCES: Final = tuple(
+    ipaddress.ip_network(text)
+    for text in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+        "fe80::/10",
+    )
+)
+# Azure sources that mean everyone, and the service tag for every public address of Azure
+# itself, where anyone can rent a VM ("AzureCloud", "AzureCloud.eastus").
+_OPEN_WORDS: Final = frozenset({"*", "any", "internet"})
+_OPEN_SERVICE_TAG: Final = re.compile(r"azurecloud(\..+)?", re.IGNORECASE)
+
+# How the program names the main node and what only it carries (infra/clouds/*.py): AWS
+# security group "<name>-main-sg", GCP network tag "<name>-main", Azure application security
+# group "<name>-main-asg"; the main node is "<name>-main" and its Azure NIC "<name>-main-nic".
+MAIN_SECURITY_GROUP: Final = re.compile(r".+-main-sg")
+MAIN_NETWORK_TAG: Final = re.compile(r".+-main")
+MAIN_APPLICATION_SECURITY_GROUP: Final = re.compile(r".+-main-asg")
+MAIN_NODE: Final = re.compile(r".+-main")
+MAIN_NIC: Final = re.compile(r".+-main-nic")
+
+REQUIRED_NODE_TAGS: Final = ("project", "stack")
+
+AWS_INSTANCE: Final = "aws:ec2/instance:Instance"
+AWS_EIP: Final = "aws:ec2/eip:Eip"
+AWS_EIP_ASSOCIATION: Final = "aws:ec2/eipAssociation:EipAssociation"
+AWS_EBS_VOLUME: Final = "aws:ebs/volume:Volume"
+AWS_SECURITY_GROUP: Final = "aws:ec2/securityGroup:SecurityGroup"
+AWS_DEFAULT_SECURITY_GROUP: Final = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+AWS_SECURITY_GROUP_RULE: Final = "aws:ec2/securityGroupRule:SecurityGroupRule"
+AWS_INGRESS_RULE: Final = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+GCP_INSTANCE: Final = "gcp:compute/instance:Instance"
+GCP_FIREWALL: Final = "gcp:compute/firewall:Firewall"
+AZURE_SECURITY_RULE: Final = "azure-native:network:SecurityRule"
+AZURE_NSG: Final = "azure-native:network:NetworkSecurityGroup"
+AZURE_ASG: Final = "azure-native:network:ApplicationSecurityGroup"
+AZURE_NIC: Final = "azure-native:network:NetworkInterface"
+AZURE_VM: Final = "azure-native:compute:VirtualMachine"
+_AWS_GROUPS: Final = (AWS_SECURITY_GROUP, AWS_DEFAULT_SECURITY_GROUP)
+
+
+class _Unknown:
+    """A value Pulumi does not know yet (during a preview). One instance: ``UNKNOWN``."""
+
+    _instance: _Unknown | None = None
+
+    def __new__(cls) -> _Unknown:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Final = _Unknown()
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource of the stack, as the stack check sees it."""
+
+    type: str
+    name: str
+    props: Mapping[str, Any]
+    urn: str = ""
+    # The provider's id when known (under the tests' mocks, "<name>-id").
+    id: str | None = None
+    # Property name -> URNs of the resources its value was computed from.
+    property_dependencies: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+
+class Violation(NamedTuple):
+    message: str
+    urn: str
+
+
+# --- reading properties ------------------------------------------------------------------------
+
+
+def canonical_type(resource_type: str) -> str:
+    """The type token without an Azure API version (``azure-native:network/v20240301:X``)."""
+    return re.sub(r"^(azure-native:[A-Za-z]+)/v[0-9a-z]+:", r"\1:", resource_type)
+
+
+def _known(value: Any) -> bool:
+    return value is not UNKNOWN
+
+
+def _present(value: Any) -> bool:
+    """Set to something: not None, and not an empty string or collection."""
+    if value is None:
+        return False
+    if isinstance(value, str | Sequence | Mapping):
+        return len(value) > 0
+    return True
+
+
+def _items(value: Any) -> list[Any]:
+    """A list property as a list (absent, unknown or not a list: empty)."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return list(value)
+    return []
+
+
+def _strings(value: Any) -> list[Any]:
+    """A string or list-of-strings property as a list; unknown values stay ``UNKNOWN``."""
+    if value is UNKNOWN:
+        return [UNKNOWN]
+    if isinstance(value, str):
+        return [value] if value else []
+    return [v for v in _items(value) if v is UNKNOWN or (isinstance(v, str) and v)]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _flat(rule: Any) -> Mapping[str, Any]:
+    """An Azure sub-resource's fields, whether given flat or under ``properties``."""
+    rule = _mapping(rule)
+    return {**rule, **_mapping(rule.get("properties"))}
+
+
+def _shown(values: Iterable[Any]) -> str:
+    return ", ".join("(unknown)" if v is UNKNOWN else str(v) for v in values)
+
+
+def _label(resource_type: str, name: str) -> str:
+    return f"{resource_type} {name}" if name else resource_type
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def rpc_port(policy_value: Any = None, stack_value: Any = None) -> int:
+    """The RPC port to guard: the policy's ``rpcPort``, else the stack's
+    ``llama-rpc-cluster:rpcPort``, else the program's default (50052)."""
+    for source, value in (
+        (f"policy config {RPC_PORT_KEY}", policy_value),
+        (f"{PROJECT}:{RPC_PORT_KEY}", stack_value),
+    ):
+        if value is None or value == "":
+            continue
+        port = _int(value)
+        if port is None or not 1 <= port <= 65535:
+            raise ValueError(f"{source} is {value!r}; give a TCP port (1-65535)")
+        return port
+    return DEFAULT_RPC_PORT
+
+
+# --- invariant 1: no ingress from the internet --------------------------------------------------
+
+
+def _span(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, int]:
+    return int(network.network_address), int(network.broadcast_address)
+
+
+def _internal(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    first, last = _span(network)
+    return any(
+        space.version == network.version and _span(space)[0] <= first and last <= _span(space)[1]
+        for space in INTERNAL_SOURCES
+    )
+
+
+def _union_size(spans: Iterable[tuple[int, int]]) -> int:
+    """How many addresses some ranges cover together (overlaps counted once)."""
+    total, reach = 0, -1
+    for first, last in sorted(spans):
+        if last > reach:
+            total += last - max(first, reach + 1) + 1
+            reach = last
+    return total
+
+
+def internet_sources(sources: Iterable[Any]) -> list[str]:
+    """The sources of one rule that admit the internet: words meaning everyone, or public
+    ranges that together cover more than a /16 (IPv4) or a /48 (IPv6). Empty when none."""
+    words: list[str] = []
+    public: dict[int, list[tuple[str, tuple[int, int]]]] = {4: [], 6: []}
+    for source in sources:
+        if not isinstance(source, str) or not source.strip():
+            continue
+        text = source.strip()
+        if text.lower() in _OPEN_WORDS or _OPEN_SERVICE_TAG.fullmatch(text):
+            words.append(text)
+            continue
+        try:
+            network = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            continue  # another service tag, or a name: not an address range
+        if not _internal(network):
+            public[network.version].append((text, _span(network)))
+    found = words
+    for version, bits, widest in (
+        (4, 32, WIDEST_PUBLIC_IPV4_SOURCE),
+        (6, 128, WIDEST_PUBLIC_IPV6_SOURCE),
+    ):
+        ranges = public[version]
+        if _union_size(span for _, span in ranges) > 2 ** (bits - widest):
+            found += [text for text, _ in ranges]
+    return found
+
+
+def _open(label: str, what: str, sources: Iterable[Any]) -> list[str]:
+    found = internet_sources(sources)
+    if not found:
+        return []
+    return [
+        f"{label}: {what} admits the internet from {', '.join(found)} (public sources wider "
+        f"than /{WIDEST_PUBLIC_IPV4_SOURCE} in IPv4 or /{WIDEST_PUBLIC_IPV6_SOURCE} in IPv6 "
+        "count as the internet); remove those sources and reach the nodes through the private "
+        "tunnel (connectCommand), or admit only your own network's range"
+    ]
+
+
+def _cidrs(rule: Mapping[str, Any]) -> list[Any]:
+    return _strings(rule.get("cidrBlocks")) + _strings(rule.get("ipv6CidrBlocks"))
+
+
+def _azure_sources(rule: Mapping[str, Any]) -> list[Any]:
+    return _strings(rule.get("sourceAddressPrefix")) + _strings(rule.get("sourceAddressPrefixes"))
+
+
+def _gcp_ingress(props: Mapping[str, Any]) -> bool:
+    direction = props.get("direction")
+    return direction in (None, "", UNKNOWN) or str(direction).upper() == "INGRESS"
+
+
+def _azure_inbound_allow(rule: Mapping[str, Any]) -> bool:
+    return (
+        str(rule.get("direction", "")).lower() == "inbound"
+        and str(rule.get("access", "")).lower() == "allow"
+    )
+
+
+def _open_aws_ingress_rule(label: str, props: Mapping[str, Any]) -> list[str]:
+    return _open(label, "this ingress rule", [props.get("cidrIpv4"), props.get("cidrIpv6")])
+
+
+def _open_aws_group_rule(label: str, props: Mapping[str, Any]) -> list[str]:
+    if str(props.get("type", "")).lower() != "ingress":
+        return []
+    return _open(label, "this ingress rule", _cidrs(props))
+
+
+def _open_aws_group(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, rule in enumerate(_items(props.get("ingress"))):
+        found += _open(label, f"inline ingress[{i}]", _cidrs(_mapping(rule)))
+    return found
+
+
+def _open_gcp_firewall(label: str, props: Mapping[str, Any]) -> list[str]:
+    if not _gcp_ingress(props) or not _items(props.get("allows")):
+        return []  # egress, or a deny rule
+    ranges = _strings(props.get("sourceRanges"))
+    if not ranges and not any(
+        _present(props.get(key)) for key in ("sourceTags", "sourceServiceAccounts")
+    ):
+        return [
+            f"{label}: this ingress rule names no source, and GCP then admits 0.0.0.0/0 (the "
+            "internet); set source_tags (or source_ranges) to the sources that need the port"
+        ]
+    return _open(label, "this ingress rule", ranges)
+
+
+def _open_azure_rule(label: str, props: Mapping[str, Any]) -> list[str]:
+    if not _azure_inbound_allow(props):
+        return []
+    return _open(label, "this inbound Allow rule", _azure_sources(props))
+
+
+def _open_azure_nsg(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, item in enumerate(_items(props.get("securityRules"))):
+        rule = _flat(item)
+        if _azure_inbound_allow(rule):
+            what = f"inbound Allow rule {rule.get('name') or f'securityRules[{i}]'}"
+            found += _open(label, what, _azure_sources(rule))
+    return found
+
+
+_OPEN_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
+    AWS_INGRESS_RULE: _open_aws_ingress_rule,
+    AWS_SECURITY_GROUP_RULE: _open_aws_group_rule,
+    AWS_SECURITY_GROUP: _open_aws_group,
+    AWS_DEFAULT_SECURITY_GROUP: _open_aws_group,
+    GCP_FIREWALL: _open_gcp_firewall,
+    AZURE_SECURITY_RULE: _open_azure_rule,
+    AZURE_NSG: _open_azure_nsg,
+}
+
+
+def no_internet_ingress(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 1: no firewall rule admits the internet, on any port."""
+    check = _OPEN_CHECKS.get(canonical_type(resource_type))
+    return check(_label(resource_type, name), props) if check else []
+
+
+# --- invariant 3: no public addresses on nodes ------------------------------------------------
+
+
+def _public_aws_instance(label: str, props: Mapping[str, Any]) -> list[str]:
+    public = props.get("associatePublicIpAddress")
+    if public is False or not _known(public):
+        return []
+    state = "is not set (the subnet's default decides)" if public is None else "is true"
+    return [
+        f"{label}: associatePublicIpAddress {state}; set associate_public_ip_address=False: "
+        "nodes stay private and reach the internet through the NAT gateway"
+    ]
+
+
+def _public_aws_eip(label: str, props: Mapping[str, Any]) -> list[str]:
+    keys = ("instance", "networkInterface", "instanceId", "networkInterfaceId")
+    attached = [key for key in keys if _present(props.get(key))]
+    if not attached:
+        return []
+    return [
+        f"{label}: gives a node a public address ({', '.join(attached)}); remove the "
+        "attachment: only the NAT gateway holds a public address"
+    ]
+
+
+def _public_gcp_instance(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, nic in enumerate(_items(props.get("networkInterfaces"))):
+        for key in ("accessConfigs", "ipv6AccessConfigs"):
+            value = _mapping(nic).get(key)
+            if _present(value) and _known(value):
+                found.append(
+                    f"{label}: networkInterfaces[{i}].{key} gives the VM an external address; "
+                    f"remove {key}: egress goes through Cloud NAT and access through IAP"
+                )
+    return found
+
+
+def _public_azure_nic(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, config in enumerate(_items(props.get("ipConfigurations"))):
+        for key in ("publicIPAddress", "publicIpAddress"):
+            value = _flat(config).get(key)
+            if _present(value) and _known(value):
+                found.append(
+                    f"{label}: ipConfigurations[{i}].{key} gives the VM a public address; "
+                    "remove it: egress goes through the NAT gateway"
+                )
+    return found
+
+
+def _public_azure_vm(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    network = _mapping(props.get("networkProfile"))
+    for i, nic in enumerate(_items(network.get("networkInterfaceConfigurations"))):
+        for j, config in enumerate(_items(_flat(nic).get("ipConfigurations"))):
+            if _present(_flat(config).get("publicIPAddressConfiguration")):
+                found.append(
+                    f"{label}: networkProfile.networkInterfaceConfigurations[{i}]"
+                    f".ipConfigurations[{j}].publicIPAddressConfiguration gives the VM a public "
+                    "address; remove it: egress goes through the NAT gateway"
+                )
+    return found
+
+
+_PUBLIC_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
+    AWS_INSTANCE: _public_aws_instance,
+    AWS_EIP: _public_aws_eip,
+    AWS_EIP_ASSOCIATION: _public_aws_eip,
+    GCP_INSTANCE: _public_gcp_instance,
+    AZURE_NIC: _public_azure_nic,
+    AZURE_VM: _public_azure_vm,
+}
+
+
+def no_public_addresses(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 3: no node has a public address."""
+    check = _PUBLIC_CHECKS.get(canonical_type(resource_type))
+    return check(_label(resource_type, name), props) if check else []
+
+
+# --- invariant 4: IMDSv2 ---------------------------------------------------------------------
+
+
+def imdsv2_required(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 4: AWS instances answer only session-token (IMDSv2) metadata requests."""
+    if canonical_type(resource_type) != AWS_INSTANCE:
+        return []
+    options = props.get("metadataOptions")
+    tokens = _mapping(options).get("httpTokens")
+    if not _known(options) or not _known(tokens) or tokens == "required":
+        return []
+    state = "is not set (IMDSv1 stays on)" if tokens is None else f"is {tokens!r}"
+    return [
+        f"{_label(resource_type, name)}: metadataOptions.httpTokens {state}; set "
+        'metadata_options={"http_tokens": "required"} (IMDSv2 only), so that a request forged '
+        "through a node cannot read the instance role's credentials"
+    ]
+
+
+# --- invariant 5: encrypted disks --------------------------------------------------------------
+
+
+def _unencrypted(value: Any) -> bool:
+    return _known(value) and value is not True
+
+
+def _disks_aws_instance(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    root = props.get("rootBlockDevice")
+    encrypted = _mapping(root).get("encrypted")
+    if _known(root) and _unencrypted(encrypted):
+        state = "is not set" if encrypted is None else "is false"
+        found.append(
+            f"{label}: rootBlockDevice.encrypted {state} (the root volume would copy the AMI's "
+            'unencrypted snapshot); set root_block_device={"encrypted": True}'
+        )
+    for i, disk in enumerate(_items(props.get("ebsBlockDevices"))):
+        if _unencrypted(_mapping(disk).get("encrypted")):
+            found.append(
+                f"{label}: ebsBlockDevices[{i}].encrypted is not true; set encrypted=True on "
+                "every EBS block device"
+            )
+    return found
+
+
+def _disks_aws_volume(label: str, props: Mapping[str, Any]) -> list[str]:
+    if not _unencrypted(props.get("encrypted")):
+        return []
+    return [f"{label}: this EBS volume is not encrypted; set encrypted=True"]
+
+
+def _disks_azure_vm(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    storage = _mapping(props.get("storageProfile"))
+    disks = [("storageProfile.osDisk", storage.get("osDisk"))] + [
+        (f"storageProfile.dataDisks[{i}]", disk)
+        for i, disk in enumerate(_items(storage.get("dataDisks")))
+    ]
+    for where, disk in disks:
+        if _present(_mapping(disk).get("vhd")):
+            found.append(
+                f"{label}: {where} is an unmanaged VHD in a storage account; use a managed disk "
+                "(managed_disk, no vhd), which Azure encrypts at rest"
+            )
+    # Encryption at host (the host's disk caches) is a stack setting, not required here:
+    # Microsoft does not list it for Cobalt 100 sizes, and it needs a subscription feature.
+    return found
+
+
+_DISK_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
+    AWS_INSTANCE: _disks_aws_instance,
+    AWS_EBS_VOLUME: _disks_aws_volume,
+    AZURE_VM: _disks_azure_vm,
+}
+
+
+def encrypted_disks(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 5: node disks are encrypted at rest (GCP encrypts every disk: nothing to do)."""
+    check = _DISK_CHECKS.get(canonical_type(resource_type))
+    return check(_label(resource_type, name), props) if check else []
+
+
+# --- invariant 6: nodes carry the stack's tags ------------------------------------------------
+
+_TAG_PROPERTY: Final = {AWS_INSTANCE: "tags", GCP_INSTANCE: "labels", AZURE_VM: "tags"}
+
+
+def node_tags(
+    resource_type: str,
+    props: Mapping[str, Any],
+    name: str = "",
+    expected: Mapping[str, str | None] | None = None,
+) -> list[str]:
+    """Invariant 6: every node carries ``project`` and ``stack`` tags (labels on GCP), equal to
+    the stack's own when ``expected`` gives them."""
+    key = _TAG_PROPERTY.get(canonical_type(resource_type))
+    tags = props.get(key) if key else None
+    if key is None or not _known(tags):
+        return []
+    label = _label(resource_type, name)
+    found: list[str] = []
+    for tag in REQUIRED_NODE_TAGS:
+        value = _mapping(tags).get(tag)
+        want = (expected or {}).get(tag)
+        if not _known(value):
+            continue
+        if not isinstance(value, str) or not value:
+            found.append(
+                f"{label}: {key} has no {tag!r}; add {key}[{tag!r}] (the program tags every "
+                "node with project, stack and role: keep its tags)"
+            )
+        elif want and value != want:
+            found.append(f"{label}: {key}[{tag!r}] is {value!r}, not {want!r}; set it to {want!r}")
+    return found
+
+
+RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
+    "no-internet-ingress": no_internet_ingress,
+    "no-public-node-addresses": no_public_addresses,
+    "aws-imdsv2-required": imdsv2_required,
+    "encrypted-node-disks": encrypted_disks,
+    "nodes-carry-stack-tags": node_tags,
+}
+
+
+# --- invariant 2: the RPC port only from the main node ----------------------------------------
+
+
+def _port_ranges(value: Any) -> Iterator[tuple[int, int] | None]:
+    """Port ranges from "80", "50000-50100", "*" (or a list of them); None for one unreadable."""
+    for part in _strings(value):
+        text = "" if part is UNKNOWN else str(part).strip()
+        if text.lower() in ("*", "any"):
+            yield (0, 65535)
+            continue
+        low, _, high = text.partition("-")
+        first, last = _int(low), _int(high or low)
+        yield None if first is None or last is None else (first, last)
+
+
+def _covers(ranges: Iterable[tuple[int, int] | None], port: int) -> bool:
+    """Whether a range includes the port (one that cannot be read counts as including it)."""
+    return any(r is None or r[0] <= port <= r[1] for r in ranges)
+
+
+def _aws_covers(rule: Mapping[str, Any], protocol_key: str, port: int) -> bool:
+    protocol = rule.get(protocol_key)
+    if protocol is UNKNOWN or str(protocol).lower() in ("-1", "all"):
+        return True
+    if str(protocol).lower() not in ("tcp", "6"):
+        return False
+    first, last = _int(rule.get("fromPort")), _int(rule.get("toPort"))
+    return first is None or last is None or first <= port <= last
+
+
+def _gcp_covers(props: Mapping[str, Any], port: int) -> bool:
+    for item in _items(props.get("allows")):
+        allow = _mapping(item)
+        protocol = allow.get("protocol")
+        if protocol is not UNKNOWN and str(protocol).lower() not in ("tcp", "6", "all"):
+            continue
+        ports = allow.get("ports")
+        if not _present(ports) or _covers(_port_ranges(ports), port):
+            return True
+    return False
+
+
+def _azure_covers(rule: Mapping[str, Any], port: int) -> bool:
+    protocol = rule.get("protocol")
+    if protocol is not UNKNOWN and str(protocol).lower() not in ("tcp", "*", "any"):
+        return False
+    ranges = [
+        *_port_ranges(rule.get("destinationPortRange")),
+        *_port_ranges(rule.get("destinationPortRanges")),
+    ]
+    return _covers(ranges, port)
+
+
+def _is_group(resource: Resource) -> bool:
+    return canonical_type(resource.type) in (*_AWS_GROUPS, AZURE_ASG)
+
+
+def _is_main_group(resource: Resource) -> bool:
+    kind = canonical_type(resource.type)
+    if kind in _AWS_GROUPS:
+        return MAIN_SECURITY_GROUP.fullmatch(resource.name) is not None
+    if kind == AZURE_ASG:
+        return MAIN_APPLICATION_SECURITY_GROUP.fullmatch(resource.name) is not None
+    return False
+
+
+class _Stack:
+    """The stack's resources, indexed to tell whether a group reference is the main node's."""
+
+    def __init__(self, resources: Sequence[Resource], port: int) -> None:
+        self.port = port
+        self.by_urn = {r.urn: r for r in resources if r.urn}
+        self.by_id = {r.id: r for r in resources if r.id}
+        self.main = [r for r in resources if _is_main_group(r)]
+        self.main_ids = {r.id for r in self.main if r.id}
+
+    def refers_to_main(self, value: Any, owner: Resource, prop: str) -> bool | None:
+        """Whether a group reference (an id) in ``owner``'s property ``prop`` is a main group:
+        True, False, or None when neither its value nor the property's dependencies tell."""
+        if isinstance(value, str) and value in self.by_id:
+            return _is_main_group(self.by_id[value])
+        groups = [
+            dep
+            for urn in owner.property_dependencies.get(prop, ())
+            if (dep := self.by_urn.get(urn)) is not None and _is_group(dep)
+        ]
+        mains = [g for g in groups if _is_main_group(g)]
+        if groups and len(mains) == len(groups):
+            return True
+        if groups and not mains:
+            return False
+        if isinstance(value, str) and value and not groups:
+            return False  # a known id of no group in this stack
+        return None
+
+    def carries_main(self, values: Iterable[Any], owner: Resource, props: Iterable[str]) -> bool:
+        """Whether a node's list of groups holds a main group, by id or by dependency."""
+        if any(isinstance(v, str) and v in self.main_ids for v in values):
+            return True
+        return any(
+            (dep := self.by_urn.get(urn)) is not None and _is_main_group(dep)
+            for prop in props
+            for urn in owner.property_dependencies.get(prop, ())
+        )
+
+    def why_not(self, verdict: bool | None) -> str:
+        if verdict is False:
+            return "not the main node's"
+        names = ", ".join(sorted(r.name for r in self.main)) or "none in this stack"
+        return f"cannot be traced to the main node's ({names}) in this preview"
+
+
+_AWS_FIX: Final = (
+    "make the main node's security group (*-main-sg) the only source: "
+    "referenced_security_group_id=<main group>.id, with no CIDR or prefix list"
+)
+_GCP_FIX: Final = (
+    "make the main node's network tag (*-main) the only source: source_tags=[<main tag>], "
+    "with no source_ranges or source_service_accounts"
+)
+_AZURE_FIX: Final = (
+    "make the main node's application security group (*-main-asg) the only source: "
+    "source_application_security_groups=[{id: <main ASG>.id}], with no address prefixes"
+)
+
+
+@dataclass
+class _RpcRule:
+    """The sources of one rule that opens the RPC port, and how to report what is wrong."""
+
+    stack: _Stack
+    owner: Resource
+    where: str
+    fix: str
+    problems: list[str] = field(default_factory=list)
+
+    def report(self, problem: str) -> None:
+        self.problems.append(
+            f"{self.where}: opens the RPC port {self.stack.port} {problem}; {self.fix}"
+        )
+
+    def addresses(self, sources: list[Any], kind: str) -> None:
+        if sources:
+            self.report(f"to {_shown(sources)}, not the main node's {kind}")
+
+    def groups(self, references: Iterable[tuple[Any, str]], kind: str) -> None:
+        for value, prop in references:
+            verdict = self.stack.refers_to_main(value, self.owner, prop)
+            if verdict is not True:
+                self.report(f"to {kind} {_shown([value])} ({self.stack.why_not(verdict)})")
+
+
+def _rpc_aws(stack: _Stack, r: Resource) -> list[str]:
+    kind, props, label = canonical_type(r.type), r.props, _label(r.type, r.name)
+    rules: list[tuple[str, Mapping[str, Any], list[Any], list[tuple[Any, str]], bool]] = []
+    if kind == AWS_INGRESS_RULE and _aws_covers(props, "ipProtocol", stack.port):
+        group = props.get("referencedSecurityGroupId")
+        rules.append(
+            (
+                label,
+                props,
+                _strings(props.get("cidrIpv4"))
+                + _strings(props.get("cidrIpv6"))
+                + _strings(props.get("prefixListId")),
+                [(group, "referencedSecurityGroupId")] if _present(group) else [],
+                False,
+            )
+        )
+    elif (
+        kind == AWS_SECURITY_GROUP_RULE
+        and str(props.get("type", "")).lower() == "ingress"
+        and _aws_covers(props, "protocol", stack.port)
+    ):
+        group = props.get("sourceSecurityGroupId")
+        references = [(group, "sourceSecurityGroupId")] if _present(group) else []
+        if props.get("self") is True:
+            references.append((props.get("securityGroupId"), "securityGroupId"))
+        rules.append(
+            (label, props, _cidrs(props) + _strings(props.get("prefixListIds")), references, False)
+        )
+    elif kind in _AWS_GROUPS:
+        for i, item in enumerate(_items(props.get("ingress"))):
+            rule = _mapping(item)
+            if _aws_covers(rule, "protocol", stack.port):
+                references = [(g, "ingress") for g in _strings(rule.get("securityGroups"))]
+                others = _cidrs(rule) + _strings(rule.get("prefixListIds"))
+                rules.append((f"{label} ingress[{i}]", rule, others, references, True))
+    problems: list[str] = []
+    for where, rule, others, references, inline in rules:
+        check = _RpcRule(stack, r, where, _AWS_FIX)
+        check.addresses(others, "group")
+        check.groups(references, "security group")
+        own = rule.get("self") is True
+        if inline and own and not _is_main_group(r):
+            check.report("to its own group (self), not the main node's")
+        if not others and not references and not own:
+            check.report("with no source")
+        problems += check.problems
+    return problems
+
+
+def _rpc_gcp(stack: _Stack, r: Resource) -> list[str]:
+    props = r.props
+    if (
+        canonical_type(r.type) != GCP_FIREWALL
+        or not _gcp_ingress(props)
+        or not _gcp_covers(props, stack.port)
+    ):
+        return []
+    check = _RpcRule(stack, r, _label(r.type, r.name), _GCP_FIX)
+    others = _strings(props.get("sourceRanges")) + _strings(props.get("sourceServiceAccounts"))
+    tags = _strings(props.get("sourceTags"))
+    check.addresses(others, "tag")
+    for tag in tags:
+        if tag is UNKNOWN or not MAIN_NETWORK_TAG.fullmatch(str(tag)):
+            check.report(f"to network tag {_shown([tag])}, not the main node's")
+    if not others and not tags:
+        check.report("with no source (GCP then admits 0.0.0.0/0)")
+    return check.problems
+
+
+def _rpc_azure(stack: _Stack, r: Resource) -> list[str]:
+    kind, label = canonical_type(r.type), _label(r.type, r.name)
+    rules: list[tuple[str, Mapping[str, Any], str]] = []
+    if kind == AZURE_SECURITY_RULE:
+        rules.append((label, r.props, "sourceApplicationSecurityGroups"))
+    elif kind == AZURE_NSG:
+        for i, item in enumerate(_items(r.props.get("securityRules"))):
+            rule = _flat(item)
+            rules.append(
+                (f"{label} rule {rule.get('name') or f'securityRules[{i}]'}", rule, "securityRules")
+            )
+    problems: list[str] = []
+    for where, rule, prop in rules:
+        if not _azure_inbound_allow(rule) or not _azure_covers(rule, stack.port):
+            continue
+        check = _RpcRule(stack, r, where, _AZURE_FIX)
+        prefixes = _azure_sources(rule)
+        groups = _items(rule.get("sourceApplicationSecurityGroups"))
+        check.addresses(prefixes, "application security group")
+        check.groups(
+            ((_mapping(g).get("id") if _known(g) else UNKNOWN, prop) for g in groups),
+            "application security group",
+        )
+        if not prefixes and not groups:
+            check.report("with no source")
+        problems += check.problems
+    return problems
+
+
+def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
+    """A node (or NIC) other than the main node's that carries the main node's group or tag."""
+    kind, props, label = canonical_type(r.type), r.props, _label(r.type, r.name)
+    if kind == AWS_INSTANCE and not MAIN_NODE.fullmatch(r.name):
+        keys = ("vpcSecurityGroupIds", "securityGroups")
+        if stack.carries_main([v for k in keys for v in _strings(props.get(k))], r, keys):
+            return [
+                f"{label}: carries the main node's security group, so it can reach every "
+                "worker's RPC port; give it the workers' group, and keep the main group on the "
+                "main node only"
+            ]
+    elif kind == GCP_INSTANCE and not MAIN_NODE.fullmatch(r.name):
+        tags = [t for t in _strings(props.get("tags")) if isinstance(t, str)]
+        main_tags = [t for t in tags if MAIN_NETWORK_TAG.fullmatch(t)]
+        if main_tags:
+            return [
+                f"{label}: carries the main node's network tag {', '.join(main_tags)}, so it can "
+                "reach every worker's RPC port; remove the tag: only the main node carries it"
+            ]
+    elif kind == AZURE_NIC and not MAIN_NIC.fullmatch(r.name):
+        ids = [
+            _mapping(group).get("id")
+            for config in _items(props.get("ipConfigurations"))
+            for group in _items(_flat(config).get("applicationSecurityGroups"))
+        ]
+        if stack.carries_main(ids, r, ("ipConfigurations",)):
+            return [
+                f"{label}: puts a NIC other than the main node's into the main node's "
+                "application security group, so it can reach every worker's RPC port; use the "
+                "workers' group"
+            ]
+    return []
+
+
+def rpc_only_from_main(
+    resources: Sequence[Resource], port: int = DEFAULT_RPC_PORT
+) -> list[Violation]:
+    """Invariant 2: every rule that opens the RPC port admits the main node's security group,
+    network tag or application security group and nothing else, and only the main node
+    carries that group or tag."""
+    stack = _Stack(resources, port)
+    violations: list[Violation] = []
+    for r in resources:
+        for check in (_rpc_aws, _rpc_gcp, _rpc_azure, _rpc_carriers):
+            violations += [Violation(message, r.urn) for message in check(stack, r)]
+    return violations
+
+
+def check_stack(
+    resources: Sequence[Resource],
+    port: int = DEFAULT_RPC_PORT,
+    expected_tags: Mapping[str, str | None] | None = None,
+) -> dict[str, list[Violation]]:
+    """Every policy over a whole stack, as the pack runs them: policy name -> violations."""
+    result: dict[str, list[Violation]] = {}
+    for policy, validator in RESOURCE_VALIDATORS.items():
+        extra = {"expected": expected_tags} if validator is node_tags else {}
+        result[policy] = [
+            Violation(message, r.urn)
+            for r in resources
+            for message in validator(r.type, r.props, r.name, **extra)
+        ]
+    result["rpc-only-from-main"] = rpc_only_from_main(resources, port)
+    return result

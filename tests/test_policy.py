@@ -1,0 +1,1073 @@
+"""The policy pack (policy/): every stack preset passes every policy under mocks; each invariant,
+broken on a copy of what the program registers, is reported naming the resource and the fix;
+and the pack itself, run by the real pulumi-policy SDK in its own environment, answers the
+engine's analyzer calls as `pulumi preview --policy-pack policy/` would make them."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra import pins
+from infra.local.source import cache_dir
+from policy import rules
+from tests.conftest import REPO, unavailable
+from tests.pulumi_mocks import Deployment, deploy, deployed, stack_config, stack_names
+
+POLICY = REPO / "policy"
+PROJECT = "llama-rpc-cluster"
+RPC_PORT = rules.DEFAULT_RPC_PORT
+POLICIES = [*rules.RESOURCE_VALIDATORS, "rpc-only-from-main"]
+
+
+def cloud_of(stack: str) -> str:
+    return str(stack_config(stack).get(f"{PROJECT}:cloud", "aws"))
+
+
+def preset(cloud: str) -> str:
+    return next(s for s in stack_names() if cloud_of(s) == cloud)
+
+
+def urn(stack: str, typ: str, name: str) -> str:
+    return f"urn:pulumi:{stack}::{PROJECT}::{typ}::{name}"
+
+
+def resources(stack: str, deployment: Deployment | None = None) -> list[rules.Resource]:
+    """What the program registers for a stack, as the stack check sees it: each resource's
+    inputs (copied: the deployments are shared), URN, and the id the mocks give it."""
+    deployment = deployment or deployed(stack)
+    return [
+        rules.Resource(
+            type=r.typ,
+            name=r.name,
+            props=copy.deepcopy(dict(r.inputs)),
+            urn=urn(stack, r.typ, r.name),
+            id=f"{r.name}-id",
+        )
+        for r in deployment.resources
+    ]
+
+
+def violations(
+    stack: str, found: list[rules.Resource], port: int = RPC_PORT
+) -> dict[str, list[rules.Violation]]:
+    return rules.check_stack(found, port, {"project": PROJECT, "stack": stack})
+
+
+def messages(
+    stack: str,
+    found: list[rules.Resource],
+    port: int = RPC_PORT,
+    baseline: list[rules.Resource] | None = None,
+) -> dict[str, list[str]]:
+    """The violations of ``found`` beyond those of the preset as the program makes it (which
+    test_every_preset_passes_every_policy answers for), by policy."""
+    before = violations(stack, resources(stack) if baseline is None else baseline, port)
+    after = violations(stack, found, port)
+    return {k: [v.message for v in vs if v not in before[k]] for k, vs in after.items()}
+
+
+def changed(
+    found: list[rules.Resource], name: str, change: Callable[[dict[str, Any]], object]
+) -> list[rules.Resource]:
+    """The stack with one resource's properties changed (on a copy)."""
+    assert any(r.name == name for r in found), f"no resource {name}"
+    out = []
+    for r in found:
+        if r.name != name:
+            out.append(r)
+            continue
+        props = copy.deepcopy(dict(r.props))
+        change(props)
+        out.append(rules.Resource(r.type, r.name, props, r.urn, r.id, r.property_dependencies))
+    return out
+
+
+def added(
+    stack: str, found: list[rules.Resource], typ: str, name: str, props: dict[str, Any]
+) -> list[rules.Resource]:
+    return [*found, rules.Resource(typ, name, props, urn(stack, typ, name), f"{name}-id")]
+
+
+def only(result: dict[str, list[str]], policy: str, name: str, *fix: str) -> list[str]:
+    """The violations, all of one policy; each names the resource, and one names the fix."""
+    assert result[policy], f"{policy} reported nothing"
+    others = {k: v for k, v in result.items() if k != policy and v}
+    assert not others, others
+    assert all(name in m for m in result[policy]), result[policy]
+    assert any(all(word in m for word in fix) for m in result[policy]), result[policy]
+    return result[policy]
+
+
+def reported(result: dict[str, list[str]], policy: str, name: str, *fix: str) -> None:
+    assert any(name in m and all(w in m for w in fix) for m in result[policy]), result
+
+
+# --- every preset passes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_every_preset_passes_every_policy(stack: str) -> None:
+    found = resources(stack)
+    result = violations(stack, found)
+    assert sorted(result) == sorted(POLICIES)
+    problems = [f"{policy}: {v.message}" for policy, found_ in result.items() for v in found_]
+    assert not problems, "\n".join(problems)
+    # ... and not because nothing applied: each preset has nodes and firewall rules.
+    nodes = {rules.AWS_INSTANCE, rules.GCP_INSTANCE, rules.AZURE_VM}
+    firewall = {rules.AWS_INGRESS_RULE, rules.GCP_FIREWALL, rules.AZURE_SECURITY_RULE}
+    assert any(r.type in nodes for r in found)
+    assert any(r.type in firewall for r in found)
+
+
+def test_a_preset_on_another_rpc_port_passes_on_that_port() -> None:
+    stack = preset("aws")
+    d = deploy(stack, {f"{PROJECT}:rpcPort": 50060})
+    found = resources(stack, d)
+    assert not any(violations(stack, found, 50060).values())
+    # Its RPC rule from a CIDR is caught on port 50060, and is nothing to port 50052.
+    name = f"{PROJECT}-worker-rpc-from-main"
+    bad = changed(
+        found, name, lambda p: p.update(referencedSecurityGroupId=None, cidrIpv4="10.42.0.10/32")
+    )
+    only(
+        messages(stack, bad, 50060, baseline=found),
+        "rpc-only-from-main",
+        name,
+        "50060",
+        "referenced_security_group_id",
+    )
+    assert not messages(stack, bad, 50052, baseline=found)["rpc-only-from-main"]
+
+
+@pytest.mark.parametrize(
+    ("cloud", "options"),
+    [
+        ("aws", {"apiAllowedCidrs": ["203.0.113.0/24", "10.0.0.0/8"]}),
+        ("gcp", {"apiAllowedCidrs": ["203.0.113.0/24"]}),
+        (
+            "azure",
+            {"apiAllowedCidrs": ["203.0.113.0/24"], "bastion": True, "encryptionAtHost": True},
+        ),
+        ("azure", {"encryptionAtHost": True}),
+    ],
+)
+def test_the_programs_options_stay_within_the_policy(cloud: str, options: dict[str, Any]) -> None:
+    stack = preset(cloud)
+    found = resources(stack, deploy(stack, {f"{PROJECT}:{k}": v for k, v in options.items()}))
+    assert not any(violations(stack, found).values()), violations(stack, found)
+
+
+# --- 1. no ingress from the internet ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {"cidrIpv4": "0.0.0.0/0"},
+        {"cidrIpv6": "::/0"},
+        {"cidrIpv4": "0.0.0.0/1"},
+        {"cidrIpv4": "128.0.0.0/1"},
+        {"cidrIpv4": "52.0.0.0/8"},
+        {"cidrIpv6": "2001:db8::/32"},
+    ],
+)
+def test_aws_ingress_from_the_internet_is_reported(sources: dict[str, str]) -> None:
+    stack = preset("aws")
+    name = "hand-edited-api"
+    rule = {
+        "securityGroupId": f"{PROJECT}-main-sg-id",
+        "ipProtocol": "tcp",
+        "fromPort": 8080,
+        "toPort": 8080,
+        **sources,
+    }
+    found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, name, rule)
+    only(messages(stack, found), "no-internet-ingress", name, *sources.values(), "remove")
+
+
+def test_the_internet_split_in_halves_is_still_the_internet() -> None:
+    stack = preset("aws")
+    group = f"{PROJECT}-main-sg"
+    split = ["0.0.0.0/1", "128.0.0.0/1"]
+    inline = [{"protocol": "tcp", "fromPort": 8080, "toPort": 8080, "cidrBlocks": split}]
+    found = changed(resources(stack), group, lambda p: p.update(ingress=inline))
+    only(messages(stack, found), "no-internet-ingress", group, "0.0.0.0/1, 128.0.0.0/1")
+    rule = {
+        "type": "ingress",
+        "securityGroupId": f"{group}-id",
+        "protocol": "tcp",
+        "fromPort": 8080,
+        "toPort": 8080,
+        "cidrBlocks": split,
+    }
+    found = added(stack, resources(stack), rules.AWS_SECURITY_GROUP_RULE, "halves", rule)
+    only(messages(stack, found), "no-internet-ingress", "halves", "0.0.0.0/1, 128.0.0.0/1")
+
+
+def test_many_narrow_public_ranges_in_one_rule_count_together() -> None:
+    assert rules.internet_sources(["35.235.240.0/20", "198.51.100.0/24"]) == []
+    assert rules.internet_sources(["52.1.0.0/16"]) == []  # a /16 is the widest public source
+    assert rules.internet_sources(["52.1.0.0/17", "52.1.128.0/17"]) == []  # one /16 together
+    pieces = ["52.1.0.0/17", "52.1.128.0/17", "52.2.0.0/17"]
+    assert rules.internet_sources(pieces) == pieces
+    # Private space is never the internet, however wide; Python's is_private is not the test.
+    assert rules.internet_sources(["10.0.0.0/8", "172.16.0.0/12", "100.64.0.0/10"]) == []
+    assert rules.internet_sources(["fc00::/7"]) == []
+    assert rules.internet_sources(["0.0.0.0/1"]) == ["0.0.0.0/1"]
+
+
+def test_gcp_firewall_open_to_the_internet_on_the_rpc_port_is_reported() -> None:
+    stack = preset("gcp")
+    name = f"{PROJECT}-worker-rpc-from-main"
+    found = changed(resources(stack), name, lambda p: p.update(sourceRanges=["0.0.0.0/0"]))
+    result = messages(stack, found)
+    reported(result, "no-internet-ingress", name, "0.0.0.0/0", "remove")
+    reported(result, "rpc-only-from-main", name, "0.0.0.0/0", "source_tags=[<main tag>]")
+    assert {k for k, v in result.items() if v} == {"no-internet-ingress", "rpc-only-from-main"}
+
+
+def test_gcp_firewall_without_a_source_admits_everyone() -> None:
+    stack = preset("gcp")
+    name = f"{PROJECT}-main-api-from-iap"
+    found = changed(resources(stack), name, lambda p: p.pop("sourceRanges"))
+    only(messages(stack, found), "no-internet-ingress", name, "0.0.0.0/0", "source_tags")
+
+
+def test_gcp_iap_range_and_deny_rules_are_not_the_internet() -> None:
+    stack = preset("gcp")
+    deny = {"direction": "INGRESS", "denies": [{"protocol": "all"}], "sourceRanges": ["0.0.0.0/0"]}
+    egress = {
+        "direction": "EGRESS",
+        "allows": [{"protocol": "tcp", "ports": ["443"]}],
+        "destinationRanges": ["0.0.0.0/0"],
+    }
+    found = added(stack, resources(stack), rules.GCP_FIREWALL, "deny-all", deny)
+    found = added(stack, found, rules.GCP_FIREWALL, "egress-https", egress)
+    assert messages(stack, found) == {policy: [] for policy in POLICIES}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"sourceAddressPrefix": "*"},
+        {"sourceAddressPrefix": "Internet"},
+        {"sourceAddressPrefix": "0.0.0.0/0"},
+        {"sourceAddressPrefix": "AzureCloud"},
+        {"sourceAddressPrefixes": ["0.0.0.0/1", "128.0.0.0/1"]},
+    ],
+)
+def test_azure_inbound_allow_from_the_internet_is_reported(source: dict[str, Any]) -> None:
+    stack = preset("azure")
+    name = "hand-edited-api"
+    rule = {
+        "direction": "Inbound",
+        "access": "Allow",
+        "protocol": "Tcp",
+        "priority": 120,
+        "destinationPortRange": "8080",
+        "destinationApplicationSecurityGroups": [{"id": f"{PROJECT}-main-asg-id"}],
+        **source,
+    }
+    found = added(stack, resources(stack), rules.AZURE_SECURITY_RULE, name, rule)
+    shown = source.get("sourceAddressPrefix") or ", ".join(source["sourceAddressPrefixes"])
+    only(messages(stack, found), "no-internet-ingress", name, shown, "remove")
+
+
+def test_azure_nsg_inline_rule_from_anywhere_is_reported() -> None:
+    stack = preset("azure")
+    name = f"{PROJECT}-nsg"
+    inline = [
+        {
+            "name": "ssh-from-anywhere",
+            "direction": "Inbound",
+            "access": "Allow",
+            "protocol": "Tcp",
+            "sourceAddressPrefix": "*",
+            "destinationPortRange": "22",
+        }
+    ]
+    found = changed(resources(stack), name, lambda p: p.update(securityRules=inline))
+    only(messages(stack, found), "no-internet-ingress", name, "ssh-from-anywhere", "*")
+
+
+# --- 2. RPC only from the main node -----------------------------------------------------------
+
+AWS_RPC = f"{PROJECT}-worker-rpc-from-main"
+
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        ({"referencedSecurityGroupId": None, "cidrIpv4": "10.42.0.10/32"}, "10.42.0.10/32"),
+        ({"cidrIpv4": "10.42.0.0/24"}, "10.42.0.0/24"),
+        ({"referencedSecurityGroupId": f"{PROJECT}-worker-sg-id"}, f"{PROJECT}-worker-sg-id"),
+        ({"referencedSecurityGroupId": "sg-0123456789abcdef0"}, "sg-0123456789abcdef0"),
+        ({"referencedSecurityGroupId": None, "prefixListId": "pl-12345678"}, "pl-12345678"),
+    ],
+)
+def test_aws_rpc_rule_from_anything_but_the_main_group_is_reported(
+    change: dict[str, Any], shown: str
+) -> None:
+    stack = preset("aws")
+    found = changed(resources(stack), AWS_RPC, lambda p: p.update(change))
+    only(
+        messages(stack, found), "rpc-only-from-main", AWS_RPC, shown, "referenced_security_group_id"
+    )
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"ipProtocol": "-1", "referencedSecurityGroupId": f"{PROJECT}-worker-sg-id"},
+        {"ipProtocol": "tcp", "fromPort": 0, "toPort": 65535, "cidrIpv4": "10.42.0.0/16"},
+        {"ipProtocol": "6", "fromPort": 50000, "toPort": 50100, "cidrIpv4": "10.0.0.0/8"},
+    ],
+)
+def test_aws_rules_whose_ports_include_the_rpc_port_count(rule: dict[str, Any]) -> None:
+    stack = preset("aws")
+    name = "wide-ports"
+    props = {"securityGroupId": f"{PROJECT}-worker-sg-id", **rule}
+    found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, name, props)
+    only(messages(stack, found), "rpc-only-from-main", name, f"RPC port {RPC_PORT}")
+    # The same sources on the API port only are none of this policy's business.
+    props |= {"ipProtocol": "tcp", "fromPort": 8080, "toPort": 8080}
+    found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, name, props)
+    assert messages(stack, found) == {policy: [] for policy in POLICIES}
+
+
+def test_aws_inline_and_self_rules_on_the_rpc_port_are_reported() -> None:
+    stack = preset("aws")
+    group = f"{PROJECT}-worker-sg"
+    inline = [{"protocol": "tcp", "fromPort": RPC_PORT, "toPort": RPC_PORT, "self": True}]
+    found = changed(resources(stack), group, lambda p: p.update(ingress=inline))
+    only(
+        messages(stack, found), "rpc-only-from-main", group, "self", "referenced_security_group_id"
+    )
+    inline = [
+        {
+            "protocol": "tcp",
+            "fromPort": RPC_PORT,
+            "toPort": RPC_PORT,
+            "securityGroups": [f"{PROJECT}-main-sg-id"],
+        }
+    ]
+    found = changed(resources(stack), group, lambda p: p.update(ingress=inline))
+    assert messages(stack, found) == {policy: [] for policy in POLICIES}
+    self_rule = {
+        "type": "ingress",
+        "securityGroupId": f"{group}-id",
+        "protocol": "-1",
+        "fromPort": 0,
+        "toPort": 0,
+        "self": True,
+    }
+    found = added(stack, resources(stack), rules.AWS_SECURITY_GROUP_RULE, "self-all", self_rule)
+    only(messages(stack, found), "rpc-only-from-main", "self-all", f"{group}-id")
+
+
+def test_aws_a_worker_carrying_the_main_group_is_reported() -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-worker-1"
+    found = changed(
+        resources(stack),
+        name,
+        lambda p: p["vpcSecurityGroupIds"].append(f"{PROJECT}-main-sg-id"),
+    )
+    only(
+        messages(stack, found),
+        "rpc-only-from-main",
+        name,
+        "main node's security group",
+        "workers' group",
+    )
+
+
+GCP_RPC = f"{PROJECT}-worker-rpc-from-main"
+
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        ({"sourceTags": [f"{PROJECT}-worker"]}, f"{PROJECT}-worker"),
+        ({"sourceRanges": ["10.42.0.10/32"]}, "10.42.0.10/32"),
+        ({"sourceTags": None, "sourceServiceAccounts": ["x@p.iam.gserviceaccount.com"]}, "x@p"),
+        ({"allows": [{"protocol": "all"}], "sourceRanges": ["10.42.0.0/24"]}, "10.42.0.0/24"),
+    ],
+)
+def test_gcp_rpc_rule_from_anything_but_the_main_tag_is_reported(
+    change: dict[str, Any], shown: str
+) -> None:
+    stack = preset("gcp")
+    found = changed(resources(stack), GCP_RPC, lambda p: p.update(change))
+    only(messages(stack, found), "rpc-only-from-main", GCP_RPC, shown, "source_tags=[<main tag>]")
+
+
+def test_gcp_a_worker_carrying_the_main_tag_is_reported() -> None:
+    stack = preset("gcp")
+    name = f"{PROJECT}-worker-2"
+    found = changed(resources(stack), name, lambda p: p["tags"].append(f"{PROJECT}-main"))
+    only(messages(stack, found), "rpc-only-from-main", name, f"{PROJECT}-main", "remove the tag")
+
+
+AZURE_RPC = f"{PROJECT}-allow-rpc-from-main"
+
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        (
+            {"sourceApplicationSecurityGroups": None, "sourceAddressPrefix": "10.42.0.10"},
+            "10.42.0.10",
+        ),
+        (
+            {"sourceApplicationSecurityGroups": None, "sourceAddressPrefix": "VirtualNetwork"},
+            "VirtualNetwork",
+        ),
+        (
+            {"sourceApplicationSecurityGroups": [{"id": f"{PROJECT}-worker-asg-id"}]},
+            f"{PROJECT}-worker-asg-id",
+        ),
+        (
+            {
+                "destinationPortRange": "*",
+                "sourceApplicationSecurityGroups": None,
+                "sourceAddressPrefix": "10.0.0.0/8",
+            },
+            "10.0.0.0/8",
+        ),
+    ],
+)
+def test_azure_rpc_rule_from_anything_but_the_main_asg_is_reported(
+    change: dict[str, Any], shown: str
+) -> None:
+    stack = preset("azure")
+    found = changed(resources(stack), AZURE_RPC, lambda p: p.update(change))
+    only(
+        messages(stack, found),
+        "rpc-only-from-main",
+        AZURE_RPC,
+        shown,
+        "source_application_security_groups",
+    )
+
+
+def test_azure_a_worker_nic_in_the_main_asg_is_reported() -> None:
+    stack = preset("azure")
+    name = f"{PROJECT}-worker-1-nic"
+    main_asg = {"id": f"{PROJECT}-main-asg-id"}
+    found = changed(
+        resources(stack),
+        name,
+        lambda p: p["ipConfigurations"][0]["applicationSecurityGroups"].append(main_asg),
+    )
+    only(
+        messages(stack, found),
+        "rpc-only-from-main",
+        name,
+        "application security group",
+        "workers' group",
+    )
+
+
+def test_a_preview_traces_unknown_group_ids_through_dependencies() -> None:
+    """In a first preview no group has an id yet: the RPC rule's source is unknown, and the
+    property's dependencies say which group it came from."""
+    stack = preset("aws")
+    found = [
+        rules.Resource(r.type, r.name, r.props, r.urn, None, r.property_dependencies)
+        for r in resources(stack)
+    ]
+    rpc = next(r for r in found if r.name == AWS_RPC)
+    unknown = {**rpc.props, "referencedSecurityGroupId": rules.UNKNOWN}
+
+    def with_deps(group: str | None) -> list[rules.Resource]:
+        deps = {"referencedSecurityGroupId": [urn(stack, rules.AWS_SECURITY_GROUP, group)]}
+        rule = rules.Resource(rpc.type, rpc.name, unknown, rpc.urn, None, deps if group else {})
+        return [rule if r is rpc else r for r in found]
+
+    assert not rules.rpc_only_from_main(with_deps(f"{PROJECT}-main-sg"))
+    [worker] = rules.rpc_only_from_main(with_deps(f"{PROJECT}-worker-sg"))
+    assert worker.urn == rpc.urn and "not the main node's" in worker.message
+    [untraced] = rules.rpc_only_from_main(with_deps(None))
+    assert f"cannot be traced to the main node's ({PROJECT}-main-sg)" in untraced.message
+    # Without ids and without dependencies, a known id of no group here is not the main's.
+    known = rules.Resource(
+        rpc.type, rpc.name, {**rpc.props, "referencedSecurityGroupId": "sg-1"}, rpc.urn
+    )
+    assert rules.rpc_only_from_main([known if r is rpc else r for r in found])
+
+
+# --- 3. no public addresses -------------------------------------------------------------------
+
+
+def test_aws_public_addresses_are_reported() -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-main"
+    for change in (
+        lambda p: p.update(associatePublicIpAddress=True),
+        lambda p: p.pop("associatePublicIpAddress"),
+    ):
+        found = changed(resources(stack), name, change)
+        only(
+            messages(stack, found),
+            "no-public-node-addresses",
+            name,
+            "associate_public_ip_address=False",
+        )
+    found = added(stack, resources(stack), rules.AWS_EIP, "main-ip", {"instance": f"{name}-id"})
+    only(messages(stack, found), "no-public-node-addresses", "main-ip", "remove the attachment")
+    association = {"instanceId": f"{name}-id", "allocationId": "eipalloc-1"}
+    found = added(
+        stack, resources(stack), "aws:ec2/eipAssociation:EipAssociation", "assoc", association
+    )
+    only(messages(stack, found), "no-public-node-addresses", "assoc", "remove the attachment")
+
+
+@pytest.mark.parametrize("key", ["accessConfigs", "ipv6AccessConfigs"])
+def test_gcp_external_addresses_are_reported(key: str) -> None:
+    stack = preset("gcp")
+    name = f"{PROJECT}-worker-1"
+    found = changed(resources(stack), name, lambda p: p["networkInterfaces"][0].update({key: [{}]}))
+    only(messages(stack, found), "no-public-node-addresses", name, f"remove {key}")
+
+
+def test_azure_public_addresses_are_reported() -> None:
+    stack = preset("azure")
+    nic = f"{PROJECT}-main-nic"
+    public = {
+        "id": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/publicIPAddresses/x"
+    }
+    found = changed(
+        resources(stack), nic, lambda p: p["ipConfigurations"][0].update(publicIPAddress=public)
+    )
+    only(messages(stack, found), "no-public-node-addresses", nic, "publicIPAddress", "remove it")
+    vm = f"{PROJECT}-main"
+    configs = [
+        {
+            "name": "nic",
+            "ipConfigurations": [{"name": "ip", "publicIPAddressConfiguration": {"name": "pip"}}],
+        }
+    ]
+    found = changed(
+        resources(stack),
+        vm,
+        lambda p: p["networkProfile"].update(networkInterfaceConfigurations=configs),
+    )
+    only(messages(stack, found), "no-public-node-addresses", vm, "publicIPAddressConfiguration")
+
+
+# --- 4. IMDSv2 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: p["metadataOptions"].update(httpTokens="optional"),
+        lambda p: p["metadataOptions"].pop("httpTokens"),
+        lambda p: p.pop("metadataOptions"),
+    ],
+)
+def test_aws_instances_without_imdsv2_are_reported(
+    change: Callable[[dict[str, Any]], object],
+) -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-worker-1"
+    found = changed(resources(stack), name, change)
+    only(messages(stack, found), "aws-imdsv2-required", name, '"http_tokens": "required"')
+
+
+# --- 5. encrypted disks -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p["rootBlockDevice"].update(encrypted=False), "root_block_device"),
+        (lambda p: p["rootBlockDevice"].pop("encrypted"), "root_block_device"),
+        (lambda p: p.pop("rootBlockDevice"), "root_block_device"),
+        (
+            lambda p: p.update(ebsBlockDevices=[{"deviceName": "/dev/sdf", "volumeSize": 100}]),
+            "every EBS",
+        ),
+    ],
+)
+def test_aws_unencrypted_disks_are_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-main"
+    found = changed(resources(stack), name, change)
+    only(messages(stack, found), "encrypted-node-disks", name, fix)
+    volume = {"availabilityZone": "us-east-1a", "size": 100, "encrypted": False}
+    found = added(stack, resources(stack), rules.AWS_EBS_VOLUME, "data", volume)
+    only(messages(stack, found), "encrypted-node-disks", "data", "encrypted=True")
+
+
+def test_azure_unmanaged_disks_are_reported() -> None:
+    stack = preset("azure")
+    name = f"{PROJECT}-worker-2"
+    vhd = {"uri": "https://account.blob.core.windows.net/vhds/os.vhd"}
+
+    def unmanaged(p: dict[str, Any]) -> None:
+        p["storageProfile"]["osDisk"].pop("managedDisk")
+        p["storageProfile"]["osDisk"]["vhd"] = vhd
+
+    found = changed(resources(stack), name, unmanaged)
+    only(messages(stack, found), "encrypted-node-disks", name, "osDisk", "managed disk")
+
+
+# --- 6. stack tags ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize("tag", ["project", "stack"])
+def test_a_node_without_the_stack_tags_is_reported(cloud: str, tag: str) -> None:
+    stack = preset(cloud)
+    key = "labels" if cloud == "gcp" else "tags"
+    name = f"{PROJECT}-main"
+    found = changed(resources(stack), name, lambda p: p[key].pop(tag))
+    only(messages(stack, found), "nodes-carry-stack-tags", name, f"{key}[{tag!r}]", "add")
+    found = changed(resources(stack), name, lambda p: p[key].update({tag: "someone-else"}))
+    only(messages(stack, found), "nodes-carry-stack-tags", name, "'someone-else'", "set it to")
+
+
+# --- what the checks take, and what they leave to the engine -----------------------------------
+
+
+def test_resource_checks_never_report_a_value_a_preview_does_not_know() -> None:
+    unknown = rules.UNKNOWN
+    checks = [
+        (
+            rules.AWS_INSTANCE,
+            {
+                "associatePublicIpAddress": unknown,
+                "metadataOptions": unknown,
+                "rootBlockDevice": unknown,
+                "tags": unknown,
+            },
+        ),
+        (
+            rules.AWS_INSTANCE,
+            {
+                "associatePublicIpAddress": False,
+                "metadataOptions": {"httpTokens": unknown},
+                "rootBlockDevice": {"encrypted": unknown},
+                "ebsBlockDevices": [{"encrypted": unknown}],
+                "tags": {"project": unknown, "stack": unknown},
+            },
+        ),
+        (rules.AWS_INGRESS_RULE, {"cidrIpv4": unknown}),
+        (rules.GCP_FIREWALL, {"allows": [{"protocol": "tcp"}], "sourceRanges": unknown}),
+        (
+            rules.GCP_INSTANCE,
+            {"networkInterfaces": [{"accessConfigs": unknown}], "labels": unknown},
+        ),
+        (
+            rules.AZURE_SECURITY_RULE,
+            {"direction": "Inbound", "access": "Allow", "sourceAddressPrefix": unknown},
+        ),
+    ]
+    for typ, props in checks:
+        for policy, validator in rules.RESOURCE_VALIDATORS.items():
+            assert validator(typ, props, "x") == [], (policy, typ, props)
+
+
+def test_azure_versioned_types_are_checked_too() -> None:
+    props = {"direction": "Inbound", "access": "Allow", "sourceAddressPrefix": "*"}
+    assert rules.no_internet_ingress("azure-native:network/v20240301:SecurityRule", props, "r")
+
+
+def test_the_rpc_port_comes_from_policy_config_then_stack_config_then_the_default() -> None:
+    assert rules.DEFAULT_RPC_PORT == pins.RPC_PORT
+    assert rules.rpc_port() == pins.RPC_PORT
+    assert rules.rpc_port(None, "50060") == 50060
+    assert rules.rpc_port(50070.0, "50060") == 50070  # policy config numbers arrive as floats
+    with pytest.raises(ValueError, match="llama-rpc-cluster:rpcPort is 'http'"):
+        rules.rpc_port(None, "http")
+    with pytest.raises(ValueError, match="policy config rpcPort is 70000"):
+        rules.rpc_port(70000)
+
+
+def test_the_rules_import_neither_pulumi_nor_pulumi_policy() -> None:
+    """They run in the pack's environment and the project's alike."""
+    code = (
+        "import sys; sys.path.insert(0, 'policy'); import rules; "
+        "assert not {m.split('.')[0] for m in sys.modules} & {'pulumi', 'pulumi_policy'}"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# --- the pack itself, under the real pulumi-policy SDK ----------------------------------------
+
+
+def policy_python() -> Path:
+    """A Python with the pack's requirements.txt (pulumi-policy pins a protobuf the project's
+    lock does not share), made once per requirements and kept in the cache."""
+    requirements = (POLICY / "requirements.txt").read_bytes()
+    key = hashlib.sha256(requirements + sys.version.encode()).hexdigest()[:16]
+    venv = cache_dir() / "policy-venv" / key
+    python = venv / "bin" / "python"
+    if python.exists():
+        return python
+    uv = shutil.which("uv")
+    if uv is None:
+        unavailable("uv is not installed (scripts/install-deps installs it)")
+    assert uv is not None
+    building = venv.with_name(f"{key}.tmp")
+    shutil.rmtree(building, ignore_errors=True)
+    steps = [
+        [uv, "venv", "--quiet", "--python", sys.executable, str(building)],
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(building / "bin" / "python"),
+            "-r",
+            str(POLICY / "requirements.txt"),
+        ],
+    ]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            unavailable(f"cannot install policy/requirements.txt: {result.stderr.strip()[-500:]}")
+    building.rename(venv)
+    return python
+
+
+class Pack:
+    """The policy pack served as the Pulumi CLI serves it, and an engine-side client."""
+
+    def __init__(self, stack: str, config: dict[str, str]) -> None:
+        import grpc
+        from pulumi.runtime.proto import analyzer_pb2_grpc
+
+        env = {
+            "PATH": os.environ["PATH"],
+            "PULUMI_PROJECT": PROJECT,
+            "PULUMI_STACK": stack,
+            "PULUMI_DRY_RUN": "true",
+            "PULUMI_CONFIG": json.dumps(config),
+        }
+        # What pulumi-language-python runs for a policy pack: `python -u -m pulumi.policy
+        # <engine> <pack directory>`, in the pack's directory.
+        self.process = subprocess.Popen(
+            [str(policy_python()), "-u", "-m", "pulumi.policy", "127.0.0.1:1", str(POLICY)],
+            cwd=POLICY,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        stdout, stderr = self.process.stdout, self.process.stderr
+        assert stdout is not None and stderr is not None
+        # The pack prints the port it serves on, as every plugin does.
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
+        if not line or not line[0].strip().isdigit():
+            self.close()
+            pytest.fail(f"the policy pack did not start: {stderr.read()}")
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{line[0].strip()}")
+        self.stub = analyzer_pb2_grpc.AnalyzerStub(self.channel)
+
+    def close(self) -> None:
+        if hasattr(self, "channel"):
+            self.channel.close()
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def pack() -> Iterator[Callable[..., Pack]]:
+    started: dict[tuple[str, str], Pack] = {}
+
+    def start(stack: str, config: dict[str, str] | None = None) -> Pack:
+        config = config or {f"{PROJECT}:cloud": cloud_of(stack)}
+        key = (stack, json.dumps(config, sort_keys=True))
+        if key not in started:
+            started[key] = Pack(stack, config)
+        return started[key]
+
+    yield start
+    for running in started.values():
+        running.close()
+
+
+def struct(props: Any) -> Any:
+    from google.protobuf import json_format, struct_pb2
+    from pulumi.runtime.rpc import UNKNOWN
+
+    def wire(value: Any) -> Any:
+        if value is rules.UNKNOWN:
+            return UNKNOWN  # how the engine sends a value a preview does not know
+        if isinstance(value, dict):
+            return {k: wire(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [wire(v) for v in value]
+        return value
+
+    return json_format.ParseDict(wire(dict(props)), struct_pb2.Struct())
+
+
+def as_engine_sends(found: list[rules.Resource]) -> list[rules.Resource]:
+    """The stack as the engine describes it to a policy: no ids, but for each property the
+    resources whose outputs it was computed from (here: whose mock id it holds)."""
+    urn_of_id = {r.id: r.urn for r in found if r.id}
+
+    def referenced(value: Any) -> Iterator[str]:
+        if isinstance(value, str) and value in urn_of_id:
+            yield urn_of_id[value]
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from referenced(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from referenced(item)
+
+    return [
+        rules.Resource(
+            r.type,
+            r.name,
+            r.props,
+            r.urn,
+            None,
+            {
+                key: deps
+                for key, value in r.props.items()
+                if (deps := sorted(set(referenced(value))))
+            },
+        )
+        for r in found
+    ]
+
+
+def analyze(pack: Pack, found: list[rules.Resource]) -> list[Any]:
+    """Every resource check, then the stack check, as the engine calls them: the diagnostics."""
+    from pulumi.runtime.proto import analyzer_pb2
+
+    diagnostics = []
+    for r in found:
+        request = analyzer_pb2.AnalyzeRequest(
+            type=r.type, properties=struct(r.props), urn=r.urn, name=r.name
+        )
+        diagnostics += pack.stub.Analyze(request).diagnostics
+    stack = analyzer_pb2.AnalyzeStackRequest(
+        resources=[
+            analyzer_pb2.AnalyzerResource(
+                type=r.type,
+                properties=struct(r.props),
+                urn=r.urn,
+                name=r.name,
+                propertyDependencies={
+                    k: analyzer_pb2.AnalyzerPropertyDependencies(urns=list(v))
+                    for k, v in r.property_dependencies.items()
+                },
+            )
+            for r in found
+        ]
+    )
+    return [*diagnostics, *pack.stub.AnalyzeStack(stack).diagnostics]
+
+
+Report = tuple[str, str, str]
+
+
+def report(diagnostics: list[Any]) -> list[Report]:
+    """Each diagnostic's policy, message (after the policy description the SDK puts first) and
+    URN (the engine fills in a resource check's own)."""
+    return sorted((d.policyName, d.message.split("\n", 1)[-1], d.urn) for d in diagnostics)
+
+
+def expected(stack: str, found: list[rules.Resource], port: int = RPC_PORT) -> list[Report]:
+    """What the rules say of the same resources, in the same form."""
+    result = rules.check_stack(found, port, {"project": PROJECT, "stack": stack})
+    return sorted(
+        (policy, v.message, v.urn if policy == "rpc-only-from-main" else "")
+        for policy, found_violations in result.items()
+        for v in found_violations
+    )
+
+
+def new_reports(
+    pack: Pack, before: list[rules.Resource], after: list[rules.Resource]
+) -> list[Report]:
+    old = set(report(analyze(pack, before)))
+    return [r for r in report(analyze(pack, after)) if r not in old]
+
+
+def test_the_pack_declares_every_policy_mandatory(pack: Callable[..., Pack]) -> None:
+    from google.protobuf import empty_pb2
+    from pulumi.runtime.proto import analyzer_pb2
+
+    info = pack(preset("aws")).stub.GetAnalyzerInfo(empty_pb2.Empty())
+    assert info.name == "llama-rpc-cluster-security"
+    assert sorted(p.name for p in info.policies) == sorted(POLICIES)
+    assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+    kinds = {p.name: p.policy_type for p in info.policies}
+    assert kinds.pop("rpc-only-from-main") == analyzer_pb2.POLICY_TYPE_STACK
+    assert set(kinds.values()) == {analyzer_pb2.POLICY_TYPE_RESOURCE}
+    pack_file = yaml.safe_load((POLICY / "PulumiPolicy.yaml").read_text())
+    assert pack_file["runtime"]["name"] == "python"
+    rpc = next(p for p in info.policies if p.name == "rpc-only-from-main")
+    assert "rpcPort" in rpc.configSchema.properties
+    assert all(p.remediation_steps for p in info.policies)
+
+
+def engine_view(stack: str, *, first_preview: bool = False) -> list[rules.Resource]:
+    """A preset as the engine hands it to the pack; in a first preview, with every id that
+    another resource would have given unknown."""
+    found = as_engine_sends(resources(stack))
+    if not first_preview:
+        return found
+    ids = {f"{r.name}-id" for r in found}
+
+    def unknown(value: Any) -> Any:
+        if isinstance(value, str) and value in ids:
+            return rules.UNKNOWN
+        if isinstance(value, dict):
+            return {k: unknown(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unknown(v) for v in value]
+        return value
+
+    return [
+        rules.Resource(r.type, r.name, unknown(r.props), r.urn, None, r.property_dependencies)
+        for r in found
+    ]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize("first_preview", [False, True])
+def test_the_pack_reports_what_the_rules_report(
+    pack: Callable[..., Pack], cloud: str, first_preview: bool
+) -> None:
+    """For each cloud's preset, and for it with a node tagged for another stack."""
+    from pulumi.runtime.proto import analyzer_pb2
+
+    stack = preset(cloud)
+    running = pack(stack)
+    found = engine_view(stack, first_preview=first_preview)
+    assert report(analyze(running, found)) == expected(stack, found)
+    node = f"{PROJECT}-main"
+    key = "labels" if cloud == "gcp" else "tags"
+    broken = changed(found, node, lambda p: p[key].update(stack="another-stack"))
+    diagnostics = analyze(running, broken)
+    assert report(diagnostics) == expected(stack, broken)
+    assert {d.enforcementLevel for d in diagnostics} == {analyzer_pb2.MANDATORY}
+    [(policy, message, _)] = new_reports(running, found, broken)
+    assert policy == "nodes-carry-stack-tags"
+    assert node in message and "another-stack" in message and stack in message
+
+
+@pytest.mark.parametrize("first_preview", [False, True])
+def test_the_pack_reports_an_rpc_rule_from_another_group_on_that_rule(
+    pack: Callable[..., Pack], first_preview: bool
+) -> None:
+    stack = preset("aws")
+    running = pack(stack)
+    found = engine_view(stack, first_preview=first_preview)
+    worker_sg = urn(stack, rules.AWS_SECURITY_GROUP, f"{PROJECT}-worker-sg")
+    rpc = next(r for r in found if r.name == AWS_RPC)
+    from_worker = rules.Resource(
+        rpc.type,
+        rpc.name,
+        {**rpc.props, "referencedSecurityGroupId": rules.UNKNOWN}
+        if first_preview
+        else {**rpc.props, "referencedSecurityGroupId": f"{PROJECT}-worker-sg-id"},
+        rpc.urn,
+        None,
+        {**rpc.property_dependencies, "referencedSecurityGroupId": [worker_sg]},
+    )
+    [(policy, message, where)] = new_reports(
+        running, found, [from_worker if r is rpc else r for r in found]
+    )
+    assert (policy, where) == ("rpc-only-from-main", rpc.urn)
+    assert "not the main node's" in message and "referenced_security_group_id" in message
+    if first_preview:
+        # A source the preview cannot trace to any group is reported too.
+        untraced = rules.Resource(rpc.type, rpc.name, from_worker.props, rpc.urn)
+        [(_, message, _)] = new_reports(
+            running, found, [untraced if r is rpc else r for r in found]
+        )
+        assert "cannot be traced to the main node's" in message
+
+
+def test_the_pack_reports_internet_ingress_and_the_rpc_rule_from_a_cidr(
+    pack: Callable[..., Pack],
+) -> None:
+    stack = preset("aws")
+    found = engine_view(stack)
+    bad = changed(
+        found, AWS_RPC, lambda p: p.update(referencedSecurityGroupId=None, cidrIpv4="0.0.0.0/0")
+    )
+    reports = new_reports(pack(stack), found, bad)
+    assert [policy for policy, _, _ in reports] == ["no-internet-ingress", "rpc-only-from-main"]
+    assert all(AWS_RPC in message and "0.0.0.0/0" in message for _, message, _ in reports)
+
+
+def rpc_rule_on(port: int) -> dict[str, Any]:
+    return {
+        "securityGroupId": f"{PROJECT}-worker-sg-id",
+        "ipProtocol": "tcp",
+        "fromPort": port,
+        "toPort": port,
+        "cidrIpv4": "10.42.0.0/24",
+    }
+
+
+def test_the_pack_takes_the_rpc_port_from_the_stack_config(pack: Callable[..., Pack]) -> None:
+    stack = preset("aws")
+    found = engine_view(stack)
+    extra = added(stack, found, rules.AWS_INGRESS_RULE, "on-50060", rpc_rule_on(50060))
+    assert new_reports(pack(stack), found, extra) == []
+    moved = pack(stack, {f"{PROJECT}:cloud": "aws", f"{PROJECT}:rpcPort": "50060"})
+    [(policy, message, _)] = new_reports(moved, found, extra)
+    assert policy == "rpc-only-from-main" and "on-50060" in message and "port 50060" in message
+
+
+def test_the_pack_takes_the_rpc_port_from_the_policy_config_first() -> None:
+    """`--policy-pack-config` reaches the pack through Configure, and wins over the stack's."""
+    from google.protobuf import struct_pb2
+    from pulumi.runtime.proto import analyzer_pb2
+
+    stack = preset("aws")
+    running = Pack(stack, {f"{PROJECT}:cloud": "aws", f"{PROJECT}:rpcPort": "50060"})
+    try:
+        properties = struct_pb2.Struct()
+        properties.update({"rpcPort": 50070})
+        running.stub.Configure(
+            analyzer_pb2.ConfigureAnalyzerRequest(
+                policyConfig={
+                    "rpc-only-from-main": analyzer_pb2.PolicyConfig(
+                        enforcementLevel=analyzer_pb2.MANDATORY, properties=properties
+                    )
+                }
+            )
+        )
+        found = engine_view(stack)
+        extra = added(stack, found, rules.AWS_INGRESS_RULE, "on-50060", rpc_rule_on(50060))
+        extra = added(stack, extra, rules.AWS_INGRESS_RULE, "on-50070", rpc_rule_on(50070))
+        [(_, message, _)] = new_reports(running, found, extra)
+        assert "on-50070" in message and "port 50070" in message
+    finally:
+        running.close()
