@@ -172,7 +172,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             kind=azure.storage.Kind.STORAGE_V2,
             sku={"name": azure.storage.SkuName.STANDARD_LRS},
             allow_blob_public_access=False,
-            allow_shared_key_access=False,
+            # Shared keys stay on: Network Watcher writes flow logs with them.
             enable_https_traffic_only=True,
             minimum_tls_version=azure.storage.MinimumTlsVersion.TLS1_2,
             tags=tags,
