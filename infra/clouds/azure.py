@@ -172,7 +172,8 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             kind=azure.storage.Kind.STORAGE_V2,
             sku={"name": azure.storage.SkuName.STANDARD_LRS},
             allow_blob_public_access=False,
-            # Shared keys stay on: Network Watcher writes flow logs with them.
+            # Shared-key access keeps its default (on): turning it off would mean giving the flow
+            # log a managed identity to write with, not set up here.
             enable_https_traffic_only=True,
             minimum_tls_version=azure.storage.MinimumTlsVersion.TLS1_2,
             tags=tags,
