@@ -205,3 +205,10 @@ def test_each_stack_has_its_own_service_account() -> None:
     others = {service_account_id("llama-rpc-cluster", s) for s in ("gcp-c4a-2", "prod", "x" * 40)}
     assert account_id not in others and len(others) == 3
     assert all(6 <= len(i) <= 30 for i in others)
+
+
+def test_a_pinned_image_is_used_for_every_node() -> None:
+    image = "projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-arm64-v20251001"
+    d = deploy("gcp-c4a", {"llama-rpc-cluster:image": image})
+    for instance in d.of_type(INSTANCE):
+        assert instance.inputs["bootDisk"]["initializeParams"]["image"] == image
