@@ -148,10 +148,6 @@ class ClusterConfig:
     nodes: tuple[nodes.NodePlan, ...] = ()
 
     @property
-    def facts(self) -> CloudFacts:
-        return FACTS[self.cloud]
-
-    @property
     def private_subnet(self) -> ipaddress.IPv4Network:
         return next(self.vpc_cidr.subnets(new_prefix=24))
 

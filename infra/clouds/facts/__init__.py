@@ -6,6 +6,5 @@ from infra.clouds.facts import aws, azure, gcp
 from infra.clouds.facts.base import CloudFacts
 
 FACTS: dict[str, CloudFacts] = {facts.name: facts for facts in (aws.FACTS, gcp.FACTS, azure.FACTS)}
-CLOUD_NAMES = tuple(FACTS)
 
-__all__ = ["CLOUD_NAMES", "FACTS", "CloudFacts"]
+__all__ = ["FACTS", "CloudFacts"]
