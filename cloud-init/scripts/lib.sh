@@ -66,6 +66,12 @@ backoff_seconds() {
   printf '%s' $((delay > 300 ? 300 : delay))
 }
 
+# microseconds_now: the wall clock in microseconds, for deadlines. ($SECONDS counts whole seconds
+# from the shell's start, so a deadline built on it can come up to a second early.)
+microseconds_now() {
+  printf '%s' "${EPOCHREALTIME//[.,]/}"
+}
+
 cpu_count() {
   nproc
 }
@@ -103,14 +109,14 @@ run_until_ready() {
   local child=$!
   trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
   local started=$EPOCHREALTIME
-  local deadline=$((SECONDS + timeout))
+  local deadline=$(($(microseconds_now) + timeout * 1000000))
   until "${probe[@]}"; do
     if ! kill -0 "$child" 2>/dev/null; then
       local code=0
       wait "$child" || code=$?
       fail "$name exited with status $code before it was ready"
     fi
-    if [[ $SECONDS -ge $deadline ]]; then
+    if (($(microseconds_now) >= deadline)); then
       stop_child "$child"
       fail "$name did not finish loading within ${timeout}s ($timeout_setting) and was stopped; if it is only slow, raise $timeout_setting"
     fi

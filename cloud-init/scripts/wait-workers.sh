@@ -9,7 +9,7 @@ deadline_seconds="${WORKER_WAIT_SECONDS:-900}"
 status phase=waiting-for-workers
 
 started=$EPOCHREALTIME
-deadline=$((SECONDS + deadline_seconds))
+deadline=$(($(microseconds_now) + deadline_seconds * 1000000))
 delay=1
 while true; do
   answered=()
@@ -27,10 +27,11 @@ while true; do
     log "all ${#workers[@]} workers answer"
     exit 0
   fi
-  if [[ $SECONDS -ge $deadline ]]; then
+  left=$(((deadline - $(microseconds_now) + 999999) / 1000000))
+  if ((left <= 0)); then
     fail "workers did not answer within ${deadline_seconds}s: ${missing[*]} (check that they booted and that the RPC port is open from this node)"
   fi
   log "waiting for ${missing[*]} (next try in ${delay}s)"
-  sleep "$(( delay < deadline - SECONDS ? delay : (deadline - SECONDS > 0 ? deadline - SECONDS : 0) ))"
+  sleep "$((delay < left ? delay : left))"
   delay=$((delay * 2 > 15 ? 15 : delay * 2))
 done
