@@ -24,8 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from infra import catalog, perf, plan  # noqa: E402
+from infra import catalog, planner  # noqa: E402
 from infra.models import PRESETS, Model  # noqa: E402
+from infra.planner import perf  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
 # Llama-2-7B Q4_0: 3.56 GiB, 32 layers, 32 KV heads of 128 (llama.cpp's model table).
@@ -34,14 +35,14 @@ LLAMA2_7B_Q4_0 = Model(
 )
 
 
-def plan_everything() -> dict[str, plan.Plan]:
-    return {name: plan.plan(model) for name, model in PRESETS.items()}
+def plan_everything() -> dict[str, planner.Plan]:
+    return {name: planner.plan(model) for name, model in PRESETS.items()}
 
 
 def predicted_tps(
     model: Model, instance: catalog.InstanceType, nodes: int, kv_tokens: int
 ) -> float:
-    option = plan.evaluate(model, instance, nodes, 2 * kv_tokens)
+    option = planner.evaluate(model, instance, nodes, 2 * kv_tokens)
     assert option.fits and option.decode_tps is not None
     return option.decode_tps
 

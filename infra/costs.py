@@ -1,25 +1,32 @@
-"""What a cluster costs per hour: instances, NAT for egress, and disks, from the catalog.
+"""What a cluster costs per hour: its instances, the NAT for its egress, and its disks.
 
-A price the catalog does not have is left out of the total and named in ``unpriced``, never
-guessed. Without an instance price there is no total at all.
+One function for the stack's ``hourlyCostUsd`` output and for the planner, so both give the same
+figure for the same cluster. Prices come from the catalog (instances.csv, services.csv: each with
+its source and date); what each cloud charges for (the disk and NAT models) from its facts. A
+price the catalog does not have is left out of the total and named in ``unpriced``, never
+guessed; without an instance price there is no total at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType, service_price
+from infra.clouds import FACTS
 
 HOURS_PER_MONTH = 730
-GP3_BASE_MIBPS = 125
-GP3_BASE_IOPS = 3000
-GCP_NAT_VM_CAP = 32
+# What no figure here includes: it depends on use, not on the cluster's shape.
+NOT_COUNTED = "data transfer, flow-log storage, and an Azure Bastion"
 
 
 @dataclass(frozen=True)
-class Disk:
-    size_gb: int
-    throughput_mibps: int
+class PricedNode:
+    """One VM as it is billed: its type and its boot disk."""
+
+    instance: InstanceType
+    disk_gb: int
+    disk_throughput_mibps: int | None = None  # None: the disk type's baseline
 
 
 @dataclass(frozen=True)
@@ -27,8 +34,9 @@ class HourlyCost:
     instances: float | None
     nat: float | None
     disks: float | None
-    unpriced: tuple[str, ...]
-    sources: tuple[str, ...]
+    unpriced: tuple[str, ...]  # parts whose price the catalog lacks
+    sources: tuple[str, ...]  # where each price came from, and its date
+    instance_counts: tuple[tuple[str, int, float | None], ...]  # (type, count, $/h each)
 
     @property
     def total(self) -> float | None:
@@ -36,63 +44,91 @@ class HourlyCost:
             return None
         return round(self.instances + (self.nat or 0.0) + (self.disks or 0.0), 5)
 
-
-def _price(provider: str, item: str) -> float | None:
-    return service_price(provider, item).usd
-
-
-def _aws_disks(disks: list[Disk]) -> float | None:
-    per_gb = _price("aws", "disk_gb_month")
-    per_mibps = _price("aws", "disk_mibps_month")
-    per_iops = _price("aws", "disk_iops_month")
-    if per_gb is None or per_mibps is None or per_iops is None:
-        return None
-    monthly = 0.0
-    for disk in disks:
-        # The stacks provision 4 IOPS per MiB/s: gp3 allows 0.25 MiB/s per IOPS.
-        iops = max(GP3_BASE_IOPS, disk.throughput_mibps * 4)
-        monthly += disk.size_gb * per_gb
-        monthly += max(0, disk.throughput_mibps - GP3_BASE_MIBPS) * per_mibps
-        monthly += max(0, iops - GP3_BASE_IOPS) * per_iops
-    return monthly / HOURS_PER_MONTH
+    @property
+    def basis(self) -> str:
+        """The figure's parts in words, for people reading an output."""
+        if self.instances is None:
+            return f"unknown: no catalog price for {', '.join(self.unpriced)}"
+        nodes = " + ".join(
+            f"{count} x {name} ${price}/h" for name, count, price in self.instance_counts
+        )
+        parts = [f"instances {nodes}"]
+        if self.nat is not None:
+            parts.append(f"NAT ${self.nat}/h")
+        if self.disks is not None:
+            parts.append(f"disks ${self.disks}/h")
+        text = "; ".join(parts)
+        if self.unpriced:
+            text += f"; without {', '.join(self.unpriced)} (no catalog price)"
+        return f"{text}; not counted: {NOT_COUNTED}; {'; '.join(self.sources)}"
 
 
-def _nat(provider: str, nodes: int) -> float | None:
-    ip = _price(provider, "public_ip_hour")
-    if provider == "gcp":
-        per_vm = _price("gcp", "nat_vm_hour")
-        if per_vm is None or ip is None:
-            return None
-        return per_vm * min(nodes, GCP_NAT_VM_CAP) + ip
-    gateway = _price(provider, "nat_gateway_hour")
-    if gateway is None or ip is None:
-        return None
-    return gateway + ip
+def cluster_nodes(
+    main: InstanceType,
+    worker: InstanceType,
+    workers: int,
+    *,
+    main_disk_gb: int,
+    worker_disk_gb: int,
+    main_disk_throughput_mibps: int | None,
+) -> list[PricedNode]:
+    """The main node (whose disk the model loads from) and each worker, as the stack creates
+    them: workers' disks at the type's baseline throughput."""
+    return [PricedNode(main, main_disk_gb, main_disk_throughput_mibps)] + [
+        PricedNode(worker, worker_disk_gb)
+    ] * workers
 
 
-def hourly_cost(instance: InstanceType, nodes: int, disks: list[Disk]) -> HourlyCost:
-    provider = instance.provider
-    instances = None if instance.hourly_usd is None else instance.hourly_usd * nodes
-    nat = _nat(provider, nodes)
-    disk_cost = _aws_disks(disks) if provider == "aws" else None
-    unpriced = []
-    if instances is None:
-        unpriced.append(f"{instance.name} instances")
+def _priced(provider: str, usage: dict[str, float]) -> float | None:
+    total = 0.0
+    for item, quantity in usage.items():
+        price = service_price(provider, item).usd
+        if price is None:
+            if quantity:
+                return None
+            continue
+        total += price * quantity
+    return total
+
+
+def hourly_cost(provider: str, nodes: Sequence[PricedNode]) -> HourlyCost:
+    facts = FACTS[provider]
+    counts: dict[str, tuple[int, float | None]] = {}
+    for node in nodes:
+        count, _ = counts.get(node.instance.name, (0, None))
+        counts[node.instance.name] = (count + 1, node.instance.hourly_usd)
+    unpriced = [f"{name} instances" for name, (_, price) in counts.items() if price is None]
+    instances = None if unpriced else sum(node.instance.hourly_usd or 0.0 for node in nodes)
+    nat = _priced(provider, facts.nat.hourly_usage(len(nodes)))
     if nat is None:
-        unpriced.append("NAT gateway")
-    if disk_cost is None:
-        unpriced.append("disks")
-    sources = [f"instances: {instance.price_source}, {instance.price_date or 'no date'}"]
-    for item in ("nat_gateway_hour", "nat_vm_hour", "disk_gb_month"):
+        unpriced.append(facts.nat.name)
+    monthly_disks = [
+        _priced(provider, facts.disk.monthly_usage(node.disk_gb, node.disk_throughput_mibps))
+        for node in nodes
+    ]
+    disks = None
+    if any(cost is None for cost in monthly_disks):
+        unpriced.append(f"{facts.disk.name} disks")
+    else:
+        disks = sum(cost or 0.0 for cost in monthly_disks) / HOURS_PER_MONTH
+    sources = sorted(
+        {
+            f"instances: {n.instance.price_source}, {n.instance.price_date or 'no date'}"
+            for n in nodes
+        }
+    )
+    usage_items = {*facts.nat.hourly_usage(1), *facts.disk.monthly_usage(1, None)}
+    for item in sorted(usage_items):
         price = service_price(provider, item)
         if price.usd is not None:
             sources.append(f"{item}: {price.source}, {price.date}")
     return HourlyCost(
         instances=None if instances is None else round(instances, 5),
         nat=None if nat is None else round(nat, 5),
-        disks=None if disk_cost is None else round(disk_cost, 5),
+        disks=None if disks is None else round(disks, 5),
         unpriced=tuple(unpriced),
         sources=tuple(sources),
+        instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
     )
 
 

@@ -1,8 +1,8 @@
 """The network rules a setting must pass before anything is created: who may reach the API,
 which ranges the cluster may use, and where a model may be downloaded from.
 
-Each function returns what is wrong (a sentence naming the fix) or None; ``infra.config`` names
-the setting.
+Each function returns what is wrong (a sentence naming the fix) or None; ``infra.stack.config``
+names the setting.
 """
 
 from __future__ import annotations

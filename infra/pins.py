@@ -11,12 +11,6 @@ LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 LLAMA_CPP_REPO = "https://github.com/ggml-org/llama.cpp"
 LLAMA_CPP_PYTHON_SDIST = "llama-cpp-python==0.3.36"
 
-RPC_PORT = 50052
-# llama.cpp has 16 device slots, and at the pinned commit `--tensor-split` refuses a 16th value
-# ("got 16 input configs, but system only has 16 devices"); the placement needs one per worker.
-MAX_WORKERS = 15
-SERVER_PORT = 8080
-
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 

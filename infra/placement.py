@@ -19,14 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra import sizing
+from infra.layout import MAIN, node_name
 from infra.models import Model
 
-MAIN = "main"
-
-
-def node_name(index: int) -> str:
-    """``main`` for the first node, ``worker-1``, ``worker-2``, … after it (the ``--rpc`` order)."""
-    return MAIN if index == 0 else f"worker-{index}"
+__all__ = ["MAIN", "NodeShare", "Placement", "fewest_workers", "place"]
 
 
 @dataclass(frozen=True)

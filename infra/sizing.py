@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from infra.catalog import InstanceType
+from infra.clouds import FACTS
 
 # Memory a node keeps for itself: the OS, the page cache llama.cpp needs to stream weights, and
 # the RPC server's own allocations.
@@ -61,6 +62,17 @@ def kv_cells(context: int, slots: int, window: int | None = None) -> int:
     if window is not None:
         per_slot = _pad(min(per_slot, window + MICRO_BATCH))
     return per_slot * slots
+
+
+# Provisioned throughput of the main node's disk, which the model loads from (within each
+# cloud's range).
+DEFAULT_DISK_THROUGHPUT_MIBPS = 1000
+
+
+def main_disk_throughput_mibps(cloud: str) -> int | None:
+    """The main disk's default throughput on a cloud; None where the disk has no such knob."""
+    limits = FACTS[cloud].disk_throughput_mibps
+    return None if limits is None else limits.clamp(DEFAULT_DISK_THROUGHPUT_MIBPS)
 
 
 def default_main_disk_gb(model_bytes: int) -> int:

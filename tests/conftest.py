@@ -133,7 +133,7 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root.mkdir()
     handler = functools.partial(_RangeHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", root
@@ -220,7 +220,7 @@ def flaky_http(tmp_path: Path) -> Iterator[FlakyServer]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _flaky_handler(state))
     server.handle_error = lambda request, address: None  # type: ignore[method-assign]
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield state

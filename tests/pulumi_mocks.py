@@ -33,7 +33,7 @@ def stack_config(stack: str) -> dict[str, Any]:
 
 def parsed_config(stack: str, overrides: dict[str, Any] | None = None) -> Any:
     """The stack's validated ``ClusterConfig``, as the program reads it."""
-    from infra import config as cluster_config
+    from infra.stack import config as cluster_config
 
     values = {**stack_config(stack), **(overrides or {})}
     project = f"{cluster_config.PROJECT}:"
@@ -135,7 +135,7 @@ def deploy(
     stack: str, overrides: dict[str, Any] | None = None, mocks: RecordingMocks | None = None
 ) -> Deployment:
     """Run the program for a stack preset (with config overrides) and resolve its outputs."""
-    from infra import program
+    from infra.stack import program
 
     mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="llama-rpc-cluster", stack=stack, preview=False)

@@ -264,8 +264,7 @@ def test_outputs_follow_the_contract(stack: str) -> None:
     assert "2026-07-20" in out["hourlyCostBasis"]
 
 
-def test_reference_stack_costs_what_arm_guide_pays() -> None:
-    assert deployed("aws-c8g").outputs[outputs.HOURLY_COST_USD] == pytest.approx(3 * 2.55232)
+def test_a_smaller_main_node_costs_less() -> None:
     assert (
         deployed("aws-r8g").outputs[outputs.HOURLY_COST_USD]
         < deployed("aws-c8g").outputs[outputs.HOURLY_COST_USD]
@@ -327,8 +326,8 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
             "vpcCidr: '10.0.0.0/33' is not a valid IPv4 CIDR",
         ),
         ({"llama-rpc-cluster:vpcCidr": "10.0.0.0/25"}, "vpcCidr: 10.0.0.0/25 is too small"),
-        ({"llama-rpc-cluster:rpcPort": 70000}, "rpcPort: 70000 is outside 1-65535"),
-        ({"llama-rpc-cluster:serverPort": 0}, "serverPort: 0 is outside 1-65535"),
+        ({"llama-rpc-cluster:rpcPort": 70000}, "rpcPort: 70000 is outside 1024-65535"),
+        ({"llama-rpc-cluster:serverPort": 0}, "serverPort: 0 is outside 1024-65535"),
         ({"llama-rpc-cluster:serverPort": 50052}, "serverPort: equals rpcPort"),
         ({"llama-rpc-cluster:llamaCppCommit": "master"}, "llamaCppCommit: 'master' is not a full"),
         (

@@ -9,8 +9,9 @@ import shlex
 import pulumi
 import pytest
 
-from infra import boot, outputs
-from infra.clouds.azure import DENY_PRIORITY, LOCKED_SSH_KEY
+from infra import outputs
+from infra.clouds import FACTS
+from infra.stack.providers.azure import DENY_PRIORITY, LOCKED_SSH_KEY
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     DISKS,
@@ -99,7 +100,7 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
         assert linux["disablePasswordAuthentication"] is True
         assert linux["ssh"]["publicKeys"][0]["keyData"] == LOCKED_SSH_KEY
         custom = profile["customData"]
-        assert len(custom) <= boot.USER_DATA_LIMITS["azure"]
+        assert len(custom) <= FACTS["azure"].user_data.limit_bytes
     main = d.named("llama-rpc-cluster-main").inputs["osProfile"]["customData"]
     text = base64.b64decode(main).decode()  # fits uncompressed: about 30 KB of 65,535
     env = env_of(text)
@@ -155,7 +156,7 @@ def test_a_user_ssh_key_replaces_the_locked_one() -> None:
         ),
         (
             {"llama-rpc-cluster:sshPublicKey": "hunter2"},
-            "sshPublicKey: is not an OpenSSH public key",
+            "is not an OpenSSH public key",
         ),
         ({"llama-rpc-cluster:tags": {"cost/center": "42"}}, "tag 'cost/center': Azure tag names"),
     ],

@@ -17,8 +17,11 @@ import yaml
 
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
+from infra.clouds import FACTS
 from infra.local import supervisor
 from infra.local.supervisor import parse_unit
+from infra.pins import LLAMA_CPP_COMMIT
+from infra.types import CLOUDS, ROLES, Cloud
 from tests.conftest import REPO, SCRIPTS, assert_valid_cloud_config, require_tool
 
 MAIN = boot.example("main")
@@ -174,7 +177,7 @@ def test_main_lists_exactly_the_workers_in_order() -> None:
     assert (env["CONTEXT_SIZE"], env["SLOTS"]) == ("8192", "2")
     assert env["MODEL_URLS"].split() == list(node.model_urls)
     assert env["MODEL_SHA256"].split() == ["a" * 64, "b" * 64]
-    assert env["LLAMA_CPP_COMMIT"] == boot.LLAMA_CPP_COMMIT
+    assert env["LLAMA_CPP_COMMIT"] == LLAMA_CPP_COMMIT
     assert env["LLAMA_CPP_SOURCE"] == "https://github.com/ggml-org/llama.cpp"
 
 
@@ -330,11 +333,11 @@ def test_rendering_is_deterministic() -> None:
     assert first == boot.deliver(boot.render(MAIN), "aws")
 
 
-@pytest.mark.parametrize("cloud", boot.CLOUDS)
-def test_delivery_round_trips_within_the_limit(cloud: boot.Cloud) -> None:
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_delivery_round_trips_within_the_limit(cloud: Cloud) -> None:
     user_data = boot.render(MAIN)
     delivery = boot.deliver(user_data, cloud)
-    assert delivery.size <= boot.USER_DATA_LIMITS[cloud]
+    assert delivery.size <= FACTS[cloud].user_data.limit_bytes
     if cloud == "azure":
         raw = base64.b64decode(delivery.value)
         assert delivery.field == "custom_data"
@@ -366,7 +369,7 @@ def test_user_data_over_every_limit_is_refused() -> None:
     import os
 
     noise = base64.b64encode(os.urandom(300_000)).decode()  # does not compress
-    for cloud in boot.CLOUDS:
+    for cloud in CLOUDS:
         with pytest.raises(BootConfigError, match=f"the {cloud} user data") as refused:
             boot.deliver("#cloud-config\n# " + noise, cloud)
         assert refused.value.setting == "user_data"
@@ -453,7 +456,7 @@ def test_a_worker_never_opens_rpc_beyond_the_cluster(sources: tuple, message: st
     assert refused.value.setting == "rpc_allowed_sources"
 
 
-@pytest.mark.parametrize("role", boot.ROLES)
+@pytest.mark.parametrize("role", ROLES)
 def test_cli_prints_a_cloud_config(role: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "infra.boot", "--role", role, "--cloud", "aws"],

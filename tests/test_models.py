@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra import gguf_model, models, placement
-from infra.models import ModelError
+from infra import models, placement
+from infra.models import ModelError, gguf_header
 
 
 def write_gguf(
@@ -85,7 +85,7 @@ def test_a_custom_model_needs_positive_sizes(args: tuple, setting: str) -> None:
 
 def test_gguf_header_gives_size_layers_and_kv(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", layers=3, heads=8, kv_heads=2, embedding=64)
-    m = gguf_model.describe(path)
+    m = gguf_header.describe(path)
     assert m.layers == 3 and m.context_length == 8192 and m.name == "test-model"
     assert m.size_bytes == 3 * 64 * 64 * 2  # three f16 64x64 tensors
     assert m.parameters == 3 * 64 * 64
@@ -101,7 +101,7 @@ def test_gguf_moe_counts_only_the_experts_in_use(tmp_path: Path) -> None:
     }
     path = write_gguf(tmp_path / "moe.gguf", layers=1, embedding=16, heads=4, kv_heads=4,
                       experts=8, used=2, tensors=tensors)  # fmt: skip
-    m = gguf_model.describe(path)
+    m = gguf_header.describe(path)
     assert m.size_bytes == 1024 + 8192
     assert m.active_bytes == 1024 + 8192 * 2 // 8
     assert m.active_parameters == 256 + 2048 * 2 // 8
@@ -114,32 +114,32 @@ def test_a_split_gguf_is_described_from_its_first_part(tmp_path: Path) -> None:
             tmp_path / f"big-0000{no}-of-00002.gguf", split=(no, 2),
             tensors={f"blk.{no}.attn_q.weight": np.zeros((32, 32), np.float32)},
         )  # fmt: skip
-    m = gguf_model.describe(tmp_path / "big-00001-of-00002.gguf")
+    m = gguf_header.describe(tmp_path / "big-00001-of-00002.gguf")
     assert m.size_bytes == 2 * 32 * 32 * 4
     with pytest.raises(ModelError, match="give the first part"):
-        gguf_model.describe(tmp_path / "big-00002-of-00002.gguf")
+        gguf_header.describe(tmp_path / "big-00002-of-00002.gguf")
     (tmp_path / "big-00002-of-00002.gguf").unlink()
     with pytest.raises(ModelError, match=r"parts big-00002-of-00002\.gguf are not beside"):
-        gguf_model.describe(tmp_path / "big-00001-of-00002.gguf")
+        gguf_header.describe(tmp_path / "big-00001-of-00002.gguf")
 
 
 def test_unreadable_and_non_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match=r"^--gguf: .*missing\.gguf does not exist"):
-        gguf_model.describe(tmp_path / "missing.gguf")
+        gguf_header.describe(tmp_path / "missing.gguf")
     with pytest.raises(ModelError, match="is not a file"):
-        gguf_model.describe(tmp_path)
+        gguf_header.describe(tmp_path)
     text = tmp_path / "notes.gguf"
     text.write_text("this is not a model\n")
     with pytest.raises(ModelError, match="not a GGUF file"):
-        gguf_model.describe(text)
+        gguf_header.describe(text)
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     with pytest.raises(ModelError, match="not a GGUF file"):
-        gguf_model.describe(empty)
+        gguf_header.describe(empty)
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(write_gguf(tmp_path / "whole.gguf").read_bytes()[:40])
     with pytest.raises(ModelError, match="not a readable GGUF file"):
-        gguf_model.describe(truncated)
+        gguf_header.describe(truncated)
 
 
 def test_the_header_says_what_each_layer_weighs_and_where_the_rest_goes(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_the_header_says_what_each_layer_weighs_and_where_the_rest_goes(tmp_path
         "output.weight": np.zeros((100, 64), np.float16),
         **{f"blk.{i}.attn_q.weight": np.zeros((64, 64 * (i + 1)), np.float16) for i in range(3)},
     }
-    m = gguf_model.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
+    m = gguf_header.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
     assert m.input_bytes == 100 * 64 * 4
     assert m.output_bytes == 64 * 4 + 100 * 64 * 2
     assert m.weights_per_layer == (64 * 64 * 2, 64 * 128 * 2, 64 * 192 * 2)
@@ -162,7 +162,7 @@ def test_tied_embeddings_give_the_output_head_a_copy_of_them(tmp_path: Path) -> 
         "token_embd.weight": np.zeros((100, 64), np.float16),
         **{f"blk.{i}.attn_q.weight": np.zeros((64, 64), np.float16) for i in range(3)},
     }
-    m = gguf_model.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
+    m = gguf_header.describe(write_gguf(tmp_path / "m.gguf", tensors=tensors))
     assert m.input_bytes == m.output_bytes == 100 * 64 * 2 and m.tied_embeddings
     # On one node the output head is the embeddings themselves; on several, a copy.
     [alone] = placement.place(m, 256, 1, [2**30]).shares
@@ -191,10 +191,10 @@ def test_sliding_window_layers_follow_the_architecture_or_the_header(tmp_path: P
         writer.close()
         return path
 
-    default = gguf_model.describe(write(tmp_path / "a.gguf", None))
+    default = gguf_header.describe(write(tmp_path / "a.gguf", None))
     assert default.sliding_window == 512
     assert sorted(set(range(12)) - default.sliding_layers) == [5, 11]  # every 6th is global
-    explicit = gguf_model.describe(write(tmp_path / "b.gguf", [True, False] * 6))
+    explicit = gguf_header.describe(write(tmp_path / "b.gguf", [True, False] * 6))
     assert explicit.sliding_layers == frozenset(range(0, 12, 2))
 
 

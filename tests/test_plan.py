@@ -11,26 +11,29 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra import catalog, config, perf, plan
+from infra import catalog, planner
 from infra.models import PRESETS, Model
-from infra.plan_cli import main
+from infra.planner import perf
+from infra.planner.cli import main
+from infra.stack import config
+from infra.types import MAX_NODES
 
 GIB = 1024**3
 WHERE = [("aws", "us-east-1"), ("gcp", "us-central1"), ("azure", "eastus")]
 
 
-def brute_force(model: Model, context: int, provider: str, region: str) -> plan.Option | None:
+def brute_force(model: Model, context: int, provider: str, region: str) -> planner.Option | None:
     """Every type and every size from 1 to 17 nodes; the cheapest that fits."""
     fitting = [
         option
         for instance in catalog.types_in(provider, region)
-        for count in range(1, plan.MAX_NODES + 1)
-        if (option := plan.evaluate(model, instance, count, context)).fits
+        for count in range(1, MAX_NODES + 1)
+        if (option := planner.evaluate(model, instance, count, context)).fits
     ]
-    return min(fitting, key=plan.Option.sort_key, default=None)
+    return min(fitting, key=planner.Option.sort_key, default=None)
 
 
-def holds(model: Model, context: int, option: plan.Option) -> bool:
+def holds(model: Model, context: int, option: planner.Option) -> bool:
     """The fit rule from first principles, for the layer counts the option gives each node:
     its layers' weights and KV cache, the embeddings on the main node and the output head on
     the last, and compute buffers, within its memory less the OS headroom."""
@@ -51,7 +54,7 @@ def holds(model: Model, context: int, option: plan.Option) -> bool:
 
 
 def check_against_brute_force(model: Model, context: int) -> None:
-    result = plan.plan(model, context)
+    result = planner.plan(model, context)
     for provider, region in WHERE:
         chosen = result.recommendation(provider)
         expected = brute_force(model, context, provider, region)
@@ -63,7 +66,7 @@ def check_against_brute_force(model: Model, context: int) -> None:
     for option in result.options:
         assert option.fits and holds(model, context, option), option
         if option.count > 1:  # the fewest nodes of its type
-            smaller = plan.evaluate(model, option.instance, option.count - 1, context)
+            smaller = planner.evaluate(model, option.instance, option.count - 1, context)
             assert not smaller.fits
 
 
@@ -88,17 +91,17 @@ def test_choice_equals_brute_force_for_random_models(
 
 def test_405b_q4_0_fits_on_one_memory_optimized_node() -> None:
     """Arm's guide uses 3 x c8g.16xlarge; one r8g.8xlarge (256 GiB) holds the model alone."""
-    result = plan.plan(PRESETS["llama-3.1-405b-q4_0"])
+    result = planner.plan(PRESETS["llama-3.1-405b-q4_0"])
     aws = result.recommendation("aws")
     assert (aws.instance.name, aws.count, aws.needs_rpc) == ("r8g.8xlarge", 1, False)
     c8g = catalog.find("aws", "us-east-1", "c8g.16xlarge")
-    arm = plan.evaluate(PRESETS["llama-3.1-405b-q4_0"], c8g, 3, 4096)
+    arm = planner.evaluate(PRESETS["llama-3.1-405b-q4_0"], c8g, 3, 4096)
     assert arm.fits and arm.hourly_usd > 3 * aws.hourly_usd
 
 
 def test_a_model_too_big_for_any_single_node_needs_rpc() -> None:
     huge = Model("huge", int(1000e9), 120, 512 * 1024, source="custom")  # > 768 GiB
-    result = plan.plan(huge, where=[("aws", "us-east-1")])
+    result = planner.plan(huge, where=[("aws", "us-east-1")])
     best = result.recommendation("aws")
     assert best.needs_rpc and best.count >= 2  # the main node holds half: two 512 GiB nodes
     assert any("too small" in r.reason for r in result.rejected)
@@ -108,7 +111,7 @@ def test_a_model_too_big_for_any_single_node_needs_rpc() -> None:
 
 
 def anchor_prediction(anchor: perf.Anchor) -> float:
-    option = plan.evaluate(
+    option = planner.evaluate(
         PRESETS[anchor.model], anchor.instance, anchor.nodes, 2 * anchor.kv_tokens
     )
     assert option.fits
@@ -161,7 +164,7 @@ def test_load_time_matches_arms_405b_load() -> None:
 
 
 def test_speed_is_unknown_where_memory_bandwidth_is_not_published() -> None:
-    result = plan.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("gcp", "us-central1")])
+    result = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("gcp", "us-central1")])
     assert result.options and all(o.decode_tps is None for o in result.options)
     assert all(o.usd_per_million_tokens is None for o in result.options)
 
@@ -188,7 +191,7 @@ def test_json_lists_options_cheapest_first_with_the_contract_keys(capsys) -> Non
     prices = [o["hourlyUsd"] for o in options]
     known = [p for p in prices if p is not None]
     assert known == sorted(known) and prices[: len(known)] == known  # unknown prices last
-    result = plan.plan(PRESETS["llama-3.1-70b-q4_k_m"])
+    result = planner.plan(PRESETS["llama-3.1-70b-q4_k_m"])
     for provider in ("aws", "gcp", "azure"):
         first = next(o for o in options if o["provider"] == provider)
         best = result.recommendation(provider)
@@ -313,7 +316,7 @@ def test_written_stacks_pass_the_programs_validation(
     assert code == 0, err
     settings_, region = written_settings(tmp_path / "Pulumi.planned.yaml")
     parsed = config.from_settings(settings_, region)
-    assert parsed.worker_count == workers and parsed.model.urls == (url,)
+    assert parsed.worker_count == workers and parsed.model_urls == (url,)
     assert parsed.slots == (int(args[args.index("--slots") + 1]) if "--slots" in args else 1)
 
 
@@ -379,7 +382,7 @@ def test_slots_hold_a_context_each_and_need_more_memory(capsys) -> None:
         p["bytes"] for p in one["placement"]
     )
     assert grown == 15 * kv
-    assert plan.plan(PRESETS["llama-3.1-405b-q4_0"], slots=16, where=[("aws", "us-east-1")]
+    assert planner.plan(PRESETS["llama-3.1-405b-q4_0"], slots=16, where=[("aws", "us-east-1")]
                      ).recommendation("aws").count > 1  # fmt: skip
     code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--slots", "0")
     assert code == 2 and "--slots: 0 is outside 1-64" in err

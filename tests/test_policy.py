@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import pins
+from infra import types
 from infra.local.source import cache_dir
 from policy import rules
 from tests.conftest import REPO, unavailable
@@ -691,8 +691,8 @@ def test_azure_versioned_types_are_checked_too() -> None:
 
 
 def test_the_rpc_port_comes_from_policy_config_then_stack_config_then_the_default() -> None:
-    assert rules.DEFAULT_RPC_PORT == pins.RPC_PORT
-    assert rules.rpc_port() == pins.RPC_PORT
+    assert rules.DEFAULT_RPC_PORT == types.RPC_PORT
+    assert rules.rpc_port() == types.RPC_PORT
     assert rules.rpc_port(None, "50060") == 50060
     assert rules.rpc_port(50070.0, "50060") == 50070  # policy config numbers arrive as floats
     with pytest.raises(ValueError, match="llama-rpc-cluster:rpcPort is 'http'"):

@@ -12,8 +12,8 @@ import pulumi
 import pytest
 
 from infra import network_rules
-from infra.clouds.facts import FACTS
-from infra.clouds.facts.base import OPTIONAL_SETTINGS
+from infra.clouds import FACTS
+from infra.clouds.base import OPTIONAL_SETTINGS
 from tests.pulumi_mocks import RecordingMocks, deploy, stack_config
 
 P = "llama-rpc-cluster:"
@@ -90,9 +90,17 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("aws", {f"{P}vpcCidr": "10.0.0.0/8"}, "vpcCidr: 10.0.0.0/8 is wider than this cloud takes"),
     ("aws", {f"{P}vpcCidr": "10.0.0.0/25"}, "vpcCidr: 10.0.0.0/25 is too small"),
     # Ports the unprivileged services cannot bind.
-    ("aws", {f"{P}rpcPort": 22}, "rpcPort: 22 is a privileged port"),
-    ("gcp", {f"{P}serverPort": 80}, "serverPort: 80 is a privileged port"),
-    ("azure", {f"{P}serverPort": 70000}, "serverPort: 70000 is outside 1-65535"),
+    (
+        "aws",
+        {f"{P}rpcPort": 22},
+        "rpcPort: 22 is outside 1024-65535; the services run unprivileged",
+    ),
+    (
+        "gcp",
+        {f"{P}serverPort": 80},
+        "serverPort: 80 is outside 1024-65535; the services run unprivileged",
+    ),
+    ("azure", {f"{P}serverPort": 70000}, "serverPort: 70000 is outside 1024-65535"),
     # Disks outside the provider's limits.
     ("aws", {f"{P}mainDiskGb": 70_000}, "mainDiskGb: 70000 GB is outside what aws takes"),
     ("gcp", {f"{P}workerDiskGb": 2}, "workerDiskGb: 2 GB is outside what gcp takes"),

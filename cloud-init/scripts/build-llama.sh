@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch llama.cpp at the pinned commit and build only the targets this node's role needs, with
 # every core. A node that already has the pinned binaries (a reboot, a re-run) builds nothing.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting LLAMA_CPP_COMMIT
@@ -20,7 +21,7 @@ esac
 root="$LLAMA_PREFIX/$LLAMA_CPP_COMMIT"
 bin_dir="$(llama_bin_dir)"
 build_dir="${LLAMA_BUILD_DIR:-$root/build}"
-jobs="${LLAMA_BUILD_JOBS:-$(cpu_count)}"
+jobs="${LLAMA_BUILD_JOBS:-$(nproc)}"
 # -DLLAMA_USE_PREBUILT_UI=OFF: the server's web UI would otherwise be downloaded at build time.
 cmake_args=(
   -G Ninja
@@ -133,5 +134,5 @@ for target in "${targets[@]}"; do
   install -m 0755 "$build_dir/bin/$target" "$bin_dir/$target"
 done
 printf '%s\n' "$stamp_text" >"$stamp"
-status "build_seconds:=$(elapsed_since "$started")"
+status "build_seconds:=$(llama_rpc_status elapsed "$started")"
 log "built ${targets[*]} into $bin_dir"

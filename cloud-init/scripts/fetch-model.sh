@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Download the model (one GGUF, or every part of a split GGUF) in parallel, checking each part's
 # sha256 when given. Finished parts are kept, so a re-run fetches only what is missing.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting MODEL_URLS
@@ -186,7 +187,8 @@ for url in "${urls[@]}"; do
   bytes=$((bytes + $(size_of "$(model_file "$url")")))
 done
 if compgen -G "$scratch/*.fetched" >/dev/null; then
-  status download_skipped:=false "download_seconds:=$(elapsed_since "$started")" "model_bytes:=$bytes"
+  status download_skipped:=false "download_seconds:=$(llama_rpc_status elapsed "$started")" \
+    "model_bytes:=$bytes"
 else # a re-run (every boot runs this): keep the first download's time
   status download_skipped:=true "model_bytes:=$bytes"
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install those of LLAMA_PACKAGES that are missing, on every boot: cloud-init's `packages` runs
 # once, and a transient apt failure there would leave the node without a compiler for good.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 PACKAGE_ATTEMPTS="${PACKAGE_ATTEMPTS:-5}"

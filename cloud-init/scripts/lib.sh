@@ -1,10 +1,9 @@
 # shellcheck shell=bash
-# Shared helpers for the node boot scripts. Sourced, never run.
+# Shared helpers for the node boot scripts. Sourced, never run: each script sets its own strict
+# mode before it sources this, so a missing lib.sh stops it at once.
 #
 # Every setting comes from the node's environment file (written by cloud-init on a VM, by the
 # local cluster on this machine), so the scripts run unchanged in both places.
-
-set -euo pipefail
 
 LLAMA_RPC_ENV_FILE="${LLAMA_RPC_ENV_FILE:-/etc/llama-rpc/node.env}"
 if [[ -r "$LLAMA_RPC_ENV_FILE" ]]; then
@@ -22,10 +21,16 @@ log() {
   printf '%s %s: %s\n' "$(date -u +%FT%TZ)" "$(basename "$0")" "$*" >&2
 }
 
+# llama_rpc_status COMMAND ...: the status tool, on this node's status file; it also does the
+# arithmetic and JSON that status fields need (elapsed SINCE, json-list WORD...).
+llama_rpc_status() {
+  python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-status" --file "$LLAMA_STATUS_FILE" "$@"
+}
+
 # status KEY=VALUE ... : merge string fields into the node's status file.
 # status KEY:=JSON ...  : merge JSON fields (numbers, lists, null).
 status() {
-  python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-status" --file "$LLAMA_STATUS_FILE" set "$@"
+  llama_rpc_status set "$@"
 }
 
 # The exit status of a failure that a retry cannot mend (EX_CONFIG): the boot unit does not
@@ -66,14 +71,16 @@ backoff_seconds() {
   printf '%s' $((delay > 300 ? 300 : delay))
 }
 
-# microseconds_now: the wall clock in microseconds, for deadlines. ($SECONDS counts whole seconds
-# from the shell's start, so a deadline built on it can come up to a second early.)
-microseconds_now() {
-  printf '%s' "${EPOCHREALTIME//[.,]/}"
+# deadline_in SECONDS: the wall clock SECONDS from now, in microseconds, for seconds_left.
+# ($SECONDS counts whole seconds from the shell's start: a deadline built on it can come up to a
+# second early.)
+deadline_in() {
+  printf '%s' $((${EPOCHREALTIME//[.,]/} + $1 * 1000000))
 }
 
-cpu_count() {
-  nproc
+# seconds_left DEADLINE: whole seconds until DEADLINE, rounded up: 0 or less only once it is due.
+seconds_left() {
+  printf '%s' $((($1 - ${EPOCHREALTIME//[.,]/} + 999999) / 1000000))
 }
 
 # The pinned build lives under its commit, so nodes never mix builds (the RPC protocol
@@ -88,71 +95,8 @@ port_answers() {
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
-# run_until_ready NAME SECONDS_KEY TIMEOUT_SETTING PROBE... -- COMMAND...: start COMMAND, mark
-# the node serving once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with
-# COMMAND's status so the service manager restarts it on failure. COMMAND that is not ready
-# within TIMEOUT_SETTING's seconds (a hung load) is stopped, and the node fails. A function
-# on_ready, if the caller defines one, runs just before the node is marked serving; it
-# reports, and its failure stops nothing.
-run_until_ready() {
-  local name="$1" seconds_key="$2" timeout_setting="$3"
-  shift 3
-  require_count "$timeout_setting"
-  local timeout="${!timeout_setting}"
-  local -a probe=()
-  while [[ $# -gt 0 && "$1" != "--" ]]; do
-    probe+=("$1")
-    shift
-  done
-  shift
-  "$@" &
-  local child=$!
-  trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
-  local started=$EPOCHREALTIME
-  local deadline=$(($(microseconds_now) + timeout * 1000000))
-  until "${probe[@]}"; do
-    if ! kill -0 "$child" 2>/dev/null; then
-      local code=0
-      wait "$child" || code=$?
-      fail "$name exited with status $code before it was ready"
-    fi
-    if (($(microseconds_now) >= deadline)); then
-      stop_child "$child"
-      fail "$name did not finish loading within ${timeout}s ($timeout_setting) and was stopped; if it is only slow, raise $timeout_setting"
-    fi
-    sleep 0.5
-  done
-  if declare -F on_ready >/dev/null; then
-    on_ready || log "warning: $name is ready, but on_ready failed"
-  fi
-  status phase=serving "$seconds_key:=$(elapsed_since "$started")" last_error:=null
-  log "$name is ready"
-  local code=0
-  wait "$child" || code=$?
-  log "$name exited with status $code"
-  status phase=stopped "last_error=$name exited with status $code"
-  exit "$code"
-}
-
-# stop_child PID: SIGTERM, then SIGKILL after 10 s.
-stop_child() {
-  local pid="$1" tries
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for ((tries = 0; tries < 20; tries++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
-
-# elapsed_since EPOCHREALTIME: seconds since then, with millisecond precision.
-elapsed_since() {
-  python3 -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 3))' "$1"
-}
-
 # model_name URL: a model part's file name: the URL's last path segment, without query or
-# fragment (as infra/boot.py's model_file_name).
+# fragment (as infra/models/parts.py's saved_name).
 model_name() {
   local path="${1%%[?#]*}"
   printf '%s' "${path##*/}"
@@ -163,13 +107,8 @@ model_file() {
   printf '%s/%s' "${MODEL_DIR:-$LLAMA_DATA_DIR/models}" "$(model_name "$1")"
 }
 
-# json_words WORD...: the words as a JSON list, for list-valued status fields.
-json_words() {
-  python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
-}
-
 # node_threads: threads for llama.cpp, every core unless LLAMA_THREADS says otherwise.
 node_threads() {
-  printf '%s' "${LLAMA_THREADS:-$(cpu_count)}"
+  printf '%s' "${LLAMA_THREADS:-$(nproc)}"
 }
 

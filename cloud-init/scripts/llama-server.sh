@@ -2,7 +2,10 @@
 # The main node's service: wait for every worker, then serve the model with llama-server on this
 # node's private address, its layers placed as planned. Marks the node serving once /health
 # answers, with the placement llama-server reports in the status file.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=SCRIPTDIR/supervise.sh
+source "$LLAMA_RPC_BIN_DIR/supervise.sh"
 
 require_setting LLAMA_NODE_IP
 require_setting MODEL_URLS

@@ -2,6 +2,7 @@
 # A node's boot (llama-rpc-boot.service, as root, on every boot): missing packages, the llama.cpp
 # build for the role and, on the main node, the model. A re-run keeps a finished build and
 # verified model parts: it resumes a failed boot, and takes seconds after a good one.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting LLAMA_ROLE
@@ -14,7 +15,7 @@ if [[ -n "${LLAMA_SERVICE_USER:-}" && $EUID -eq 0 ]]; then
   # First: the status file takes its directory's owner (llama-rpc-status).
   chown "$service_user:" "$LLAMA_DATA_DIR"
 fi
-python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-status" --file "$LLAMA_STATUS_FILE" get boot_started_at >/dev/null ||
+llama_rpc_status get boot_started_at >/dev/null ||
   status "boot_started_at:=$(date +%s.%N)"
 status "role=$LLAMA_ROLE" "node_ip=${LLAMA_NODE_IP:-}" "llama_cpp_commit=${LLAMA_CPP_COMMIT:-}" last_error:=null
 

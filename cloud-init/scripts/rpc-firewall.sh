@@ -5,6 +5,7 @@
 # process most exposed to remote-code bugs cannot reach the internet. It runs when the worker
 # service starts, after the boot (which needs the package mirrors and GitHub), and the table is
 # gone after a reboot until the service starts again. Idempotent; other ports are left alone.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting RPC_ALLOWED_SOURCES

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A worker node's service: ggml-rpc-server on this node's private address with every core and
 # the tensor cache on the data disk. Marks the node serving once the port answers.
+set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=SCRIPTDIR/supervise.sh
+source "$LLAMA_RPC_BIN_DIR/supervise.sh"
 
 require_setting LLAMA_NODE_IP
 case "$LLAMA_NODE_IP" in

@@ -1,24 +1,10 @@
-"""Cloud backends, registered by name and imported only when used (each pulls in its SDK)."""
+"""Each cloud's facts (limits, naming rules, capabilities), by name. No provider SDK here."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from infra.clouds import aws, azure, gcp
+from infra.clouds.base import CloudFacts, UserDataChannel
 
-if TYPE_CHECKING:  # the base module imports pulumi; facts users must not pay for it
-    from infra.clouds.base import CloudBackend
+FACTS: dict[str, CloudFacts] = {facts.name: facts for facts in (aws.FACTS, gcp.FACTS, azure.FACTS)}
 
-_REGISTRY = {
-    "aws": "infra.clouds.aws:AwsBackend",
-    "gcp": "infra.clouds.gcp:GcpBackend",
-    "azure": "infra.clouds.azure:AzureBackend",
-}
-BACKENDS = tuple(_REGISTRY)
-
-
-def get_backend(name: str) -> CloudBackend[Any, Any]:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown cloud {name!r}; known: {', '.join(BACKENDS)}")
-    module, cls = _REGISTRY[name].split(":")
-    backend: type[CloudBackend[Any, Any]] = getattr(importlib.import_module(module), cls)
-    return backend()
+__all__ = ["FACTS", "CloudFacts", "UserDataChannel"]

@@ -1,437 +1,90 @@
-"""AWS Graviton: a VPC with a private subnet behind a NAT gateway, security groups that open the
-RPC port from the main node's group only, a cluster placement group, and SSM instead of SSH.
-
-Baseline (AWS Foundational Security Best Practices): the VPC's default security group holds no
-rules (EC2.2), its default network ACL refuses SSH and RDP from anywhere (EC2.21), VPC flow logs
-go to an S3 bucket of the stack (EC2.6), nodes take IMDSv2 only (EC2.8) and encrypted volumes
-(EC2.7), and have no public address (EC2.9). Only the main node has an instance role, with what
-Session Manager needs; workers have none.
-"""
+"""AWS facts: Graviton naming, gp3 limits, tag rules, regions. No SDK here."""
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlparse
+import re
+from collections.abc import Iterator, Mapping
 
-import pulumi
-import pulumi_aws as aws
-
-from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
-from infra.clouds.facts import aws as aws_facts
-from infra.clouds.facts.base import FLOW_LOG_RETENTION_DAYS
-from infra.config import ClusterConfig
-
-UBUNTU_AMI_PARAMETER = (
-    "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
+from infra.clouds.base import (
+    PROGRAM_TAGS,
+    CloudFacts,
+    DiskModel,
+    NatModel,
+    Range,
+    UserDataChannel,
+    reserved_tag_problem,
 )
-# What Session Manager needs on the instance, and no more (AWS's managed policy for it):
-# https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html
-SSM_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-# Port forwarding to an address the instance reaches (llama-server listens on the main node's
-# private address, not its loopback, which AWS-StartPortForwardingSession would use):
-# https://docs.aws.amazon.com/systems-manager/latest/userguide/session-manager-working-with-sessions-start.html#sessions-remote-port-forwarding
-PORT_FORWARD_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
-# Egress the nodes need while booting: package mirrors (80), GitHub, the model host and the SSM
-# endpoints (443). The VPC's DNS resolver and the metadata service are not filtered by groups.
-# Workers close all egress beyond the VPC once serving (their host firewall, rpc-firewall.sh).
-BOOT_EGRESS_PORTS = (80, 443)
-# Remote administration ports the default network ACL refuses from anywhere (EC2.21).
-ADMIN_PORTS = (22, 3389)
+
+# Tags the program sets on AWS resources besides project, stack and role.
+NAME_TAG = "Name"
+# https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html
+# (50 tags per resource; keys 1-128 and values 0-256 characters; the aws: prefix is reserved).
+# IAM roles carry the tags too, and IAM allows only letters, digits, spaces and _ . : / = + - @
+# (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
+MAX_TAGS = 50
+_TAG_PUNCTUATION = set("_.:/=+-@ ")
 
 
-def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequence[str]) -> str:
-    """The first zone (by name) that offers every needed instance type."""
-    zones: dict[str, set[str]] = {}
-    for zone, instance_type in zip(locations, offered, strict=True):
-        zones.setdefault(zone, set()).add(instance_type)
-    for zone in sorted(zones):
-        if set(needed) <= zones[zone]:
-            return zone
-    raise ValueError(
-        f"no availability zone in this region offers {', '.join(sorted(set(needed)))}; "
-        "choose another instanceType or region"
-    )
+def _tag_text_ok(text: str) -> bool:
+    return all(c.isalnum() or c in _TAG_PUNCTUATION for c in text)
 
 
-def is_s3_url(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    return host.endswith(".amazonaws.com") and (".s3." in f".{host}" or host.startswith("s3."))
-
-
-@dataclass(frozen=True)
-class AwsNetwork:
-    vpc: aws.ec2.Vpc
-    private_subnet: aws.ec2.Subnet
-    placement_group: aws.ec2.PlacementGroup
-    main_profile: aws.iam.InstanceProfile
-    ami: pulumi.Input[str]
-
-
-@dataclass(frozen=True)
-class AwsFirewall:
-    main: aws.ec2.SecurityGroup
-    worker: aws.ec2.SecurityGroup
-
-
-def model_ports(config: ClusterConfig) -> list[int]:
-    """Ports the main node downloads the model from, besides 80 and 443."""
-    ports = {urlparse(url).port for url in config.model.urls}
-    return sorted(port for port in ports if port and port not in BOOT_EGRESS_PORTS)
-
-
-class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
-    facts = aws_facts.FACTS
-
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AwsNetwork:
-        opts = pulumi.ResourceOptions(parent=parent)
-        tags = self.tags(config, "network")
-        needed = sorted({config.instance_type.name, config.main_instance_type.name})
-        offerings = aws.ec2.get_instance_type_offerings_output(
-            location_type="availability-zone",
-            filters=[{"name": "instance-type", "values": needed}],
-            opts=pulumi.InvokeOutputOptions(parent=parent),
-        )
-        zone = pulumi.Output.all(offerings.locations, offerings.instance_types).apply(
-            lambda args: choose_zone(args[0], args[1], needed)
-        )
-        vpc = aws.ec2.Vpc(
-            f"{name}-vpc",
-            cidr_block=str(config.vpc_cidr),
-            enable_dns_support=True,
-            enable_dns_hostnames=True,
-            tags={**tags, "Name": f"{name}-vpc"},
-            opts=opts,
-        )
-        # Nodes live in the private subnet; the public one holds only the NAT gateway.
-        public, private = (
-            aws.ec2.Subnet(
-                f"{name}-{kind}",
-                vpc_id=vpc.id,
-                cidr_block=str(cidr),
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{name}-{kind}"},
-                opts=opts,
-            )
-            for kind, cidr in (("public", config.public_subnet), ("private", config.private_subnet))
-        )
-        gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=opts)
-        public_routes = aws.ec2.RouteTable(
-            f"{name}-public-routes",
-            vpc_id=vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
-            tags=tags,
-            opts=opts,
-        )
-        aws.ec2.RouteTableAssociation(
-            f"{name}-public-routes", subnet_id=public.id, route_table_id=public_routes.id, opts=opts
-        )
-        nat_ip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=opts)
-        nat = aws.ec2.NatGateway(
-            f"{name}-nat", allocation_id=nat_ip.id, subnet_id=public.id, tags=tags, opts=opts
-        )
-        private_routes = aws.ec2.RouteTable(
-            f"{name}-private-routes",
-            vpc_id=vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
-            tags=tags,
-            opts=opts,
-        )
-        aws.ec2.RouteTableAssociation(
-            f"{name}-private-routes",
-            subnet_id=private.id,
-            route_table_id=private_routes.id,
-            opts=opts,
-        )
-        if any(is_s3_url(url) for url in config.model.urls):
-            # Model downloads from S3 stay inside AWS and skip the NAT's per-GB charge.
-            aws.ec2.VpcEndpoint(
-                f"{name}-s3",
-                vpc_id=vpc.id,
-                service_name=f"com.amazonaws.{config.region}.s3",
-                vpc_endpoint_type="Gateway",
-                route_table_ids=[private_routes.id],
-                tags=tags,
-                opts=opts,
-            )
-        placement = aws.ec2.PlacementGroup(
-            f"{name}-placement", strategy="cluster", tags=tags, opts=opts
-        )
-        self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
-        if config.flow_logs:
-            self._flow_logs(name, vpc, tags, opts)
-        # The main node's role: Session Manager only (the tunnel). Workers get no role at all.
-        role = aws.iam.Role(
-            f"{name}-main-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
-            tags=self.tags(config, "main"),
-            opts=opts,
-        )
-        aws.iam.RolePolicyAttachment(
-            f"{name}-main-ssm", role=role.name, policy_arn=SSM_POLICY_ARN, opts=opts
-        )
-        profile = aws.iam.InstanceProfile(
-            f"{name}-main-profile", role=role.name, tags=self.tags(config, "main"), opts=opts
-        )
-        ami: pulumi.Input[str] = (
-            config.image
-            or aws.ssm.get_parameter_output(
-                name=UBUNTU_AMI_PARAMETER, opts=pulumi.InvokeOutputOptions(parent=parent)
-            ).value
-        )
-        return AwsNetwork(vpc, private, placement, profile, ami)
-
-    def _baseline(
-        self,
-        *,
-        name: str,
-        vpc: aws.ec2.Vpc,
-        subnets: list[aws.ec2.Subnet],
-        tags: dict[str, Any],
-        opts: pulumi.ResourceOptions,
-    ) -> None:
-        """Adopt the VPC's default security group with no rules (nothing uses it: EC2.2) and its
-        default network ACL refusing remote administration from anywhere (EC2.21)."""
-        aws.ec2.DefaultSecurityGroup(
-            f"{name}-default-sg",
-            vpc_id=vpc.id,
-            tags={**tags, "Name": f"{name}-default-sg"},
-            opts=opts,
-        )
-        # NACLs are stateless and match the destination port: denying 22 and 3389 inbound
-        # leaves replies to the nodes' own connections (to ephemeral ports) alone.
-        deny: list[aws.ec2.DefaultNetworkAclIngressArgsDict] = [
-            {
-                "rule_no": 10 + i,
-                "action": "deny",
-                "protocol": "tcp",
-                "from_port": port,
-                "to_port": port,
-                "cidr_block": "0.0.0.0/0",
-            }
-            for i, port in enumerate(ADMIN_PORTS)
-        ]
-        allow: aws.ec2.DefaultNetworkAclIngressArgsDict = {
-            "rule_no": 100,
-            "action": "allow",
-            "protocol": "-1",
-            "from_port": 0,
-            "to_port": 0,
-            "cidr_block": "0.0.0.0/0",
-        }
-        aws.ec2.DefaultNetworkAcl(
-            f"{name}-default-nacl",
-            default_network_acl_id=vpc.default_network_acl_id,
-            subnet_ids=[subnet.id for subnet in subnets],
-            ingress=[*deny, allow],
-            egress=[allow],
-            tags={**tags, "Name": f"{name}-default-nacl"},
-            opts=opts,
-        )
-
-    def _flow_logs(
-        self, name: str, vpc: aws.ec2.Vpc, tags: dict[str, Any], opts: pulumi.ResourceOptions
-    ) -> None:
-        """VPC flow logs to a private S3 bucket of the stack (S3 is the cheaper destination;
-        the bucket goes with ``pulumi destroy``, logs and all)."""
-        bucket = aws.s3.Bucket(f"{name}-flow-logs", force_destroy=True, tags=tags, opts=opts)
-        aws.s3.BucketPublicAccessBlock(
-            f"{name}-flow-logs",
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=opts,
-        )
-        aws.s3.BucketLifecycleConfiguration(
-            f"{name}-flow-logs",
-            bucket=bucket.id,
-            rules=[
-                {
-                    "id": "expire",
-                    "status": "Enabled",
-                    "filter": {},
-                    "expiration": {"days": FLOW_LOG_RETENTION_DAYS},
-                }
-            ],
-            opts=opts,
-        )
-        # AWS adds the bucket policy that lets the log delivery service write:
-        # https://docs.aws.amazon.com/vpc/latest/userguide/flow-logs-s3-permissions.html
-        aws.ec2.FlowLog(
-            f"{name}-flow-logs",
-            vpc_id=vpc.id,
-            traffic_type="ALL",
-            log_destination_type="s3",
-            log_destination=bucket.arn,
-            max_aggregation_interval=600,
-            tags=tags,
-            opts=opts,
-        )
-
-    def firewall(
-        self, name: str, config: ClusterConfig, network: AwsNetwork, parent: pulumi.Resource
-    ) -> AwsFirewall:
-        opts = pulumi.ResourceOptions(parent=parent)
-        groups = {}
-        for role, text in (
-            ("main", "llama-server main node: API only from apiAllowedCidrs"),
-            ("worker", "ggml-rpc-server workers: RPC only from the main node"),
-        ):
-            groups[role] = aws.ec2.SecurityGroup(
-                f"{name}-{role}-sg",
-                vpc_id=network.vpc.id,
-                description=text,
-                tags={**self.tags(config, role), "Name": f"{name}-{role}-sg"},
-                opts=opts,
-            )
-        main, worker = groups["main"], groups["worker"]
-
-        def rule(
-            kind: type[aws.vpc.SecurityGroupIngressRule] | type[aws.vpc.SecurityGroupEgressRule],
-            rule_name: str,
-            role: str,
-            port: int,
-            description: str,
-            **peer: Any,
-        ) -> None:
-            kind(
-                f"{name}-{rule_name}",
-                security_group_id=groups[role].id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
-                description=description,
-                tags=self.tags(config, role),
-                opts=opts,
-                **peer,
+def _tag_problems(tags: Mapping[str, str]) -> Iterator[str | None]:
+    yield reserved_tag_problem(tags, (NAME_TAG,))
+    program = {key.lower() for key in (*PROGRAM_TAGS, NAME_TAG)}
+    for key in tags:
+        # IAM compares tag keys without case: "Project" collides with the program's "project".
+        if key.lower() in program:
+            yield f"tag {key!r} collides with the program's {key.lower()!r} (IAM ignores case)"
+    if len({key.lower() for key in tags}) != len(tags):
+        yield "two tag names differ only in case; IAM treats them as one"
+    if len(tags) > MAX_TAGS - 4:  # project, stack, role and Name
+        yield f"{len(tags)} tags; AWS allows {MAX_TAGS} per resource and the program sets 4"
+    for key, value in tags.items():
+        if key.lower().startswith("aws:"):
+            yield f"tag {key!r}: the aws: prefix is reserved for AWS"
+        if not 1 <= len(key) <= 128 or len(value) > 256:
+            yield f"tag {key!r}: names hold 1-128 characters and values at most 256"
+        if not (_tag_text_ok(key) and _tag_text_ok(value)):
+            yield (
+                f"tag {key!r}={value!r}: AWS (IAM) tags hold only letters, digits, spaces "
+                "and _ . : / = + - @"
             )
 
-        ingress, egress = aws.vpc.SecurityGroupIngressRule, aws.vpc.SecurityGroupEgressRule
-        rule(
-            ingress,
-            "worker-rpc-from-main",
-            "worker",
-            config.rpc_port,
-            "llama.cpp RPC from the main node",
-            referenced_security_group_id=main.id,
-        )
-        rule(
-            egress,
-            "main-rpc-to-workers",
-            "main",
-            config.rpc_port,
-            "llama.cpp RPC to the workers",
-            referenced_security_group_id=worker.id,
-        )
-        for i, cidr in enumerate(config.api_allowed_cidrs):
-            rule(
-                ingress,
-                f"main-api-{i}",
-                "main",
-                config.server_port,
-                "llama-server API from apiAllowedCidrs",
-                cidr_ipv4=cidr,
-            )
-        for role in groups:
-            for port in BOOT_EGRESS_PORTS:
-                rule(
-                    egress,
-                    f"{role}-egress-{port}",
-                    role,
-                    port,
-                    "packages, llama.cpp source, model, SSM",
-                    cidr_ipv4="0.0.0.0/0",
-                )
-        for port in model_ports(config):
-            rule(
-                egress,
-                f"main-egress-{port}",
-                "main",
-                port,
-                "the model host",
-                cidr_ipv4="0.0.0.0/0",
-            )
-        return AwsFirewall(main=main, worker=worker)
 
-    def node(
-        self,
-        spec: NodeSpec,
-        config: ClusterConfig,
-        network: AwsNetwork,
-        firewall: AwsFirewall,
-        parent: pulumi.Resource,
-    ) -> Node:
-        tags = self.tags(config, spec.role)
-        group = firewall.main if spec.role == "main" else firewall.worker
-        throughput = spec.disk_throughput_mibps or 125
-        # gp3 allows 0.25 MiB/s per provisioned IOPS: more throughput needs more IOPS.
-        iops = max(3000, math.ceil(throughput * 4))
-        user_data = spec.user_data
-        main = spec.role == "main"
-        # Without a pinned image every up resolves SSM's "current" AMI; a new Ubuntu release
-        # must not replace running nodes, so each keeps the image it was created with.
-        # Setting `image` makes the change deliberate: every node is replaced with it.
-        ignore = [] if config.image else ["ami"]
-        instance = aws.ec2.Instance(
-            spec.name,
-            ami=network.ami,
-            instance_type=spec.instance_type,
-            subnet_id=network.private_subnet.id,
-            private_ip=spec.private_ip,
-            associate_public_ip_address=False,
-            vpc_security_group_ids=[group.id],
-            iam_instance_profile=network.main_profile.name if main else None,
-            placement_group=network.placement_group.name,
-            metadata_options={
-                "http_tokens": "required",
-                "http_endpoint": "enabled",
-                "http_put_response_hop_limit": 1,
-            },
-            root_block_device={
-                "volume_type": "gp3",
-                "volume_size": spec.disk_gb,
-                "throughput": throughput,
-                "iops": iops,
-                "encrypted": True,
-                "delete_on_termination": True,
-                "tags": {**tags, "Name": spec.name},
-            },
-            ebs_optimized=True,
-            user_data=None if user_data.gzipped else user_data.value,
-            user_data_base64=user_data.value if user_data.gzipped else None,
-            # New boot data means a new node: cloud-init reads user data on first boot only.
-            user_data_replace_on_change=True,
-            tags={**tags, "Name": spec.name},
-            opts=node_options(parent, ignore_changes=ignore),
-        )
-        return Node(instance_id=instance.id, private_ip=instance.private_ip)
+def tag_problem(tags: Mapping[str, str]) -> str | None:
+    """Why these tags break AWS's rules (EC2 and IAM), or None."""
+    return next((problem for problem in _tag_problems(tags) if problem), None)
 
-    def connect_command(
-        self, config: ClusterConfig, network: AwsNetwork, main: Node
-    ) -> pulumi.Output[str]:
-        port = str(config.server_port)
-        parameters = json.dumps(
-            {"host": [config.main_ip], "portNumber": [port], "localPortNumber": [port]}
-        )
-        return pulumi.Output.concat(
-            f"aws ssm start-session --region {config.region} --target ",
-            main.instance_id,
-            f" --document-name {PORT_FORWARD_DOCUMENT} --parameters '{parameters}'",
-        )
+
+FACTS = CloudFacts(
+    name="aws",
+    region_key="aws:region",
+    # us-east-1, ap-southeast-2, us-gov-west-1, eu-central-2, il-central-1
+    region_pattern=re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d"),
+    region_example="us-east-1",
+    # Graviton families carry a "g" after the generation digit: c8g, r7gd, c7gn, t4g, x2gd.
+    arm_pattern=re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+"),
+    arm_examples="Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g",
+    # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
+    # 2025; throughput is held to the 1,000 MiB/s every region offers)
+    boot_disk_gb=Range(1, 65_536),
+    disk_throughput_mibps=Range(125, 1000),
+    # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
+    vpc_widest_prefix=16,
+    tag_problem=tag_problem,
+    tag_word="tag",
+    image_pattern=re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?"),
+    image_example="ami-0123456789abcdef0",
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html: 16 KB, before the
+    # API's base64; user_data_base64 takes gzip (cloud-init unpacks it).
+    user_data=UserDataChannel("user_data", 16 * 1024, gzip_field="user_data_base64"),
+    disk=DiskModel("gp3", included_mibps=125, included_iops=3000, iops_per_mibps=4),
+    nat=NatModel("NAT gateway"),
+    image_meaning="an arm64 Ubuntu 24.04 AMI id in the stack's region",
+    refuses={
+        "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",
+        "bastion": "connectCommand forwards through SSM Session Manager already",
+        "encryptionAtHost": "every EBS volume of the cluster is encrypted already",
+    },
+)

@@ -1,435 +1,90 @@
-"""Azure Cobalt 100: a VNet with a NAT gateway (new VNets have no default outbound access),
-an NSG whose rules name application security groups per role and deny all other inbound traffic
-explicitly, accelerated NICs without public IPs, and a proximity placement group.
-
-Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
-any node, VNet flow logs to a storage account of the stack, tags on every resource including
-the OS disks, and optionally encryption at host and a Bastion host for the tunnel.
-"""
+"""Azure facts: Cobalt 100 naming, managed-disk limits, tag rules, regions."""
 
 from __future__ import annotations
 
-import hashlib
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-import pulumi
-import pulumi_azure_native as azure
-
-from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
-from infra.clouds.facts import azure as azure_facts
-from infra.clouds.facts.base import FLOW_LOG_RETENTION_DAYS
-from infra.config import ClusterConfig
-
-IMAGE: azure.compute.ImageReferenceArgsDict = {
-    "publisher": "Canonical",
-    "offer": "ubuntu-24_04-lts",
-    "sku": "server-arm64",  # Generation 2, as Cobalt 100 requires
-    "version": "latest",
-}
-# Trusted Launch covers Dpsv6, Dplsv6 and Epsv6 (Arm64):
-# https://learn.microsoft.com/azure/virtual-machines/trusted-launch#virtual-machines-sizes
-SECURITY_TYPE = "TrustedLaunch"
-# Azure creates a Network Watcher per region in this group when a VNet is created there:
-# https://learn.microsoft.com/azure/network-watcher/network-watcher-create
-NETWORK_WATCHER_GROUP = "NetworkWatcherRG"
-BASTION_SUBNET = "AzureBastionSubnet"  # the name Azure requires
-ADMIN_USER = "azureuser"
-# Azure will not create a Linux VM with passwords off and no SSH key. Without sshPublicKey the
-# VM gets this public key, whose private half was destroyed when it was made: nobody can log in
-# over SSH; use Run Command or Bastion.
-LOCKED_SSH_KEY = (
-    "ssh-rsa "
-    "AAAAB3NzaC1yc2EAAAADAQABAAABgQCdf1yAEh//IQFQOejlGri52+p3SkOs0ZhULsynGnkjl6mjURXBag5AHj5f"
-    "kTwm6D9YHwdgdB03UQjzRhtsY12ll/SLG2P0fbdYuT0XHtTkRQIinqc+irFrQssQxRtKJaPWSuj+dI5Vs0WXNOyP"
-    "JZ3uQBdMpsRNFCH7nXWZS/hF6XEmkNLCX8wWDqDH2sBh3oCfdP7QC4pTOcolvaRVFEVvMIzPayCEFFuhCWy3tNvs"
-    "dvnl8TAM5bVbSlNaomRJUXiNEIJNJtPgy9o2CeQjzNAcx67t0fc0R5xuaRvIrgTmVqVzBuUmwax+E1Vvq0aiPrro"
-    "/prwYiuL2EmB7F+X2vks/93U25OISIzmRpXvmsDJa/fBfvemDOerbAuqDLyq4I7sAtYnh5kE2E0tem1tlWfGrN1b"
-    "w/Hoa4fLwyPmUGOVrQrXwgHSrxy8MssiznW5rM2G7m5Xn7QoQ8jCdHjF8A5lXpQ79HH/xHQ6BjVt6H6hDhtDh3n0"
-    "9wbosWh2EM0stTc="
-    " llama-rpc-cluster: private half destroyed"
+from infra.clouds.base import (
+    CloudFacts,
+    DiskModel,
+    NatModel,
+    Range,
+    UserDataChannel,
+    reserved_tag_problem,
 )
-DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
+
+# https://learn.microsoft.com/azure/azure-resource-manager/management/tag-resources#limitations
+# 50 tags per resource; names at most 512 characters (128 on storage accounts, which the flow
+# logs use), values at most 256; names hold none of < > % & \ ? /; the prefixes microsoft,
+# azure and windows are reserved.
+MAX_TAGS = 50
+MAX_TAG_NAME = 128
+_FORBIDDEN = set("<>%&\\?/")
+_RESERVED_PREFIXES = ("microsoft", "azure", "windows")
 
 
-@dataclass(frozen=True)
-class AzureNetwork:
-    resource_group: azure.resources.ResourceGroup
-    subnet: azure.network.Subnet
-    security_group: azure.network.NetworkSecurityGroup
-    placement: azure.compute.ProximityPlacementGroup
-    bastion: azure.network.BastionHost | None
-
-
-@dataclass(frozen=True)
-class AzureFirewall:
-    main: azure.network.ApplicationSecurityGroup
-    worker: azure.network.ApplicationSecurityGroup
-
-
-def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) -> str:
-    disk = profile.os_disk.managed_disk if profile and profile.os_disk else None
-    if disk is None or not disk.id:
-        raise ValueError("the VM reported no managed OS disk")
-    return disk.id
-
-
-class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
-    facts = azure_facts.FACTS
-
-    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
-        if config.bastion:
-            return self.facts.limitations
-        return {
-            **self.facts.limitations,
-            "tunnel": "no port forward without `bastion: true`: connectCommand queries the API "
-            "with Run Command",
-        }
-
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AzureNetwork:
-        opts = pulumi.ResourceOptions(parent=parent)
-        tags = self.tags(config, "network")
-        group = azure.resources.ResourceGroup(
-            f"{name}-rg", location=config.region, tags=tags, opts=opts
-        )
-        rg = group.name
-        nat_ip = azure.network.PublicIPAddress(
-            f"{name}-nat-ip",
-            resource_group_name=rg,
-            sku={"name": "Standard"},
-            public_ip_allocation_method="Static",
-            tags=tags,
-            opts=opts,
-        )
-        nat = azure.network.NatGateway(
-            f"{name}-nat",
-            resource_group_name=rg,
-            sku={"name": "Standard"},
-            public_ip_addresses=[{"id": nat_ip.id}],
-            tags=tags,
-            opts=opts,
-        )
-        vnet = azure.network.VirtualNetwork(
-            f"{name}-vnet",
-            resource_group_name=rg,
-            address_space={"address_prefixes": [str(config.vpc_cidr)]},
-            tags=tags,
-            opts=opts,
-        )
-        nsg = azure.network.NetworkSecurityGroup(
-            f"{name}-nsg", resource_group_name=rg, tags=tags, opts=opts
-        )
-        subnet = azure.network.Subnet(
-            f"{name}-private",
-            resource_group_name=rg,
-            virtual_network_name=vnet.name,
-            address_prefix=str(config.private_subnet),
-            nat_gateway={"id": nat.id},
-            network_security_group={"id": nsg.id},
-            default_outbound_access=False,
-            opts=opts,
-        )
-        if config.flow_logs:
-            self._flow_logs(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
-        bastion = (
-            self._bastion(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
-            if config.bastion
-            else None
-        )
-        placement = azure.compute.ProximityPlacementGroup(
-            f"{name}-ppg",
-            resource_group_name=rg,
-            proximity_placement_group_type="Standard",
-            intent={
-                "vm_sizes": sorted({config.instance_type.name, config.main_instance_type.name})
-            },
-            tags=tags,
-            opts=opts,
-        )
-        return AzureNetwork(group, subnet, nsg, placement, bastion)
-
-    def _flow_logs(
-        self,
-        *,
-        name: str,
-        config: ClusterConfig,
-        group: azure.resources.ResourceGroup,
-        vnet: azure.network.VirtualNetwork,
-        tags: dict[str, str],
-        opts: pulumi.ResourceOptions,
-    ) -> None:
-        """VNet flow logs (NSG flow logs are retired) into a storage account of the stack:
-        https://learn.microsoft.com/azure/network-watcher/vnet-flow-logs-overview"""
-        # Storage account names are global: derive one from the group's id (subscription and
-        # stack), 3-24 lowercase letters and digits.
-        account_name = group.id.apply(
-            lambda group_id: "lrcflow" + hashlib.sha256(group_id.encode()).hexdigest()[:16]
-        )
-        account = azure.storage.StorageAccount(
-            f"{name}-flow-logs",
-            account_name=account_name,
-            resource_group_name=group.name,
-            kind=azure.storage.Kind.STORAGE_V2,
-            sku={"name": azure.storage.SkuName.STANDARD_LRS},
-            allow_blob_public_access=False,
-            # Shared-key access keeps its default (on): turning it off would mean giving the flow
-            # log a managed identity to write with, not set up here.
-            enable_https_traffic_only=True,
-            minimum_tls_version=azure.storage.MinimumTlsVersion.TLS1_2,
-            tags=tags,
-            opts=opts,
-        )
-        azure.network.FlowLog(
-            f"{name}-flow-logs",
-            resource_group_name=NETWORK_WATCHER_GROUP,
-            network_watcher_name=f"NetworkWatcher_{config.region}",
-            location=config.region,
-            target_resource_id=vnet.id,
-            storage_id=account.id,
-            enabled=True,
-            retention_policy={"days": FLOW_LOG_RETENTION_DAYS, "enabled": True},
-            tags=tags,
-            opts=opts,
-        )
-
-    def _bastion(
-        self,
-        *,
-        name: str,
-        config: ClusterConfig,
-        group: azure.resources.ResourceGroup,
-        vnet: azure.network.VirtualNetwork,
-        tags: dict[str, str],
-        opts: pulumi.ResourceOptions,
-    ) -> azure.network.BastionHost:
-        """A Standard Bastion with native-client tunnelling, the only way in from outside:
-        https://learn.microsoft.com/azure/bastion/connect-vm-native-client-linux"""
-        subnet = azure.network.Subnet(
-            f"{name}-bastion",
-            subnet_name=BASTION_SUBNET,
-            resource_group_name=group.name,
-            virtual_network_name=vnet.name,
-            address_prefix=str(config.public_subnet),
-            opts=opts,
-        )
-        address = azure.network.PublicIPAddress(
-            f"{name}-bastion-ip",
-            resource_group_name=group.name,
-            sku={"name": "Standard"},
-            public_ip_allocation_method="Static",
-            tags=tags,
-            opts=opts,
-        )
-        return azure.network.BastionHost(
-            f"{name}-bastion",
-            resource_group_name=group.name,
-            sku={"name": "Standard"},
-            enable_tunneling=True,
-            ip_configurations=[
-                {
-                    "name": "bastion",
-                    "subnet": {"id": subnet.id},
-                    "public_ip_address": {"id": address.id},
-                }
-            ],
-            tags=tags,
-            opts=opts,
-        )
-
-    def firewall(
-        self, name: str, config: ClusterConfig, network: AzureNetwork, parent: pulumi.Resource
-    ) -> AzureFirewall:
-        opts = pulumi.ResourceOptions(parent=parent)
-        rg = network.resource_group.name
-        main, worker = (
-            azure.network.ApplicationSecurityGroup(
-                f"{name}-{role}-asg",
-                resource_group_name=rg,
-                tags=self.tags(config, role),
-                opts=opts,
+def tag_problem(tags: Mapping[str, str]) -> str | None:
+    """Why these tags break Azure's rules, or None."""
+    reserved = reserved_tag_problem(tags)
+    if reserved:
+        return reserved
+    if len(tags) > MAX_TAGS - 3:
+        return f"{len(tags)} tags; Azure allows {MAX_TAGS} per resource and the program sets 3"
+    for key, value in tags.items():
+        if key.lower().startswith(_RESERVED_PREFIXES):
+            return f"tag {key!r}: names starting with {', '.join(_RESERVED_PREFIXES)} are reserved"
+        if not 1 <= len(key) <= MAX_TAG_NAME or len(value) > 256 or set(key) & _FORBIDDEN:
+            return (
+                f"tag {key!r}: Azure tag names hold 1-{MAX_TAG_NAME} characters and none of "
+                "< > % & \\ ? /, and values at most 256 characters"
             )
-            for role in ("main", "worker")
-        )
-        rule = {"direction": "Inbound", "source_port_range": "*"}
-        rules: list[dict[str, object]] = [
-            {
-                **rule,
-                "name": "allow-rpc-from-main",
-                "priority": 100,
-                "access": "Allow",
-                "protocol": "Tcp",
-                "source_application_security_groups": [{"id": main.id}],
-                "destination_application_security_groups": [{"id": worker.id}],
-                "destination_port_range": str(config.rpc_port),
-            }
-        ]
-        if config.bastion:
-            rules.append(
-                {
-                    **rule,
-                    "name": "allow-api-from-bastion",
-                    "priority": 120,
-                    "access": "Allow",
-                    "protocol": "Tcp",
-                    "source_address_prefix": str(config.public_subnet),
-                    "destination_application_security_groups": [{"id": main.id}],
-                    "destination_port_range": str(config.server_port),
-                }
-            )
-        if config.api_allowed_cidrs:
-            rules.append(
-                {
-                    **rule,
-                    "name": "allow-api-from-allowed-cidrs",
-                    "priority": 110,
-                    "access": "Allow",
-                    "protocol": "Tcp",
-                    "source_address_prefixes": list(config.api_allowed_cidrs),
-                    "destination_application_security_groups": [{"id": main.id}],
-                    "destination_port_range": str(config.server_port),
-                }
-            )
-        rules.append(
-            {
-                **rule,
-                "name": "deny-all-other-inbound",
-                "priority": DENY_PRIORITY,
-                "access": "Deny",
-                "protocol": "*",
-                "source_address_prefix": "*",
-                "destination_address_prefix": "*",
-                "destination_port_range": "*",
-            }
-        )
-        for spec in rules:
-            rule_name = str(spec.pop("name"))
-            azure.network.SecurityRule(  # type: ignore[call-overload]  # rules built as data
-                f"{name}-{rule_name}",
-                resource_group_name=rg,
-                network_security_group_name=network.security_group.name,
-                security_rule_name=rule_name,
-                **spec,
-                opts=opts,
-            )
-        return AzureFirewall(main=main, worker=worker)
+    return None
 
-    def node(
-        self,
-        spec: NodeSpec,
-        config: ClusterConfig,
-        network: AzureNetwork,
-        firewall: AzureFirewall,
-        parent: pulumi.Resource,
-    ) -> Node:
-        opts = pulumi.ResourceOptions(parent=parent)
-        tags = self.tags(config, spec.role)
-        rg = network.resource_group.name
-        group = firewall.main if spec.role == "main" else firewall.worker
-        # The NIC holds the node's fixed address: a replacement NIC must come after the old one.
-        nic = azure.network.NetworkInterface(
-            f"{spec.name}-nic",
-            resource_group_name=rg,
-            enable_accelerated_networking=True,  # required by Cobalt 100
-            ip_configurations=[
-                {
-                    "name": "private",
-                    "primary": True,
-                    "private_ip_allocation_method": "Static",
-                    "private_ip_address": spec.private_ip,
-                    "subnet": {"id": network.subnet.id},
-                    "application_security_groups": [{"id": group.id}],
-                }
-            ],
-            tags=tags,
-            opts=node_options(parent),
-        )
-        key = config.ssh_public_key or LOCKED_SSH_KEY
-        storage: azure.compute.StorageProfileArgsDict = {
-            "image_reference": {**IMAGE, "version": config.image or IMAGE["version"]},
-            "os_disk": {
-                "create_option": azure.compute.DiskCreateOptionTypes.FROM_IMAGE,
-                "disk_size_gb": spec.disk_gb,
-                "caching": azure.compute.CachingTypes.READ_WRITE,
-                "delete_option": azure.compute.DiskDeleteOptionTypes.DELETE,
-                # Managed disks are encrypted at rest by the platform.
-                "managed_disk": {
-                    "storage_account_type": azure.compute.StorageAccountTypes.PREMIUM_LRS
-                },
-            },
-        }
-        os_profile: azure.compute.OSProfileArgsDict = {
-            "computer_name": spec.name,
-            "admin_username": ADMIN_USER,
-            "custom_data": spec.user_data.value,
-            "linux_configuration": {
-                "disable_password_authentication": True,
-                "ssh": {
-                    "public_keys": [
-                        {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "key_data": key}
-                    ]
-                },
-            },
-        }
-        vm = azure.compute.VirtualMachine(
-            spec.name,
-            resource_group_name=rg,
-            hardware_profile={"vm_size": spec.instance_type},
-            storage_profile=storage,
-            os_profile=os_profile,
-            network_profile={
-                "network_interfaces": [
-                    {
-                        "id": nic.id,
-                        "primary": True,
-                        "delete_option": azure.compute.DeleteOptions.DELETE,
-                    }
-                ]
-            },
-            # No managed identity: nothing on a node calls Azure's APIs.
-            security_profile={
-                "security_type": SECURITY_TYPE,
-                "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
-                "encryption_at_host": config.encryption_at_host,
-            },
-            proximity_placement_group={"id": network.placement.id},
-            tags=tags,
-            # Azure refuses a customData change on an existing VM ("Changing property
-            # 'customData' is not allowed"): new boot data means a new node.
-            # https://learn.microsoft.com/azure/virtual-machines/custom-data
-            opts=node_options(parent, replace_on_changes=["osProfile.customData"]),
-        )
-        # The OS disk takes none of the VM's tags. The VM's id is among them, so a replaced VM's
-        # new disk is tagged again.
-        azure.resources.TagAtScope(
-            f"{spec.name}-os-disk-tags",
-            scope=vm.storage_profile.apply(_os_disk_id),
-            properties={"tags": {**tags, "vm": vm.vm_id}},
-            opts=opts,
-        )
-        return Node(
-            instance_id=vm.name,
-            private_ip=pulumi.Output.from_input(spec.private_ip),
-            resource_id=vm.id,
-        )
 
-    def connect_command(
-        self, config: ClusterConfig, network: AzureNetwork, main: Node
-    ) -> pulumi.Output[str]:
-        port = config.server_port
-        if network.bastion is not None and main.resource_id is not None:
-            return pulumi.Output.concat(
-                "az network bastion tunnel --name ",
-                network.bastion.name,
-                " --resource-group ",
-                network.resource_group.name,
-                " --target-resource-id ",
-                main.resource_id,
-                f" --resource-port {port} --port {port}",
-            )
-        return pulumi.Output.concat(
-            "az vm run-command invoke --command-id RunShellScript --resource-group ",
-            network.resource_group.name,
-            " --name ",
-            main.instance_id,
-            f" --scripts 'curl -s http://{config.main_ip}:{config.server_port}/v1/models'",
-        )
+FACTS = CloudFacts(
+    name="azure",
+    region_key="azure-native:location",
+    # eastus, westeurope, eastus2, southcentralus (the names, not "East US")
+    region_pattern=re.compile(r"[a-z]+[a-z0-9]*"),
+    region_example="eastus",
+    # Cobalt 100 sizes carry a "p" among the feature letters: Standard_D64ps_v6.
+    arm_pattern=re.compile(r"Standard_[A-Z]+\d+[a-z]*p[a-z]*_v\d+"),
+    arm_examples="Cobalt 100: Standard_D64ps_v6, Standard_E64ps_v6, Standard_D64pls_v6",
+    # OS disks hold at most 4,095 GiB:
+    # https://learn.microsoft.com/azure/virtual-machines/managed-disks-overview#os-disk
+    boot_disk_gb=Range(30, 4_095),
+    disk_throughput_mibps=None,  # Premium SSD throughput follows the disk size
+    vpc_widest_prefix=8,
+    tag_problem=tag_problem,
+    tag_word="tag",
+    image_pattern=re.compile(r"\d+\.\d+\.\d{6,12}"),
+    image_example="24.04.202510010",
+    # https://learn.microsoft.com/azure/virtual-machines/custom-data: at most 64 KB of base64;
+    # cloud-init unpacks gzip inside it.
+    user_data=UserDataChannel("custom_data", 65_535, base64=True, gzip_field="custom_data"),
+    # Premium SSD throughput by size tier (GiB, MB/s): Azure's managed disk sizes table.
+    disk=DiskModel(
+        "Premium SSD",
+        size_tiers_mbps=(
+            (128, 100),
+            (256, 125),
+            (512, 150),
+            (1024, 200),
+            (2048, 250),
+            (4096, 250),
+            (8192, 500),
+            (16384, 750),
+            (32767, 900),
+        ),
+    ),
+    nat=NatModel("NAT gateway"),
+    image_meaning="a version of Canonical:ubuntu-24_04-lts:server-arm64",
+    refuses={"diskThroughputMibps": "Premium SSD throughput follows the disk's size"},
+    limitations={
+        "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
+        "null until the catalog has one",
+        "encryption at host": "off unless encryptionAtHost is set: Microsoft does not list it "
+        "for Cobalt 100 sizes, and it needs the subscription's EncryptionAtHost feature",
+    },
+)

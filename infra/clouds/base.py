@@ -1,95 +1,155 @@
-"""The small interface every cloud implements: a network, the RPC firewall, and nodes.
+"""What every cloud's facts module provides: the limits and rules the config check enforces.
 
-The component (``infra.cluster``) only talks to this interface, so a cloud is added by writing
-one module and registering it; the component, the outputs and the tests stay as they are.
+Facts modules import no provider SDK, so settings are checked (and refused) before a program
+touches a cloud, and the planner and the tests can read them cheaply.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-import pulumi
-
-from infra.boot import Delivery, Role
-from infra.clouds.facts import CloudFacts
-from infra.config import ClusterConfig
-
-NetworkT = TypeVar("NetworkT")
-FirewallT = TypeVar("FirewallT")
+# Tag keys the program sets on every resource; a user tag of the same name would be overwritten.
+PROGRAM_TAGS = ("project", "stack", "role")
+# Settings that only some clouds honour (see CloudFacts.refuses).
+OPTIONAL_SETTINGS = ("sshPublicKey", "bastion", "encryptionAtHost", "diskThroughputMibps")
 
 
 @dataclass(frozen=True)
-class NodeSpec:
-    """One VM: its name, role, fixed private address, size, disk and boot data."""
+class Range:
+    low: int
+    high: int
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.low:,}-{self.high:,}"
+
+    def clamp(self, value: int) -> int:
+        return max(self.low, min(self.high, value))
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """A boot disk as the program creates it."""
+
+    throughput_mibps: int | None  # None: the disk type has no throughput knob
+    iops: int | None
+
+
+@dataclass(frozen=True)
+class DiskModel:
+    """A cloud's boot-disk type: what the program provisions, how fast it reads, and the
+    quantities its price list charges for (priced by the catalog's services.csv)."""
 
     name: str
-    role: Role
-    private_ip: str
-    instance_type: str
-    disk_gb: int
-    disk_throughput_mibps: int | None
-    user_data: Delivery
+    # The throughput and IOPS the size price includes; None: not provisioned separately.
+    included_mibps: int | None = None
+    included_iops: int | None = None
+    # IOPS provisioned per MiB/s of throughput (gp3 allows 0.25 MiB/s per IOPS).
+    iops_per_mibps: int = 0
+    # Throughput that follows the size instead: (largest size in GiB, MB/s), smallest first.
+    size_tiers_mbps: tuple[tuple[int, int], ...] = ()
+
+    def provision(self, requested_mibps: int | None) -> Provisioned:
+        """What a disk gets for a requested throughput (None: the type's baseline)."""
+        if self.included_mibps is None:
+            return Provisioned(None, None)
+        throughput = max(self.included_mibps, requested_mibps or 0)
+        if self.included_iops is None:
+            return Provisioned(throughput, None)
+        return Provisioned(throughput, max(self.included_iops, throughput * self.iops_per_mibps))
+
+    def read_mibps(self, size_gb: int, requested_mibps: int | None) -> float:
+        """The disk's sequential read throughput in MiB/s."""
+        if self.size_tiers_mbps:
+            size_gib = size_gb * 1e9 / 1024**3
+            mbps = next(
+                (mbps for tier, mbps in self.size_tiers_mbps if size_gib <= tier),
+                self.size_tiers_mbps[-1][1],
+            )
+            return mbps * 1e6 / 1024**2
+        return float(self.provision(requested_mibps).throughput_mibps or 0)
+
+    def monthly_usage(self, size_gb: int, requested_mibps: int | None) -> dict[str, float]:
+        """Quantities of the catalog's priced items one disk uses per month."""
+        usage = {"disk_gb_month": float(size_gb)}
+        provisioned = self.provision(requested_mibps)
+        if self.included_mibps is not None and provisioned.throughput_mibps is not None:
+            usage["disk_mibps_month"] = float(provisioned.throughput_mibps - self.included_mibps)
+        if self.included_iops is not None and provisioned.iops is not None:
+            usage["disk_iops_month"] = float(provisioned.iops - self.included_iops)
+        return usage
 
 
 @dataclass(frozen=True)
-class Node:
-    instance_id: pulumi.Output[str]
-    private_ip: pulumi.Output[str]
-    # The cloud's own id of the VM resource (ARM id on Azure), where a command needs it.
-    resource_id: pulumi.Output[str] | None = None
+class NatModel:
+    """How a cloud's NAT for the nodes' egress is charged."""
+
+    name: str
+    # Charged per VM behind it, up to this many (GCP Cloud NAT), instead of per gateway.
+    per_vm_cap: int | None = None
+
+    def hourly_usage(self, nodes: int) -> dict[str, float]:
+        """Quantities of the catalog's priced items per hour, for this many nodes."""
+        if self.per_vm_cap is not None:
+            return {"nat_vm_hour": float(min(nodes, self.per_vm_cap)), "public_ip_hour": 1.0}
+        return {"nat_gateway_hour": 1.0, "public_ip_hour": 1.0}
 
 
-def node_options(parent: pulumi.Resource, **options: Any) -> pulumi.ResourceOptions:
-    """Options for a resource that holds a fixed private address (a VM, a NIC): the old one is
-    deleted before its replacement is created, since the address can only be used once
-    (AWS answers a create-first replacement with InvalidIPAddress.InUse)."""
-    return pulumi.ResourceOptions(parent=parent, delete_before_replace=True, **options)
+@dataclass(frozen=True)
+class UserDataChannel:
+    """How a cloud takes a node's user data, and how much."""
+
+    field: str  # the provider argument that carries it as text
+    limit_bytes: int
+    # The value is base64 text (Azure's customData), and the limit counts that text.
+    base64: bool = False
+    # The argument that takes it gzipped (base64 of the gzip bytes); None: text only.
+    gzip_field: str | None = None
 
 
-class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
-    # The cloud's limits and rules (no SDK), checked by the config before this backend runs.
-    facts: ClassVar[CloudFacts]
+@dataclass(frozen=True)
+class CloudFacts:
+    name: str
+    region_key: str  # the provider's own config key for the region
+    region_pattern: re.Pattern[str]
+    region_example: str
+    arm_pattern: re.Pattern[str]
+    arm_examples: str  # for the error a user sees when they give an x86 type
+    boot_disk_gb: Range
+    # Provisioned boot-disk throughput, or None when the disk type has no such knob.
+    disk_throughput_mibps: Range | None
+    vpc_widest_prefix: int  # the widest network the provider takes for the cluster's range
+    tag_problem: Callable[[Mapping[str, str]], str | None]
+    tag_word: str  # "tag" or "label"
+    image_pattern: re.Pattern[str]
+    image_example: str
+    image_meaning: str
+    user_data: UserDataChannel
+    disk: DiskModel
+    nat: NatModel
+    # Settings of OPTIONAL_SETTINGS this cloud cannot honour, each with what it does instead;
+    # the config check refuses them rather than dropping them.
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    # What this cloud cannot do, in words (capability -> what happens instead).
+    limitations: Mapping[str, str] = field(default_factory=dict)
 
-    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
-        """What this cloud cannot do for this stack, in words (capability -> what instead)."""
-        return self.facts.limitations
+    def is_arm(self, instance_type: str) -> bool:
+        """Whether a type name is an Arm type, from the provider's naming rules."""
+        return self.arm_pattern.fullmatch(instance_type) is not None
 
-    @abstractmethod
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> NetworkT:
-        """The private network, its egress path, and anything the nodes share."""
 
-    @abstractmethod
-    def firewall(
-        self, name: str, config: ClusterConfig, network: NetworkT, parent: pulumi.Resource
-    ) -> FirewallT:
-        """RPC open from the main node to the workers only; nothing else inbound."""
+def reserved_tag_problem(tags: Mapping[str, str], extra: tuple[str, ...] = ()) -> str | None:
+    """A user tag that the program sets itself."""
+    for key in tags:
+        if key in PROGRAM_TAGS + extra:
+            names = ", ".join(PROGRAM_TAGS + extra)
+            return f"{key!r} is set by the program on every resource ({names}); choose another name"
+    return None
 
-    @abstractmethod
-    def node(
-        self,
-        spec: NodeSpec,
-        config: ClusterConfig,
-        network: NetworkT,
-        firewall: FirewallT,
-        parent: pulumi.Resource,
-    ) -> Node:
-        """One VM, without a public address, booting from ``spec.user_data``."""
 
-    @abstractmethod
-    def connect_command(
-        self, config: ClusterConfig, network: NetworkT, main: Node
-    ) -> pulumi.Output[str]:
-        """How a user reaches the main node's API from a laptop: a command that forwards
-        localhost:<serverPort> to the main node's private address."""
-
-    def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:
-        """The tags every resource carries: the user's, then project, stack and role."""
-        return {
-            **config.tags,
-            "project": pulumi.get_project(),
-            "stack": pulumi.get_stack(),
-            "role": role,
-        }
+# How long flow logs are kept, on every cloud.
+FLOW_LOG_RETENTION_DAYS = 30

@@ -1,215 +1,94 @@
-"""Google Axion (C4A): a custom VPC, Cloud NAT for egress, firewall rules by network tag,
-Hyperdisk Balanced disks, gVNIC, Tier_1 networking, and IAP for access. No external IPs.
-
-Baseline (CIS Google Cloud): no default network, subnet flow logs, project-wide SSH keys
-blocked with OS Login on, Shielded VM, no default service account: the main node runs as a
-service account of the stack with no roles, and workers run with none.
-"""
+"""GCP facts: Axion naming, Hyperdisk limits, label rules, regions, service account ids."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import hashlib
+import re
+from collections.abc import Mapping
 
-import pulumi
-import pulumi_gcp as gcp
+from infra.clouds.base import (
+    CloudFacts,
+    DiskModel,
+    NatModel,
+    Range,
+    UserDataChannel,
+    reserved_tag_problem,
+)
 
-from infra.clouds.base import CloudBackend, Node, NodeSpec, node_options
-from infra.clouds.facts import gcp as gcp_facts
-from infra.clouds.facts.gcp import IAP_RANGE
-from infra.config import ClusterConfig
-
-# The family resolves when a disk is created; the provider does not diff a node whose image
-# came from it when the family moves on, so a new Ubuntu image replaces nothing.
-IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-arm64"
-# C4A takes Tier_1 networking from 32 vCPUs up.
-TIER_1_MIN_VCPUS = 32
-HYPERDISK_MIN_THROUGHPUT = 140
-
-
-def choose_zone(zones: Sequence[str], offers: Callable[[str], bool]) -> str:
-    """The first zone (by name) where ``offers(zone)`` holds."""
-    for zone in sorted(zones):
-        if offers(zone):
-            return zone
-    raise ValueError("no zone in this region offers the machine types; choose another region")
+# https://cloud.google.com/compute/docs/labeling-resources#requirements: at most 64 labels;
+# keys start with a lowercase letter; keys and values hold at most 63 lowercase letters,
+# digits, '_' or '-'.
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+# Google's IAP TCP forwarding range: the only source the main node's API port admits
+# (https://cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule).
+IAP_RANGE = "35.235.240.0/20"
 
 
-@dataclass(frozen=True)
-class GcpNetwork:
-    network: gcp.compute.Network
-    subnet: gcp.compute.Subnetwork
-    zone: pulumi.Output[str]
-    project: pulumi.Output[str]
-    main_account: gcp.serviceaccount.Account
+def label_problem(labels: Mapping[str, str]) -> str | None:
+    """Why these labels break GCP's rules, or None."""
+    reserved = reserved_tag_problem(labels)
+    if reserved:
+        return reserved
+    if len(labels) > MAX_LABELS - 3:
+        return f"{len(labels)} labels; GCP allows {MAX_LABELS} and the program sets 3"
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            return (
+                f"label key {key!r} must start with a lowercase letter and hold at most 63 "
+                "lowercase letters, digits, '_' or '-'"
+            )
+        if not _LABEL_VALUE.fullmatch(value):
+            return (
+                f"label value {value!r} (key {key!r}) may hold at most 63 lowercase letters, "
+                "digits, '_' or '-'"
+            )
+    return None
 
 
-@dataclass(frozen=True)
-class GcpFirewall:
-    main_tag: str
-    worker_tag: str
+def service_account_id(project: str, stack: str) -> str:
+    """A service account id unique to the stack: ids are per GCP project, and two stacks of this
+    program in one project must not share (or delete) each other's account. 6-30 characters,
+    ``[a-z]([-a-z0-9]*[a-z0-9])``."""
+    digest = hashlib.sha256(f"{project}/{stack}".encode()).hexdigest()[:8]
+    readable = re.sub(r"[^a-z0-9-]", "-", stack.lower()).strip("-")[:12].strip("-")
+    return f"lrc-{readable}-{digest}" if readable else f"lrc-{digest}"
 
 
-class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
-    facts = gcp_facts.FACTS
-
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> GcpNetwork:
-        opts = pulumi.ResourceOptions(parent=parent)
-        needed = sorted({config.instance_type.name, config.main_instance_type.name})
-
-        def offers(zone: str) -> bool:
-            found = gcp.compute.get_machine_types(
-                zone=zone, filter=" OR ".join(f'name = "{t}"' for t in needed)
-            ).machine_types
-            return {m.name for m in found} >= set(needed)
-
-        zones = gcp.compute.get_zones_output(
-            region=config.region, status="UP", opts=pulumi.InvokeOutputOptions(parent=parent)
-        ).names
-        zone = zones.apply(lambda names: choose_zone(names, offers))
-        network = gcp.compute.Network(
-            f"{name}-vpc", auto_create_subnetworks=False, description="llama-rpc-cluster", opts=opts
-        )
-        subnet = gcp.compute.Subnetwork(
-            f"{name}-private",
-            network=network.id,
-            region=config.region,
-            ip_cidr_range=str(config.private_subnet),
-            private_ip_google_access=True,
-            # Flow logs (CIS GCP 3.8), sampled: a record per flow every 5 minutes at most.
-            log_config=(
-                {
-                    "aggregation_interval": "INTERVAL_5_MIN",
-                    "flow_sampling": 0.5,
-                    "metadata": "INCLUDE_ALL_METADATA",
-                }
-                if config.flow_logs
-                else None
-            ),
-            opts=opts,
-        )
-        router = gcp.compute.Router(
-            f"{name}-router", network=network.id, region=config.region, opts=opts
-        )
-        gcp.compute.RouterNat(
-            f"{name}-nat",
-            router=router.name,
-            region=config.region,
-            nat_ip_allocate_option="AUTO_ONLY",
-            source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-            opts=opts,
-        )
-        # Account ids are unique per GCP project: one per stack, so two stacks never share one.
-        account = gcp.serviceaccount.Account(
-            f"{name}-main-sa",
-            account_id=gcp_facts.service_account_id(pulumi.get_project(), pulumi.get_stack()),
-            display_name=f"llama-rpc-cluster {pulumi.get_stack()} main node (no roles)",
-            opts=opts,
-        )
-        project = gcp.organizations.get_client_config_output(
-            opts=pulumi.InvokeOutputOptions(parent=parent)
-        ).project
-        return GcpNetwork(network, subnet, zone, project, account)
-
-    def firewall(
-        self, name: str, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
-    ) -> GcpFirewall:
-        opts = pulumi.ResourceOptions(parent=parent)
-        main_tag, worker_tag = f"{name}-main", f"{name}-worker"
-        gcp.compute.Firewall(
-            f"{name}-worker-rpc-from-main",
-            network=network.network.id,
-            direction="INGRESS",
-            allows=[{"protocol": "tcp", "ports": [str(config.rpc_port)]}],
-            source_tags=[main_tag],
-            target_tags=[worker_tag],
-            description="llama.cpp RPC from the main node only",
-            opts=opts,
-        )
-        gcp.compute.Firewall(
-            f"{name}-main-api-from-iap",
-            network=network.network.id,
-            direction="INGRESS",
-            allows=[{"protocol": "tcp", "ports": [str(config.server_port)]}],
-            source_ranges=[IAP_RANGE, *config.api_allowed_cidrs],
-            target_tags=[main_tag],
-            description="llama-server API through IAP (and apiAllowedCidrs)",
-            opts=opts,
-        )
-        return GcpFirewall(main_tag=main_tag, worker_tag=worker_tag)
-
-    def node(
-        self,
-        spec: NodeSpec,
-        config: ClusterConfig,
-        network: GcpNetwork,
-        firewall: GcpFirewall,
-        parent: pulumi.Resource,
-    ) -> Node:
-        labels = self.tags(config, spec.role)
-        main = spec.role == "main"
-        instance = config.main_instance_type if main else config.instance_type
-        throughput = max(HYPERDISK_MIN_THROUGHPUT, spec.disk_throughput_mibps or 0)
-        tier = "TIER_1" if instance.vcpus >= TIER_1_MIN_VCPUS else "DEFAULT"
-        vm = gcp.compute.Instance(
-            spec.name,
-            machine_type=spec.instance_type,
-            zone=network.zone,
-            boot_disk={
-                "auto_delete": True,
-                "initialize_params": {
-                    "image": config.image or IMAGE,
-                    "size": spec.disk_gb,
-                    "type": "hyperdisk-balanced",  # C4A takes Hyperdisk only
-                    "provisioned_throughput": throughput,
-                    "labels": labels,
-                },
-            },
-            network_interfaces=[
-                {
-                    "subnetwork": network.subnet.id,
-                    "network_ip": spec.private_ip,
-                    "nic_type": "GVNIC",  # required by C4A
-                    # No access_configs: no external IP; egress goes through Cloud NAT.
-                }
-            ],
-            network_performance_config={"total_egress_bandwidth_tier": tier},
-            metadata={
-                "user-data": spec.user_data.value,
-                "enable-oslogin": "TRUE",
-                "block-project-ssh-keys": "TRUE",
-            },
-            tags=[firewall.main_tag if main else firewall.worker_tag],
-            labels=labels,
-            # Workers run the RPC server, the most exposed process: no account, no token.
-            service_account=(
-                {"email": network.main_account.email, "scopes": ["cloud-platform"]}
-                if main
-                else None
-            ),
-            shielded_instance_config={
-                "enable_secure_boot": True,
-                "enable_vtpm": True,
-                "enable_integrity_monitoring": True,
-            },
-            allow_stopping_for_update=True,
-            # A metadata change is applied in place and cloud-init, which reads user-data on
-            # first boot only, would never see it: new boot data means a new node. (The
-            # provider updates metadata without replacement:
-            # https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#metadata)
-            opts=node_options(parent, replace_on_changes=["metadata"]),
-        )
-        return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
-
-    def connect_command(
-        self, config: ClusterConfig, network: GcpNetwork, main: Node
-    ) -> pulumi.Output[str]:
-        port = config.server_port
-        return pulumi.Output.concat(
-            "gcloud compute start-iap-tunnel ",
-            main.instance_id,
-            f" {port} --local-host-port=localhost:{port} --zone ",
-            network.zone,
-            " --project ",
-            network.project,
-        )
+FACTS = CloudFacts(
+    name="gcp",
+    region_key="gcp:region",
+    # us-central1, europe-west4, northamerica-northeast1 (a zone adds "-a")
+    region_pattern=re.compile(r"[a-z]+-[a-z]+\d+"),
+    region_example="us-central1",
+    # Axion (C4A, N4A) and Ampere Altra (T2A) are Google's Arm families.
+    arm_pattern=re.compile(r"(c4a|n4a|t2a)-[a-z0-9-]+"),
+    arm_examples="Axion: c4a-standard-*, c4a-highmem-*, c4a-highcpu-*",
+    # Hyperdisk Balanced: https://cloud.google.com/compute/docs/disks/hyperdisks#hd-size-limits
+    boot_disk_gb=Range(4, 65_536),
+    disk_throughput_mibps=Range(140, 2_400),
+    vpc_widest_prefix=8,
+    tag_problem=label_problem,
+    tag_word="label",
+    image_pattern=re.compile(r"projects/[a-z][-a-z0-9]*/global/images/(family/)?[a-z][-a-z0-9]*"),
+    image_example="projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-arm64-v20251001",
+    # https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations: one
+    # value holds 256 KB, and metadata values are text, so gzip does not help.
+    user_data=UserDataChannel("metadata.user-data", 256 * 1024),
+    # Hyperdisk Balanced (C4A takes no Persistent Disk) provisions 140 MiB/s at least.
+    disk=DiskModel("Hyperdisk Balanced", included_mibps=140),
+    # https://cloud.google.com/nat/pricing: per VM behind the gateway, flat above 32 VMs.
+    nat=NatModel("Cloud NAT", per_vm_cap=32),
+    image_meaning="an arm64 Ubuntu 24.04 image (or image family) path",
+    refuses={
+        "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
+        "bastion": "connectCommand forwards through IAP already",
+        "encryptionAtHost": "Google encrypts every disk at rest already",
+    },
+    limitations={
+        "placement": "C4A has no compact placement policy; all nodes share one zone instead",
+        "labels": "networks, subnets, routers, NAT and firewall rules take no labels; "
+        "their names carry the project instead",
+    },
+)

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import outputs, placement, sizing
-from infra.boot import SCRIPTS_DIR, NodeBoot, NodePaths, Role, render_env_file
+from infra import layout, outputs, placement, sizing
+from infra.boot import SCRIPTS_DIR, NodeBoot, NodePaths, render_env_file
 from infra.local.netns import VpcNetwork, namespace_pids
 from infra.models import ModelError
-from infra.pins import LLAMA_CPP_COMMIT, MAX_WORKERS, RPC_PORT, SERVER_PORT
+from infra.models.parts import part_paths
+from infra.pins import LLAMA_CPP_COMMIT
+from infra.types import MAX_WORKERS, RPC_PORT, SERVER_PORT, Role
 
 DEFAULT_CIDR = "10.213.77.0/24"
 LOOPBACK_CIDR = "127.0.0.0/24"
@@ -67,18 +69,6 @@ def can_use_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None
 
 
-def _model_parts(model: Path) -> list[Path]:
-    """All parts of a split GGUF given its first part (name-00001-of-00003.gguf), else the file."""
-    match = re.fullmatch(r"(.*)-00001-of-(\d{5})\.gguf", model.name)
-    if not match:
-        return [model]
-    count = int(match.group(2))
-    return [
-        model.with_name(f"{match.group(1)}-{i:05d}-of-{count:05d}.gguf")
-        for i in range(1, count + 1)
-    ]
-
-
 def _validate(options: UpOptions) -> ipaddress.IPv4Network:
     if not 0 <= options.workers <= MAX_WORKERS:
         raise LocalClusterError(
@@ -97,7 +87,7 @@ def _validate(options: UpOptions) -> ipaddress.IPv4Network:
         raise LocalClusterError(
             f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger"
         )
-    for part in _model_parts(options.model):
+    for part in part_paths(options.model):
         if not part.is_file():
             raise LocalClusterError(f"--model: {part} does not exist")
     if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
@@ -118,10 +108,10 @@ def machine_memory_bytes() -> int:
 def plan_placement(options: UpOptions) -> placement.Placement:
     """The layers per node, from the model's GGUF header and each node's memory: the same rule
     the cloud stacks use."""
-    from infra import gguf_model  # noqa: PLC0415 (the gguf package: the local extra)
+    from infra.models import gguf_header  # noqa: PLC0415 (the gguf package: the local extra)
 
     try:
-        model = gguf_model.describe(options.model)
+        model = gguf_header.describe(options.model)
     except ModelError as error:
         reason = str(error).removeprefix(f"{error.setting}: ")
         raise LocalClusterError(f"--model: {reason}") from None
@@ -142,10 +132,10 @@ def plan_placement(options: UpOptions) -> placement.Placement:
 
 
 def _node_layout(cidr: ipaddress.IPv4Network, workers: int) -> tuple[list[str], list[str]]:
-    base = cidr.network_address
+    """Node names (short: they name network namespaces) and addresses, as the stacks lay
+    them out (``infra.layout``)."""
     names = ["main", *(f"w{i}" for i in range(1, workers + 1))]
-    ips = [str(base + 10 + i) for i in range(workers + 1)]
-    return names, ips
+    return names, layout.node_ips(layout.private_subnet(cidr), workers)
 
 
 def up(
@@ -186,7 +176,7 @@ def up(
             rpc_allowed_sources=(f"{ips[0]}/32",),
             cluster_cidr=str(cidr),
             rpc_workers=tuple(ips[1:]),
-            model_urls=tuple(p.resolve().as_uri() for p in _model_parts(options.model)),
+            model_urls=tuple(p.resolve().as_uri() for p in part_paths(options.model)),
             model_sha256=(options.model_sha256,) if options.model_sha256 else (),
             context_size=options.context_size,
             slots=options.slots,

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS, Role
+from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS
 from infra.local.netns import exec_prefix
+from infra.types import Role
 
 
 @dataclass(frozen=True)

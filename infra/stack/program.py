@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pulumi
 
-from infra import config as stack_config
-from infra.cluster import LlamaRpcCluster, LlamaRpcClusterArgs
+from infra.stack import config as stack_config
+from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
 
 
 def run() -> LlamaRpcCluster:

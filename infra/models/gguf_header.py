@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.models import Model, ModelError
+from infra.models.model import Model, ModelError
+from infra.models.parts import part_paths, split_position
 
 SETTING = "--gguf"
-SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.")
 # f16 K and V cache entries.
 KV_ELEMENT_BYTES = 2
@@ -65,14 +65,12 @@ def _parts(first: Path, fields: dict[str, Any]) -> list[Path]:
     count = int(fields.get("split.count", 1))
     if count <= 1:
         return [first]
-    match = SPLIT_NAME.match(first.name)
-    if not match or int(match["no"]) != 1:
+    position = split_position(first.name)
+    if position is None or position[0] != 1:
         raise ModelError(
             SETTING, f"{first} is part of a {count}-part split GGUF; give the first part"
         )
-    paths = [
-        first.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
-    ]
+    paths = part_paths(first, count)
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
         raise ModelError(

@@ -1,61 +1,19 @@
-"""Cloud-init for the cluster's nodes: one cloud-config body per role, delivered per cloud.
+"""One node's boot settings (``NodeBoot``), checked as they are made, and its environment file.
 
-The body is built as data: the boot scripts and systemd units under ``cloud-init/`` become
-``write_files`` entries and the node's settings one environment file. ``runcmd`` only enables and
-starts two units: ``llama-rpc-boot.service`` (the build and, on the main node, the model download;
-retried with a growing delay until it succeeds, and run again on every boot) and the role's
-service, which starts after it. Only the delivery differs between clouds (AWS user data, GCP
-metadata ``user-data``, Azure base64 ``customData``), each within its size limit.
-
-    python -m infra.boot --role worker|main [--cloud aws|gcp|azure]
+Every error is a ``BootConfigError`` that names the setting at fault, so that the stack's config
+check and the local cluster can name their own key for it.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import gzip
 import ipaddress
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, get_args
 
-import yaml
-
+from infra.models.parts import saved_name
 from infra.outputs import rpc_servers
-from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, RPC_PORT, SERVER_PORT, is_full_commit
-
-Role = Literal["main", "worker"]
-Cloud = Literal["aws", "gcp", "azure"]
-ROLES: tuple[Role, ...] = get_args(Role)
-CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
-
-CLOUD_INIT_DIR = Path(__file__).resolve().parent.parent / "cloud-init"
-SCRIPTS_DIR = CLOUD_INIT_DIR / "scripts"
-UNITS_DIR = CLOUD_INIT_DIR / "systemd"
-
-ROLE_UNIT: dict[Role, str] = {"worker": "llama-rpc-worker.service", "main": "llama-server.service"}
-# Every node's boot (node-boot.sh) as a unit that retries; each role unit Requires= it.
-BOOT_UNIT = "llama-rpc-boot.service"
-SERVICE_USER = "llama"
-DATA_LABEL = "llama-data"
-
-# What a fresh Ubuntu 24.04 image needs to fetch and build llama.cpp; nftables for the workers'
-# host firewall. python3 is always there: cloud-init itself runs on it.
-BUILD_PACKAGES = ("ca-certificates", "cmake", "curl", "g++", "git", "ninja-build")
-ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": ("nftables",), "main": ()}
-
-# apt retries each download itself (cloud-init's `packages`, and install-packages.sh).
-APT_CONF = 'Acquire::Retries "5";\n'
-
-# Size limits of each cloud's user-data channel, in bytes of the delivered value.
-USER_DATA_LIMITS: dict[Cloud, int] = {
-    "aws": 16 * 1024,  # raw user data, before the API's base64
-    "gcp": 256 * 1024,  # one metadata value
-    "azure": 65_535,  # the base64 customData string
-}
+from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
+from infra.types import ROLES, RPC_PORT, SERVER_PORT, Role
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
@@ -208,12 +166,6 @@ _ENV_FIELDS = {
 }
 
 
-def model_file_name(url: str) -> str:
-    """The file name a model part is saved as: the URL's last path segment without its query or
-    fragment (lib.sh's model_name is the same rule)."""
-    return re.split(r"[?#]", url, maxsplit=1)[0].rsplit("/", 1)[-1]
-
-
 def _validate(boot: NodeBoot) -> None:
     if boot.role not in ROLES:
         raise BootConfigError(
@@ -315,7 +267,7 @@ def _validate_main(boot: NodeBoot) -> None:
                 f"model URL {url!r} is not an http(s):// or file:// URL without spaces",
                 setting="model_urls",
             )
-        name = model_file_name(url)
+        name = saved_name(url)
         if name in ("", ".", ".."):
             raise BootConfigError(
                 f"model URL {url!r} does not end in a file name; give the URL of the GGUF file "
@@ -329,19 +281,24 @@ def _validate_main(boot: NodeBoot) -> None:
                 setting="model_urls",
             )
         saved_as[name] = url
-    if boot.model_sha256:
-        if len(boot.model_sha256) != len(boot.model_urls):
-            raise BootConfigError(
-                f"model_sha256 has {len(boot.model_sha256)} checksums for "
-                f"{len(boot.model_urls)} model URLs; give one per part, in order, or none",
-                setting="model_sha256",
-            )
-        for digest in boot.model_sha256:
-            if not _SHA256.fullmatch(digest):
-                raise BootConfigError(
-                    f"model_sha256 entry {digest!r} is not a 64-character lowercase hex digest",
-                    setting="model_sha256",
-                )
+    problem = checksums_problem(boot.model_urls, boot.model_sha256)
+    if problem:
+        raise BootConfigError(problem, setting="model_sha256")
+
+
+def checksums_problem(urls: tuple[str, ...], sha256: tuple[str, ...]) -> str | None:
+    """Why these checksums cannot verify these model parts, or None (none given is fine)."""
+    if not sha256:
+        return None
+    if len(sha256) != len(urls):
+        return (
+            f"{len(sha256)} checksums for {len(urls)} model URLs; give one per part, in order, "
+            "or none"
+        )
+    for digest in sha256:
+        if not _SHA256.fullmatch(digest):
+            return f"{digest!r} is not a 64-character lowercase hex sha256 digest"
+    return None
 
 
 def _private_host(name: str, text: str) -> None:
@@ -362,163 +319,6 @@ def render_env_file(env: dict[str, str]) -> str:
     return "".join(f"{name}='{value}'\n" for name, value in env.items())
 
 
-# The scripts each role runs: a node gets only its own, which keeps the user data well inside
-# AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
-COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
-ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
-    "worker": (*COMMON_SCRIPTS, "build-llama.sh", "rpc-firewall.sh", "rpc-worker.sh"),
-    "main": (
-        *COMMON_SCRIPTS,
-        "build-llama.sh",
-        "fetch-model.sh",
-        "wait-workers.sh",
-        "llama-server.sh",
-        "llama-server-log",
-    ),
-}
-
-
-def _script_files(role: Role) -> list[Path]:
-    return [SCRIPTS_DIR / name for name in ROLE_SCRIPTS[role]]
-
-
-def cloud_config(boot: NodeBoot) -> dict[str, Any]:
-    """The node's cloud-config as data (validated by ``cloud-init schema`` in the tests)."""
-    paths = VM_PATHS
-    unit = ROLE_UNIT[boot.role]
-    packages = sorted(BUILD_PACKAGES + ROLE_PACKAGES[boot.role])
-    files: list[dict[str, str]] = [
-        {
-            "path": f"{paths.bin_dir}/{script.name}",
-            "permissions": "0644" if script.suffix == ".sh" and script.stem == "lib" else "0755",
-            "content": script.read_text(),
-        }
-        for script in _script_files(boot.role)
-    ]
-    files += [
-        {
-            "path": f"/etc/systemd/system/{name}",
-            "permissions": "0644",
-            "content": (UNITS_DIR / name).read_text(),
-        }
-        for name in (BOOT_UNIT, unit)
-    ]
-    # Root's alone: systemd reads it (EnvironmentFile=) as root, and the services, which run as
-    # the service user, get their settings from systemd and do not read it (lib.sh sources it
-    # only when readable).
-    env = boot.env(paths, service_user=SERVICE_USER) | {"LLAMA_PACKAGES": " ".join(packages)}
-    files.append(
-        {
-            "path": paths.env_file,
-            "owner": "root:root",
-            "permissions": "0600",
-            "content": render_env_file(env),
-        }
-    )
-    config: dict[str, Any] = {
-        "package_update": True,
-        "packages": packages,
-        "apt": {"conf": APT_CONF},
-        "users": [
-            "default",
-            {
-                "name": SERVICE_USER,
-                "system": True,
-                "shell": "/usr/sbin/nologin",
-                "homedir": paths.data_dir,
-                "no_create_home": True,
-                "lock_passwd": True,
-            },
-        ],
-        "write_files": files,
-        # The boot and the service run under systemd, which retries the boot until it succeeds
-        # and starts the service after it, now and on every boot. --no-block: runcmd runs inside
-        # cloud-final.service, and waiting here for a boot that takes hours (or for units
-        # ordered after cloud-final) would hold cloud-init, or deadlock it.
-        "runcmd": [
-            ["systemctl", "daemon-reload"],
-            ["systemctl", "enable", "--now", "--no-block", BOOT_UNIT, unit],
-        ],
-    }
-    if boot.data_device:
-        config["fs_setup"] = [
-            {
-                "label": DATA_LABEL,
-                "filesystem": "ext4",
-                "device": boot.data_device,
-                "partition": "none",
-            }
-        ]
-        config["mounts"] = [
-            [f"LABEL={DATA_LABEL}", paths.data_dir, "ext4", "defaults,nofail,noatime", "0", "2"]
-        ]
-    return config
-
-
-class _LiteralDumper(yaml.SafeDumper):
-    """Dumps multi-line strings as literal blocks, so the scripts stay readable in user data."""
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_LiteralDumper.add_representer(str, _represent_str)
-
-
-def render(boot: NodeBoot) -> str:
-    """The node's user data: ``#cloud-config`` and the body as YAML."""
-    body = yaml.dump(cloud_config(boot), Dumper=_LiteralDumper, sort_keys=False, width=100)
-    return "#cloud-config\n" + body
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """User data as one cloud takes it."""
-
-    cloud: Cloud
-    field: str  # the provider argument that carries it
-    value: str
-    gzipped: bool
-    size: int  # bytes that count against the limit
-    limit: int
-
-
-def deliver(user_data: str, cloud: Cloud) -> Delivery:
-    """Package user data for a cloud; gzip it (cloud-init unpacks it) only when it must."""
-    if cloud not in CLOUDS:
-        raise BootConfigError(f"cloud {cloud!r} is not one of {', '.join(CLOUDS)}", setting="cloud")
-    limit = USER_DATA_LIMITS[cloud]
-    raw = user_data.encode()
-    for gzipped in (False, True):
-        # mtime=0 keeps the bytes stable, so an unchanged config never replaces a node.
-        payload = gzip.compress(raw, mtime=0) if gzipped else raw
-        if cloud == "aws":
-            if gzipped:
-                value, size, name = (
-                    base64.b64encode(payload).decode(),
-                    len(payload),
-                    "user_data_base64",
-                )
-            else:
-                value, size, name = user_data, len(payload), "user_data"
-        elif cloud == "gcp":
-            if gzipped:  # GCP metadata values are text: gzip does not help there
-                break
-            value, size, name = user_data, len(payload), "metadata.user-data"
-        else:
-            value = base64.b64encode(payload).decode()
-            size, name = len(value), "custom_data"
-        if size <= limit:
-            return Delivery(cloud, name, value, gzipped, size, limit)
-    raise BootConfigError(
-        f"the {cloud} user data is {len(raw):,} bytes, over the {limit:,}-byte limit even "
-        "compressed; shorten the model URL list or the extra settings",
-        setting="user_data",
-    )
-
-
 def example(role: Role) -> NodeBoot:
     """A node of the reference layout: main .10 and workers .11, .12 of 10.0.1.0/24, serving an
     80-layer model whose layers the three nodes share (27 + 27 + 26, and the output head)."""
@@ -532,34 +332,3 @@ def example(role: Role) -> NodeBoot:
         gpu_layers=54,
         tensor_split=(27, 27),
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.boot", description="Print the cloud-config a node boots with."
-    )
-    parser.add_argument("--role", choices=ROLES, required=True)
-    parser.add_argument(
-        "--cloud", choices=CLOUDS, help="also report how this cloud receives it, and its size"
-    )
-    parser.add_argument(
-        "--encoded", action="store_true", help="print the delivered value itself (with --cloud)"
-    )
-    args = parser.parse_args(argv)
-    user_data = render(example(args.role))
-    if args.cloud:
-        delivery = deliver(user_data, args.cloud)
-        print(
-            f"# {args.cloud}: {delivery.field}, {'gzip, ' if delivery.gzipped else ''}"
-            f"{delivery.size:,} of {delivery.limit:,} bytes",
-            file=sys.stderr,
-        )
-        if args.encoded:
-            print(delivery.value)
-            return 0
-    sys.stdout.write(user_data)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

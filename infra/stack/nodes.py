@@ -8,16 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.boot import Delivery, NodeBoot, Role, deliver, render
-from infra.placement import node_name
+from infra.boot import Delivery, NodeBoot, deliver, render
+from infra.layout import node_name
+from infra.types import Role
 
 if TYPE_CHECKING:
-    from infra.config import ClusterConfig
+    from infra.stack.config import ClusterConfig
 
 
 @dataclass(frozen=True)
 class NodePlan:
-    name: str  # "main", "worker-1", ... (infra.placement.node_name)
+    name: str  # "main", "worker-1", ... (infra.layout.node_name)
     boot: NodeBoot
     user_data: Delivery
 
@@ -45,8 +46,8 @@ def node_boots(config: ClusterConfig) -> list[NodeBoot]:
         llama_cpp_commit=config.llama_cpp_commit,
         rpc_port=config.rpc_port,
         rpc_workers=tuple(config.worker_ips),
-        model_urls=config.model.urls,
-        model_sha256=config.model.sha256,
+        model_urls=config.model_urls,
+        model_sha256=config.model_sha256,
         server_port=config.server_port,
         context_size=config.context_size,
         slots=config.slots,

@@ -1,5 +1,5 @@
-"""The planner: the cheapest homogeneous cluster that holds a model, on every provider, with its
-predicted decode speed, time to serve and cost (``python -m infra.plan --help``).
+"""The planner's search: the cheapest homogeneous cluster that holds a model, on every provider,
+with its predicted decode speed, time to serve and cost.
 
 Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
 is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers, all holding layers
@@ -10,19 +10,18 @@ only add latency).
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from infra import catalog, costs, perf, placement, sizing
+from infra import catalog, costs, placement, sizing
 from infra.catalog import InstanceType
+from infra.clouds import FACTS
 from infra.models import Model, ModelError
-from infra.pins import MAX_WORKERS
 from infra.placement import Placement
+from infra.planner import perf
+from infra.types import MAX_NODES, MAX_WORKERS
 
-MAX_NODES = MAX_WORKERS + 1
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
-DEFAULT_DISK_MIBPS = 1000  # the stacks' diskThroughputMibps default
 
 
 class PlanError(ModelError):
@@ -125,16 +124,22 @@ def evaluate(
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = sizing.default_main_disk_gb(model.size_bytes)
     worker_disk = sizing.default_worker_disk_gb(layout.largest_worker_weight_bytes)
-    disks = [costs.Disk(main_disk, DEFAULT_DISK_MIBPS)] + [
-        costs.Disk(worker_disk, costs.GP3_BASE_MIBPS)
-    ] * workers
-    disk_mibps = perf.disk_read_mibps(instance.provider, main_disk, DEFAULT_DISK_MIBPS)
+    throughput = sizing.main_disk_throughput_mibps(instance.provider)
+    priced = costs.cluster_nodes(
+        instance,
+        instance,
+        workers,
+        main_disk_gb=main_disk,
+        worker_disk_gb=worker_disk,
+        main_disk_throughput_mibps=throughput,
+    )
+    disk_mibps = FACTS[instance.provider].disk.read_mibps(main_disk, throughput)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
     return Option(
         instance=instance,
         count=count,
         placement=layout,
-        cost=costs.hourly_cost(instance, count, disks),
+        cost=costs.hourly_cost(instance.provider, priced),
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
         serve=perf.time_to_serve(model, instance, layout, disk_mibps, download_gbps),
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
@@ -228,9 +233,3 @@ def plan(
             )
     options.sort(key=Option.sort_key)
     return Plan(model, context, slots, options, rejected, download_gbps)
-
-
-if __name__ == "__main__":
-    from infra.plan_cli import main
-
-    sys.exit(main())

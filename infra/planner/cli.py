@@ -1,4 +1,5 @@
-"""``python -m infra.plan``: choose and price a cluster for a model on every provider."""
+"""The planner's command line (``python -m infra.planner``): choose and price a cluster for a
+model on every provider."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra import catalog, config, models, perf, plan, plan_report, sizing
+from infra import catalog, models, sizing
 from infra.models import Model, ModelError
-from infra.plan import PlanError
+from infra.planner import perf, report, search
+from infra.planner.search import PlanError
+from infra.stack import config
 
-STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
+STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m infra.plan",
+        prog="python -m infra.planner",
         description="The cheapest homogeneous Arm cluster that holds a model, per provider, "
         "with its predicted decode speed, time to serve and cost. Offline: prices come from "
         "the catalog (infra/catalog), each with its source and date.",
@@ -41,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--context",
         type=int,
-        default=plan.DEFAULT_CONTEXT,
+        default=sizing.DEFAULT_CONTEXT,
         help="context size in tokens (default %(default)s)",
     )
     p.add_argument(
@@ -113,9 +116,9 @@ def describe_model(args: argparse.Namespace) -> Model:
     if args.model:
         return models.preset(args.model)
     if args.gguf:
-        from infra import gguf_model  # noqa: PLC0415
+        from infra.models import gguf_header  # noqa: PLC0415
 
-        return gguf_model.describe(args.gguf)
+        return gguf_header.describe(args.gguf)
     missing = [
         flag
         for flag, value in zip(
@@ -136,10 +139,10 @@ def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
         if len(providers) != 1:
             raise PlanError("--region", "give exactly one --provider with --region")
         return [(providers[0], args.region)]
-    return [(p, r) for p in providers for r in plan.regions(p)]
+    return [(p, r) for p in providers for r in search.regions(p)]
 
 
-def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
+def _single(args: argparse.Namespace, model: Model) -> search.Plan:
     """Evaluate the one cluster that --instance-type and --count name."""
     if args.count is None:
         raise PlanError("--count", "give --count N (nodes, main included) with --instance-type")
@@ -156,9 +159,9 @@ def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
             "--instance-type",
             f"{args.instance_type!r} is not in the catalog; known: {', '.join(known)}",
         )
-    plan.check_context(model, args.context)
-    plan.check_slots(args.slots)
-    option = plan.evaluate(
+    search.check_context(model, args.context)
+    search.check_slots(args.slots)
+    option = search.evaluate(
         model,
         matches[0],
         args.count,
@@ -166,11 +169,11 @@ def _single(args: argparse.Namespace, model: Model) -> plan.Plan:
         slots=args.slots,
         download_gbps=args.download_gbps,
     )
-    return plan.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
+    return search.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
 
 
 def write_stack(
-    args: argparse.Namespace, result: plan.Plan, option: plan.Option, command: str
+    args: argparse.Namespace, result: search.Plan, option: search.Option, command: str
 ) -> Path:
     if not args.model_url:
         raise PlanError(
@@ -186,14 +189,14 @@ def write_stack(
         )
     if not all(c.isalnum() or c in "-_." for c in args.write_stack):
         raise PlanError("--write-stack", f"{args.write_stack!r}: use letters, digits, - _ .")
-    settings = plan_report.stack_settings(option, result, args.model_url, args.model_sha256)
+    settings = report.stack_settings(option, result, args.model_url, args.model_sha256)
     try:  # The program's own validation, before anything is written.
         config.from_settings(settings, region=option.instance.region)
     except config.ConfigError as error:
         raise PlanError("--write-stack", f"the stack would be rejected: {error}") from None
     path: Path = args.stacks_dir / f"Pulumi.{args.write_stack}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(plan_report.stack_yaml(option, result, settings, command))
+    path.write_text(report.stack_yaml(option, result, settings, command))
     return path
 
 
@@ -208,28 +211,28 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.instance_type:
         result = _single(args, model)
     else:
-        result = plan.plan(model, args.context, _where(args), args.download_gbps, args.slots)
+        result = search.plan(model, args.context, _where(args), args.download_gbps, args.slots)
     shown = [
         o
         for o in result.options
         if args.min_tps is None or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
     ]
     if args.json:
-        print(json.dumps(plan_report.to_json(result, shown), indent=2))
+        print(json.dumps(report.to_json(result, shown), indent=2))
     else:
-        print(plan_report.table(result, shown, verbose=args.verbose))
+        print(report.table(result, shown, verbose=args.verbose))
         if not shown:
             print(
                 "\nno cluster in the catalog holds this model"
                 + (f" at {args.min_tps} tok/s" if args.min_tps else "")
             )
     if args.chart:
-        plan_report.chart(dataclasses.replace(result, options=shown), args.chart)
+        report.chart(dataclasses.replace(result, options=shown), args.chart)
         print(f"chart written to {args.chart}", file=sys.stderr)
     if args.write_stack:
         if not shown:
             raise PlanError("--write-stack", "there is no option to write")
-        command = "python -m infra.plan " + shlex.join(argv)
+        command = "python -m infra.planner " + shlex.join(argv)
         path = write_stack(args, result, shown[0], command)
         print(
             f"stack written to {path}; deploy it with `pulumi up --stack {args.write_stack}`",

@@ -50,18 +50,6 @@ DOWNLOAD_GBPS = 2.0
 # One TCP flow carries the weights to each worker in turn. AWS caps a flow at 10 Gbps inside a
 # cluster placement group (FACTS); the other providers do not publish a cap, so the same is used.
 SINGLE_FLOW_GBPS = 10.0
-# Azure Premium SSD throughput by disk tier (size GiB, MB/s): Azure's managed disk sizes table.
-AZURE_PREMIUM_SSD_TIERS = (
-    (128, 100),
-    (256, 125),
-    (512, 150),
-    (1024, 200),
-    (2048, 250),
-    (4096, 250),
-    (8192, 500),
-    (16384, 750),
-    (32767, 900),
-)
 
 
 @dataclass(frozen=True)
@@ -211,17 +199,6 @@ class ServeTime:
 
 def build_seconds(vcpus: int) -> float:
     return BUILD_SERIAL_SECONDS + BUILD_PARALLEL_CPU_SECONDS / vcpus
-
-
-def disk_read_mibps(provider: str, disk_gb: int, provisioned_mibps: int) -> float:
-    """The main disk's read throughput as the stacks provision it."""
-    if provider == "azure":
-        size_gib = disk_gb * 1e9 / 1024**3
-        for tier_gib, mbps in AZURE_PREMIUM_SSD_TIERS:
-            if size_gib <= tier_gib:
-                return mbps * 1e6 / MIB
-        return AZURE_PREMIUM_SSD_TIERS[-1][1] * 1e6 / MIB
-    return float(provisioned_mibps)
 
 
 def load_seconds(model_bytes: int, sent_bytes: int, disk_mibps: float, flow_gbps: float) -> float:

@@ -12,10 +12,10 @@ from typing import Any
 import pulumi
 
 from infra import outputs
-from infra.clouds import get_backend
-from infra.clouds.base import NodeSpec
-from infra.config import ClusterConfig
-from infra.nodes import NodePlan
+from infra.stack.config import ClusterConfig
+from infra.stack.nodes import NodePlan
+from infra.stack.providers import get_backend
+from infra.stack.providers.base import NodeSpec
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         ]
         main = backend.node(spec(main_plan), config, network, firewall, self)
 
-        price = config.hourly_usd
+        cost = config.hourly_cost
         self.outputs: dict[str, Any] = {
             outputs.CLOUD: config.cloud,
             outputs.REGION: config.region,
@@ -65,23 +65,12 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.MAIN_INSTANCE_ID: main.instance_id,
             outputs.WORKER_INSTANCE_IDS: pulumi.Output.all(*(w.instance_id for w in workers)),
             outputs.CONNECT_COMMAND: backend.connect_command(config, network, main),
-            outputs.HOURLY_COST_USD: price,
+            outputs.HOURLY_COST_USD: cost.total,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
         }
         self.details: dict[str, Any] = {
-            "hourlyCostBasis": _cost_basis(config),
+            "hourlyCostBasis": cost.basis,
             "mainInstanceType": config.main_instance_type.name,
             "limitations": [f"{k}: {v}" for k, v in backend.limitations(config).items()],
         }
         self.register_outputs({**self.outputs, **self.details})
-
-
-def _cost_basis(config: ClusterConfig) -> str:
-    main, worker = config.main_instance_type, config.instance_type
-    if config.hourly_usd is None:
-        return f"unknown: no catalog price for {main.name} or {worker.name} in {config.region}"
-    return (
-        f"instances only: 1 x {main.name} ${main.hourly_usd}/h + {config.worker_count} x "
-        f"{worker.name} ${worker.hourly_usd}/h, {worker.price_source}, {worker.price_date}; "
-        "NAT gateway, disks and data transfer are extra"
-    )

@@ -9,10 +9,11 @@ from typing import Any
 
 import yaml
 
-from infra import perf
-from infra.config import PROJECT, REGION_KEYS
+from infra.clouds import FACTS
 from infra.models import PRESETS, Model
-from infra.plan import Option, Plan
+from infra.planner import perf
+from infra.planner.search import Option, Plan
+from infra.stack.settings import PROJECT
 
 GIB = 1024**3
 PROVIDER_COLOURS = {"aws": "#ff9900", "gcp": "#4285f4", "azure": "#0078d4"}
@@ -245,7 +246,7 @@ def stack_settings(
 
 
 def stack_yaml(option: Option, plan: Plan, settings: dict[str, Any], command: str) -> str:
-    region_key = REGION_KEYS[option.provider]
+    region_key = FACTS[option.provider].region_key
     config = {region_key: option.instance.region} | {
         f"{PROJECT}:{key}": value for key, value in settings.items()
     }

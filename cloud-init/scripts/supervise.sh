@@ -1,0 +1,64 @@
+# shellcheck shell=bash
+# Process supervision for the services (llama-server.sh, rpc-worker.sh). Sourced after lib.sh,
+# never run.
+
+# run_until_ready NAME SECONDS_KEY TIMEOUT_SETTING PROBE... -- COMMAND...: start COMMAND, mark
+# the node serving once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with
+# COMMAND's status so the service manager restarts it on failure. COMMAND that is not ready
+# within TIMEOUT_SETTING's seconds (a hung load) is stopped, and the node fails. A function
+# on_ready, if the caller defines one, runs just before the node is marked serving; it
+# reports, and its failure stops nothing.
+run_until_ready() {
+  local name="$1" seconds_key="$2" timeout_setting="$3"
+  shift 3
+  require_count "$timeout_setting"
+  local timeout="${!timeout_setting}"
+  local -a probe=()
+  while [[ $# -gt 0 && "$1" != "--" ]]; do
+    probe+=("$1")
+    shift
+  done
+  shift
+  "$@" &
+  local child=$!
+  trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
+  local started=$EPOCHREALTIME
+  local deadline polls=0
+  deadline="$(deadline_in "$timeout")"
+  until "${probe[@]}"; do
+    if ! kill -0 "$child" 2>/dev/null; then
+      local code=0
+      wait "$child" || code=$?
+      fail "$name exited with status $code before it was ready"
+    fi
+    if (($(seconds_left "$deadline") <= 0)); then
+      stop_child "$child"
+      fail "$name did not finish loading within ${timeout}s ($timeout_setting) and was stopped; if it is only slow, raise $timeout_setting"
+    fi
+    # Often for the first second, so that a quick start (ggml-rpc-server listens within
+    # milliseconds) is timed as it happens; then every half second through a long load.
+    if ((++polls <= 10)); then sleep 0.1; else sleep 0.5; fi
+  done
+  if declare -F on_ready >/dev/null; then
+    on_ready || log "warning: $name is ready, but on_ready failed"
+  fi
+  status phase=serving "$seconds_key:=$(llama_rpc_status elapsed "$started")" last_error:=null
+  log "$name is ready"
+  local code=0
+  wait "$child" || code=$?
+  log "$name exited with status $code"
+  status phase=stopped "last_error=$name exited with status $code"
+  exit "$code"
+}
+
+# stop_child PID: SIGTERM, then SIGKILL after 10 s.
+stop_child() {
+  local pid="$1" tries
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((tries = 0; tries < 100; tries++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}

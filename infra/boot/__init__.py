@@ -1,0 +1,41 @@
+"""Cloud-init for the cluster's nodes: one cloud-config body per role (``render``), delivered per
+cloud (``deliver``), from each node's checked settings (``NodeBoot``)."""
+
+from infra.boot.deliver import Delivery, deliver
+from infra.boot.node import (
+    VM_PATHS,
+    BootConfigError,
+    NodeBoot,
+    NodePaths,
+    checksums_problem,
+    example,
+    render_env_file,
+)
+from infra.boot.render import (
+    BOOT_UNIT,
+    ROLE_SCRIPTS,
+    ROLE_UNIT,
+    SCRIPTS_DIR,
+    UNITS_DIR,
+    cloud_config,
+    render,
+)
+
+__all__ = [
+    "BOOT_UNIT",
+    "ROLE_SCRIPTS",
+    "ROLE_UNIT",
+    "SCRIPTS_DIR",
+    "UNITS_DIR",
+    "VM_PATHS",
+    "BootConfigError",
+    "Delivery",
+    "NodeBoot",
+    "NodePaths",
+    "checksums_problem",
+    "cloud_config",
+    "deliver",
+    "example",
+    "render",
+    "render_env_file",
+]

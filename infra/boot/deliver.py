@@ -1,0 +1,49 @@
+"""User data as each cloud takes it: the channel and its size limit are the cloud's facts
+(``infra.clouds``); the body is the same everywhere. Gzip (which cloud-init unpacks) is used only
+when the plain text is over the limit and the channel takes binary data.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from dataclasses import dataclass
+
+from infra.boot.node import BootConfigError
+from infra.clouds import FACTS
+from infra.types import CLOUDS, Cloud
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """User data as one cloud takes it."""
+
+    cloud: Cloud
+    field: str  # the provider argument that carries it
+    value: str
+    gzipped: bool
+    size: int  # bytes that count against the limit
+    limit: int
+
+
+def deliver(user_data: str, cloud: Cloud) -> Delivery:
+    """Package user data for a cloud; gzip it only when it must."""
+    if cloud not in CLOUDS:
+        raise BootConfigError(f"cloud {cloud!r} is not one of {', '.join(CLOUDS)}", setting="cloud")
+    channel = FACTS[cloud].user_data
+    raw = user_data.encode()
+    for gzipped in (False, True):
+        if gzipped and channel.gzip_field is None:
+            break
+        # mtime=0 keeps the bytes stable, so an unchanged config never replaces a node.
+        payload = gzip.compress(raw, mtime=0) if gzipped else raw
+        value = base64.b64encode(payload).decode() if gzipped or channel.base64 else user_data
+        size = len(value) if channel.base64 else len(payload)
+        if size <= channel.limit_bytes:
+            name = channel.gzip_field if gzipped and channel.gzip_field else channel.field
+            return Delivery(cloud, name, value, gzipped, size, channel.limit_bytes)
+    raise BootConfigError(
+        f"the {cloud} user data is {len(raw):,} bytes, over the {channel.limit_bytes:,}-byte "
+        "limit even compressed; shorten the model URL list or the extra settings",
+        setting="user_data",
+    )

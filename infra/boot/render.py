@@ -1,0 +1,154 @@
+"""A node's cloud-config, built as data: the boot scripts and systemd units under ``cloud-init/``
+become ``write_files`` entries and the node's settings one environment file. ``runcmd`` only
+enables and starts two units: ``llama-rpc-boot.service`` (the build and, on the main node, the
+model download; retried with a growing delay until it succeeds, and run again on every boot) and
+the role's service, which starts after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
+from infra.types import Role
+
+CLOUD_INIT_DIR = Path(__file__).resolve().parents[2] / "cloud-init"
+SCRIPTS_DIR = CLOUD_INIT_DIR / "scripts"
+UNITS_DIR = CLOUD_INIT_DIR / "systemd"
+
+ROLE_UNIT: dict[Role, str] = {"worker": "llama-rpc-worker.service", "main": "llama-server.service"}
+# Every node's boot (node-boot.sh) as a unit that retries; each role unit Requires= it.
+BOOT_UNIT = "llama-rpc-boot.service"
+SERVICE_USER = "llama"
+DATA_LABEL = "llama-data"
+
+# What a fresh Ubuntu 24.04 image needs to fetch and build llama.cpp; nftables for the workers'
+# host firewall. python3 is always there: cloud-init itself runs on it.
+BUILD_PACKAGES = ("ca-certificates", "cmake", "curl", "g++", "git", "ninja-build")
+ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": ("nftables",), "main": ()}
+
+# apt retries each download itself (cloud-init's `packages`, and install-packages.sh).
+APT_CONF = 'Acquire::Retries "5";\n'
+
+
+# The scripts each role runs: a node gets only its own, which keeps the user data well inside
+# AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
+COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
+# Sourced by the others, never run: installed without the executable bit.
+SOURCED_SCRIPTS = ("lib.sh", "supervise.sh")
+ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
+    "worker": (
+        *COMMON_SCRIPTS,
+        "build-llama.sh",
+        "rpc-firewall.sh",
+        "supervise.sh",
+        "rpc-worker.sh",
+    ),
+    "main": (
+        *COMMON_SCRIPTS,
+        "build-llama.sh",
+        "fetch-model.sh",
+        "wait-workers.sh",
+        "supervise.sh",
+        "llama-server.sh",
+        "llama-server-log",
+    ),
+}
+
+
+def _script_files(role: Role) -> list[Path]:
+    return [SCRIPTS_DIR / name for name in ROLE_SCRIPTS[role]]
+
+
+def cloud_config(boot: NodeBoot) -> dict[str, Any]:
+    """The node's cloud-config as data (validated by ``cloud-init schema`` in the tests)."""
+    paths = VM_PATHS
+    unit = ROLE_UNIT[boot.role]
+    packages = sorted(BUILD_PACKAGES + ROLE_PACKAGES[boot.role])
+    files: list[dict[str, str]] = [
+        {
+            "path": f"{paths.bin_dir}/{script.name}",
+            "permissions": "0644" if script.name in SOURCED_SCRIPTS else "0755",
+            "content": script.read_text(),
+        }
+        for script in _script_files(boot.role)
+    ]
+    files += [
+        {
+            "path": f"/etc/systemd/system/{name}",
+            "permissions": "0644",
+            "content": (UNITS_DIR / name).read_text(),
+        }
+        for name in (BOOT_UNIT, unit)
+    ]
+    # Root's alone: systemd reads it (EnvironmentFile=) as root, and the services, which run as
+    # the service user, get their settings from systemd and do not read it (lib.sh sources it
+    # only when readable).
+    env = boot.env(paths, service_user=SERVICE_USER) | {"LLAMA_PACKAGES": " ".join(packages)}
+    files.append(
+        {
+            "path": paths.env_file,
+            "owner": "root:root",
+            "permissions": "0600",
+            "content": render_env_file(env),
+        }
+    )
+    config: dict[str, Any] = {
+        "package_update": True,
+        "packages": packages,
+        "apt": {"conf": APT_CONF},
+        "users": [
+            "default",
+            {
+                "name": SERVICE_USER,
+                "system": True,
+                "shell": "/usr/sbin/nologin",
+                "homedir": paths.data_dir,
+                "no_create_home": True,
+                "lock_passwd": True,
+            },
+        ],
+        "write_files": files,
+        # The boot and the service run under systemd, which retries the boot until it succeeds
+        # and starts the service after it, now and on every boot. --no-block: runcmd runs inside
+        # cloud-final.service, and waiting here for a boot that takes hours (or for units
+        # ordered after cloud-final) would hold cloud-init, or deadlock it.
+        "runcmd": [
+            ["systemctl", "daemon-reload"],
+            ["systemctl", "enable", "--now", "--no-block", BOOT_UNIT, unit],
+        ],
+    }
+    if boot.data_device:
+        config["fs_setup"] = [
+            {
+                "label": DATA_LABEL,
+                "filesystem": "ext4",
+                "device": boot.data_device,
+                "partition": "none",
+            }
+        ]
+        config["mounts"] = [
+            [f"LABEL={DATA_LABEL}", paths.data_dir, "ext4", "defaults,nofail,noatime", "0", "2"]
+        ]
+    return config
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Dumps multi-line strings as literal blocks, so the scripts stay readable in user data."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _represent_str)
+
+
+def render(boot: NodeBoot) -> str:
+    """The node's user data: ``#cloud-config`` and the body as YAML."""
+    body = yaml.dump(cloud_config(boot), Dumper=_LiteralDumper, sort_keys=False, width=100)
+    return "#cloud-config\n" + body

@@ -1,0 +1,97 @@
+"""The small interface every cloud implements: a network, the RPC firewall, and nodes.
+
+The component (``infra.stack.component``) only talks to this interface. A cloud is added with its
+facts (``infra.clouds``), its module here, its catalog rows, and a line in each registry; the
+component, the config check, the outputs and the tests stay as they are.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+import pulumi
+
+from infra.boot import Delivery
+from infra.clouds import CloudFacts
+from infra.stack.config import ClusterConfig
+from infra.types import Role
+
+NetworkT = TypeVar("NetworkT")
+FirewallT = TypeVar("FirewallT")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One VM: its name, role, fixed private address, size, disk and boot data."""
+
+    name: str
+    role: Role
+    private_ip: str
+    instance_type: str
+    disk_gb: int
+    disk_throughput_mibps: int | None
+    user_data: Delivery
+
+
+@dataclass(frozen=True)
+class Node:
+    instance_id: pulumi.Output[str]
+    private_ip: pulumi.Output[str]
+    # The cloud's own id of the VM resource (ARM id on Azure), where a command needs it.
+    resource_id: pulumi.Output[str] | None = None
+
+
+def node_options(parent: pulumi.Resource, **options: Any) -> pulumi.ResourceOptions:
+    """Options for a resource that holds a fixed private address (a VM, a NIC): the old one is
+    deleted before its replacement is created, since the address can only be used once
+    (AWS answers a create-first replacement with InvalidIPAddress.InUse)."""
+    return pulumi.ResourceOptions(parent=parent, delete_before_replace=True, **options)
+
+
+class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
+    # The cloud's limits and rules (no SDK), checked by the config before this backend runs.
+    facts: ClassVar[CloudFacts]
+
+    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
+        """What this cloud cannot do for this stack, in words (capability -> what instead)."""
+        return self.facts.limitations
+
+    @abstractmethod
+    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> NetworkT:
+        """The private network, its egress path, and anything the nodes share."""
+
+    @abstractmethod
+    def firewall(
+        self, name: str, config: ClusterConfig, network: NetworkT, parent: pulumi.Resource
+    ) -> FirewallT:
+        """RPC open from the main node to the workers only; nothing else inbound."""
+
+    @abstractmethod
+    def node(
+        self,
+        spec: NodeSpec,
+        config: ClusterConfig,
+        network: NetworkT,
+        firewall: FirewallT,
+        parent: pulumi.Resource,
+    ) -> Node:
+        """One VM, without a public address, booting from ``spec.user_data``."""
+
+    @abstractmethod
+    def connect_command(
+        self, config: ClusterConfig, network: NetworkT, main: Node
+    ) -> pulumi.Output[str]:
+        """How a user reaches the main node's API from a laptop: a command that forwards
+        localhost:<serverPort> to the main node's private address."""
+
+    def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:
+        """The tags every resource carries: the user's, then project, stack and role."""
+        return {
+            **config.tags,
+            "project": pulumi.get_project(),
+            "stack": pulumi.get_stack(),
+            "role": role,
+        }

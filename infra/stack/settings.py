@@ -1,0 +1,282 @@
+"""Every setting of the stack, declared once: its type, default, description and value check.
+
+This table drives the config check (``infra.stack.config``), the ``config:`` block of
+``Pulumi.yaml`` and the README's settings table; ``tests/test_stack_settings.py`` checks that
+the two files say what this table says. A setting that a cloud cannot honour is refused there by
+that cloud's facts (``CloudFacts.refuses``), and the table names it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from infra import sizing
+from infra.clouds import FACTS
+from infra.pins import LLAMA_CPP_COMMIT, is_full_commit
+from infra.types import LOWEST_UNPRIVILEGED_PORT, MAX_WORKERS, RPC_PORT, SERVER_PORT
+
+PROJECT = "llama-rpc-cluster"
+Kind = Literal["string", "integer", "boolean", "array", "object"]
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; raised before anything is created.
+
+    ``key`` is one of the project's keys, or a provider's own (``aws:region``) as given."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key if ':' in key else f'{PROJECT}:{key}'}: {message}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    kind: Kind
+    description: str
+    # The value when the setting is not given; None: required, or computed (``default_text``).
+    default: Any = None
+    default_text: str = ""  # how a computed default is chosen, for the README
+    required: bool = False
+    # For whole numbers: the range they must fall in.
+    low: int | None = None
+    high: int | None = None
+    range_reason: str = ""  # why the range is what it is, for the error
+    # For strings: the rule they must meet, and what it means.
+    valid: Callable[[str], bool] | None = None
+    meaning: str = ""
+
+    def read(self, settings: Mapping[str, Any]) -> Any:
+        """The setting's value from raw settings, of its declared type and within its limits;
+        the default when it is not given."""
+        value = decode(settings.get(self.key))
+        if value is None:
+            if self.required:
+                raise ConfigError(
+                    self.key, f"is required; set it with `pulumi config set {self.key} <value>`"
+                )
+            return self.default
+        if self.kind == "string":
+            if not isinstance(value, str) or not value:
+                raise ConfigError(self.key, f"must be a non-empty string, got {value!r}")
+            if self.valid and not self.valid(value.strip()):
+                raise ConfigError(self.key, f"{value!r} is not {self.meaning}")
+            return value.strip() if self.valid else value
+        if self.kind == "integer":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(self.key, f"must be a whole number, got {value!r}")
+            low = -(2**63) if self.low is None else self.low
+            high = 2**63 if self.high is None else self.high
+            if not low <= value <= high:
+                reason = f"; {self.range_reason}" if self.range_reason else ""
+                raise ConfigError(self.key, f"{value} is outside {self.range_text}{reason}")
+            return value
+        if self.kind == "boolean":
+            if not isinstance(value, bool):
+                raise ConfigError(self.key, f"must be true or false, got {value!r}")
+            return value
+        if self.kind == "array":
+            return [value] if isinstance(value, str) else value
+        return value
+
+    @property
+    def range_text(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{self.low}-{self.high}"
+        return f"at least {self.low}" if self.low is not None else f"at most {self.high}"
+
+
+def decode(value: Any) -> Any:
+    """Pulumi hands structured values (and, from `pulumi config set`, numbers and booleans)
+    over as JSON text."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+_SSH_PUBLIC_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?")
+
+
+def _is_ssh_public_key(text: str) -> bool:
+    return _SSH_PUBLIC_KEY.fullmatch(text) is not None
+
+
+def _port(key: str, default: int, what: str) -> Setting:
+    return Setting(
+        key,
+        "integer",
+        f"TCP port of {what}; the service runs unprivileged, so {LOWEST_UNPRIVILEGED_PORT} or more",
+        default=default,
+        low=LOWEST_UNPRIVILEGED_PORT,
+        high=65535,
+        range_reason="the services run unprivileged, and lower ports are privileged",
+    )
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("cloud", "string", f"where the cluster runs: {', '.join(FACTS)}", default="aws"),
+    Setting(
+        "instanceType",
+        "string",
+        "the workers' Arm instance type, from the instance catalog for the region",
+        required=True,
+    ),
+    Setting(
+        "mainInstanceType",
+        "string",
+        "the main node's instance type; it holds layers too, and may be smaller",
+        default_text="instanceType",
+    ),
+    Setting(
+        "workerCount",
+        "integer",
+        "RPC workers beside the main node (0: the main node serves the model alone; "
+        f"llama.cpp takes at most {MAX_WORKERS})",
+        default=2,
+        low=0,
+        high=MAX_WORKERS,
+        range_reason=f"llama.cpp takes at most {MAX_WORKERS} RPC servers (0: the main node "
+        "serves the model alone)",
+    ),
+    Setting(
+        "model",
+        "object",
+        "the GGUF: `urls` (every part, in order), optional `sha256` (one per part), and a "
+        "`preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
+        required=True,
+    ),
+    Setting(
+        "llamaCppCommit",
+        "string",
+        "the llama.cpp commit every node builds (a full 40-character hash)",
+        default=LLAMA_CPP_COMMIT,
+        valid=is_full_commit,
+        meaning="a full 40-character commit hash; pin an exact commit",
+    ),
+    Setting(
+        "vpcCidr",
+        "string",
+        "the cluster's private network (RFC 1918, /23 or larger): nodes in its first /24",
+        default="10.42.0.0/16",
+    ),
+    _port("rpcPort", RPC_PORT, "the workers' RPC servers (open only to the main node)"),
+    _port("serverPort", SERVER_PORT, "llama-server's OpenAI-compatible API on the main node"),
+    Setting(
+        "contextSize",
+        "integer",
+        "tokens of context each request slot gets",
+        default=sizing.DEFAULT_CONTEXT,
+        low=1,
+    ),
+    Setting(
+        "slots",
+        "integer",
+        "requests served at once, each with contextSize tokens of KV cache on every node",
+        default=sizing.DEFAULT_SLOTS,
+        low=1,
+        high=sizing.MAX_SLOTS,
+        range_reason="the number of requests served at once, each with contextSize tokens",
+    ),
+    Setting(
+        "mainDiskGb",
+        "integer",
+        "the main node's boot disk, which holds the model file",
+        default_text="the model's size x 1.1 + 40",
+    ),
+    Setting(
+        "workerDiskGb",
+        "integer",
+        "each worker's boot disk",
+        default_text="the largest worker share x 1.1 + 30",
+    ),
+    Setting(
+        "diskThroughputMibps",
+        "integer",
+        "provisioned throughput of the main node's disk, which the model loads from",
+        default_text=f"{sizing.DEFAULT_DISK_THROUGHPUT_MIBPS}, within the cloud's range",
+    ),
+    Setting(
+        "apiAllowedCidrs",
+        "array",
+        "IPv4 ranges, besides the cloud's tunnel, that may reach the API port (public ones "
+        "no wider than /24)",
+        default=[],
+    ),
+    Setting("tags", "object", "tags (labels on GCP) for every resource", default={}),
+    Setting(
+        "sshPublicKey",
+        "string",
+        "an OpenSSH public key for the nodes' admin user",
+        valid=_is_ssh_public_key,
+        meaning="an OpenSSH public key (ssh-ed25519 AAAA...)",
+    ),
+    Setting(
+        "image",
+        "string",
+        "a pinned OS image; unset, each node keeps the Ubuntu 24.04 image current when it "
+        "was created",
+    ),
+    Setting("flowLogs", "boolean", "record the network's flow logs (kept 30 days)", default=True),
+    Setting(
+        "bastion",
+        "boolean",
+        "an Azure Bastion that connectCommand tunnels through to the API",
+        default=False,
+    ),
+    Setting(
+        "encryptionAtHost",
+        "boolean",
+        "Azure encryption at host for the nodes' disks and caches",
+        default=False,
+    ),
+)
+BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}
+MODEL_KEYS = ("preset", "urls", "sha256", "sizeGb", "layers", "kvBytesPerToken")
+
+
+def refused_on(key: str) -> list[str]:
+    """The clouds that refuse a setting (their facts say why)."""
+    return [name for name, facts in FACTS.items() if key in facts.refuses]
+
+
+def project_config() -> dict[str, dict[str, Any]]:
+    """``Pulumi.yaml``'s ``config:`` block: type and description of each key, and its default
+    where the default is fixed. Object settings carry no type: Pulumi's project config types
+    are string, integer, boolean and array."""
+    block: dict[str, dict[str, Any]] = {}
+    for setting in SETTINGS:
+        entry: dict[str, Any] = {}
+        if setting.kind == "array":
+            entry |= {"type": "array", "items": {"type": "string"}}
+        elif setting.kind != "object":
+            entry["type"] = setting.kind
+        entry["description"] = setting.description
+        block[setting.key] = entry
+    return block
+
+
+def readme_table() -> str:
+    """The README's settings table, in Markdown."""
+    rows = ["| Setting | Type | Default | What it is |", "| --- | --- | --- | --- |"]
+    for setting in SETTINGS:
+        if setting.required:
+            default = "required"
+        elif setting.default_text:
+            default = setting.default_text
+        elif setting.default is None:
+            default = "unset"
+        else:
+            default = f"`{json.dumps(setting.default)}`"
+        what = setting.description
+        refused = refused_on(setting.key)
+        if refused:
+            what += f" (refused on {', '.join(refused)})"
+        rows.append(f"| `{setting.key}` | {setting.kind} | {default} | {what} |")
+    return "\n".join(rows) + "\n"

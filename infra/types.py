@@ -1,0 +1,19 @@
+"""The names and limits every part of the product shares: clouds, node roles, ports, sizes."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Cloud = Literal["aws", "gcp", "azure"]
+Role = Literal["main", "worker"]
+CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
+ROLES: tuple[Role, ...] = get_args(Role)
+
+RPC_PORT = 50052
+SERVER_PORT = 8080
+# The services run as an unprivileged user, which cannot bind ports below this.
+LOWEST_UNPRIVILEGED_PORT = 1024
+# llama.cpp has 16 device slots, and at the pinned commit `--tensor-split` refuses a 16th value
+# ("got 16 input configs, but system only has 16 devices"); the placement needs one per worker.
+MAX_WORKERS = 15
+MAX_NODES = MAX_WORKERS + 1
