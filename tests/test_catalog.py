@@ -15,6 +15,9 @@ from botocore.stub import Stubber
 
 from infra import catalog
 from infra.catalog import refresh
+from infra.catalog.refresh import aws as refresh_aws
+from infra.catalog.refresh import azure as refresh_azure
+from infra.catalog.refresh import gcp as refresh_gcp
 from infra.catalog.refresh import RefreshError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prices"
@@ -81,7 +84,7 @@ def pricing_client():
 def expect(stubber: Stubber, instance_type: str, response: dict, token: str | None = None) -> None:
     params = {
         "ServiceCode": "AmazonEC2",
-        "Filters": refresh._aws_filters("us-east-1", instance_type),
+        "Filters": refresh_aws.filters("us-east-1", instance_type),
         "MaxResults": 100,
     }
     if token:
@@ -108,7 +111,7 @@ def test_aws_refresh_reads_on_demand_prices_and_follows_pages(csv_copy: Path) ->
     assert report.not_found == ["r6g.16xlarge"]
     rows = {e.name: e for e in catalog.load(csv_copy) if e.region == "us-east-1"}
     assert rows["c8g.16xlarge"].hourly_usd == 2.6
-    assert rows["c8g.16xlarge"].price_source == refresh.AWS_SOURCE
+    assert rows["c8g.16xlarge"].price_source == refresh_aws.SOURCE
     assert rows["c8g.16xlarge"].price_date == "2026-11-22"
     assert rows["r6g.16xlarge"].price_date == "2026-07-20"  # kept, with its old date
 
@@ -119,7 +122,7 @@ def test_aws_refresh_of_a_new_region_adds_rows_with_the_known_specs(csv_copy: Pa
         for name in sorted({e.name for e in catalog.load(csv_copy) if e.provider == "aws"}):
             params = {
                 "ServiceCode": "AmazonEC2",
-                "Filters": refresh._aws_filters("eu-west-1", name),
+                "Filters": refresh_aws.filters("eu-west-1", name),
                 "MaxResults": 100,
             }
             response = (
@@ -139,7 +142,7 @@ def test_two_different_aws_prices_for_one_type_are_an_error() -> None:
     with Stubber(client) as stubber:
         expect(stubber, "c8g.16xlarge", page)
         with pytest.raises(RefreshError, match=r"several on-demand prices for c8g\.16xlarge"):
-            refresh.aws_prices(client, "us-east-1", ["c8g.16xlarge"])
+            refresh_aws.aws_prices(client, "us-east-1", ["c8g.16xlarge"])
 
 
 # --- Azure and GCP: recorded JSON served by a fake transport ---
@@ -171,10 +174,10 @@ def test_azure_refresh_keeps_linux_pay_as_you_go_and_the_latest_price(csv_copy: 
     assert "Standard_E64ps_v6" in report.not_found
     row = next(e for e in catalog.load(csv_copy) if e.name == "Standard_D64ps_v6")
     assert (row.hourly_usd, row.price_source, row.price_date) == (
-        1.2345, refresh.AZURE_SOURCE, "2026-11-22",
+        1.2345, refresh_azure.SOURCE, "2026-11-22",
     )  # fmt: skip
     first = urllib.parse.unquote(replay.urls[0])
-    assert first.startswith(refresh.AZURE_PRICES_URL)
+    assert first.startswith(refresh_azure.PRICES_URL)
     assert "armRegionName eq 'eastus'" in first and "priceType eq 'Consumption'" in first
 
 
@@ -192,7 +195,7 @@ def test_gcp_refresh_prices_each_type_from_core_and_ram_skus(csv_copy: Path) -> 
     after = {e.name: e for e in catalog.load(csv_copy) if e.provider == "gcp"}
     for name, price in before.items():  # on-demand Americas SKUs, not Spot or Frankfurt
         assert after[name].hourly_usd == pytest.approx(price, abs=1e-6), name
-        assert after[name].price_source == refresh.GCP_SOURCE
+        assert after[name].price_source == refresh_gcp.SOURCE
     assert all("key=k" in url for url in replay.urls) and len(replay.urls) == 2
 
 
