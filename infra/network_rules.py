@@ -11,6 +11,8 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+from infra.clouds import FACTS
+
 # Ranges a cluster network may use: RFC 1918 private space. (0.0.0.0/8, 240.0.0.0/4 and the
 # like count as "private" to Python's ipaddress, but no cloud routes them in a VPC.)
 PRIVATE_RANGES = tuple(
@@ -22,20 +24,11 @@ INTERNAL_SOURCES = (*PRIVATE_RANGES, ipaddress.IPv4Network("100.64.0.0/10"))
 # example 0.0.0.0/1 + 128.0.0.0/1) opens an unauthenticated API to much of the internet.
 WIDEST_PUBLIC_API_PREFIX = 24
 MAX_API_CIDRS = 50  # AWS security groups hold 60 inbound rules; the program uses a few
-# Hosts a node must never download from: its own loopback, the clouds' metadata and agent
-# endpoints (link-local 169.254.0.0/16, fd00:ec2::254, Azure's 168.63.129.16).
-METADATA_HOSTS = frozenset(
-    {
-        "localhost",
-        "metadata",
-        "metadata.google.internal",
-        "metadata.azure.com",
-        "instance-data",
-        "instance-data.ec2.internal",
-    }
-)
+# Hosts a node must never download from: its own loopback, and every cloud's metadata and agent
+# endpoints (a model URL must not point at another cloud's either: a stack may move clouds).
+METADATA_HOSTS = frozenset({"localhost"}).union(*(f.metadata_hosts for f in FACTS.values()))
 METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(text) for text in ("168.63.129.16", "fd00:ec2::254", "fd00:ec2::23")
+    ipaddress.ip_address(text) for f in FACTS.values() for text in f.metadata_addresses
 )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Cloud = Literal["aws", "gcp", "azure"]
+# A cloud's name: a key of ``infra.clouds.FACTS``, the registry that lists them.
+Cloud = str
 Role = Literal["main", "worker"]
-CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
 ROLES: tuple[Role, ...] = get_args(Role)
 
 RPC_PORT = 50052

@@ -15,10 +15,10 @@ from botocore.stub import Stubber
 
 from infra import catalog
 from infra.catalog import refresh
+from infra.catalog.refresh import RefreshError
 from infra.catalog.refresh import aws as refresh_aws
 from infra.catalog.refresh import azure as refresh_azure
 from infra.catalog.refresh import gcp as refresh_gcp
-from infra.catalog.refresh import RefreshError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prices"
 TODAY = datetime.date(2026, 11, 22)

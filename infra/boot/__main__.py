@@ -1,6 +1,6 @@
 """Print the cloud-config a node of the reference layout boots with.
 
-python -m infra.boot --role worker|main [--cloud aws|gcp|azure] [--encoded]
+python -m infra.boot --role worker|main [--cloud CLOUD] [--encoded]
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 from infra.boot.deliver import deliver
 from infra.boot.node import example
 from infra.boot.render import render
-from infra.types import CLOUDS, ROLES
+from infra.clouds import FACTS
+from infra.types import ROLES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--role", choices=ROLES, required=True)
     parser.add_argument(
-        "--cloud", choices=CLOUDS, help="also report how this cloud receives it, and its size"
+        "--cloud",
+        choices=sorted(FACTS),
+        help="also report how this cloud receives it, and its size",
     )
     parser.add_argument(
         "--encoded", action="store_true", help="print the delivered value itself (with --cloud)"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from infra.boot.node import BootConfigError
 from infra.clouds import FACTS
-from infra.types import CLOUDS, Cloud
+from infra.types import Cloud
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Delivery:
 
 def deliver(user_data: str, cloud: Cloud) -> Delivery:
     """Package user data for a cloud; gzip it only when it must."""
-    if cloud not in CLOUDS:
-        raise BootConfigError(f"cloud {cloud!r} is not one of {', '.join(CLOUDS)}", setting="cloud")
+    if cloud not in FACTS:
+        raise BootConfigError(f"cloud {cloud!r} is not one of {', '.join(FACTS)}", setting="cloud")
     channel = FACTS[cloud].user_data
     raw = user_data.encode()
     for gzipped in (False, True):

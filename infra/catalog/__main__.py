@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("show", help="print the catalog's rows")
     update = commands.add_parser("refresh", help="fetch on-demand prices and update the CSV")
-    update.add_argument("--provider", required=True, choices=("aws", "azure", "gcp"))
+    update.add_argument("--provider", required=True, choices=sorted(refresh.PROVIDERS))
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)

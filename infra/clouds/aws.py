@@ -81,6 +81,9 @@ FACTS = CloudFacts(
     user_data=UserDataChannel("user_data", 16 * 1024, gzip_field="user_data_base64"),
     disk=DiskModel("gp3", included_mibps=125, included_iops=3000, iops_per_mibps=4),
     nat=NatModel("NAT gateway"),
+    metadata_hosts=frozenset({"instance-data", "instance-data.ec2.internal"}),
+    metadata_addresses=frozenset({"fd00:ec2::254", "fd00:ec2::23"}),
+    chart_colour="#ff9900",
     image_meaning="an arm64 Ubuntu 24.04 AMI id in the stack's region",
     refuses={
         "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",

@@ -79,6 +79,10 @@ FACTS = CloudFacts(
         ),
     ),
     nat=NatModel("NAT gateway"),
+    # 168.63.129.16: the platform's wire server (DNS, health probes, the VM agent).
+    metadata_hosts=frozenset({"metadata.azure.com"}),
+    metadata_addresses=frozenset({"168.63.129.16"}),
+    chart_colour="#0078d4",
     image_meaning="a version of Canonical:ubuntu-24_04-lts:server-arm64",
     refuses={"diskThroughputMibps": "Premium SSD throughput follows the disk's size"},
     limitations={

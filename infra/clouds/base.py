@@ -131,6 +131,11 @@ class CloudFacts:
     user_data: UserDataChannel
     disk: DiskModel
     nat: NatModel
+    # The cloud's instance metadata and platform-agent endpoints, which a node must never be
+    # sent to download from (link-local 169.254.0.0/16 is refused on every cloud).
+    metadata_hosts: frozenset[str]
+    metadata_addresses: frozenset[str]
+    chart_colour: str  # the planner's charts draw this cloud's options in it
     # Settings of OPTIONAL_SETTINGS this cloud cannot honour, each with what it does instead;
     # the config check refuses them rather than dropping them.
     refuses: Mapping[str, str] = field(default_factory=dict)

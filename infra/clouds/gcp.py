@@ -80,6 +80,9 @@ FACTS = CloudFacts(
     disk=DiskModel("Hyperdisk Balanced", included_mibps=140),
     # https://cloud.google.com/nat/pricing: per VM behind the gateway, flat above 32 VMs.
     nat=NatModel("Cloud NAT", per_vm_cap=32),
+    metadata_hosts=frozenset({"metadata", "metadata.google.internal"}),
+    metadata_addresses=frozenset(),
+    chart_colour="#4285f4",
     image_meaning="an arm64 Ubuntu 24.04 image (or image family) path",
     refuses={
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",

@@ -16,7 +16,6 @@ from infra.planner.search import Option, Plan
 from infra.stack.settings import PROJECT
 
 GIB = 1024**3
-PROVIDER_COLOURS = {"aws": "#ff9900", "gcp": "#4285f4", "azure": "#0078d4"}
 
 
 def model_json(model: Model) -> dict[str, Any]:
@@ -189,7 +188,7 @@ def chart(plan: Plan, path: Path) -> Path:
     picks = [o for p in sorted({o.provider for o in plan.options}) if (o := plan.recommendation(p))]
     labels = [f"{o.provider}\n{o.count} x {o.instance.name}" for o in picks]
     figure, (cost_axis, speed_axis) = plt.subplots(1, 2, figsize=(10, 4.2))
-    colours = [PROVIDER_COLOURS.get(o.provider, "#777777") for o in picks]
+    colours = [FACTS[o.provider].chart_colour for o in picks]
     # A "+" marks a total that leaves out an unpriced part (the table names it).
     partial = ["+" if o.cost.unpriced else "" for o in picks]
     for axis, values, marks, title, unit in (

@@ -12,7 +12,7 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from infra import catalog, costs, layout, models, network_rules, placement, sizing
 from infra.boot import BootConfigError, checksums_problem
@@ -417,7 +417,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
         )
     config = ClusterConfig(
-        cloud=cast(Cloud, cloud),
+        cloud=cloud,
         region=region,
         instance_type=worker_type,
         main_instance_type=main_type,
