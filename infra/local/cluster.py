@@ -117,18 +117,18 @@ def plan_placement(options: UpOptions) -> placement.Placement:
         raise LocalClusterError(f"--model: {reason}") from None
     nodes = options.workers + 1
     memory = options.node_memory_bytes or machine_memory_bytes() // nodes
-    layout = placement.place(
+    shares = placement.place(
         model, options.context_size, options.slots, [sizing.usable_of(memory)] * nodes
     )
-    if not layout.fits:
-        worst = layout.worst
+    if not shares.fits:
+        worst = shares.worst
         raise LocalClusterError(
             f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
             f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
             f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, raise --node-memory-gib, "
             "or lower --context or --slots"
         )
-    return layout
+    return shares
 
 
 def _node_layout(cidr: ipaddress.IPv4Network, workers: int) -> tuple[list[str], list[str]]:
@@ -159,7 +159,7 @@ def up(
                 f"{'' if options.cluster_id == 'local' else ' --id ' + options.cluster_id}` first"
             )
         down(options.cache, options.cluster_id)
-    layout = plan_placement(options)
+    shares = plan_placement(options)
     names, ips = _node_layout(cidr, options.workers)
     network = (
         VpcNetwork(options.cluster_id, cidr, tuple(names), tuple(ips)) if options.netns else None
@@ -180,8 +180,8 @@ def up(
             model_sha256=(options.model_sha256,) if options.model_sha256 else (),
             context_size=options.context_size,
             slots=options.slots,
-            gpu_layers=layout.gpu_layers,
-            tensor_split=layout.tensor_split,
+            gpu_layers=shares.gpu_layers,
+            tensor_split=shares.tensor_split,
             worker_wait_seconds=options.worker_wait_seconds,
             threads=options.threads,
             extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
@@ -217,7 +217,7 @@ def up(
         "server_port": SERVER_PORT,
         "context_size": options.context_size,
         "slots": options.slots,
-        "placement": layout.to_json(),
+        "placement": shares.to_json(),
         "nodes": nodes,
     }
     (state / "cluster.json").write_text(json.dumps(spec, indent=2))
