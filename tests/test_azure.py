@@ -107,6 +107,9 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
     assert env["LLAMA_NODE_IP"] == "10.42.0.10"
     assert env["RPC_WORKERS"] == "10.42.0.11:50052,10.42.0.12:50052"
     assert_valid_cloud_config(text, tmp_path)
+    worker = d.named("llama-rpc-cluster-worker-1").inputs["osProfile"]["customData"]
+    # A serving worker still reaches Azure's DNS and agent endpoint, outside the VNet.
+    assert env_of(base64.b64decode(worker).decode())["PLATFORM_ADDRESSES"] == "168.63.129.16"
 
 
 @pytest.mark.parametrize("stack", AZURE_STACKS)

@@ -83,6 +83,7 @@ def test_user_data_goes_in_metadata_and_wires_the_workers(stack: str, tmp_path) 
     worker_env = env_of(worker["metadata"]["user-data"])
     assert worker_env["LLAMA_NODE_IP"] == "10.42.0.12"
     assert worker_env["RPC_ALLOWED_SOURCES"] == "10.42.0.10/32"
+    assert worker_env["PLATFORM_ADDRESSES"] == ""  # GCP's are link-local, allowed already
     assert_valid_cloud_config(text, tmp_path)
 
 

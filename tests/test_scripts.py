@@ -853,3 +853,32 @@ def test_a_script_without_lib_sh_stops_at_the_source_line(tmp_path: Path, name: 
     assert result.returncode == 1
     assert "lib.sh: No such file or directory" in result.stderr
     assert not marker.exists()
+
+
+# --- the worker's host firewall ---
+
+FAKE_NFT = 'cat >"$FAKE_RULESET"\n'
+
+
+@pytest.mark.parametrize(
+    ("platform", "destinations"),
+    [
+        ("", "10.42.0.0/16, 169.254.0.0/16, 255.255.255.255"),
+        ("168.63.129.16", "10.42.0.0/16, 169.254.0.0/16, 168.63.129.16, 255.255.255.255"),
+    ],
+)
+def test_a_serving_worker_reaches_the_cluster_and_the_platform_only(
+    run_script, fake_bin, tmp_path: Path, platform: str, destinations: str
+) -> None:
+    directory, write = fake_bin
+    write("nft", FAKE_NFT)
+    ruleset = tmp_path / "ruleset.nft"
+    result, _ = run_script(
+        "rpc-firewall.sh", PATH=f"{directory}:{os.environ['PATH']}", FAKE_RULESET=str(ruleset),
+        RPC_ALLOWED_SOURCES="10.42.0.10/32", CLUSTER_CIDR="10.42.0.0/16",
+        PLATFORM_ADDRESSES=platform,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = ruleset.read_text()
+    assert "tcp dport 50052 ip saddr { 10.42.0.10/32 } accept" in text
+    assert f"ip daddr {{ {destinations} }} accept" in text

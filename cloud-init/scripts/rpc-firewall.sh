@@ -13,17 +13,22 @@ read -r -a sources <<<"$RPC_ALLOWED_SOURCES"
 allowed="$(IFS=','; printf '%s' "${sources[*]}")"
 
 # Link-local 169.254.0.0/16 holds every cloud's metadata, DNS and time services (AWS's DNS is
-# also at the VPC's base + 2, inside CLUSTER_CIDR); 168.63.129.16 is Azure's DNS and agent
-# endpoint; DHCP may rebind by broadcast. Replies to connections made to the node pass as
-# established.
+# also at the VPC's base + 2, inside CLUSTER_CIDR); PLATFORM_ADDRESSES are the cloud's own
+# endpoints outside both (Azure's DNS and agent at 168.63.129.16); DHCP may rebind by broadcast.
+# Replies to connections made to the node pass as established.
 egress=""
 if [[ -n "${CLUSTER_CIDR:-}" ]]; then
+  destinations="$CLUSTER_CIDR, 169.254.0.0/16"
+  for address in ${PLATFORM_ADDRESSES:-}; do
+    destinations+=", $address"
+  done
+  destinations+=", 255.255.255.255"
   egress="
   chain output {
     type filter hook output priority filter; policy accept;
     oif \"lo\" accept
     ct state established,related accept
-    ip daddr { $CLUSTER_CIDR, 169.254.0.0/16, 168.63.129.16, 255.255.255.255 } accept
+    ip daddr { $destinations } accept
     meta nfproto ipv6 icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept
     ip6 daddr fe80::/10 accept
     counter reject

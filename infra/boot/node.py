@@ -69,6 +69,9 @@ class NodeBoot:
     # A worker's egress once serving: this network (and the cloud's link-local services) only.
     # Empty: egress is left alone.
     cluster_cidr: str = ""
+    # The cloud's own IPv4 endpoints a worker still reaches then (DNS, agent), outside both the
+    # cluster and link-local 169.254.0.0/16.
+    platform_addresses: tuple[str, ...] = ()
     rpc_workers: tuple[str, ...] = ()
     model_urls: tuple[str, ...] = ()
     model_sha256: tuple[str, ...] = ()
@@ -116,6 +119,7 @@ class NodeBoot:
         if self.role == "worker":
             env["RPC_ALLOWED_SOURCES"] = " ".join(self.rpc_allowed_sources)
             env["CLUSTER_CIDR"] = self.cluster_cidr
+            env["PLATFORM_ADDRESSES"] = " ".join(self.platform_addresses)
         else:
             env |= {
                 "RPC_WORKERS": self.rpc_servers,
@@ -153,6 +157,7 @@ _ENV_FIELDS = {
     "LLAMA_THREADS": "threads",
     "RPC_ALLOWED_SOURCES": "rpc_allowed_sources",
     "CLUSTER_CIDR": "cluster_cidr",
+    "PLATFORM_ADDRESSES": "platform_addresses",
     "RPC_WORKERS": "rpc_workers",
     "MODEL_URLS": "model_urls",
     "MODEL_SHA256": "model_sha256",
@@ -215,6 +220,14 @@ def _validate_worker(boot: NodeBoot) -> None:
                 "has no authentication, so only the cluster's own addresses may reach it",
                 setting="rpc_allowed_sources",
             )
+    for address in boot.platform_addresses:
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            raise BootConfigError(
+                f"platform_addresses entry {address!r} is not an IPv4 address",
+                setting="platform_addresses",
+            ) from None
     if boot.cluster_cidr:
         try:
             cluster = ipaddress.IPv4Network(boot.cluster_cidr)

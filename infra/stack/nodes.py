@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra.boot import Delivery, NodeBoot, deliver, render
+from infra.clouds import FACTS
 from infra.layout import node_name
 from infra.types import Role
 
@@ -29,6 +30,7 @@ class NodePlan:
 
 def node_boots(config: ClusterConfig) -> list[NodeBoot]:
     """The main node's and then each worker's boot settings."""
+    platform = tuple(sorted(a for a in FACTS[config.cloud].metadata_addresses if ":" not in a))
     workers = [
         NodeBoot(
             role="worker",
@@ -37,6 +39,7 @@ def node_boots(config: ClusterConfig) -> list[NodeBoot]:
             rpc_port=config.rpc_port,
             rpc_allowed_sources=(f"{config.main_ip}/32",),
             cluster_cidr=str(config.vpc_cidr),
+            platform_addresses=platform,
         )
         for ip in config.worker_ips
     ]
