@@ -4,15 +4,23 @@ This table drives the config check (``infra.stack.config``), the ``config:`` blo
 ``Pulumi.yaml`` and the README's settings table; ``tests/test_stack_settings.py`` checks that
 the two files say what this table says. A setting that a cloud cannot honour is refused there by
 that cloud's facts (``CloudFacts.refuses``), and the table names it.
+
+``python -m infra.stack.settings --pulumi-yaml`` prints the ``config:`` block, ``--readme`` the
+table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-from collections.abc import Callable, Mapping
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import yaml
 
 from infra import sizing
 from infra.clouds import FACTS
@@ -246,20 +254,44 @@ def refused_on(key: str) -> list[str]:
     return [name for name, facts in FACTS.items() if key in facts.refuses]
 
 
+def in_project_file(setting: Setting) -> bool:
+    """Whether ``Pulumi.yaml`` declares the setting. Pulumi asks every stack for a declared key
+    that has no default, so only the required settings and those with a fixed default are
+    declared; a computed or unset default stays out (the README's table lists every setting)."""
+    return setting.required or setting.default is not None
+
+
 def project_config() -> dict[str, dict[str, Any]]:
-    """``Pulumi.yaml``'s ``config:`` block: type and description of each key, and its default
-    where the default is fixed. Object settings carry no type: Pulumi's project config types
-    are string, integer, boolean and array."""
+    """``Pulumi.yaml``'s ``config:`` block: type, description and fixed default of each setting
+    it declares (``in_project_file``). Object settings carry no type: Pulumi's project config
+    types are string, integer, boolean and array."""
     block: dict[str, dict[str, Any]] = {}
     for setting in SETTINGS:
+        if not in_project_file(setting):
+            continue
         entry: dict[str, Any] = {}
         if setting.kind == "array":
             entry |= {"type": "array", "items": {"type": "string"}}
         elif setting.kind != "object":
             entry["type"] = setting.kind
         entry["description"] = setting.description
+        if setting.default is not None:
+            entry["default"] = setting.default
         block[setting.key] = entry
     return block
+
+
+def project_file_block() -> str:
+    """The ``config:`` block as it stands in ``Pulumi.yaml``, with a comment on what is left out."""
+    left_out = ", ".join(s.key for s in SETTINGS if not in_project_file(s))
+    comment = (
+        "Written by `python -m infra.stack.settings --pulumi-yaml` from infra/stack/settings.py. "
+        "Settings whose default is computed or unset are not declared here (Pulumi asks every "
+        f"stack for a declared key that has no default): {left_out}. The README's settings "
+        "table lists every setting."
+    )
+    body = yaml.safe_dump({"config": project_config()}, sort_keys=False, width=96)
+    return "".join(f"# {line}\n" for line in textwrap.wrap(comment, 98)) + body
 
 
 def readme_table() -> str:
@@ -280,3 +312,20 @@ def readme_table() -> str:
             what += f" (refused on {', '.join(refused)})"
         rows.append(f"| `{setting.key}` | {setting.kind} | {default} | {what} |")
     return "\n".join(rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.stack.settings",
+        description="Print the settings as Pulumi.yaml's config block or as the README's table.",
+    )
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pulumi-yaml", action="store_true", help="the config: block")
+    which.add_argument("--readme", action="store_true", help="the Markdown table")
+    args = parser.parse_args(argv)
+    sys.stdout.write(project_file_block() if args.pulumi_yaml else readme_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
