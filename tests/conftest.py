@@ -23,10 +23,23 @@ from typing import Any
 
 import pytest
 
+from infra import catalog
 from infra.local.source import SourceError, cache_dir, sdist_tree
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "cloud-init" / "scripts"
+# The tests' own catalog: the product's types, with test prices, sources and dates.
+CATALOG_FIXTURE = REPO / "tests" / "fixtures" / "catalog"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixture_catalog() -> Iterator[Path]:
+    """Every test, and every process a test starts, reads the fixture catalog: a price refresh
+    of the product's CSVs must not change what a test expects. Tests of the product's own data
+    read ``catalog.CATALOG_FILE`` and its siblings by path."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(catalog.DIRECTORY_VARIABLE, str(CATALOG_FIXTURE))
+        yield CATALOG_FIXTURE
 
 
 def unavailable(reason: str) -> None:

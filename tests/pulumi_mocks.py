@@ -42,6 +42,48 @@ def parsed_config(stack: str, overrides: dict[str, Any] | None = None) -> Any:
     return cluster_config.from_settings(settings, values.get(cluster_config.REGION_KEYS[cloud]))
 
 
+def program_settings(
+    stack: str, overrides: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """A preset's settings, with overrides, as the program reads them: the project's keys
+    without their namespace, each value as Pulumi hands it over (JSON text unless a string; a
+    None override removes the key), and the region from the cloud's own key."""
+    from infra.stack import config as cluster_config
+    from infra.stack.settings import decode
+
+    values = {**stack_config(stack), **(overrides or {})}
+    given = {
+        k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items() if v is not None
+    }
+    project = f"{cluster_config.PROJECT}:"
+    settings = {k.removeprefix(project): v for k, v in given.items() if k.startswith(project)}
+    cloud = str(decode(settings.get("cloud", "aws")))
+    return settings, given.get(cluster_config.REGION_KEYS.get(cloud, ""))
+
+
+def refusal(stack: str, overrides: dict[str, Any]) -> Any:
+    """The ``ConfigError`` the config check raises for a preset with these overrides (the
+    program raises it before it registers anything)."""
+    from infra.stack import config as cluster_config
+
+    settings, region = program_settings(stack, overrides)
+    try:
+        cluster_config.from_settings(settings, region=region)
+    except cluster_config.ConfigError as error:
+        return error
+    raise AssertionError(f"{stack} with {overrides} was accepted")
+
+
+def refused(stack: str, overrides: dict[str, Any], key: str) -> str:
+    """What the config check says when it refuses a preset with these overrides; the error must
+    be about ``key`` and name it first (the project's keys with their namespace)."""
+    error = refusal(stack, overrides)
+    assert error.key == key, f"the error is about {error.key!r}, not {key!r}: {error}"
+    text = str(error)
+    assert text.startswith(f"{key if ':' in key else f'llama-rpc-cluster:{key}'}: "), text
+    return text
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self, unavailable: dict[str, set[str]] | None = None) -> None:
         self.resources: list[pulumi.runtime.MockResourceArgs] = []
@@ -193,6 +235,9 @@ __all__ = [
     "deploy",
     "env_of",
     "parsed_config",
+    "program_settings",
+    "refusal",
+    "refused",
     "stack_names",
     "user_data_text",
 ]

@@ -6,7 +6,6 @@ import json
 import re
 import shlex
 
-import pulumi
 import pytest
 
 from infra import outputs
@@ -16,6 +15,7 @@ from tests.pulumi_mocks import (
     deployed,
     env_of,
     parsed_config,
+    refused,
     stack_config,
     stack_names,
     user_data_text,
@@ -29,6 +29,7 @@ UNTAGGABLE = {
     "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
     "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
 }
+P = "llama-rpc-cluster:"
 INSTANCE = "aws:ec2/instance:Instance"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -261,7 +262,8 @@ def test_outputs_follow_the_contract(stack: str) -> None:
     }
     assert out[outputs.LLAMA_CPP_COMMIT] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert out[outputs.HOURLY_COST_USD] > 0
-    assert "2026-07-20" in out["hourlyCostBasis"]
+    main = parsed_config(stack).main_instance_type
+    assert f"{main.price_source}, {main.price_date}" in out["hourlyCostBasis"]  # dated prices
 
 
 def test_a_smaller_main_node_costs_less() -> None:
@@ -302,56 +304,38 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("key", "overrides", "says"),
     [
+        ("instanceType", {f"{P}instanceType": "c7i.16xlarge"}, "c7i.16xlarge is not an Arm"),
         (
-            {"llama-rpc-cluster:instanceType": "c7i.16xlarge"},
-            "instanceType: c7i.16xlarge is not an Arm instance type",
+            "instanceType",
+            {f"{P}instanceType": "c8g.48xlarge"},
+            "c8g.48xlarge is not in the instance catalog",
         ),
-        (
-            {"llama-rpc-cluster:instanceType": "c8g.48xlarge"},
-            "instanceType: c8g.48xlarge is not in the instance catalog",
-        ),
-        (
-            {"llama-rpc-cluster:mainInstanceType": "m7i.large"},
-            "mainInstanceType: m7i.large is not an Arm",
-        ),
-        ({"llama-rpc-cluster:workerCount": -1}, "workerCount: -1 is outside 0-15"),
-        ({"llama-rpc-cluster:workerCount": 16}, "workerCount: 16 is outside 0-15"),
-        ({"llama-rpc-cluster:slots": 0}, "slots: 0 is outside 1-64"),
-        ({"llama-rpc-cluster:slots": "two"}, "slots: must be a whole number"),
-        ({"llama-rpc-cluster:vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not private address"),
-        (
-            {"llama-rpc-cluster:vpcCidr": "10.0.0.0/33"},
-            "vpcCidr: '10.0.0.0/33' is not a valid IPv4 CIDR",
-        ),
-        ({"llama-rpc-cluster:vpcCidr": "10.0.0.0/25"}, "vpcCidr: 10.0.0.0/25 is too small"),
-        ({"llama-rpc-cluster:rpcPort": 70000}, "rpcPort: 70000 is outside 1024-65535"),
-        ({"llama-rpc-cluster:serverPort": 0}, "serverPort: 0 is outside 1024-65535"),
-        ({"llama-rpc-cluster:serverPort": 50052}, "serverPort: equals rpcPort"),
-        ({"llama-rpc-cluster:llamaCppCommit": "master"}, "llamaCppCommit: 'master' is not a full"),
-        (
-            {"llama-rpc-cluster:apiAllowedCidrs": ["0.0.0.0/0"]},
-            "apiAllowedCidrs: 0.0.0.0/0 opens the API",
-        ),
-        ({"llama-rpc-cluster:workerCont": 2}, "workerCont: unknown key"),
-        ({"aws:region": None}, "aws:region: no region"),
-        ({"aws:region": "eu-west-1"}, "aws:region: the instance catalog has no aws types"),
+        ("mainInstanceType", {f"{P}mainInstanceType": "m7i.large"}, "m7i.large is not an Arm"),
+        ("workerCount", {f"{P}workerCount": -1}, "-1 is outside 0-15"),
+        ("workerCount", {f"{P}workerCount": 16}, "16 is outside 0-15"),
+        ("slots", {f"{P}slots": 0}, "0 is outside 1-64"),
+        ("slots", {f"{P}slots": "two"}, "must be a whole number"),
+        ("vpcCidr", {f"{P}vpcCidr": "8.8.0.0/16"}, "8.8.0.0/16 is not private address"),
+        ("vpcCidr", {f"{P}vpcCidr": "10.0.0.0/33"}, "'10.0.0.0/33' is not a valid IPv4 CIDR"),
+        ("vpcCidr", {f"{P}vpcCidr": "10.0.0.0/25"}, "10.0.0.0/25 is too small"),
+        ("rpcPort", {f"{P}rpcPort": 70000}, "70000 is outside 1024-65535"),
+        ("serverPort", {f"{P}serverPort": 0}, "0 is outside 1024-65535"),
+        ("serverPort", {f"{P}serverPort": 50052}, "equals rpcPort"),
+        ("llamaCppCommit", {f"{P}llamaCppCommit": "master"}, "'master' is not a full"),
+        ("apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the API"),
+        ("workerCont", {f"{P}workerCont": 2}, "unknown key"),
+        ("aws:region", {"aws:region": None}, "no region"),
+        ("aws:region", {"aws:region": "eu-west-1"}, "the instance catalog has no aws types"),
     ],
 )
-def test_bad_input_is_refused_before_anything_is_created(overrides: dict, message: str) -> None:
-    mocks = RecordingMocks()
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-small", overrides, mocks=mocks)
-    assert message in str(error.value)
-    assert mocks.resources == []
+def test_bad_input_is_refused_naming_the_setting(key: str, overrides: dict, says: str) -> None:
+    assert says in refused("aws-small", overrides, key)
 
 
 def test_a_model_that_does_not_fit_names_the_fix() -> None:
-    mocks = RecordingMocks()
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-c8g", {"llama-rpc-cluster:instanceType": "c8g.8xlarge"}, mocks=mocks)
-    text = str(error.value)
+    text = refused("aws-c8g", {f"{P}instanceType": "c8g.8xlarge"}, "workerCount")
     assert re.search(
         r"does not fit: with 2 workers the (main|worker-\d) node \(c8g.8xlarge\) would hold "
         r"4\d layers and need [\d.]+ GiB .* but has 58.8 GiB usable",
@@ -359,17 +343,12 @@ def test_a_model_that_does_not_fit_names_the_fix() -> None:
     )
     # 5 nodes of 64 GiB hold the 229 GiB of weights and KV cache; 4 do not.
     assert "raise workerCount to 4" in text
-    assert mocks.resources == []
 
 
 def test_a_model_too_big_for_one_node_needs_workers() -> None:
-    mocks = RecordingMocks()
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-c8g", {"llama-rpc-cluster:workerCount": 0}, mocks=mocks)
-    text = str(error.value)
+    text = refused("aws-c8g", {f"{P}workerCount": 0}, "workerCount")
     assert "the main node (c8g.16xlarge) would hold 126 layers" in text
     assert "raise workerCount to 1" in text
-    assert mocks.resources == []
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -393,26 +372,18 @@ def test_slots_multiply_the_kv_cache_the_fit_check_counts() -> None:
     one_slot = parsed_config("aws-c8g").placement.shares
     for one, four in zip(one_slot, fits.placement.shares, strict=True):
         assert four.kv_bytes == 4 * one.kv_bytes * four.layers // max(one.layers, 1)
-    mocks = RecordingMocks()
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-c8g", {"llama-rpc-cluster:slots": 40}, mocks=mocks)
-    assert "KV cache for contextSize 4096 x 40 slots" in str(error.value)
-    assert mocks.resources == []
+    too_many = refused("aws-c8g", {f"{P}slots": 40}, "workerCount")
+    assert "KV cache for contextSize 4096 x 40 slots" in too_many
     env = env_of(user_data_text(deploy("aws-small", {"llama-rpc-cluster:slots": 3}).named(
         "llama-rpc-cluster-main").inputs))  # fmt: skip
     assert env["SLOTS"] == "3"
 
 
 def test_a_context_longer_than_the_model_supports_is_refused() -> None:
-    mocks = RecordingMocks()
-    overrides = {"llama-rpc-cluster:model": {"preset": "llama-3.1-8b-q4_0", "urls": ["https://x.org/m.gguf"]},
-                 "llama-rpc-cluster:contextSize": 200000}  # fmt: skip
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-small", overrides, mocks=mocks)
-    assert "contextSize: 200000 tokens is more than llama-3.1-8b-q4_0 supports (131072)" in str(
-        error.value
-    )
-    assert mocks.resources == []
+    overrides = {f"{P}model": {"preset": "llama-3.1-8b-q4_0", "urls": ["https://x.org/m.gguf"]},
+                 f"{P}contextSize": 200000}  # fmt: skip
+    text = refused("aws-small", overrides, "contextSize")
+    assert "200000 tokens is more than llama-3.1-8b-q4_0 supports (131072)" in text
 
 
 def test_a_model_that_fits_one_node_runs_without_workers() -> None:
@@ -433,31 +404,30 @@ def test_a_model_that_fits_one_node_runs_without_workers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "message"),
+    ("key", "model", "says"),
     [
-        ({"sizeGb": 1, "kvBytesPerToken": 1}, "model.urls: no model URL"),
-        ({"urls": ["ftp://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1}, "is not an http(s) URL"),
-        ({"urls": ["https://x/m.gguf"], "kvBytesPerToken": 1}, "model.sizeGb"),
+        ("model.urls", {"sizeGb": 1, "kvBytesPerToken": 1}, "no model URL"),
         (
+            "model.urls",
+            {"urls": ["ftp://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
+            "is not an http(s) URL",
+        ),
+        ("model.sizeGb", {"urls": ["https://x/m.gguf"], "kvBytesPerToken": 1}, "model's size"),
+        (
+            "model.layers",
             {"urls": ["https://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
-            "model.layers: give the model's number of layers",
+            "give the model's number of layers",
         ),
+        ("model.preset", {"urls": ["https://x/m.gguf"], "preset": "llama-9"}, "unknown preset"),
         (
-            {"urls": ["https://x/m.gguf"], "preset": "llama-9"},
-            "model.preset: unknown preset 'llama-9'",
-        ),
-        (
-            {"urls": ["https://x/m.gguf"], "preset": "llama-3.1-8b-q4_0", "sha256": ["ab"]},
             "model.sha256",
+            {"urls": ["https://x/m.gguf"], "preset": "llama-3.1-8b-q4_0", "sha256": ["ab"]},
+            "'ab' is not a 64-character lowercase hex sha256",
         ),
     ],
 )
-def test_bad_models_are_refused(model: dict, message: str) -> None:
-    mocks = RecordingMocks()
-    with pytest.raises(pulumi.RunError) as error:
-        deploy("aws-small", {"llama-rpc-cluster:model": model}, mocks=mocks)
-    assert message in str(error.value)
-    assert mocks.resources == []
+def test_bad_models_are_refused_naming_the_field(key: str, model: dict, says: str) -> None:
+    assert says in refused("aws-small", {f"{P}model": model}, key)
 
 
 @pytest.mark.parametrize("node", ["main", "worker-1"])

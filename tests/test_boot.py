@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -327,10 +328,32 @@ def test_data_disk_is_formatted_and_mounted_by_label() -> None:
     assert config["mounts"][0][:2] == ["LABEL=llama-data", "/var/lib/llama-rpc"]
 
 
-def test_rendering_is_deterministic() -> None:
+# Prints the main node's AWS user data as delivered (gzipped: it is over AWS's 16 KiB).
+DELIVER_MAIN = (
+    "import sys; from infra import boot; "
+    "sys.stdout.write(boot.deliver(boot.render(boot.example('main')), 'aws').value)"
+)
+
+
+def test_delivered_bytes_depend_on_the_config_alone() -> None:
+    """A node is replaced when its user data changes, so the same config must give the same
+    bytes in every later run: no timestamp in the gzip header, nothing that follows the process
+    (hash seed) or the time zone."""
     assert boot.render(MAIN) == boot.render(MAIN)
-    first = boot.deliver(boot.render(MAIN), "aws")
-    assert first == boot.deliver(boot.render(MAIN), "aws")
+    delivery = boot.deliver(boot.render(MAIN), "aws")
+    assert delivery.gzipped
+    header = base64.b64decode(delivery.value)[:10]
+    assert header[:3] == b"\x1f\x8b\x08"  # gzip, deflate
+    assert header[4:8] == b"\0\0\0\0", "the gzip MTIME field must be unset"
+    runs = []
+    for seed, tz in (("1", "UTC"), ("2", "Pacific/Kiritimati")):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "TZ": tz}
+        result = subprocess.run(
+            [sys.executable, "-c", DELIVER_MAIN], env=env, cwd=REPO, capture_output=True,
+            text=True, check=True,
+        )  # fmt: skip
+        runs.append(result.stdout)
+    assert runs == [delivery.value, delivery.value]
 
 
 @pytest.mark.parametrize("cloud", sorted(FACTS))
@@ -366,8 +389,6 @@ def test_aws_user_data_is_compressed_only_when_needed() -> None:
 
 
 def test_user_data_over_every_limit_is_refused() -> None:
-    import os
-
     noise = base64.b64encode(os.urandom(300_000)).decode()  # does not compress
     for cloud in sorted(FACTS):
         with pytest.raises(BootConfigError, match=f"the {cloud} user data") as refused:

@@ -19,9 +19,24 @@ from infra.catalog.refresh import RefreshError
 from infra.catalog.refresh import aws as refresh_aws
 from infra.catalog.refresh import azure as refresh_azure
 from infra.catalog.refresh import gcp as refresh_gcp
+from infra.planner import perf
+from tests.conftest import CATALOG_FIXTURE
+from tests.pulumi_mocks import program_settings, stack_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prices"
 TODAY = datetime.date(2026, 11, 22)
+# The product's own CSVs, read by path: the session reads the fixture catalog.
+PRODUCT_CSVS = {
+    "instances": catalog.CATALOG_FILE,
+    "cpus": catalog.CPUS_FILE,
+    "services": catalog.SERVICES_FILE,
+}
+FIXTURE_CSVS = {
+    "instances": CATALOG_FIXTURE / catalog.INSTANCES_NAME,
+    "cpus": CATALOG_FIXTURE / catalog.CPUS_NAME,
+    "services": CATALOG_FIXTURE / catalog.SERVICES_NAME,
+}
+BOTH = pytest.mark.parametrize("files", [PRODUCT_CSVS, FIXTURE_CSVS], ids=["product", "fixture"])
 
 
 def fixture(name: str) -> dict:
@@ -30,37 +45,116 @@ def fixture(name: str) -> dict:
 
 @pytest.fixture
 def csv_copy(tmp_path: Path) -> Path:
+    """A copy of the catalog the tests read, for a refresh to rewrite."""
     path = tmp_path / "instances.csv"
-    shutil.copy(catalog.CATALOG_FILE, path)
+    shutil.copy(FIXTURE_CSVS["instances"], path)
     return path
 
 
-def test_every_row_has_a_source_and_prices_are_dated_or_unknown() -> None:
-    rows = catalog.load()
+@BOTH
+def test_every_row_has_a_source_and_prices_are_dated_or_unknown(files: dict[str, Path]) -> None:
+    rows = catalog.load(files["instances"])
     assert {e.provider for e in rows} == {"aws", "gcp", "azure"}
-    families = catalog.cpu_families()
+    families = catalog.cpu_families(files["cpus"])
     for e in rows:
         assert e.arch == "arm64" and e.vcpus > 0 and e.memory_gib > 0, e
         assert e.cpu_family in families, e
         assert e.price_source, e
         if e.hourly_usd is not None:
             datetime.date.fromisoformat(e.price_date)
-    for key in [("aws", "us-east-1"), ("gcp", "us-central1"), ("azure", "eastus")]:
-        assert catalog.types_in(*key), key
+    for price in catalog.service_prices(files["services"]).values():
+        assert price.source and price.unit, price
+        if price.usd is not None:
+            datetime.date.fromisoformat(price.date)
+    where = {(e.provider, e.region) for e in rows}
+    assert {("aws", "us-east-1"), ("gcp", "us-central1"), ("azure", "eastus")} <= where
 
 
-def test_catalog_prices_are_the_published_list_prices() -> None:
-    """FACTS.md figures: spot checks that the CSV was not mistyped."""
-    assert catalog.find("aws", "us-east-1", "c8g.16xlarge").hourly_usd == 2.55232
-    assert catalog.find("aws", "us-east-1", "r8g.8xlarge").hourly_usd == 1.88512
-    # C4A is priced per resource: $0.03086 per vCPU-hour and $0.00351 per GiB-hour.
-    for e in catalog.types_in("gcp", "us-central1"):
-        assert e.hourly_usd == pytest.approx(e.vcpus * 0.03086 + e.memory_gib * 0.00351, abs=1e-5)
+def test_aws_prices_are_linear_in_size_within_a_family() -> None:
+    """AWS prices a family per vCPU: a mistyped price breaks the line, a refresh does not."""
+    families: dict[tuple[str, str], list[catalog.InstanceType]] = {}
+    for e in catalog.load(PRODUCT_CSVS["instances"]):
+        if e.provider == "aws" and e.hourly_usd is not None:
+            families.setdefault((e.region, e.name.split(".")[0]), []).append(e)
+    assert any(len(members) > 2 for members in families.values())
+    for members in families.values():
+        largest = max(members, key=lambda e: e.vcpus)
+        per_vcpu = (largest.hourly_usd or 0) / largest.vcpus
+        for e in members:  # prices are rounded to 5 decimals
+            assert e.hourly_usd == pytest.approx(per_vcpu * e.vcpus, abs=2e-5), e
 
 
-def test_writing_the_catalog_back_changes_nothing(csv_copy: Path) -> None:
-    refresh.write(catalog.load(csv_copy), csv_copy)
-    assert csv_copy.read_text() == catalog.CATALOG_FILE.read_text()
+def test_gcp_c4a_prices_are_one_price_per_vcpu_plus_one_per_gib() -> None:
+    """C4A is priced per resource: two types fix the vCPU and GiB prices, the rest follow."""
+    rows = [
+        e for e in catalog.load(PRODUCT_CSVS["instances"]) if e.provider == "gcp" and e.hourly_usd
+    ]
+    by_name = {e.name: e for e in rows}
+    low, high = by_name["c4a-standard-32"], by_name["c4a-highmem-32"]  # same vCPUs, more GiB
+    assert low.vcpus == high.vcpus and low.hourly_usd and high.hourly_usd
+    per_gib = (high.hourly_usd - low.hourly_usd) / (high.memory_gib - low.memory_gib)
+    per_vcpu = (low.hourly_usd - per_gib * low.memory_gib) / low.vcpus
+    assert per_vcpu > 0 and per_gib > 0
+    for e in rows:
+        assert e.hourly_usd == pytest.approx(e.vcpus * per_vcpu + e.memory_gib * per_gib, abs=5e-5)
+
+
+@BOTH
+def test_writing_the_catalog_back_changes_nothing(files: dict[str, Path], tmp_path: Path) -> None:
+    """The CSV is in the form the refresh writes, so a refresh's diff is only its prices."""
+    copy_ = tmp_path / "instances.csv"
+    refresh.write(catalog.load(files["instances"]), copy_)
+    assert copy_.read_text() == files["instances"].read_text()
+
+
+def test_the_tests_read_the_fixture_catalog() -> None:
+    assert catalog.directory() == CATALOG_FIXTURE
+    assert catalog.load() == catalog.load(FIXTURE_CSVS["instances"])
+    assert catalog.service_prices() == catalog.service_prices(FIXTURE_CSVS["services"])
+    assert catalog.cpu_families() == catalog.cpu_families(FIXTURE_CSVS["cpus"])
+
+
+def test_the_catalog_directory_is_read_at_each_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in (catalog.INSTANCES_NAME, catalog.CPUS_NAME, catalog.SERVICES_NAME):
+        shutil.copy(CATALOG_FIXTURE / name, tmp_path / name)
+    with (tmp_path / catalog.INSTANCES_NAME).open("a") as f:
+        f.write("aws,eu-west-1,c8g.large,arm64,graviton4,2,4,12.5,0.1,test row,2026-02-01\n")
+    assert catalog.find("aws", "eu-west-1", "c8g.large") is None
+    monkeypatch.setenv(catalog.DIRECTORY_VARIABLE, str(tmp_path))
+    assert catalog.find("aws", "eu-west-1", "c8g.large").hourly_usd == 0.1
+    monkeypatch.delenv(catalog.DIRECTORY_VARIABLE)
+    assert catalog.directory() == catalog.PACKAGE_DIR  # the product's own CSVs by default
+    assert catalog.load() == catalog.load(PRODUCT_CSVS["instances"])
+    monkeypatch.setenv(catalog.DIRECTORY_VARIABLE, str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=r"LLAMA_RPC_CATALOG_DIR=.*absent: no instances"):
+        catalog.load()
+
+
+def test_the_fixture_describes_the_products_types() -> None:
+    """Only prices, sources and dates may differ: sizes decide what fits and how fast it runs."""
+
+    def specs(e: catalog.InstanceType) -> tuple:
+        return (e.arch, e.cpu_family, e.vcpus, e.memory_gib, e.network_gbps)
+
+    product = {(e.provider, e.region, e.name): e for e in catalog.load(PRODUCT_CSVS["instances"])}
+    for e in catalog.load(FIXTURE_CSVS["instances"]):
+        key = (e.provider, e.region, e.name)
+        assert key in product, f"{key}: not a type of the product's catalog"
+        assert specs(e) == specs(product[key]), key
+    assert catalog.cpu_families(FIXTURE_CSVS["cpus"]) == catalog.cpu_families(PRODUCT_CSVS["cpus"])
+
+
+def test_the_planners_anchors_and_the_presets_types_are_in_the_products_catalog() -> None:
+    product = {(e.provider, e.region, e.name) for e in catalog.load(PRODUCT_CSVS["instances"])}
+    for anchor in perf.ANCHORS:
+        assert (anchor.provider, anchor.region, anchor.instance_type) in product, anchor
+    for stack in stack_names():
+        settings, region = program_settings(stack)
+        for key in ("instanceType", "mainInstanceType"):
+            if key in settings:
+                assert (settings["cloud"], region, settings[key]) in product, (stack, key)
 
 
 # --- AWS: botocore's Stubber checks each request against the real service model ---
@@ -94,26 +188,27 @@ def expect(stubber: Stubber, instance_type: str, response: dict, token: str | No
 
 def test_aws_refresh_reads_on_demand_prices_and_follows_pages(csv_copy: Path) -> None:
     client = pricing_client()
-    names = sorted({e.name for e in catalog.load(csv_copy) if e.provider == "aws"})
+    before = {e.name: e for e in catalog.load(csv_copy) if e.region == "us-east-1"}
+    risen = round((before["c8g.16xlarge"].hourly_usd or 0) + 0.1, 5)
     with Stubber(client) as stubber:
-        for name in names:
+        for name in sorted(e.name for e in before.values() if e.provider == "aws"):
             if name == "c8g.16xlarge":  # a price rise, on the second page
                 expect(stubber, name, {"PriceList": [], "NextToken": "more"})
-                expect(stubber, name, aws_page(name, "2.6000000000"), token="more")
+                expect(stubber, name, aws_page(name, f"{risen:.10f}"), token="more")
             elif name == "r6g.16xlarge":  # not offered: no products
                 expect(stubber, name, {"PriceList": []})
             else:
-                old = catalog.find("aws", "us-east-1", name)
-                expect(stubber, name, aws_page(name, f"{old.hourly_usd:.10f}"))
+                expect(stubber, name, aws_page(name, f"{before[name].hourly_usd:.10f}"))
         report = refresh.refresh("aws", "us-east-1", aws_client=client, path=csv_copy, today=TODAY)
         stubber.assert_no_pending_responses()
-    assert report.updated == [("c8g.16xlarge", 2.55232, 2.6)]
+    assert report.updated == [("c8g.16xlarge", before["c8g.16xlarge"].hourly_usd, risen)]
     assert report.not_found == ["r6g.16xlarge"]
     rows = {e.name: e for e in catalog.load(csv_copy) if e.region == "us-east-1"}
-    assert rows["c8g.16xlarge"].hourly_usd == 2.6
+    assert rows["c8g.16xlarge"].hourly_usd == risen
     assert rows["c8g.16xlarge"].price_source == refresh_aws.SOURCE
-    assert rows["c8g.16xlarge"].price_date == "2026-11-22"
-    assert rows["r6g.16xlarge"].price_date == "2026-07-20"  # kept, with its old date
+    assert rows["c8g.16xlarge"].price_date == TODAY.isoformat()
+    assert rows["r6g.16xlarge"] == before["r6g.16xlarge"]  # kept, with its old price and date
+    assert rows["c8g.8xlarge"].price_date == TODAY.isoformat()  # same price, newly checked
 
 
 def test_aws_refresh_of_a_new_region_adds_rows_with_the_known_specs(csv_copy: Path) -> None:
@@ -174,7 +269,7 @@ def test_azure_refresh_keeps_linux_pay_as_you_go_and_the_latest_price(csv_copy: 
     assert "Standard_E64ps_v6" in report.not_found
     row = next(e for e in catalog.load(csv_copy) if e.name == "Standard_D64ps_v6")
     assert (row.hourly_usd, row.price_source, row.price_date) == (
-        1.2345, refresh_azure.SOURCE, "2026-11-22",
+        1.2345, refresh_azure.SOURCE, TODAY.isoformat(),
     )  # fmt: skip
     first = urllib.parse.unquote(replay.urls[0])
     assert first.startswith(refresh_azure.PRICES_URL)

@@ -218,8 +218,9 @@ def test_one_named_cluster_is_evaluated(capsys) -> None:
     assert code == 0
     [option] = json.loads(out)["options"]
     assert (option["instanceType"], option["count"], option["workers"]) == ("c8g.16xlarge", 3, 2)
-    assert option["hourlyUsdParts"]["instances"] == pytest.approx(3 * 2.55232)
-    assert option["predictedDecodeTps"] == pytest.approx(1.64, rel=0.1)
+    c8g = catalog.find("aws", "us-east-1", "c8g.16xlarge")
+    assert option["hourlyUsdParts"]["instances"] == pytest.approx(3 * c8g.hourly_usd)
+    assert option["predictedDecodeTps"] == pytest.approx(perf.RPC_ANCHOR.decode_tps, rel=0.1)
 
 
 def test_min_tps_keeps_only_fast_enough_clusters(capsys) -> None:

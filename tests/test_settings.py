@@ -1,6 +1,7 @@
 """Bad settings, on every cloud, are refused before anything is created: the error names the
-setting (the provider's own key for the region) and says how to fix it; no resource is
-registered. One row per way a setting can be wrong.
+setting (the provider's own key for the region) and says how to fix it. One row per way a
+setting can be wrong, checked against the config check itself; one deployment per cloud shows
+that the program stops there, with no resource registered.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from infra import network_rules
 from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
-from tests.pulumi_mocks import RecordingMocks, deploy, stack_config
+from tests.pulumi_mocks import RecordingMocks, deploy, refusal, refused, stack_config
 
 P = "llama-rpc-cluster:"
 STACK = {"aws": "aws-small", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
@@ -36,126 +37,168 @@ def tags(count: int, prefix: str = "t") -> dict[str, str]:
     return {f"{prefix}{i}": "v" for i in range(count)}
 
 
-BAD: list[tuple[str, dict[str, Any], str]] = [
+# (cloud, the setting the error names, overrides, what the error says)
+BAD: list[tuple[str, str, dict[str, Any], str]] = [
     # Boot data the renderer refuses, caught in the config step.
-    ("aws", with_urls("aws", ["https://h.example.com/it's.gguf"]), "model.urls: MODEL_URLS="),
-    ("gcp", with_urls("gcp", ["https://h.example.com/a\\b.gguf"]), "model.urls: MODEL_URLS="),
-    ("aws", with_urls("aws", many_urls(400)), "model.urls: the aws user data is"),
-    ("azure", with_urls("azure", many_urls(1500)), "model.urls: the azure user data is"),
-    ("aws", with_urls("aws", ["https://h.example.com/models/"]), "model.urls:"),
+    ("aws", "model.urls", with_urls("aws", ["https://h.example.com/it's.gguf"]), "MODEL_URLS="),
+    ("gcp", "model.urls", with_urls("gcp", ["https://h.example.com/a\\b.gguf"]), "MODEL_URLS="),
+    ("aws", "model.urls", with_urls("aws", many_urls(400)), "the aws user data is"),
+    ("azure", "model.urls", with_urls("azure", many_urls(1500)), "the azure user data is"),
     (
         "aws",
+        "model.urls",
+        with_urls("aws", ["https://h.example.com/models/"]),
+        "does not end in a file name",
+    ),
+    (
+        "aws",
+        "model.urls",
         with_urls("aws", ["https://a.example.com/m.gguf", "https://b.example.com/m.gguf"]),
-        "model.urls:",
+        "both save as 'm.gguf'",
     ),
     # Model hosts a node must never fetch from, and unverified downloads.
-    ("aws", with_urls("aws", ["http://169.254.169.254/latest/meta-data/m.gguf"]), "model.urls"),
-    ("gcp", with_urls("gcp", ["https://metadata.google.internal/m.gguf"]), "model.urls"),
-    ("azure", with_urls("azure", ["https://168.63.129.16/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://[fd00:ec2::254]/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://127.0.0.1:8000/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://localhost/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://[::1]/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://2852039166/m.gguf"]), "model.urls"),  # 169.254.169.254
-    ("aws", with_urls("aws", ["https://0x7f000001/m.gguf"]), "model.urls"),  # 127.0.0.1
-    ("aws", with_urls("aws", ["https://[::ffff:169.254.169.254]/m.gguf"]), "model.urls"),
-    ("aws", with_urls("aws", ["https://me:secret@h.example.com/m.gguf"]), "carries credentials"),
-    ("aws", with_urls("aws", ["ftp://h.example.com/m.gguf"]), "model.urls"),
-    ("gcp", with_urls("gcp", ["http://h.example.com/m.gguf"]), "model.sha256: 'http://"),
-    # Who may reach the API.
-    ("aws", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}, "apiAllowedCidrs: 0.0.0.0/0 opens the API"),
+    *[
+        (cloud, "model.urls", with_urls(cloud, [url]), "points at the node itself or at the cloud")
+        for cloud, url in [
+            ("aws", "http://169.254.169.254/latest/meta-data/m.gguf"),
+            ("gcp", "https://metadata.google.internal/m.gguf"),
+            ("azure", "https://168.63.129.16/m.gguf"),
+            ("aws", "https://[fd00:ec2::254]/m.gguf"),
+            ("aws", "https://127.0.0.1:8000/m.gguf"),
+            ("aws", "https://localhost/m.gguf"),
+            ("aws", "https://[::1]/m.gguf"),
+            ("aws", "https://2852039166/m.gguf"),  # 169.254.169.254
+            ("aws", "https://0x7f000001/m.gguf"),  # 127.0.0.1
+            ("aws", "https://[::ffff:169.254.169.254]/m.gguf"),
+        ]
+    ],
     (
         "aws",
-        {f"{P}apiAllowedCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
-        "apiAllowedCidrs: 0.0.0.0/1 opens the API to 2,147,483,648",
+        "model.urls",
+        with_urls("aws", ["https://me:secret@h.example.com/m.gguf"]),
+        "carries credentials",
     ),
-    ("gcp", {f"{P}apiAllowedCidrs": ["8.0.0.0/8"]}, "apiAllowedCidrs: 8.0.0.0/8 opens"),
-    ("azure", {f"{P}apiAllowedCidrs": ["203.0.113.0/23"]}, "apiAllowedCidrs: 203.0.113.0/23"),
-    ("aws", {f"{P}apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs: ::/0 is IPv6"),
+    (
+        "aws",
+        "model.urls",
+        with_urls("aws", ["ftp://h.example.com/m.gguf"]),
+        "is not an http(s) URL",
+    ),
+    ("gcp", "model.sha256", with_urls("gcp", ["http://h.example.com/m.gguf"]), "'http://"),
+    # Who may reach the API.
+    ("aws", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the API"),
+    (
+        "aws",
+        "apiAllowedCidrs",
+        {f"{P}apiAllowedCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+        "0.0.0.0/1 opens the API to 2,147,483,648",
+    ),
+    ("gcp", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["8.0.0.0/8"]}, "8.0.0.0/8 opens"),
+    ("azure", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["203.0.113.0/23"]}, "203.0.113.0/23"),
+    ("aws", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["::/0"]}, "::/0 is IPv6"),
     (
         "gcp",
+        "apiAllowedCidrs",
         {f"{P}apiAllowedCidrs": ["198.51.100.0/24", "2001:db8::/64"]},
-        "apiAllowedCidrs: 2001:db8::/64 is IPv6",
+        "2001:db8::/64 is IPv6",
     ),
-    ("aws", {f"{P}apiAllowedCidrs": ["10.0.0.0/33"]}, "apiAllowedCidrs: '10.0.0.0/33' is not"),
+    ("aws", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["10.0.0.0/33"]}, "'10.0.0.0/33' is not"),
     (
         "aws",
+        "apiAllowedCidrs",
         {f"{P}apiAllowedCidrs": [f"198.51.{i}.0/24" for i in range(51)]},
-        "apiAllowedCidrs: 51 ranges",
+        "51 ranges",
     ),
     # The cluster's own range.
-    ("aws", {f"{P}vpcCidr": "0.0.0.0/16"}, "vpcCidr: 0.0.0.0/16 is not private address space"),
-    ("gcp", {f"{P}vpcCidr": "240.0.0.0/16"}, "vpcCidr: 240.0.0.0/16 is not private"),
-    ("azure", {f"{P}vpcCidr": "8.8.0.0/16"}, "vpcCidr: 8.8.0.0/16 is not private"),
-    ("aws", {f"{P}vpcCidr": "10.0.0.0/8"}, "vpcCidr: 10.0.0.0/8 is wider than this cloud takes"),
-    ("aws", {f"{P}vpcCidr": "10.0.0.0/25"}, "vpcCidr: 10.0.0.0/25 is too small"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "0.0.0.0/16"}, "0.0.0.0/16 is not private address space"),
+    ("gcp", "vpcCidr", {f"{P}vpcCidr": "240.0.0.0/16"}, "240.0.0.0/16 is not private"),
+    ("azure", "vpcCidr", {f"{P}vpcCidr": "8.8.0.0/16"}, "8.8.0.0/16 is not private"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "10.0.0.0/8"}, "10.0.0.0/8 is wider than this cloud takes"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "10.0.0.0/25"}, "10.0.0.0/25 is too small"),
     # Ports the unprivileged services cannot bind.
     (
         "aws",
+        "rpcPort",
         {f"{P}rpcPort": 22},
-        "rpcPort: 22 is outside 1024-65535; the services run unprivileged",
+        "22 is outside 1024-65535; the services run unprivileged",
     ),
     (
         "gcp",
+        "serverPort",
         {f"{P}serverPort": 80},
-        "serverPort: 80 is outside 1024-65535; the services run unprivileged",
+        "80 is outside 1024-65535; the services run unprivileged",
     ),
-    ("azure", {f"{P}serverPort": 70000}, "serverPort: 70000 is outside 1024-65535"),
+    ("azure", "serverPort", {f"{P}serverPort": 70000}, "70000 is outside 1024-65535"),
     # Disks outside the provider's limits.
-    ("aws", {f"{P}mainDiskGb": 70_000}, "mainDiskGb: 70000 GB is outside what aws takes"),
-    ("gcp", {f"{P}workerDiskGb": 2}, "workerDiskGb: 2 GB is outside what gcp takes"),
-    ("azure", {f"{P}mainDiskGb": 5000}, "mainDiskGb: 5000 GB is outside what azure takes"),
-    ("aws", {f"{P}diskThroughputMibps": 2000}, "diskThroughputMibps: 2000 is outside aws's"),
-    ("gcp", {f"{P}diskThroughputMibps": 100}, "diskThroughputMibps: 100 is outside gcp's"),
+    ("aws", "mainDiskGb", {f"{P}mainDiskGb": 70_000}, "70000 GB is outside what aws takes"),
+    ("gcp", "workerDiskGb", {f"{P}workerDiskGb": 2}, "2 GB is outside what gcp takes"),
+    ("azure", "mainDiskGb", {f"{P}mainDiskGb": 5000}, "5000 GB is outside what azure takes"),
+    ("aws", "diskThroughputMibps", {f"{P}diskThroughputMibps": 2000}, "2000 is outside aws's"),
+    ("gcp", "diskThroughputMibps", {f"{P}diskThroughputMibps": 100}, "100 is outside gcp's"),
     # Settings a cloud cannot honour.
-    ("aws", {f"{P}sshPublicKey": "ssh-ed25519 AAAA me"}, "sshPublicKey: aws does not take"),
-    ("gcp", {f"{P}sshPublicKey": "ssh-ed25519 AAAA me"}, "sshPublicKey: gcp does not take"),
-    ("azure", {f"{P}diskThroughputMibps": 500}, "diskThroughputMibps: azure does not take"),
-    ("aws", {f"{P}bastion": True}, "bastion: aws does not take"),
-    ("gcp", {f"{P}encryptionAtHost": True}, "encryptionAtHost: gcp does not take"),
-    ("azure", {f"{P}bastion": "yes"}, "bastion: must be true or false"),
-    ("aws", {f"{P}flowLogs": "off"}, "flowLogs: must be true or false"),
+    ("aws", "sshPublicKey", {f"{P}sshPublicKey": "ssh-ed25519 AAAA me"}, "aws does not take"),
+    ("gcp", "sshPublicKey", {f"{P}sshPublicKey": "ssh-ed25519 AAAA me"}, "gcp does not take"),
+    ("azure", "diskThroughputMibps", {f"{P}diskThroughputMibps": 500}, "azure does not take"),
+    ("aws", "bastion", {f"{P}bastion": True}, "aws does not take"),
+    ("gcp", "encryptionAtHost", {f"{P}encryptionAtHost": True}, "gcp does not take"),
+    ("azure", "bastion", {f"{P}bastion": "yes"}, "must be true or false"),
+    ("aws", "flowLogs", {f"{P}flowLogs": "off"}, "must be true or false"),
     # Images.
-    ("aws", {f"{P}image": "ubuntu-24.04"}, "image: 'ubuntu-24.04' is not an arm64 Ubuntu"),
-    ("gcp", {f"{P}image": "ubuntu-2404-lts-arm64"}, "image: 'ubuntu-2404-lts-arm64' is not"),
-    ("azure", {f"{P}image": "latest"}, "image: 'latest' is not a version of Canonical"),
+    ("aws", "image", {f"{P}image": "ubuntu-24.04"}, "'ubuntu-24.04' is not an arm64 Ubuntu"),
+    ("gcp", "image", {f"{P}image": "ubuntu-2404-lts-arm64"}, "'ubuntu-2404-lts-arm64' is not"),
+    ("azure", "image", {f"{P}image": "latest"}, "'latest' is not a version of Canonical"),
     # Tags and labels.
-    ("aws", {f"{P}tags": {"aws:owner": "me"}}, "tags: tag 'aws:owner': the aws: prefix"),
-    ("aws", {f"{P}tags": tags(47)}, "tags: 47 tags; AWS allows 50"),
-    ("aws", {f"{P}tags": {"team#1": "ml"}}, "tags: tag 'team#1'='ml': AWS (IAM) tags"),
-    ("aws", {f"{P}tags": {"Project": "x"}}, "tags: tag 'Project' collides"),
-    ("aws", {f"{P}tags": {"Name": "x"}}, "tags: 'Name' is set by the program"),
-    ("aws", {f"{P}tags": {"Team": "a", "team": "b"}}, "tags: two tag names differ only in case"),
-    ("aws", {f"{P}tags": {"k" * 129: "v"}}, "names hold 1-128 characters"),
-    ("gcp", {f"{P}tags": tags(62)}, "tags: 62 labels; GCP allows 64"),
-    ("gcp", {f"{P}tags": {"Team": "ml"}}, "label key 'Team' must start with a lowercase"),
-    ("gcp", {f"{P}tags": {"stack": "mine"}}, "tags: 'stack' is set by the program"),
-    ("azure", {f"{P}tags": {"microsoftOwner": "me"}}, "tags: tag 'microsoftOwner': names"),
-    ("azure", {f"{P}tags": {"Windows-team": "me"}}, "are reserved"),
-    ("azure", {f"{P}tags": tags(48)}, "tags: 48 tags; Azure allows 50"),
-    ("azure", {f"{P}tags": {"cost/center": "42"}}, "tag 'cost/center': Azure tag names"),
-    ("azure", {f"{P}tags": {"team": 42}}, "tags: must be a map of tag names to string values"),
+    ("aws", "tags", {f"{P}tags": {"aws:owner": "me"}}, "tag 'aws:owner': the aws: prefix"),
+    ("aws", "tags", {f"{P}tags": tags(47)}, "47 tags; AWS allows 50"),
+    ("aws", "tags", {f"{P}tags": {"team#1": "ml"}}, "tag 'team#1'='ml': AWS (IAM) tags"),
+    ("aws", "tags", {f"{P}tags": {"Project": "x"}}, "tag 'Project' collides"),
+    ("aws", "tags", {f"{P}tags": {"Name": "x"}}, "'Name' is set by the program"),
+    ("aws", "tags", {f"{P}tags": {"Team": "a", "team": "b"}}, "two tag names differ only in case"),
+    ("aws", "tags", {f"{P}tags": {"k" * 129: "v"}}, "names hold 1-128 characters"),
+    ("gcp", "tags", {f"{P}tags": tags(62)}, "62 labels; GCP allows 64"),
+    ("gcp", "tags", {f"{P}tags": {"Team": "ml"}}, "label key 'Team' must start with a lowercase"),
+    ("gcp", "tags", {f"{P}tags": {"stack": "mine"}}, "'stack' is set by the program"),
+    ("azure", "tags", {f"{P}tags": {"microsoftOwner": "me"}}, "tag 'microsoftOwner': names"),
+    ("azure", "tags", {f"{P}tags": {"Windows-team": "me"}}, "are reserved"),
+    ("azure", "tags", {f"{P}tags": tags(48)}, "48 tags; Azure allows 50"),
+    ("azure", "tags", {f"{P}tags": {"cost/center": "42"}}, "tag 'cost/center': Azure tag names"),
+    ("azure", "tags", {f"{P}tags": {"team": 42}}, "must be a map of tag names to string values"),
     # Regions that are not regions: the error names the provider's region key.
-    ("aws", {"aws:region": "US East"}, "aws:region: 'US East' is not a aws region name"),
-    ("aws", {"aws:region": "us-east-1a"}, "aws:region: 'us-east-1a' is not"),
-    ("gcp", {"gcp:region": "us-central1-a"}, "gcp:region: 'us-central1-a' is not"),
-    ("azure", {"azure-native:location": "East US"}, "azure-native:location: 'East US' is not"),
-    ("aws", {"aws:region": "ap-south-2"}, "aws:region: the instance catalog has no aws types"),
+    ("aws", "aws:region", {"aws:region": "US East"}, "'US East' is not a aws region name"),
+    ("aws", "aws:region", {"aws:region": "us-east-1a"}, "'us-east-1a' is not"),
+    ("gcp", "gcp:region", {"gcp:region": "us-central1-a"}, "'us-central1-a' is not"),
+    ("azure", "azure-native:location", {"azure-native:location": "East US"}, "'East US' is not"),
+    ("aws", "aws:region", {"aws:region": "ap-south-2"}, "the instance catalog has no aws types"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("cloud", "overrides", "message"), BAD, ids=[f"{c}-{m[:40]}" for c, _, m in BAD]
+    ("cloud", "key", "overrides", "says"), BAD, ids=[f"{c}-{k}-{m[:30]}" for c, k, _, m in BAD]
 )
-def test_a_bad_setting_is_refused_before_anything_is_created(
-    cloud: str, overrides: dict[str, Any], message: str
+def test_a_bad_setting_is_refused_with_an_error_that_names_it(
+    cloud: str, key: str, overrides: dict[str, Any], says: str
+) -> None:
+    assert says in refused(STACK[cloud], overrides, key)
+
+
+# The program reads its settings before it creates anything: one refusal per cloud through a
+# whole deployment shows that nothing is registered and the error reaches the user as it is.
+PROGRAM_REFUSALS: list[tuple[str, dict[str, Any]]] = [
+    ("aws", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}),
+    ("gcp", {"gcp:region": "us-central1-a"}),
+    ("azure", {f"{P}tags": {"cost/center": "42"}}),
+]
+
+
+@pytest.mark.parametrize(("cloud", "overrides"), PROGRAM_REFUSALS)
+def test_the_program_registers_nothing_when_a_setting_is_refused(
+    cloud: str, overrides: dict[str, Any]
 ) -> None:
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError) as error:
         deploy(STACK[cloud], overrides, mocks=mocks)
-    text = str(error.value)
-    assert message in text
-    assert "Traceback" not in text
+    assert str(error.value) == str(refusal(STACK[cloud], overrides))
+    assert "Traceback" not in str(error.value)
     assert mocks.resources == [], "nothing may be created"
 
 

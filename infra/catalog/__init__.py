@@ -1,19 +1,81 @@
 """The instance catalog: Arm instance types per provider and region, with dated list prices.
 
 Data, not code: ``instances.csv`` records each type's size, network, on-demand $/h and where and
-when that price came from. Prices are never fetched while a stack runs. A price that could not
-be found is ``unknown`` (``hourly_usd`` is None), never a guess.
+when that price came from; ``cpus.csv`` each CPU family's memory bandwidth; ``services.csv`` the
+NAT and disk prices. Prices are never fetched while a stack runs. A price that could not be
+found is ``unknown`` (``hourly_usd`` is None), never a guess.
+
+The CSVs are read from this package unless the environment variable ``LLAMA_RPC_CATALOG_DIR``
+names another directory holding the same three files (the tests point it at a catalog of their
+own, so a price refresh cannot change what they expect). It is read whenever a table is loaded
+without an explicit path; each file is parsed once and kept, keyed by its path, so switching
+directories needs no cache clearing. ``CATALOG_FILE`` and its siblings always name this
+package's own files, which ``python -m infra.catalog refresh`` updates.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
+from typing import Generic, TypeVar
 
-CATALOG_FILE = Path(__file__).with_name("instances.csv")
+PACKAGE_DIR = Path(__file__).parent
+DIRECTORY_VARIABLE = "LLAMA_RPC_CATALOG_DIR"
+INSTANCES_NAME = "instances.csv"
+CPUS_NAME = "cpus.csv"
+SERVICES_NAME = "services.csv"
+# The product's own files, whatever the environment says.
+CATALOG_FILE = PACKAGE_DIR / INSTANCES_NAME
+CPUS_FILE = PACKAGE_DIR / CPUS_NAME
+SERVICES_FILE = PACKAGE_DIR / SERVICES_NAME
 GIB = 1024**3
+
+T = TypeVar("T")
+
+
+def directory() -> Path:
+    """The directory the catalog is read from: ``$LLAMA_RPC_CATALOG_DIR``, else this package."""
+    chosen = os.environ.get(DIRECTORY_VARIABLE)
+    return Path(chosen) if chosen else PACKAGE_DIR
+
+
+class _Table(Generic[T]):
+    """One of the catalog's CSV files, parsed once per path.
+
+    Called with no path it reads the file of its name in ``directory()``. ``cache_clear()``
+    forgets every parsed file (the price refresh calls it after rewriting one).
+    """
+
+    def __init__(self, name: str, parse: Callable[[list[dict[str, str]]], T]) -> None:
+        self.name = name
+        self._parse = parse
+        self._parsed: dict[Path, T] = {}
+        # By the variable's value ("" when unset): the planner looks types up in tight loops.
+        self._in_directory: dict[str, T] = {}
+
+    def __call__(self, path: Path | None = None) -> T:
+        if path is not None:
+            return self._read(path)
+        chosen = os.environ.get(DIRECTORY_VARIABLE, "")
+        if chosen not in self._in_directory:
+            path = directory() / self.name
+            if chosen and not path.is_file():
+                raise FileNotFoundError(f"{DIRECTORY_VARIABLE}={chosen}: no {self.name} there")
+            self._in_directory[chosen] = self._read(path)
+        return self._in_directory[chosen]
+
+    def _read(self, path: Path) -> T:
+        if path not in self._parsed:
+            with path.open(newline="") as f:
+                self._parsed[path] = self._parse(list(csv.DictReader(f)))
+        return self._parsed[path]
+
+    def cache_clear(self) -> None:
+        self._parsed.clear()
+        self._in_directory.clear()
 
 
 @dataclass(frozen=True)
@@ -39,25 +101,27 @@ def _number(text: str) -> float | None:
     return None if text in ("", "unknown") else float(text)
 
 
-@cache
-def load(path: Path = CATALOG_FILE) -> tuple[InstanceType, ...]:
-    with path.open(newline="") as f:
-        return tuple(
-            InstanceType(
-                provider=row["provider"],
-                region=row["region"],
-                name=row["instance_type"],
-                arch=row["arch"],
-                cpu_family=row["cpu_family"],
-                vcpus=int(row["vcpus"]),
-                memory_gib=float(row["memory_gib"]),
-                network_gbps=_number(row["network_gbps"]),
-                hourly_usd=_number(row["hourly_usd"]),
-                price_source=row["price_source"],
-                price_date=row["price_date"],
-            )
-            for row in csv.DictReader(f)
+def _instances(rows: list[dict[str, str]]) -> tuple[InstanceType, ...]:
+    return tuple(
+        InstanceType(
+            provider=row["provider"],
+            region=row["region"],
+            name=row["instance_type"],
+            arch=row["arch"],
+            cpu_family=row["cpu_family"],
+            vcpus=int(row["vcpus"]),
+            memory_gib=float(row["memory_gib"]),
+            network_gbps=_number(row["network_gbps"]),
+            hourly_usd=_number(row["hourly_usd"]),
+            price_source=row["price_source"],
+            price_date=row["price_date"],
         )
+        for row in rows
+    )
+
+
+# Every instance type, in the file's order: ``load()`` or ``load(path)``.
+load = _Table(INSTANCES_NAME, _instances)
 
 
 def find(provider: str, region: str, name: str) -> InstanceType | None:
@@ -74,10 +138,6 @@ def types_in(provider: str, region: str) -> list[InstanceType]:
 
 def regions_of(provider: str, name: str) -> list[str]:
     return sorted({e.region for e in load() if e.provider == provider and e.name == name})
-
-
-CPUS_FILE = Path(__file__).with_name("cpus.csv")
-SERVICES_FILE = Path(__file__).with_name("services.csv")
 
 
 @dataclass(frozen=True)
@@ -104,10 +164,7 @@ class ServicePrice:
     date: str
 
 
-@cache
-def cpu_families(path: Path = CPUS_FILE) -> dict[str, CpuFamily]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+def _cpu_families(rows: list[dict[str, str]]) -> dict[str, CpuFamily]:
     return {
         row["cpu_family"]: CpuFamily(
             name=row["cpu_family"],
@@ -123,10 +180,7 @@ def cpu_families(path: Path = CPUS_FILE) -> dict[str, CpuFamily]:
     }
 
 
-@cache
-def service_prices(path: Path = SERVICES_FILE) -> dict[tuple[str, str], ServicePrice]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+def _service_prices(rows: list[dict[str, str]]) -> dict[tuple[str, str], ServicePrice]:
     return {
         (row["provider"], row["item"]): ServicePrice(
             provider=row["provider"],
@@ -138,6 +192,12 @@ def service_prices(path: Path = SERVICES_FILE) -> dict[tuple[str, str], ServiceP
         )
         for row in rows
     }
+
+
+# CPU families by name: ``cpu_families()`` or ``cpu_families(path)``.
+cpu_families = _Table(CPUS_NAME, _cpu_families)
+# NAT and disk prices by (provider, item): ``service_prices()`` or ``service_prices(path)``.
+service_prices = _Table(SERVICES_NAME, _service_prices)
 
 
 def service_price(provider: str, item: str) -> ServicePrice:

@@ -1,0 +1,249 @@
+"""The package's shape: no import cycles, no cloud SDK where only facts are needed, no module
+loaded twice by ``python -m``, and cloud facts that depend on nothing but the standard library."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+INFRA = REPO / "infra"
+SDKS = ("pulumi", "pulumi_aws", "pulumi_gcp", "pulumi_azure_native")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module under infra/ by its dotted name (a package by its __init__)."""
+    modules = {}
+    for path in sorted(INFRA.rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path, name: str) -> list[tuple[str, list[str]]]:
+    """Each import statement in a module, at any depth (functions included), as (module, names)
+    with relative imports resolved; ``if TYPE_CHECKING:`` blocks are left out: they never run."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            found.append((module, [alias.name for alias in node.names]))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Edges between infra modules: ``from infra.x import y`` goes to infra.x.y when that is a
+    module, else to infra.x."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for module, names in imports_of(path, name):
+            targets = [f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names]
+            for target in targets or [module]:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of modules (Tarjan), as a path that
+    returns to its start."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+
+    def path_back(start: str, group: set[str]) -> list[str]:
+        seen = {start}
+        paths = [[start]]
+        while paths:
+            path = paths.pop(0)
+            for target in sorted(graph[path[-1]] & group):
+                if target == start:
+                    return [*path, start]
+                if target not in seen:
+                    seen.add(target)
+                    paths.append([*path, target])
+        raise AssertionError("a strongly connected group has a cycle through each member")
+
+    return [path_back(min(group), group) for group in groups]
+
+
+def test_the_import_graph_sees_imports_at_every_depth(tmp_path: Path) -> None:
+    graph = import_graph()
+    assert "infra.stack.config" in graph["infra.stack.program"]
+    assert "infra.catalog.refresh.common" in graph["infra.catalog.refresh.gcp"]  # a module
+    assert "infra.clouds" in graph["infra.costs"]  # a name from a package
+    assert "infra.boot.deliver" in graph["infra.boot"]  # a package's own submodules
+    assert "infra.models.gguf_header" in graph["infra.planner.cli"]  # inside a function
+    source = tmp_path / "__init__.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "from ..other import thing\n"
+        "if TYPE_CHECKING:\n    import for_types_only\n"
+        "def later():\n    import lazily\n"
+    )
+    assert imports_of(source, "infra.pkg") == [
+        ("typing", ["TYPE_CHECKING"]),
+        ("infra.pkg", ["sibling"]),
+        ("infra.other", ["thing"]),
+        ("lazily", []),
+    ]
+
+
+def test_the_cycle_finder_finds_a_cycle_and_prints_it() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_infra_module_imports_itself_through_others() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+# Import one module, then list the SDK modules loaded since the last one.
+SDK_PROBE = """
+import importlib, json, sys
+sdks = {sdks}
+report = {{}}
+for name in {modules}:
+    before = set(sys.modules)
+    importlib.import_module(name)
+    report[name] = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in sdks)
+print(json.dumps(report))
+"""
+
+
+def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
+    """The config check, the planner and the boot renderer run without a cloud SDK: they stay
+    fast, and work where no SDK is installed."""
+    modules = [
+        "infra.clouds",
+        "infra.boot",
+        "infra.stack.settings",
+        "infra.stack.config",
+        "infra.planner.cli",
+    ]
+    code = SDK_PROBE.format(sdks=set(SDKS), modules=modules)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(result.stdout)
+    assert set(loaded) == set(modules)
+    assert all(not sdk for sdk in loaded.values()), loaded
+
+
+# Runs a package as ``python -m`` does, then prints every loaded module's file by name.
+RUN_AS_MAIN = """
+import atexit, json, runpy, sys
+def report():
+    files = {{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}}
+    sys.__stdout__.write("\\nMODULES " + json.dumps(files) + "\\n")
+atexit.register(report)
+sys.argv = [{package!r}, *{args!r}]
+runpy.run_module({package!r}, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("package", "args"),
+    [("infra.planner", ["--help"]), ("infra.boot", ["--role", "worker"])],
+    ids=["planner", "boot"],
+)
+def test_python_dash_m_loads_each_module_once(package: str, args: list[str]) -> None:
+    """``python -m`` runs the package's __main__.py as ``__main__``: were that file also imported
+    by its own name, or any module loaded under two names or twice, its code would run twice and
+    its state exist in two copies."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", RUN_AS_MAIN.format(package=package, args=args)],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", result.stderr, re.M)
+    infra = [name for name in imported if name.split(".")[0] == "infra"]
+    assert package in infra  # the listing is read
+    twice = sorted({name for name in infra if infra.count(name) > 1})
+    assert not twice, f"imported more than once: {twice}"
+    assert f"{package}.__main__" not in infra, "__main__.py imported again by its own name"
+    files: dict[str, str | None] = json.loads(result.stdout.rsplit("MODULES ", 1)[1])
+    names_by_file: dict[Path, list[str]] = {}
+    for name, file in files.items():
+        if file and Path(file).resolve().is_relative_to(INFRA):
+            names_by_file.setdefault(Path(file).resolve(), []).append(name)
+    main = INFRA / package.removeprefix("infra.").replace(".", "/") / "__main__.py"
+    assert main.resolve() not in names_by_file, "__main__.py imported again by its own name"
+    aliases = {str(f): n for f, n in names_by_file.items() if len(n) > 1}
+    assert not aliases, f"one file loaded under several names: {aliases}"
+
+
+def test_cloud_facts_import_only_the_standard_library_and_each_other() -> None:
+    """Facts are read by the config check, the planner and the boot renderer: a provider SDK or
+    another infra module here would come along with them."""
+    modules = module_files()
+    facts = {
+        name: path for name, path in modules.items() if name.split(".")[:2] == ["infra", "clouds"]
+    }
+    assert {"infra.clouds", "infra.clouds.base", "infra.clouds.aws"} <= set(facts)
+    outside = []
+    for name, path in facts.items():
+        for module, _ in imports_of(path, name):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or module.split(".")[:2] == ["infra", "clouds"]:
+                continue
+            outside.append(f"{path.relative_to(REPO)}: {module}")
+    assert not outside, outside

@@ -1,0 +1,245 @@
+"""One cost function: the stack's hourlyCostUsd and the planner's figure for the same cluster are
+the same number, and ``infra.costs`` prices what each cloud charges for, naming what it cannot
+price instead of guessing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import catalog, costs, outputs, planner
+from infra.catalog import InstanceType
+from tests.conftest import CATALOG_FIXTURE
+from tests.pulumi_mocks import deploy, deployed, parsed_config, stack_config, stack_names
+
+P = "llama-rpc-cluster:"
+# Settings the planner never chooses: it prices a cluster with the default disks.
+PLANNER_DEFAULTS = ("diskThroughputMibps", "mainDiskGb", "workerDiskGb")
+
+
+def homogeneous(stack: str) -> dict[str, Any]:
+    """Overrides that make a preset the cluster the planner evaluates: every node of the
+    workers' type, with the default disks (None removes a setting)."""
+    config = stack_config(stack)
+    return {key: None for key in config if key.removeprefix(P) in PLANNER_DEFAULTS} | (
+        {f"{P}mainInstanceType": None} if f"{P}mainInstanceType" in config else {}
+    )
+
+
+def unpriced_in(basis: str) -> set[str]:
+    """The parts a cost basis names as having no catalog price."""
+    match = re.fullmatch(r"unknown: no catalog price for (.*)", basis) or re.search(
+        r"; without (.*?) \(no catalog price\)", basis
+    )
+    return set(match.group(1).split(", ")) if match else set()
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_a_homogeneous_cluster_costs_what_the_planner_says(stack: str) -> None:
+    overrides = homogeneous(stack)
+    deployment = deploy(stack, overrides) if overrides else deployed(stack)
+    config = parsed_config(stack, overrides)
+    assert config.main_instance_type == config.instance_type
+    option = planner.evaluate(
+        config.model,
+        config.instance_type,
+        config.worker_count + 1,
+        config.context_size,
+        slots=config.slots,
+    )
+    assert option.fits
+    out = deployment.outputs
+    assert out[outputs.HOURLY_COST_USD] == option.cost.total
+    assert unpriced_in(out["hourlyCostBasis"]) == set(option.cost.unpriced)
+
+
+def test_the_homogeneous_comparisons_include_unpriced_parts() -> None:
+    """Otherwise the comparison of unpriced parts above would compare nothing."""
+    named = set()
+    for stack in stack_names():
+        overrides = homogeneous(stack)
+        config = parsed_config(stack, overrides)
+        named |= set(config.hourly_cost.unpriced)
+    assert any(part.endswith(" instances") for part in named)
+    assert any(part.endswith(" disks") for part in named)
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_a_preset_costs_its_own_nodes_and_disks(stack: str) -> None:
+    """Mixed node types (aws-r8g, gcp-c4a) and disk settings (aws-small) are priced as set."""
+    config = parsed_config(stack)
+    nodes = costs.cluster_nodes(
+        config.main_instance_type,
+        config.instance_type,
+        config.worker_count,
+        main_disk_gb=config.main_disk_gb,
+        worker_disk_gb=config.worker_disk_gb,
+        main_disk_throughput_mibps=config.disk_throughput_mibps,
+    )
+    expected = costs.hourly_cost(config.cloud, nodes)
+    out = deployed(stack).outputs
+    assert out[outputs.HOURLY_COST_USD] == expected.total
+    assert out["hourlyCostBasis"] == expected.basis
+
+
+@pytest.mark.parametrize(
+    "stack", [s for s in stack_names() if stack_config(s)[f"{P}cloud"] == "aws"]
+)
+def test_an_aws_figure_prices_the_instances_and_volumes_created(stack: str) -> None:
+    d = deployed(stack)
+    instances = sorted(
+        d.of_type("aws:ec2/instance:Instance"), key=lambda r: r.name != "llama-rpc-cluster-main"
+    )
+    nodes = []
+    for instance in instances:
+        volume = instance.inputs["rootBlockDevice"]
+        entry = catalog.find("aws", "us-east-1", instance.inputs["instanceType"])
+        assert entry is not None
+        nodes.append(costs.PricedNode(entry, volume["volumeSize"], volume.get("throughput")))
+    assert d.outputs[outputs.HOURLY_COST_USD] == costs.hourly_cost("aws", nodes).total
+
+
+# --- infra.costs against a price list of round numbers ---
+
+AWS_PRICES = {
+    "nat_gateway_hour": 0.05,
+    "public_ip_hour": 0.01,
+    "disk_gb_month": 0.1,
+    "disk_mibps_month": 0.05,
+    "disk_iops_month": 0.01,
+}
+GCP_PRICES = {"nat_vm_hour": 0.002, "public_ip_hour": 0.01, "disk_gb_month": 0.2}
+
+
+@pytest.fixture
+def price_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str, dict[str, float | None]], None]:
+    """Makes the catalog's NAT and disk prices these (None: unknown) for one provider."""
+
+    def use(provider: str, prices: dict[str, float | None]) -> None:
+        for name in (catalog.INSTANCES_NAME, catalog.CPUS_NAME):
+            shutil.copy(CATALOG_FIXTURE / name, tmp_path / name)
+        rows = ["provider,item,usd,unit,source,date"] + [
+            f"{provider},{item},unknown,per unit,not found,"
+            if usd is None
+            else f"{provider},{item},{usd},per unit,test price,2026-02-01"
+            for item, usd in prices.items()
+        ]
+        (tmp_path / catalog.SERVICES_NAME).write_text("\n".join(rows) + "\n")
+        monkeypatch.setenv(catalog.DIRECTORY_VARIABLE, str(tmp_path))
+
+    return use
+
+
+def instance(name: str, hourly_usd: float | None, provider: str = "aws") -> InstanceType:
+    return InstanceType(
+        provider, "r", name, "arm64", "graviton4", 8, 64, 10, hourly_usd, "test price", "2026-02-01"
+    )
+
+
+def gp3(gb: int, mibps: int | None = None) -> float:
+    """A gp3 volume's monthly charge at AWS_PRICES, from the price list's terms."""
+    throughput = max(125, mibps or 0)
+    iops = max(3000, 4 * throughput)
+    return (
+        gb * AWS_PRICES["disk_gb_month"]
+        + (throughput - 125) * AWS_PRICES["disk_mibps_month"]
+        + (iops - 3000) * AWS_PRICES["disk_iops_month"]
+    )
+
+
+def test_a_cluster_costs_its_instances_one_nat_gateway_and_its_disks(price_list) -> None:
+    price_list("aws", AWS_PRICES)
+    nodes = costs.cluster_nodes(
+        instance("big", 2.0), instance("small", 1.0), 2,
+        main_disk_gb=300, worker_disk_gb=100, main_disk_throughput_mibps=1000,
+    )  # fmt: skip
+    cost = costs.hourly_cost("aws", nodes)
+    assert cost.instances == 4.0
+    assert cost.nat == 0.06  # one gateway and its address, whatever the node count
+    assert cost.disks == round((gp3(300, 1000) + 2 * gp3(100)) / costs.HOURS_PER_MONTH, 5)
+    assert cost.total == round(4.0 + 0.06 + cost.disks, 5)
+    assert cost.unpriced == ()
+    assert cost.instance_counts == (("big", 1, 2.0), ("small", 2, 1.0))
+    assert "instances: test price, 2026-02-01" in cost.basis
+
+
+def test_an_unknown_instance_price_leaves_no_total_and_names_the_type(price_list) -> None:
+    price_list("aws", AWS_PRICES)
+    nodes = [
+        costs.PricedNode(instance("known", 1.0), 50),
+        costs.PricedNode(instance("new", None), 50),
+    ]
+    cost = costs.hourly_cost("aws", nodes)
+    assert cost.instances is None and cost.total is None
+    assert cost.unpriced == ("new instances",)
+    assert cost.basis == "unknown: no catalog price for new instances"
+    assert cost.nat is not None and cost.disks is not None  # what is known is still priced
+
+
+@pytest.mark.parametrize("missing", ["nat_gateway_hour", "public_ip_hour"])
+def test_an_unknown_nat_price_is_named_and_left_out_of_the_total(price_list, missing) -> None:
+    price_list("aws", {**AWS_PRICES, missing: None})
+    cost = costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 100)])
+    assert cost.nat is None
+    assert cost.unpriced == ("NAT gateway",)
+    assert cost.total == round(1.0 + (cost.disks or 0), 5)
+    assert "without NAT gateway (no catalog price)" in cost.basis
+
+
+def test_a_price_missing_from_the_list_is_unknown_too(price_list) -> None:
+    price_list("aws", {k: v for k, v in AWS_PRICES.items() if k != "disk_gb_month"})
+    cost = costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 100)])
+    assert cost.disks is None
+    assert cost.unpriced == ("gp3 disks",)
+    assert cost.total == round(1.0 + (cost.nat or 0), 5)
+
+
+def test_an_unknown_disk_price_is_named_and_left_out_of_the_total(price_list) -> None:
+    price_list("aws", {**AWS_PRICES, "disk_iops_month": None})
+    baseline = costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 100)])
+    assert baseline.unpriced == ()  # no IOPS above the included 3000: its price is not needed
+    fast = costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 100, 1000)])
+    assert fast.disks is None
+    assert fast.unpriced == ("gp3 disks",)
+    assert fast.total == round(1.0 + (fast.nat or 0), 5)
+
+
+@pytest.mark.parametrize(
+    ("mibps", "extra_mibps", "extra_iops"),
+    [
+        (None, 0, 0),  # the baseline: 125 MiB/s and 3000 IOPS are in the size price
+        (125, 0, 0),
+        (500, 375, 0),  # 500 MiB/s needs 2000 IOPS: the included 3000 cover it
+        (750, 625, 0),  # 3000 IOPS exactly
+        (751, 626, 4),  # 4 IOPS per MiB/s beyond that
+        (1000, 875, 1000),
+    ],
+)
+def test_gp3_charges_throughput_above_125_and_iops_above_3000_at_4_per_mibps(
+    price_list, mibps: int | None, extra_mibps: int, extra_iops: int
+) -> None:
+    price_list("aws", AWS_PRICES)
+    cost = costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 200, mibps)])
+    monthly = (
+        200 * AWS_PRICES["disk_gb_month"]
+        + extra_mibps * AWS_PRICES["disk_mibps_month"]
+        + extra_iops * AWS_PRICES["disk_iops_month"]
+    )
+    assert cost.disks == round(monthly / costs.HOURS_PER_MONTH, 5)
+
+
+@pytest.mark.parametrize(
+    ("vms", "charged"), [(1, 1), (3, 3), (16, 16), (32, 32), (33, 32), (40, 32)]
+)
+def test_gcp_cloud_nat_is_charged_per_vm_up_to_32(price_list, vms: int, charged: int) -> None:
+    price_list("gcp", GCP_PRICES)
+    nodes = [costs.PricedNode(instance("c4a", 1.0, provider="gcp"), 10)] * vms
+    cost = costs.hourly_cost("gcp", nodes)
+    assert cost.nat == round(charged * GCP_PRICES["nat_vm_hour"] + GCP_PRICES["public_ip_hour"], 5)
