@@ -170,3 +170,12 @@ def test_pulumi_accepts_the_preset(stack: str) -> None:
         if kind is not None:
             text = value if isinstance(value, list | dict) else as_pulumi_hands_it(value)
             assert pulumi_accepts(kind, declared[key].get("items"), text), (key, value)
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [("llamaCppCommit", "1" * 40), ("instanceType", "123"), ("image", "1e5")],
+)
+def test_a_string_setting_that_looks_like_a_number_stays_text(key: str, text: str) -> None:
+    # Pulumi hands every value over as text; only non-string settings are decoded from JSON.
+    assert BY_KEY[key].read({key: text}) == text

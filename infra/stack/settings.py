@@ -61,7 +61,9 @@ class Setting:
     def read(self, settings: Mapping[str, Any]) -> Any:
         """The setting's value from raw settings, of its declared type and within its limits;
         the default when it is not given."""
-        value = decode(settings.get(self.key))
+        raw = settings.get(self.key)
+        # A string setting is taken as given: "1e5" or a commit of digits is text, not a number.
+        value = raw if self.kind == "string" and isinstance(raw, str) else decode(raw)
         if value is None:
             if self.required:
                 raise ConfigError(
