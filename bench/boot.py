@@ -12,6 +12,12 @@ other, on this machine:
   workers never share a core), generated 640 MB f16 model (target >= 0.85).
 - rpc_load_warm_ratio: seconds until llama-server answers /health with the workers' tensor cache
   (--cache) warm over cold.
+- machines_serve_ratio (``--serve-time``, root): seconds from `up` to the main node serving for a
+  1+2 cluster of machines (real cloud-init and systemd) over the same cluster of processes in
+  namespaces, warm build cache, median of the repetitions; beside it the node image's build
+  seconds, as recorded when it was built.
+
+    uv run python bench/boot.py --serve-time-only
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from infra.local import cluster  # noqa: E402
+from infra.local import image as node_image  # noqa: E402
 from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import BENCH, cached_model  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
@@ -150,19 +158,82 @@ def load_seconds(bin_dir: Path, model: Path, threads: int, rpc: str) -> float:
         stop([server])
 
 
+def serve_seconds(cache: Path, source: Path, machines: bool) -> float:
+    """Seconds from `up` to serving for a main node and two workers, then down."""
+    options = cluster.UpOptions(
+        workers=2,
+        model=cached_model(source, cache),
+        source=source,
+        cache=cache,
+        cluster_id="bench",
+        cidr="10.215.1.0/24",
+        threads=1,
+        worker_wait_seconds=300,
+        machines=machines,
+    )
+    started = time.monotonic()
+    try:
+        cluster.up(options, timeout=900)
+        return time.monotonic() - started
+    finally:
+        cluster.down(cache, "bench")
+
+
+def serve_time(cache: Path, source: Path, repetitions: int) -> dict[str, object]:
+    image = node_image.cached(cache)
+    if image is None:
+        raise SystemExit("no node image: run `python -m infra.local image` first (as root)")
+    build("all", build_prefix(cache), source)  # warm: both modes reuse the cached build
+    runs: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(repetitions):  # interleaved, so a slow spell hits both modes alike
+        for machines in (False, True):
+            runs[machines].append(serve_seconds(cache, source, machines))
+    median = {mode: sorted(times)[len(times) // 2] for mode, times in runs.items()}
+    print(
+        f"time to serve: machines {median[True]:.1f} s, namespaces {median[False]:.1f} s",
+        file=sys.stderr,
+    )
+    return {
+        "serve_seconds_machines": [round(t, 2) for t in runs[True]],
+        "serve_seconds_namespaces": [round(t, 2) for t in runs[False]],
+        "machines_serve_ratio": round(median[True] / median[False], 3),
+        "node_image": {
+            "release": image.manifest["release"],
+            "versions": image.manifest["versions"],
+            "build_seconds": image.manifest["build_seconds"],
+            "built_at": image.manifest["built_at"],
+        },
+    }
+
+
+def write(results: dict[str, object]) -> None:
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(previous | results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-build", action="store_true", help="skip the two clean builds")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--serve-time", action="store_true", help="also time machines against namespaces (root)"
+    )
+    parser.add_argument("--serve-time-only", action="store_true", help="only that")
     args = parser.parse_args()
 
     cache = cache_dir()
     source = sdist_tree(cache)
+    machine = {"cpus": os.cpu_count(), "arch": platform.machine()}
+    if args.serve_time_only:
+        write({"machine": machine} | serve_time(cache, source, args.repetitions))
+        return 0
     # Each stage gets cores of its own, as each worker has its own machine in a cluster: two
     # workers with every core each would fight over the cores (ggml's idle threads spin).
     threads = max(1, (os.cpu_count() or 1) // 2)
     results: dict[str, object] = {
-        "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
+        "machine": machine,
         "llama_cpp_commit": LLAMA_CPP_COMMIT,
     }
     if not args.skip_build:
@@ -217,10 +288,9 @@ def main() -> int:
         "load_seconds_warm_cache": round(loads[1], 3),
         "rpc_load_warm_ratio": round(loads[1] / loads[0], 3),
     }
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(previous | results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    if args.serve_time:
+        results |= serve_time(cache, source, args.repetitions)
+    write(results)
     return 0
 
 

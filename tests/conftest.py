@@ -315,3 +315,49 @@ def tokens_of_length(url: str, count: int) -> str:
             high = middle - 1
     assert length(low) == count, f"no prompt of exactly {count} tokens from these words"
     return text(low)
+
+
+# cache_prompt off: every request evaluates the whole prompt, so results do not depend on what
+# the server was asked before.
+GREEDY_PROMPT = {
+    "prompt": "Hello world, this is",
+    "n_predict": 12,
+    "temperature": 0,
+    "n_probs": 1,
+    "cache_prompt": False,
+}
+
+
+def complete(
+    url: str, timeout: float = 60, prompt: dict[str, Any] = GREEDY_PROMPT
+) -> tuple[str, list[tuple[int, float]]]:
+    """A completion's text and each token's id and log-probability."""
+    body = post(url, "/completion", prompt, timeout)
+    tokens = [(p["id"], p["logprob"]) for p in body["completion_probabilities"]]
+    return body["content"], tokens
+
+
+def one_node_completion(bin_dir: Path, model: Path) -> tuple[str, list[tuple[int, float]]]:
+    """The greedy completion from the model in one llama-server on loopback."""
+    port = free_port()
+    single = subprocess.Popen(
+        [
+            str(bin_dir / "llama-server"), "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "1024", "--threads", "1",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the single-node server did not start"
+                time.sleep(0.5)
+        return complete(url)
+    finally:
+        single.terminate()
+        single.wait(timeout=30)

@@ -60,3 +60,20 @@ def test_context_slots_and_node_memory_reach_the_placement(tmp_path: Path) -> No
     assert one.layers == two.layers == (2, 2, 2)
     assert [b.kv_bytes for b in two.shares] == [2 * a.kv_bytes for a in one.shares]
     assert {s.usable_bytes for s in one.shares} == {int(8 * 1024**3 * 0.95) - 2 * 1024**3}
+
+
+def test_machines_that_cannot_run_fall_back_to_processes_and_say_why(
+    capsys, tmp_path: Path, model: Path
+) -> None:
+    code = main(["up", "--machines", "--model", str(model), "--source", str(tmp_path),
+                 "--cache", str(tmp_path / "cache"), "--loopback", "--context", "0"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "--context 0" in err  # the settings are still checked, after the note
+    assert "note: machines need network namespaces: the nodes run as processes" in err
+
+
+def test_an_unknown_delivery_is_refused_with_the_clouds_named(capsys, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--machines", "--delivery", "aws,oracle", "--cache", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "--delivery: 'aws,oracle': give clouds from aws, gcp, azure" in capsys.readouterr().err

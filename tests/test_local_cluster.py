@@ -27,27 +27,19 @@ from infra.local import cluster
 from infra.local.model import cached_model
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from infra.local.source import cache_dir
-from tests.conftest import SCRIPTS, free_port, post, require_netns, tokens_of_length
+from tests.conftest import (
+    GREEDY_PROMPT,
+    SCRIPTS,
+    complete,
+    one_node_completion,
+    post,
+    require_netns,
+    tokens_of_length,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-# cache_prompt off: every request evaluates the whole prompt, so results do not depend on what
-# the server was asked before.
-PROMPT = {
-    "prompt": "Hello world, this is",
-    "n_predict": 12,
-    "temperature": 0,
-    "n_probs": 1,
-    "cache_prompt": False,
-}
-
-
-def complete(
-    url: str, timeout: float = 60, prompt: dict[str, Any] = PROMPT
-) -> tuple[str, list[tuple[int, float]]]:
-    body = post(url, "/completion", prompt, timeout)
-    tokens = [(p["id"], p["logprob"]) for p in body["completion_probabilities"]]
-    return body["content"], tokens
+PROMPT = GREEDY_PROMPT
 
 
 def port_answers(namespace: str, host: str, port: int) -> bool:
@@ -180,28 +172,7 @@ def test_greedy_completion_through_workers_equals_one_node(up) -> None:
     """Same text and the same token log-probabilities as the model on one process."""
     through_workers = complete(up["contract"][outputs.LLAMA_SERVER_URL])
     bin_dir = Path(cluster.build_prefix(up["options"].cache)) / up["spec"]["commit"] / "bin"
-    port = free_port()
-    single = subprocess.Popen(
-        [
-            str(bin_dir / "llama-server"), "--model", str(up["options"].model),
-            "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "1024", "--threads", "1",
-        ],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the single-node server did not start"
-                time.sleep(0.5)
-        one_node = complete(url)
-    finally:
-        single.terminate()
-        single.wait(timeout=30)
+    one_node = one_node_completion(bin_dir, up["options"].model)
     assert through_workers[0] and len(through_workers[1]) == PROMPT["n_predict"]
     assert through_workers == one_node
 

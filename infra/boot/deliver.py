@@ -25,6 +25,14 @@ class Delivery:
     size: int  # bytes that count against the limit
     limit: int
 
+    def received(self) -> bytes:
+        """The user data as the cloud's datasource hands it to cloud-init on the VM: base64 is
+        decoded on the way (Azure's customData, AWS's base64 field); gzip is left for cloud-init
+        itself to unpack."""
+        if self.gzipped or FACTS[self.cloud].user_data.base64:
+            return base64.b64decode(self.value)
+        return self.value.encode()
+
 
 def deliver(user_data: str, cloud: Cloud) -> Delivery:
     """Package user data for a cloud; gzip it only when it must."""

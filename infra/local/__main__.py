@@ -1,21 +1,30 @@
-"""python -m infra.local up|status|down|fetch-source: a llama.cpp RPC cluster on this machine.
+"""python -m infra.local: a llama.cpp RPC cluster on this machine.
 
-python -m infra.local up [--workers N] [--model PATH] [--context N] [--slots N] [--json]
+python -m infra.local up [--machines] [--workers N] [--model PATH] [--context N] [--json]
 python -m infra.local status [--json]
+python -m infra.local exec NODE -- COMMAND...     (a shell on a node: the local SSM or IAP)
+python -m infra.local journal NODE [JOURNALCTL ARGS...]
+python -m infra.local reboot NODE
 python -m infra.local down
+python -m infra.local image | fetch-source        (install steps: the node image, the source)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from infra import outputs
 from infra.boot import BootConfigError
+from infra.clouds import FACTS
 from infra.local import cluster
+from infra.local import image as node_image
+from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.supervisor import supervise
@@ -50,6 +59,7 @@ def _up(args: argparse.Namespace) -> int:
             "loopback addresses and the RPC firewall is not applied",
             file=sys.stderr,
         )
+    machines = args.machines and _machines_possible(netns, cache)
     options = cluster.UpOptions(
         workers=args.workers,
         model=model,
@@ -65,6 +75,8 @@ def _up(args: argparse.Namespace) -> int:
         node_memory_bytes=int(args.node_memory_gib * 1024**3) if args.node_memory_gib else None,
         worker_wait_seconds=args.worker_wait,
         netns=netns,
+        machines=machines,
+        deliveries=tuple(args.delivery),
     )
     contract = cluster.up(
         options,
@@ -77,6 +89,51 @@ def _up(args: argparse.Namespace) -> int:
             f"\ntry:  curl -s {contract[outputs.LLAMA_SERVER_URL]}/completion "
             """-d '{"prompt": "Hello", "n_predict": 16}'"""
         )
+    return 0
+
+
+def _machines_possible(netns: bool, cache: Path) -> bool:
+    """Whether machines can run here; if not, says why (the nodes then run as processes)."""
+    reason = unavailable_reason() or (None if netns else "machines need network namespaces")
+    if reason is None and node_image.cached(cache) is None:
+        try:
+            node_image.build(cache, progress=lambda text: print(f"  {text}", file=sys.stderr))
+        except node_image.ImageError as error:
+            reason = str(error)
+    if reason:
+        print(f"note: {reason}: the nodes run as processes instead of machines", file=sys.stderr)
+    return reason is None
+
+
+def _deliveries(text: str) -> list[str]:
+    clouds = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in clouds if c not in FACTS]
+    if not clouds or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give clouds from {', '.join(FACTS)}, separated by commas"
+        )
+    return clouds
+
+
+def _run_on_node(args: argparse.Namespace) -> int:
+    spec = cluster.load_spec(args.cache, args.id)
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        raise cluster.LocalClusterError("give a command after the node: exec NODE -- COMMAND...")
+    argv = cluster.exec_argv(spec, args.node, command)
+    return subprocess.run(argv, check=False).returncode
+
+
+def _journal(args: argparse.Namespace) -> int:
+    spec = cluster.load_spec(args.cache, args.id)
+    extra = args.journal_args[1:] if args.journal_args[:1] == ["--"] else args.journal_args
+    return subprocess.run(cluster.journal_argv(spec, args.node, extra), check=False).returncode
+
+
+def _reboot(args: argparse.Namespace) -> int:
+    spec = cluster.load_spec(args.cache, args.id)
+    cluster.reboot(spec, args.node)
+    print(f"{args.node} rebooted; `python -m infra.local status` shows it come back")
     return 0
 
 
@@ -100,8 +157,10 @@ def _status(args: argparse.Namespace) -> int:
         seen = f"placed {placed['layers']}" if placed else "not loaded yet"
         print(f"  {planned['node']:<9} planned {planned['layers']:>3}, {seen}")
     print()
+    stopped = set(cluster.stopped_machines(spec))
     for name, status in statuses.items():
-        line = f"{name:<6} {status.get('phase', 'starting'):<20}"
+        phase = "machine stopped" if name in stopped else status.get("phase", "starting")
+        line = f"{name:<6} {phase:<20}"
         if status.get("last_error"):
             line += f" last error: {status['last_error']}"
         print(line)
@@ -116,7 +175,7 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", type=Path, default=cache_dir(), help="build and model cache")
     common.add_argument(
@@ -169,33 +228,92 @@ def main(argv: list[str] | None = None) -> int:
     )
     start.add_argument("--timeout", type=float, default=1800)
     start.add_argument("--loopback", action="store_true", help="no namespaces, even as root")
+    start.add_argument(
+        "--machines",
+        action="store_true",
+        help="boot each node as a systemd-nspawn machine: real cloud-init and systemd (root)",
+    )
+    start.add_argument(
+        "--delivery",
+        type=_deliveries,
+        default=["aws"],
+        help="machines: each node's user data as these clouds deliver it, main first, repeated "
+        "over the workers (default aws; e.g. aws,gcp,azure)",
+    )
     start.add_argument("--json", action="store_true")
     show = sub.add_parser(
         "status", parents=[common], help="the output contract and each node's phase"
     )
     show.add_argument("--json", action="store_true")
+    run_on = sub.add_parser(
+        "exec", parents=[common], help="run a command on a node, as root (the local SSM or IAP)"
+    )
+    run_on.add_argument("node", help="main, w1, w2, ...")
+    run_on.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    journal = sub.add_parser(
+        "journal", parents=[common], help="a machine's journal, read from this machine"
+    )
+    journal.add_argument("node")
+    journal.add_argument("journal_args", nargs=argparse.REMAINDER, metavar="JOURNALCTL ARGS")
+    restart = sub.add_parser(
+        "reboot", parents=[common], help="stop a machine and start it again (same disk)"
+    )
+    restart.add_argument("node")
     sub.add_parser("down", parents=[common], help="stop every node and remove the namespaces")
+    sub.add_parser(
+        "image",
+        parents=[common],
+        help=f"build the machines' node image once (Debian {node_image.RELEASE}, root)",
+    )
     sub.add_parser(
         "fetch-source", parents=[common], help="download and unpack the pinned llama.cpp source"
     )
     run = sub.add_parser("supervise")  # internal: the detached supervisor
     run.add_argument("state", type=Path)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _fetch_source(args: argparse.Namespace) -> int:
+    print(sdist_tree(args.cache))
+    return 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    built = node_image.build(args.cache, lambda text: print(text, file=sys.stderr))
+    print(built.root)
+    return 0
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    return supervise(args.state)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "up": _up,
+    "status": _status,
+    "exec": _run_on_node,
+    "journal": _journal,
+    "reboot": _reboot,
+    "down": _down,
+    "image": _image,
+    "fetch-source": _fetch_source,
+    "supervise": _supervise,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        if args.command == "up":
-            return _up(args)
-        if args.command == "status":
-            return _status(args)
-        if args.command == "down":
-            return _down(args)
-        if args.command == "fetch-source":
-            print(sdist_tree(args.cache))
-            return 0
-        return supervise(args.state)
-    except (cluster.LocalClusterError, BootConfigError, SourceError) as error:
+        code: int = COMMANDS[args.command](args)
+    except (
+        cluster.LocalClusterError,
+        BootConfigError,
+        SourceError,
+        node_image.ImageError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    return code
 
 
 if __name__ == "__main__":

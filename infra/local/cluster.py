@@ -1,9 +1,16 @@
-"""The local cluster: the cloud's boot scripts on this machine, one network namespace per node.
+"""The local cluster: the cloud's boot on this machine, one network namespace per node.
 
-``up`` lays out the nodes as a stack would (main .10, workers .11, .12, … of the VPC CIDR), writes
-each node's environment file from the same ``NodeBoot`` the cloud-config is rendered from, and
-starts a detached supervisor that boots every node and keeps its service running. Without root
-the nodes share loopback (127.0.0.10, .11, …) and no firewall is applied; ``up`` says so.
+``up`` lays out the nodes as a stack would (main .10, workers .11, .12, … of the VPC CIDR) and
+makes each node's settings from the same ``NodeBoot`` the cloud-config is rendered from. Then:
+
+- machines (``machines=True``): each node boots as a ``systemd-nspawn`` machine whose cloud-init
+  reads the node's exact user data, and whose systemd runs the units a VM runs
+  (``infra.local.machines``);
+- processes (the fallback): a detached supervisor runs the boot scripts in each namespace and
+  keeps the services running, reading the same unit files (``infra.local.supervisor``).
+
+Without root the nodes share loopback (127.0.0.10, .11, …) and no firewall is applied; ``up``
+says so.
 """
 
 from __future__ import annotations
@@ -25,12 +32,24 @@ from pathlib import Path
 from typing import Any
 
 from infra import layout, outputs, placement, sizing
-from infra.boot import SCRIPTS_DIR, NodeBoot, NodePaths, render_env_file
-from infra.local.netns import VpcNetwork, namespace_pids
+from infra.boot import (
+    BOOT_UNIT,
+    ROLE_UNIT,
+    SCRIPTS_DIR,
+    VM_PATHS,
+    NodeBoot,
+    NodePaths,
+    deliver,
+    render,
+    render_env_file,
+)
+from infra.local import image as node_image
+from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine, MachineError
+from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from infra.models import ModelError
 from infra.models.parts import part_paths
 from infra.pins import LLAMA_CPP_COMMIT
-from infra.types import MAX_WORKERS, RPC_PORT, SERVER_PORT, Role
+from infra.types import MAX_WORKERS, RPC_PORT, SERVER_PORT, Cloud, Role
 
 DEFAULT_CIDR = "10.213.77.0/24"
 LOOPBACK_CIDR = "127.0.0.0/24"
@@ -59,6 +78,11 @@ class UpOptions:
     server_args: tuple[str, ...] = ()
     worker_wait_seconds: int = 900
     netns: bool = True
+    # Boot each node as a systemd-nspawn machine (needs netns, root and the node image).
+    machines: bool = False
+    # Machines: whose delivery of the user data each node gets (main first, repeated over the
+    # workers), decoded as that cloud's datasource decodes it.
+    deliveries: tuple[Cloud, ...] = ("aws",)
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -151,9 +175,10 @@ def up(
     cidr = _validate(options)
     if not options.netns:
         cidr = ipaddress.IPv4Network(LOOPBACK_CIDR)
+    image = _machine_image(options) if options.machines else None
     state = state_dir(options.cache, options.cluster_id)
     if (state / "cluster.json").exists():
-        if _supervisor_alive(state):
+        if _running(state, load_spec(options.cache, options.cluster_id)):
             raise LocalClusterError(
                 f"cluster {options.cluster_id!r} is already up; run `python -m infra.local down"
                 f"{'' if options.cluster_id == 'local' else ' --id ' + options.cluster_id}` first"
@@ -166,51 +191,47 @@ def up(
     )
     state.mkdir(parents=True, exist_ok=True)
     nodes = []
-    for name, ip in zip(names, ips, strict=True):
+    for index, (name, ip) in enumerate(zip(names, ips, strict=True)):
         role: Role = "main" if name == "main" else "worker"
-        boot = NodeBoot(
-            role=role,
-            node_ip=ip,
-            llama_cpp_commit=options.commit,
-            llama_cpp_source=str(options.source),
-            rpc_allowed_sources=(f"{ips[0]}/32",),
-            cluster_cidr=str(cidr),
-            rpc_workers=tuple(ips[1:]),
-            model_urls=tuple(p.resolve().as_uri() for p in part_paths(options.model)),
-            model_sha256=(options.model_sha256,) if options.model_sha256 else (),
-            context_size=options.context_size,
-            slots=options.slots,
-            gpu_layers=shares.gpu_layers,
-            tensor_split=shares.tensor_split,
-            worker_wait_seconds=options.worker_wait_seconds,
-            threads=options.threads,
-            extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
-            if role == "main" and options.server_args
-            else {},
-        )
         node_dir = state / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
-        env_file = node_dir / "node.env"
-        paths = NodePaths(
-            bin_dir=str(SCRIPTS_DIR),
-            env_file=str(env_file),
-            data_dir=str(node_dir),
-            prefix=str(build_prefix(options.cache)),
-        )
-        env_file.write_text(render_env_file(boot.env(paths)))
-        nodes.append(
-            {
-                "name": name,
-                "role": role,
-                "ip": ip,
-                "namespace": network.namespace(name) if network else None,
-                "env_file": str(env_file),
-                "status_file": str(node_dir / "status.json"),
-            }
-        )
+        node = {
+            "name": name,
+            "role": role,
+            "ip": ip,
+            "namespace": network.namespace(name) if network else None,
+        }
+        where = _Where(ip, cidr, ips, shares)
+        if image and network:
+            # The machine's own view: the host's source and model appear at fixed paths.
+            boot = _node_boot(
+                options,
+                role,
+                where,
+                source=SOURCE_MOUNT,
+                model_urls=tuple(
+                    f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)
+                ),
+            )
+            node |= _machine_node(
+                options, node, image_root=image.root, network=network, boot=boot, index=index
+            )
+        else:
+            boot = _node_boot(options, role, where)
+            env_file = node_dir / "node.env"
+            paths = NodePaths(
+                bin_dir=str(SCRIPTS_DIR),
+                env_file=str(env_file),
+                data_dir=str(node_dir),
+                prefix=str(build_prefix(options.cache)),
+            )
+            env_file.write_text(render_env_file(boot.env(paths)))
+            node |= {"env_file": str(env_file), "status_file": str(node_dir / "status.json")}
+        nodes.append(node)
     spec = {
         "id": options.cluster_id,
         "netns": options.netns,
+        "machines": image is not None,
         "cidr": str(cidr),
         "commit": options.commit,
         "rpc_port": RPC_PORT,
@@ -224,7 +245,12 @@ def up(
     try:
         if network:
             network.create()
-        _start_supervisor(state)
+        if image:
+            _build_on_host(options, state, progress)
+            for node in nodes:
+                machine_of(spec, node).start()
+        else:
+            _start_supervisor(state)
         _wait_until_serving(state, spec, timeout, progress)
     except BaseException:
         # Nothing keeps running, but the logs and status files stay until the next `up` or
@@ -232,6 +258,130 @@ def up(
         stop(spec, state)
         raise
     return contract(spec)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """A node's place in the cluster: its address, the network, every address, the layers."""
+
+    ip: str
+    cidr: ipaddress.IPv4Network
+    ips: list[str]
+    shares: placement.Placement
+
+
+def _node_boot(
+    options: UpOptions,
+    role: Role,
+    where: _Where,
+    *,
+    source: str | None = None,
+    model_urls: tuple[str, ...] | None = None,
+) -> NodeBoot:
+    ips, shares = where.ips, where.shares
+    return NodeBoot(
+        role=role,
+        node_ip=where.ip,
+        llama_cpp_commit=options.commit,
+        llama_cpp_source=source or str(options.source),
+        rpc_allowed_sources=(f"{ips[0]}/32",),
+        cluster_cidr=str(where.cidr),
+        rpc_workers=tuple(ips[1:]),
+        model_urls=model_urls or tuple(p.resolve().as_uri() for p in part_paths(options.model)),
+        model_sha256=(options.model_sha256,) if options.model_sha256 else (),
+        context_size=options.context_size,
+        slots=options.slots,
+        gpu_layers=shares.gpu_layers,
+        tensor_split=shares.tensor_split,
+        worker_wait_seconds=options.worker_wait_seconds,
+        threads=options.threads,
+        extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
+        if role == "main" and options.server_args
+        else {},
+    )
+
+
+def _machine_image(options: UpOptions) -> node_image.Image:
+    if not options.netns:
+        raise LocalClusterError("machines need network namespaces (root, iproute2, nftables)")
+    image = node_image.cached(options.cache)
+    if image is None:
+        raise LocalClusterError(
+            "the node image is not built; run `python -m infra.local image` (once: it fetches "
+            f"Debian {node_image.RELEASE}'s packages)"
+        )
+    return image
+
+
+def _machine_node(
+    options: UpOptions,
+    node: dict[str, Any],
+    *,
+    image_root: Path,
+    network: VpcNetwork,
+    boot: NodeBoot,
+    index: int,
+) -> dict[str, Any]:
+    """A machine node: its user data rendered and delivered as its cloud would, decoded as that
+    cloud's datasource decodes it, in the machine's NoCloud seed."""
+    parts = part_paths(options.model)
+    cloud = options.deliveries[index % len(options.deliveries)]
+    delivery = deliver(render(boot), cloud)
+    received = delivery.received()
+    host_bin = build_prefix(options.cache) / options.commit / "bin"
+    machine = Machine(
+        name=network.namespace(node["name"]),
+        namespace=network.namespace(node["name"]),
+        directory=state_dir(options.cache, options.cluster_id) / "nodes" / node["name"],
+        image_root=image_root,
+        binds=(
+            (str(options.source.resolve()), SOURCE_MOUNT),
+            (str(parts[0].resolve().parent), MODELS_MOUNT),
+            (str(host_bin), f"{VM_PATHS.prefix}/{options.commit}/bin"),
+        ),
+    )
+    (machine.directory / "user-data").write_bytes(received)
+    machine.seed(received, instance_id=f"{machine.name}-{os.urandom(4).hex()}")
+    return {
+        "machine": machine.name,
+        "directory": str(machine.directory),
+        "image_root": str(image_root),
+        "binds": [list(b) for b in machine.binds],
+        "delivery": {"cloud": cloud, "field": delivery.field, "gzipped": delivery.gzipped},
+        "status_file": str(machine.status_file),
+    }
+
+
+def machine_of(spec: dict[str, Any], node: dict[str, Any]) -> Machine:
+    return Machine(
+        name=node["machine"],
+        namespace=node["namespace"],
+        directory=Path(node["directory"]),
+        image_root=Path(node["image_root"]),
+        binds=tuple((host, inside) for host, inside in node["binds"]),
+    )
+
+
+def _build_on_host(options: UpOptions, state: Path, progress: Callable[[str], None] | None) -> None:
+    """The pinned build, once on this machine; every machine gets it read-only, where its own
+    build step finds it complete and skips it."""
+    if progress:
+        progress("llama.cpp build on this machine (skipped when it is there)")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LLAMA_RPC_ENV_FILE": "/dev/null",
+        "LLAMA_ROLE": "all",
+        "LLAMA_CPP_COMMIT": options.commit,
+        "LLAMA_CPP_SOURCE": str(options.source),
+        "LLAMA_PREFIX": str(build_prefix(options.cache)),
+        "LLAMA_DATA_DIR": str(state / "host-build"),
+    }
+    result = subprocess.run(
+        ["bash", str(SCRIPTS_DIR / "build-llama.sh")],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise LocalClusterError(f"llama.cpp build on this machine failed: {result.stderr.strip()}")
 
 
 def build_prefix(cache: Path) -> Path:
@@ -278,6 +428,19 @@ def _supervisor_alive(state: Path) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
+def _running(state: Path, spec: dict[str, Any]) -> bool:
+    """Whether anything of the cluster still runs: a machine, or the supervisor."""
+    if spec.get("machines"):
+        return any(machine_of(spec, node).running() for node in spec["nodes"])
+    return _supervisor_alive(state)
+
+
+def stopped_machines(spec: dict[str, Any]) -> list[str]:
+    if not spec.get("machines"):
+        return []
+    return [n["name"] for n in spec["nodes"] if not machine_of(spec, n).running()]
+
+
 def read_status(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     statuses = {}
     for node in spec["nodes"]:
@@ -306,23 +469,41 @@ def _wait_until_serving(
         if failed:
             name, status = next(iter(failed.items()))
             raise LocalClusterError(
-                f"node {name} failed: {status.get('last_error')}{_log_tail(state, name)}"
+                f"node {name} failed: {status.get('last_error')}{_log_tail(state, spec, name)}"
             )
         if statuses["main"].get("phase") == "serving":
             return
-        if not _supervisor_alive(state):
+        if spec.get("machines"):
+            if stopped := stopped_machines(spec):
+                node = machine_of(spec, node_of(spec, stopped[0]))
+                raise LocalClusterError(
+                    f"machine {node.name} stopped; see {node.console_log}"
+                    f"{_log_tail(state, spec, stopped[0])}"
+                )
+        elif not _supervisor_alive(state):
             raise LocalClusterError(
-                f"the supervisor stopped; see {state / 'supervisor.log'}{_log_tail(state, 'main')}"
+                f"the supervisor stopped; see {state / 'supervisor.log'}"
+                f"{_log_tail(state, spec, 'main')}"
             )
         if time.monotonic() > deadline:
             raise LocalClusterError(
-                f"not serving after {timeout:.0f}s ({phases}){_log_tail(state, 'main')}"
+                f"not serving after {timeout:.0f}s ({phases}){_log_tail(state, spec, 'main')}"
             )
         time.sleep(0.5)
 
 
-def _log_tail(state: Path, node: str, lines: int = 15) -> str:
+def _log_tail(state: Path, spec: dict[str, Any], node: str, lines: int = 15) -> str:
     """The last lines of a node's log, for an error message; the log is kept until `down`."""
+    if spec.get("machines"):
+        entry = node_of(spec, node)
+        argv = machine_of(spec, entry).journal_argv(
+            ["-n", str(lines), "-u", BOOT_UNIT, "-u", ROLE_UNIT[entry["role"]]]
+        )
+        shown = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+        return (
+            f"\nits journal (kept until `python -m infra.local down`; "
+            f"`python -m infra.local journal {node}` shows it all):\n{shown.rstrip()}"
+        )
     log = state / "logs" / f"{node}.log"
     try:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
@@ -348,10 +529,11 @@ def contract(spec: dict[str, Any]) -> dict[str, Any]:
     main, *workers = spec["nodes"]
     worker_ips = [w["ip"] for w in workers]
     url = f"http://{main['ip']}:{spec['server_port']}"
+    machines = spec.get("machines", False)
     return {
         outputs.CLOUD: "local",
         outputs.REGION: "netns" if spec["netns"] else "loopback",
-        outputs.INSTANCE_TYPE: "process",
+        outputs.INSTANCE_TYPE: "machine" if machines else "process",
         outputs.WORKER_COUNT: len(workers),
         outputs.MAIN_PRIVATE_IP: main["ip"],
         outputs.WORKER_PRIVATE_IPS: worker_ips,
@@ -382,13 +564,24 @@ def down(cache: Path, cluster_id: str) -> bool:
     state = state_dir(cache, cluster_id)
     if not (state / "cluster.json").exists():
         return False
-    stop(load_spec(cache, cluster_id), state)
+    spec = load_spec(cache, cluster_id)
+    stop(spec, state)
+    if spec.get("machines"):
+        # Never delete through a machine's root that is still mounted.
+        mounted = [n["name"] for n in spec["nodes"] if machine_of(spec, n).root.is_mount()]
+        if mounted:
+            raise LocalClusterError(
+                f"the roots of {', '.join(mounted)} are still mounted; run down again"
+            )
     shutil.rmtree(state, ignore_errors=True)
     return True
 
 
 def stop(spec: dict[str, Any], state: Path) -> None:
     """Stop every node and remove the namespaces; the logs and status files stay."""
+    if spec.get("machines"):
+        for node in spec["nodes"]:
+            machine_of(spec, node).stop()
     pid = _supervisor_pid(state)
     if pid is not None and _supervisor_alive(state):
         os.kill(pid, signal.SIGTERM)
@@ -405,3 +598,51 @@ def stop(spec: dict[str, Any], state: Path) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(leftover, signal.SIGKILL)
         network.destroy()
+
+
+def node_of(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    nodes: list[dict[str, Any]] = spec["nodes"]
+    for node in nodes:
+        if name in (node["name"], node.get("machine"), node["namespace"]):
+            return node
+    names = ", ".join(n["name"] for n in spec["nodes"])
+    raise LocalClusterError(f"no node {name!r} in cluster {spec['id']!r}; its nodes: {names}")
+
+
+def exec_argv(spec: dict[str, Any], name: str, command: list[str]) -> list[str]:
+    """The host command line that runs ``command`` on a node, as root: inside its machine, or in
+    its network namespace (the local equivalent of SSM Session Manager or IAP)."""
+    node = node_of(spec, name)
+    if spec.get("machines"):
+        try:
+            return machine_of(spec, node).exec_argv(command)
+        except MachineError as error:
+            raise LocalClusterError(str(error)) from None
+    if not node["namespace"]:
+        raise LocalClusterError(
+            "the nodes share this machine's loopback: run the command here, or bring the cluster "
+            "up with namespaces (as root) or --machines"
+        )
+    return [*exec_prefix(node["namespace"]), *command]
+
+
+def journal_argv(spec: dict[str, Any], name: str, args: list[str]) -> list[str]:
+    """journalctl reading a machine's journal from the host, running or stopped."""
+    if not spec.get("machines"):
+        raise LocalClusterError(
+            f"only machines keep a journal; this cluster's logs are in "
+            f"{Path(spec['nodes'][0]['status_file']).parents[2] / 'logs'}"
+        )
+    return machine_of(spec, node_of(spec, name)).journal_argv(args)
+
+
+def reboot(spec: dict[str, Any], name: str) -> None:
+    """Stop a machine and start it again: the same disk, a fresh boot, as a VM's reboot."""
+    if not spec.get("machines"):
+        raise LocalClusterError("reboot is for machines (`up --machines`)")
+    machine = machine_of(spec, node_of(spec, name))
+    try:
+        machine.stop()
+        machine.start()
+    except MachineError as error:
+        raise LocalClusterError(str(error)) from None

@@ -1,10 +1,11 @@
-"""A small stand-in for systemd: runs each node's boot unit until it succeeds, then its role's
-unit, restarting each as systemd would.
+"""A small stand-in for systemd, for where machines cannot run (no root, no systemd-nspawn):
+runs each node's boot unit until it succeeds, then its role's unit, restarting each as systemd
+would. ``up --machines`` runs the same units under real systemd instead.
 
 It reads the very unit files that the VMs install (``cloud-init/systemd/``): ``ExecStartPre``
 (``+`` marks a step that needs root), ``ExecStart``, ``Restart``, ``RestartSec``, ``RestartSteps``,
 ``RestartMaxDelaySec`` and ``RestartPreventExitStatus``. Commands under the VM's script directory
-run from ``cloud-init/scripts/``; ``User=`` is not applied.
+run from ``cloud-init/scripts/``; ``User=`` and the sandboxing options are not applied.
 """
 
 from __future__ import annotations

@@ -1,0 +1,351 @@
+"""The local cluster as machines: each node's exact user data through real cloud-init and real
+systemd, in a ``systemd-nspawn`` machine on the VPC bridge.
+
+One cluster (a main node and two workers) is booted for the module, each node's user data
+delivered as a different cloud delivers it: the main node's as AWS (gzip), the first worker's as
+GCP (plain), the second's as Azure (base64). Traffic goes only to loopback and to the namespaces
+these tests create. The tests run in order: the last ones reboot nodes and break the main node's
+settings on purpose.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra import outputs
+from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
+from infra.local import cluster
+from infra.local import image as node_image
+from infra.local.machines import Machine, unavailable_reason
+from infra.local.model import cached_model
+from infra.local.netns import VpcNetwork, exec_prefix
+from infra.local.source import cache_dir
+from tests.conftest import REPO, complete, one_node_completion, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
+
+DELIVERIES = ("aws", "gcp", "azure")
+
+
+@pytest.fixture(scope="module")
+def up(llama_source: Path) -> Iterator[dict[str, Any]]:
+    if reason := unavailable_reason():
+        unavailable(reason)
+    cache = cache_dir()
+    if node_image.cached(cache) is None:
+        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    cluster_id = f"m{os.getpid() % 100000}"
+    options = cluster.UpOptions(
+        workers=2,
+        model=cached_model(llama_source, cache),
+        source=llama_source,
+        cache=cache,
+        cluster_id=cluster_id,
+        cidr=f"10.214.{random.randint(100, 199)}.0/24",
+        threads=1,
+        worker_wait_seconds=300,
+        machines=True,
+        deliveries=DELIVERIES,
+    )
+    contract = cluster.up(options, timeout=2400)
+    spec = cluster.load_spec(cache, cluster_id)
+    network = cluster.network_of(spec)
+    assert network is not None and network.main_is_routed_here()
+    yield {"contract": contract, "spec": spec, "network": network, "options": options}
+    cluster.down(cache, cluster_id)
+    assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
+    assert not cluster.state_dir(cache, cluster_id).exists()
+
+
+def machine(up: dict[str, Any], name: str) -> Machine:
+    spec = up["spec"]
+    return cluster.machine_of(spec, cluster.node_of(spec, name))
+
+
+def on(up: dict[str, Any], name: str, *command: str, stdin: str | None = None) -> str:
+    """Run a command on a node, through `python -m infra.local exec`'s own path; its output."""
+    argv = cluster.exec_argv(up["spec"], name, list(command))
+    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (command, result.stdout, result.stderr)
+    return result.stdout
+
+
+def unit_state(up: dict[str, Any], name: str, unit: str) -> dict[str, str]:
+    shown = on(up, name, "systemctl", "show", unit, "-p", "ActiveState,SubState,Result")
+    shown += on(up, name, "systemctl", "show", unit, "-p", "ExecMainStatus,NRestarts")
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s"
+        time.sleep(1)
+
+
+def wait_serving(up: dict[str, Any], timeout: float = 600) -> None:
+    url = up["contract"][outputs.LLAMA_SERVER_URL]
+
+    def serving() -> bool:
+        if cluster.read_status(up["spec"])["main"].get("phase") != "serving":
+            return False
+        try:
+            complete(url, timeout=30)
+        except OSError:
+            return False
+        return True
+
+    wait_for(serving, timeout, "the main node serving")
+
+
+def delivered_config(up: dict[str, Any], name: str) -> dict[str, Any]:
+    """The cloud-config a node was given, read back from what its datasource handed over."""
+    received = (machine(up, name).directory / "user-data").read_bytes()
+    text = gzip.decompress(received) if received[:2] == b"\x1f\x8b" else received
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config
+
+
+def cli(up: dict[str, Any], *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.local", *args[:1], "--id", up["spec"]["id"], *args[1:]],
+        capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_exec_journal_and_status_reach_the_machines_from_the_command_line(up) -> None:
+    assert cli(up, "exec", "w1", "--", "hostname").strip() == machine(up, "w1").name
+    assert cli(up, "exec", "main", "--", "id", "-un").strip() == "root"
+    journal = cli(up, "journal", "w1", "-u", ROLE_UNIT["worker"], "-o", "cat")
+    assert "open only to" in journal
+    status = json.loads(cli(up, "status", "--json"))
+    assert {n: s["phase"] for n, s in status["nodes"].items()} == dict.fromkeys(
+        ("main", "w1", "w2"), "serving"
+    )
+    assert status["outputs"][outputs.INSTANCE_TYPE] == "machine"
+
+
+def test_each_node_got_its_clouds_delivery(up) -> None:
+    """The main node's user data arrived gzipped (AWS), a worker's as plain text (GCP), the other
+    worker's decoded from base64 (Azure): cloud-init took each."""
+    nodes = {n["name"]: n for n in up["spec"]["nodes"]}
+    assert [nodes[n]["delivery"]["cloud"] for n in ("main", "w1", "w2")] == list(DELIVERIES)
+    assert nodes["main"]["delivery"]["gzipped"] is True
+    assert (machine(up, "main").directory / "user-data").read_bytes()[:2] == b"\x1f\x8b"
+    for name in ("w1", "w2"):
+        assert (machine(up, name).directory / "user-data").read_bytes().startswith(b"#cloud-config")
+    for name in nodes:
+        raw = on(up, name, "cloud-init", "query", "userdata")
+        assert raw.startswith("#cloud-config")
+        assert yaml.safe_load(raw) == delivered_config(up, name)
+
+
+def test_cloud_init_is_done_without_errors(up) -> None:
+    for name in ("main", "w1", "w2"):
+        status = ["cloud-init", "status", "--long", "--format=json"]
+        result = subprocess.run(
+            cluster.exec_argv(up["spec"], name, status), capture_output=True, text=True, check=False
+        )
+        report = json.loads(result.stdout)
+        assert result.returncode == 0, result.stdout
+        assert report["status"] == "done", report
+        assert report["errors"] == [] and not report["recoverable_errors"], report
+
+
+def test_the_service_user_and_every_written_file_are_as_configured(up) -> None:
+    for name in ("main", "w1", "w2"):
+        user = on(up, name, "getent", "passwd", "llama").strip().split(":")
+        assert user[5:] == [VM_PATHS.data_dir, "/usr/sbin/nologin"]
+        assert int(user[2]) < 1000  # a system user
+        for entry in delivered_config(up, name)["write_files"]:
+            mode, owner = on(up, name, "stat", "-c", "%a %U:%G", entry["path"]).split()
+            assert int(mode, 8) == int(entry["permissions"], 8), entry["path"]
+            assert owner == entry.get("owner", "root:root"), entry["path"]
+            assert on(up, name, "cat", entry["path"]) == entry["content"], entry["path"]
+
+
+def test_units_are_active_and_servers_run_as_the_service_user(up) -> None:
+    for name, process in (("main", "llama-server"), ("w1", "ggml-rpc-server")):
+        role = "main" if name == "main" else "worker"
+        states = on(up, name, "systemctl", "is-active", BOOT_UNIT, ROLE_UNIT[role]).split()
+        assert states == ["active", "active"]
+        owners = on(up, name, "ps", "-C", process, "-o", "user=").split()
+        assert owners == ["llama"]
+
+
+def test_units_use_every_option_they_set(up) -> None:
+    """systemd 257 knows every key of the units (RestartSteps= and the like need >= 254)."""
+    for name, role in (("main", "main"), ("w1", "worker")):
+        verify = subprocess.run(
+            cluster.exec_argv(
+                up["spec"], name,
+                ["systemd-analyze", "verify", f"/etc/systemd/system/{BOOT_UNIT}",
+                 f"/etc/systemd/system/{ROLE_UNIT[role]}"],
+            ),
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert "Unknown key" not in verify.stderr, verify.stderr
+        shown = on(
+            up, name, "systemctl", "show", BOOT_UNIT,
+            "-p", "RestartSteps,RestartMaxDelayUSec,RestartMode",
+        )  # fmt: skip
+        assert sorted(shown.split()) == [
+            "RestartMaxDelayUSec=10min",
+            "RestartMode=direct",
+            "RestartSteps=6",
+        ]
+
+
+def test_the_firewall_is_in_place_before_the_rpc_server_listens(up) -> None:
+    lines = on(
+        up, "w1", "journalctl", "-b", "-u", ROLE_UNIT["worker"], "-o", "cat", "--no-pager"
+    ).splitlines()
+    firewall = next(i for i, line in enumerate(lines) if "open only to" in line)
+    # ggml-rpc-server's own first words, once it has its address and port.
+    server = next(i for i, line in enumerate(lines) if "Starting RPC server" in line)
+    assert firewall < server, lines
+    assert "llama_rpc" in on(up, "w1", "nft", "list", "tables")
+
+
+def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
+    probe = ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
+    return subprocess.run([*argv_prefix, *probe], capture_output=True).returncode == 0
+
+
+def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
+    network: VpcNetwork = up["network"]
+    w1, w2 = network.node_ips[1:]
+    assert port_answers(cluster.exec_argv(up["spec"], "main", []), w1, 50052)  # the control
+    assert not port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, 50052)
+    assert not port_answers(cluster.exec_argv(up["spec"], "w1", []), w2, 50052)
+    outsider = network.add_outsider("out", "192.168.214.5", 24)
+    assert not port_answers(exec_prefix(outsider), w1, 50052)
+
+
+def test_greedy_completion_through_machines_equals_one_node(up) -> None:
+    through_machines = complete(up["contract"][outputs.LLAMA_SERVER_URL])
+    bin_dir = cluster.build_prefix(up["options"].cache) / up["spec"]["commit"] / "bin"
+    assert through_machines[1] and through_machines == one_node_completion(
+        bin_dir, up["options"].model
+    )
+    up["completion"] = through_machines
+
+
+def test_the_build_step_ran_and_found_the_build_complete(up) -> None:
+    for status in cluster.read_status(up["spec"]).values():
+        assert status["build_skipped"] is True
+    log = on(up, "w2", "journalctl", "-u", BOOT_UNIT, "-o", "cat", "--no-pager")
+    assert "already built" in log
+
+
+def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(up) -> None:
+    before = on(up, "w1", "systemctl", "show", ROLE_UNIT["worker"], "-p", "NRestarts").strip()
+    on(up, "w1", "systemctl", "kill", "--signal=SIGKILL", ROLE_UNIT["worker"])
+    wait_for(
+        lambda: (
+            on(up, "w1", "systemctl", "show", ROLE_UNIT["worker"], "-p", "NRestarts").strip()
+            != before
+        ),
+        120,
+        "systemd restarting the worker",
+    )
+    wait_serving(up)
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+
+
+def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(up) -> None:
+    spec = up["spec"]
+    instances = on(up, "main", "ls", "/var/lib/cloud/instances").split()
+    for name in ("w1", "main"):
+        cluster.reboot(spec, name)
+    wait_serving(up, timeout=900)
+    statuses = cluster.read_status(spec)
+    assert statuses["main"]["download_skipped"] is True
+    for status in statuses.values():
+        assert status["build_skipped"] is True
+    # The same instance: cloud-init ran its once-per-instance steps once.
+    assert on(up, "main", "ls", "/var/lib/cloud/instances").split() == instances
+    assert on(up, "main", "journalctl", "--list-boots", "--no-pager").count("\n") >= 2
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+
+
+# Each bad boot input that tests/test_scripts.py covers and that a node's settings can carry,
+# given to the main node's boot under systemd: (settings, words of the error, final). A final
+# error stops the unit (exit 78, RestartPreventExitStatus=); any other is retried.
+OTHER_COMMIT = "1" * 40
+BAD_BOOTS = [
+    ({"LLAMA_CPP_COMMIT": "0c1e570"}, "not a full 40-character commit", True),
+    (
+        {"LLAMA_CPP_COMMIT": OTHER_COMMIT, "LLAMA_CPP_SOURCE": "/etc"},
+        "is not a llama.cpp source tree",
+        True,
+    ),
+    ({"MODEL_URLS": ""}, "MODEL_URLS", True),
+    ({"MODEL_SHA256": "0" * 64 + " " + "1" * 64}, "give one per part", True),
+    ({"MODEL_SHA256": "0" * 64}, "checksum mismatch", True),
+    ({"MODEL_URLS": "file:///srv/models/"}, "does not end in a file name", True),
+    (
+        {"MODEL_URLS": "file:///srv/models/a/x.gguf file:///srv/models/b/x.gguf"},
+        "both save as",
+        True,
+    ),
+    (
+        {"MODEL_URLS": "http://127.0.0.1:9/model.gguf", "DOWNLOAD_ATTEMPTS": "1"},
+        "127.0.0.1:9",
+        False,
+    ),
+]
+
+
+def test_bad_boot_inputs_fail_under_systemd_as_designed(up) -> None:
+    env_file = VM_PATHS.env_file
+    good = on(up, "main", "cat", env_file)
+    try:
+        for settings, words, final in BAD_BOOTS:
+            override = "".join(f"{key}='{value}'\n" for key, value in settings.items())
+            on(up, "main", "tee", env_file, stdin=good + override)
+            on(up, "main", "systemctl", "restart", "--no-block", BOOT_UNIT)
+
+            def failed(final: bool = final) -> dict[str, str] | None:
+                state = unit_state(up, "main", BOOT_UNIT)
+                if final and state["ActiveState"] == "failed":
+                    return state
+                if not final and state["SubState"] == "auto-restart":
+                    return state
+                return None
+
+            state = wait_for(failed, 180, f"the boot failing on {settings}")
+            status = cluster.read_status(up["spec"])["main"]
+            assert status["phase"] == "failed", (settings, status)
+            assert words in status["last_error"], (settings, status["last_error"])
+            if final:
+                assert state["ExecMainStatus"] == "78", (settings, state)
+            else:
+                assert state["ActiveState"] == "activating", (settings, state)
+            shown = subprocess.run(
+                cluster.exec_argv(up["spec"], "main", ["systemctl", "status", BOOT_UNIT]),
+                capture_output=True, text=True, check=False,
+            ).stdout  # fmt: skip
+            assert ("failed" if final else "auto-restart") in shown, shown
+    finally:
+        on(up, "main", "tee", env_file, stdin=good)
+        on(up, "main", "systemctl", "restart", "--no-block", BOOT_UNIT, ROLE_UNIT["main"])
+    wait_serving(up)
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
