@@ -6,6 +6,7 @@ import functools
 import http.server
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -361,3 +362,23 @@ def one_node_completion(bin_dir: Path, model: Path) -> tuple[str, list[tuple[int
     finally:
         single.terminate()
         single.wait(timeout=30)
+
+
+def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: Any) -> Any:
+    """Options for a test cluster of a main node and two workers serving the generated model,
+    on a /24 of 10.<second_octet>.x of its own (a random third octet), named for this process."""
+    from infra.local import cluster
+    from infra.local.model import cached_model
+
+    cache = cache_dir()
+    return cluster.UpOptions(
+        workers=2,
+        model=cached_model(llama_source, cache),
+        source=llama_source,
+        cache=cache,
+        cluster_id=f"{prefix}{os.getpid() % 100000}",
+        cidr=f"10.{second_octet}.{random.randint(100, 199)}.0/24",
+        threads=1,
+        worker_wait_seconds=300,
+        **changes,
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import signal
 import subprocess
 import threading
@@ -24,14 +23,13 @@ import pytest
 
 from infra import outputs
 from infra.local import cluster
-from infra.local.model import cached_model
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
-from infra.local.source import cache_dir
 from tests.conftest import (
     GREEDY_PROMPT,
     SCRIPTS,
     complete,
     one_node_completion,
+    one_plus_two,
     post,
     require_netns,
     tokens_of_length,
@@ -50,19 +48,8 @@ def port_answers(namespace: str, host: str, port: int) -> bool:
 @pytest.fixture(scope="module")
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     require_netns()
-    cache = cache_dir()
-    cluster_id = f"t{os.getpid() % 100000}"
-    octet = random.randint(100, 199)
-    options = cluster.UpOptions(
-        workers=2,
-        model=cached_model(llama_source, cache),
-        source=llama_source,
-        cache=cache,
-        cluster_id=cluster_id,
-        cidr=f"10.213.{octet}.0/24",
-        threads=1,
-        worker_wait_seconds=300,
-    )
+    options = one_plus_two(llama_source, "t", 213)
+    cache, cluster_id = options.cache, options.cluster_id
     contract = cluster.up(options, timeout=2400)
     spec = cluster.load_spec(cache, cluster_id)
     network = cluster.network_of(spec)

@@ -10,10 +10,9 @@ settings on purpose.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
-import os
-import random
 import subprocess
 import sys
 import time
@@ -29,10 +28,9 @@ from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.machines import Machine, unavailable_reason
-from infra.local.model import cached_model
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.source import cache_dir
-from tests.conftest import REPO, complete, one_node_completion, unavailable
+from tests.conftest import REPO, complete, one_node_completion, one_plus_two, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -43,22 +41,10 @@ DELIVERIES = ("aws", "gcp", "azure")
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     if reason := unavailable_reason():
         unavailable(reason)
-    cache = cache_dir()
-    if node_image.cached(cache) is None:
+    if node_image.cached(cache_dir()) is None:
         unavailable("the node image is not built (scripts/install-deps builds it, as root)")
-    cluster_id = f"m{os.getpid() % 100000}"
-    options = cluster.UpOptions(
-        workers=2,
-        model=cached_model(llama_source, cache),
-        source=llama_source,
-        cache=cache,
-        cluster_id=cluster_id,
-        cidr=f"10.214.{random.randint(100, 199)}.0/24",
-        threads=1,
-        worker_wait_seconds=300,
-        machines=True,
-        deliveries=DELIVERIES,
-    )
+    options = one_plus_two(llama_source, "m", 214, machines=True, deliveries=DELIVERIES)
+    cache, cluster_id = options.cache, options.cluster_id
     contract = cluster.up(options, timeout=2400)
     spec = cluster.load_spec(cache, cluster_id)
     network = cluster.network_of(spec)
@@ -349,3 +335,32 @@ def test_bad_boot_inputs_fail_under_systemd_as_designed(up) -> None:
         on(up, "main", "systemctl", "restart", "--no-block", BOOT_UNIT, ROLE_UNIT["main"])
     wait_serving(up)
     assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+
+
+def test_a_failed_up_stops_every_machine_and_keeps_their_journals(up) -> None:
+    """A main node whose model fails its checksum: `up` names the node and the error, with its
+    journal; no machine runs and no root stays mounted; the journal is still read from the host
+    until `down`."""
+    options = up["options"]
+    broken = dataclasses.replace(
+        options, cluster_id=f"{options.cluster_id}f", cidr="10.214.99.0/24", model_sha256="0" * 64
+    )
+    with pytest.raises(cluster.LocalClusterError) as failed:
+        cluster.up(broken, timeout=600)
+    message = str(failed.value)
+    assert message.startswith("node main failed: checksum mismatch"), message
+    assert "llama-rpc-boot.service" in message  # the journal's lines
+    spec = cluster.load_spec(options.cache, broken.cluster_id)
+    try:
+        for node in spec["nodes"]:
+            machine_ = cluster.machine_of(spec, node)
+            assert not machine_.running() and not machine_.root.is_mount()
+        journal = subprocess.run(
+            cluster.journal_argv(spec, "main", ["-u", BOOT_UNIT, "-o", "cat"]),
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "checksum mismatch" in journal
+        assert cluster.read_status(spec)["main"]["phase"] == "failed"
+    finally:
+        assert cluster.down(options.cache, broken.cluster_id)
+    assert not Path(f"/run/netns/lrc-{broken.cluster_id}-main").exists()
