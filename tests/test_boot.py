@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import gzip
+import io
 import itertools
 import os
 import re
@@ -11,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ import yaml
 
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
+from infra.boot.installed import installed_text
 from infra.clouds import FACTS
 from infra.local import supervisor
 from infra.local.supervisor import parse_unit
@@ -80,7 +84,7 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
         }
         assert set(installed) == set(boot.ROLE_SCRIPTS[node.role])
         for name, content in installed.items():
-            assert content == (SCRIPTS / name).read_text()
+            assert content == installed_text(SCRIPTS / name)
         units = [files[f"/etc/systemd/system/{n}"]["content"] for n in (boot.BOOT_UNIT,
                  boot.ROLE_UNIT[node.role])]  # fmt: skip
         called = set()
@@ -101,7 +105,7 @@ def test_the_boot_unit_and_the_role_unit_are_installed() -> None:
         unit = boot.ROLE_UNIT[node.role]
         for name in (boot.BOOT_UNIT, unit):
             assert files[f"/etc/systemd/system/{name}"]["content"] == (
-                (boot.UNITS_DIR / name).read_text()
+                installed_text(boot.UNITS_DIR / name)
             )
         other = boot.ROLE_UNIT["main" if node.role == "worker" else "worker"]
         assert f"/etc/systemd/system/{other}" not in files
@@ -493,3 +497,37 @@ def test_cli_prints_a_cloud_config(role: str) -> None:
     if raw[:2] == b"\x1f\x8b":  # gzipped to fit (cloud-init unpacks it)
         raw = gzip.decompress(raw)
     assert raw.decode() == result.stdout
+
+
+def _bash_reads(text: str) -> str:
+    """The script as bash parses it: wrapped in a function, printed back by ``declare -f``
+    (which drops comments and keeps every string and heredoc)."""
+    result = subprocess.run(
+        ["bash", "-c", 'eval "f() {\n$SCRIPT\n}" && declare -f f'],
+        env={"SCRIPT": text, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return result.stdout
+
+
+@pytest.mark.parametrize("path", sorted(SCRIPTS.iterdir()), ids=lambda p: p.name)
+def test_a_node_gets_each_script_as_it_is_parsed_without_its_comments(path: Path) -> None:
+    """Bash (or Python) reads the installed script exactly as it reads the repository's."""
+    source, installed = path.read_text(), installed_text(path)
+    assert installed.splitlines()[0] == source.splitlines()[0]  # the shebang
+    assert len(installed) < len(source)
+    if "python" in source.splitlines()[0]:
+        assert ast.dump(ast.parse(installed)) == ast.dump(ast.parse(source))
+        assert not [t for t in _python_tokens(installed) if t.type == tokenize.COMMENT][1:]
+    else:
+        assert _bash_reads(installed) == _bash_reads(source)
+        assert not [ln for ln in installed.splitlines()[1:] if ln.lstrip().startswith("# ")]
+
+
+def _python_tokens(text: str) -> list[tokenize.TokenInfo]:
+    return list(tokenize.generate_tokens(io.StringIO(text).readline))
+
+
+@pytest.mark.parametrize("path", sorted(boot.UNITS_DIR.iterdir()), ids=lambda p: p.name)
+def test_a_node_gets_each_unit_without_its_comments(path: Path) -> None:
+    kept = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith(("#", ";"))]
+    assert installed_text(path).splitlines() == kept

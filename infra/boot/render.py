@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
 from infra.types import Role
 
@@ -72,7 +73,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
         {
             "path": f"{paths.bin_dir}/{script.name}",
             "permissions": "0644" if script.name in SOURCED_SCRIPTS else "0755",
-            "content": script.read_text(),
+            "content": installed_text(script),
         }
         for script in _script_files(boot.role)
     ]
@@ -80,7 +81,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
         {
             "path": f"/etc/systemd/system/{name}",
             "permissions": "0644",
-            "content": (UNITS_DIR / name).read_text(),
+            "content": installed_text(UNITS_DIR / name),
         }
         for name in (BOOT_UNIT, unit)
     ]
