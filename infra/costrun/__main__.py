@@ -1,0 +1,5 @@
+import sys
+
+from infra.costrun.cli import main
+
+sys.exit(main())

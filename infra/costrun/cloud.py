@@ -1,0 +1,344 @@
+"""A cloud stack as a cost-run target: the Automation API deploys and destroys the project's own
+program and stack file; the provider's command channel reads the main node and runs the
+benchmark (AWS SSM ``send_command``, GCP IAP SSH, Azure Run Command); the audit asks the
+provider for anything still tagged or labelled with the stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from infra import outputs
+from infra.boot import VM_PATHS
+from infra.costrun.target import Prediction, StepError
+from infra.stack.config import ClusterConfig
+from infra.stack.files import REPO, stack_config, stack_values
+from infra.stack.settings import PROJECT
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def run_cli(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=3600)
+
+
+class Channel(Protocol):
+    def run(self, command: list[str], timeout: float) -> str: ...
+
+
+class SsmChannel:
+    """AWS: ``AWS-RunShellScript`` through SSM, as root, polled until it ends."""
+
+    def __init__(self, ssm: Any, instance_id: str, sleep: Callable[[float], None] = time.sleep):
+        self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
+
+    def run(self, command: list[str], timeout: float) -> str:
+        sent = self.ssm.send_command(
+            InstanceIds=[self.instance_id],
+            DocumentName="AWS-RunShellScript",
+            Parameters={"commands": [shlex.join(command)], "executionTimeout": [str(int(timeout))]},
+        )
+        command_id = sent["Command"]["CommandId"]
+        deadline = time.monotonic() + timeout + 60
+        while True:
+            self.sleep(2)
+            try:
+                result = self.ssm.get_command_invocation(
+                    CommandId=command_id, InstanceId=self.instance_id
+                )
+            except self.ssm.exceptions.InvocationDoesNotExist:
+                continue  # not registered yet
+            if result["Status"] == "Success":
+                return str(result["StandardOutputContent"])
+            if result["Status"] in {"Failed", "Cancelled", "TimedOut", "Cancelling"}:
+                raise StepError(
+                    f"SSM {result['Status']} on {self.instance_id}: "
+                    f"{result.get('StandardErrorContent', '').strip()[-500:]}"
+                )
+            if time.monotonic() > deadline:
+                raise StepError(f"SSM command {command_id} still {result['Status']}")
+
+
+class IapChannel:
+    """GCP: SSH through Identity-Aware Proxy with gcloud, the command run with sudo."""
+
+    def __init__(self, instance: str, zone: str, project: str, runner: Runner = run_cli):
+        self.instance, self.zone, self.project, self.runner = instance, zone, project, runner
+
+    def run(self, command: list[str], timeout: float) -> str:
+        result = self.runner([
+            "gcloud", "compute", "ssh", self.instance, "--zone", self.zone,
+            "--project", self.project, "--tunnel-through-iap", "--quiet",
+            "--command", f"sudo {shlex.join(command)}",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise StepError(f"gcloud compute ssh {self.instance}: {result.stderr.strip()[-500:]}")
+        return result.stdout
+
+
+class RunCommandChannel:
+    """Azure: Run Command (``RunShellScript``, as root); its message holds stdout and stderr."""
+
+    def __init__(self, vm: str, resource_group: str, runner: Runner = run_cli):
+        self.vm, self.resource_group, self.runner = vm, resource_group, runner
+
+    def run(self, command: list[str], timeout: float) -> str:
+        result = self.runner([
+            "az", "vm", "run-command", "invoke", "--resource-group", self.resource_group,
+            "--name", self.vm, "--command-id", "RunShellScript",
+            "--scripts", shlex.join(command), "--output", "json",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise StepError(f"az vm run-command on {self.vm}: {result.stderr.strip()[-500:]}")
+        message = json.loads(result.stdout)["value"][0]["message"]
+        stdout, _, stderr = message.partition("[stderr]")
+        if "[stdout]" not in stdout:
+            raise StepError(f"Run Command on {self.vm} said: {message[-500:]}")
+        if stderr.strip() and not stdout.split("[stdout]", 1)[1].strip():
+            raise StepError(f"Run Command on {self.vm}: {stderr.strip()[-500:]}")
+        return str(stdout.split("[stdout]", 1)[1].strip("\n"))
+
+
+def aws_leftovers(tagging: Any, ec2: Any, stack: str) -> list[str]:
+    """Everything tagged with the stack (Resource Groups Tagging API), cross-checked with EC2:
+    a terminated instance stays listed by tag for a while, and is not a leftover."""
+    found: list[str] = []
+    filters = [{"Key": "project", "Values": [PROJECT]}, {"Key": "stack", "Values": [stack]}]
+    for page in tagging.get_paginator("get_resources").paginate(TagFilters=filters):
+        found += [r["ResourceARN"] for r in page["ResourceTagMappingList"]]
+    live = set()
+    reservations = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:stack", "Values": [stack]},
+            {"Name": "instance-state-name",
+             "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]},
+        ]
+    )["Reservations"]  # fmt: skip
+    for reservation in reservations:
+        live |= {i["InstanceId"] for i in reservation["Instances"]}
+    leftovers = [arn for arn in found if ":instance/" not in arn]
+    leftovers += [arn for arn in found if ":instance/" in arn and arn.rsplit("/", 1)[1] in live]
+    listed = {arn.rsplit("/", 1)[1] for arn in found}
+    leftovers += [f"instance {i} (running, not yet in the tagging API)" for i in live - listed]
+    return leftovers
+
+
+def gcp_leftovers(project: str, stack: str, runner: Runner = run_cli) -> list[str]:
+    """Instances, disks and addresses labelled with the stack (networks and firewall rules carry
+    no labels; they go with the stack's destroy, which the audit follows)."""
+    leftovers = []
+    for kind in ("instances", "disks", "addresses"):
+        result = runner([
+            "gcloud", "compute", kind, "list", "--project", project,
+            f"--filter=labels.stack={stack} AND labels.project={PROJECT}", "--format=json",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise StepError(f"gcloud compute {kind} list: {result.stderr.strip()[-300:]}")
+        leftovers += [f"{kind[:-1]} {item['name']}" for item in json.loads(result.stdout or "[]")]
+    return leftovers
+
+
+def azure_leftovers(stack: str, runner: Runner = run_cli) -> list[str]:
+    """Resource groups and resources tagged with the stack."""
+    leftovers = []
+    for kind in ("group", "resource"):
+        result = runner([
+            "az", kind, "list", "--tag", f"stack={stack}", "--output", "json",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise StepError(f"az {kind} list: {result.stderr.strip()[-300:]}")
+        for item in json.loads(result.stdout or "[]"):
+            if item.get("tags", {}).get("project") == PROJECT:
+                leftovers.append(f"{kind} {item['name']}")
+    return leftovers
+
+
+class PulumiTarget:
+    """A stack from ``stacks/``, deployed with the Automation API."""
+
+    def __init__(
+        self,
+        stack: str,
+        *,
+        automation: Any = None,
+        aws_clients: Callable[[str, str], Any] | None = None,
+        runner: Runner = run_cli,
+        which: Callable[[str], str | None] = shutil.which,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.name = stack
+        self.config: ClusterConfig = stack_config(stack)
+        self.provider = self.config.cloud
+        self.values = stack_values(stack)
+        self._automation = automation
+        self._aws_clients = aws_clients
+        self.runner, self.which = runner, which
+        self.environ = os.environ if environ is None else environ
+        self._stack: Any = None
+        self.outputs: dict[str, Any] = {}
+
+    # --- what the run reports and predicts ---------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "provider": c.cloud,
+            "region": c.region,
+            "nodes": {
+                "main": c.main_instance_type.name,
+                "workers": c.worker_count,
+                "worker": c.instance_type.name,
+            },
+            "llama_cpp_commit": c.llama_cpp_commit,
+            "model": c.model.name,
+        }
+
+    def predict(self) -> Prediction:
+        from infra import costs  # noqa: PLC0415
+        from infra.clouds import FACTS  # noqa: PLC0415
+        from infra.planner import perf  # noqa: PLC0415
+
+        c = self.config
+        cost = c.hourly_cost
+        nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
+        disk = FACTS[c.cloud].disk.read_mibps(c.main_disk_gb, c.disk_throughput_mibps)
+        serve = perf.time_to_serve(c.model, c.main_instance_type, c.placement, disk)
+        kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
+        return Prediction(
+            hourly_usd=cost.total,
+            serve_seconds={
+                "boot_and_build": round(serve.boot_and_build_seconds, 1),
+                "download": round(serve.download_seconds, 1),
+                "load": round(serve.load_seconds, 1),
+                "total": round(serve.total_seconds, 1),
+            },
+            decode_tps=perf.decode_tps(c.model, nodes, c.placement, kv_tokens),
+            one_off_usd=costs.download_usd(c.cloud, c.model.size_bytes) or 0.0,
+            price_source="; ".join(cost.sources),
+            unpriced=tuple(cost.unpriced),
+            note=cost.basis,
+        )
+
+    # --- preflight -----------------------------------------------------------------------------
+
+    def preflight(self) -> list[str]:
+        missing = []
+        if self.which("pulumi") is None:
+            missing.append(
+                "the Pulumi CLI is not on PATH (the Automation API drives it): install it from "
+                "https://www.pulumi.com/docs/install/"
+            )
+        missing += getattr(self, f"_preflight_{self.provider}")()
+        return missing
+
+    def _preflight_aws(self) -> list[str]:
+        import boto3  # noqa: PLC0415
+
+        if boto3.Session(region_name=self.config.region).get_credentials() is None:
+            return [
+                "no AWS credentials: set AWS_PROFILE (after `aws sso login`) or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            ]
+        return []
+
+    def _preflight_gcp(self) -> list[str]:
+        missing = []
+        if self.which("gcloud") is None:
+            return ["gcloud is not on PATH: install the Google Cloud CLI (IAP SSH and the audit)"]
+        accounts = self.runner(
+            ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"]
+        )
+        if accounts.returncode != 0 or not accounts.stdout.strip():
+            missing.append("no active gcloud account: run `gcloud auth login`")
+        if not self.gcp_project:
+            missing.append(
+                "no GCP project: set `gcp:project` in the stack file or GOOGLE_CLOUD_PROJECT"
+            )
+        return missing
+
+    def _preflight_azure(self) -> list[str]:
+        if self.which("az") is None:
+            return ["az is not on PATH: install the Azure CLI (Run Command and the audit)"]
+        if self.runner(["az", "account", "show", "--output", "json"]).returncode != 0:
+            return ["no Azure login: run `az login` (and `az account set --subscription ...`)"]
+        return []
+
+    @property
+    def gcp_project(self) -> str:
+        return str(self.values.get("gcp:project") or self.environ.get("GOOGLE_CLOUD_PROJECT", ""))
+
+    # --- deploy, read, destroy -----------------------------------------------------------------
+
+    @property
+    def automation(self) -> Any:
+        if self._automation is None:
+            from pulumi import automation  # noqa: PLC0415
+
+            self._automation = automation
+        return self._automation
+
+    def _pulumi_stack(self) -> Any:
+        if self._stack is None:
+            self._stack = self.automation.create_or_select_stack(
+                stack_name=self.name, work_dir=str(REPO)
+            )
+        return self._stack
+
+    def up(self) -> dict[str, Any]:
+        try:
+            result = self._pulumi_stack().up(on_output=lambda line: None)
+        except Exception as error:
+            raise StepError(f"pulumi up {self.name} failed: {error}") from None
+        self.outputs = {key: item.value for key, item in result.outputs.items()}
+        return self.outputs
+
+    def channel(self) -> Channel:
+        main = str(self.outputs[outputs.MAIN_INSTANCE_ID])
+        connect = str(self.outputs.get(outputs.CONNECT_COMMAND, ""))
+        if self.provider == "aws":
+            return SsmChannel(self._client("ssm"), main)
+        if self.provider == "gcp":
+            zone = re.search(r"--zone[ =](\S+)", connect)
+            return IapChannel(main, zone.group(1) if zone else "", self.gcp_project, self.runner)
+        group = re.search(r"--resource-group[ =](\S+)", connect)
+        return RunCommandChannel(main, group.group(1) if group else "", self.runner)
+
+    def _client(self, service: str) -> Any:
+        if self._aws_clients is not None:
+            return self._aws_clients(service, self.config.region)
+        import boto3  # noqa: PLC0415
+
+        return boto3.client(service, region_name=self.config.region)  # type: ignore[call-overload]
+
+    def node_status(self) -> dict[str, Any]:
+        text = self.channel().run(["cat", f"{VM_PATHS.data_dir}/status.json"], timeout=120)
+        try:
+            status: dict[str, Any] = json.loads(text)
+        except json.JSONDecodeError:
+            raise StepError(f"the status file is not JSON yet: {text[:200]!r}") from None
+        return status
+
+    def run_on_main(self, command: list[str], timeout: float) -> str:
+        return self.channel().run(command, timeout)
+
+    def destroy(self) -> None:
+        try:
+            self._pulumi_stack().destroy(on_output=lambda line: None)
+        except Exception as error:
+            raise StepError(f"pulumi destroy {self.name} failed: {error}") from None
+
+    def leftovers(self) -> list[str]:
+        if self.provider == "aws":
+            return aws_leftovers(
+                self._client("resourcegroupstaggingapi"), self._client("ec2"), self.name
+            )
+        if self.provider == "gcp":
+            return gcp_leftovers(self.gcp_project, self.name, self.runner)
+        return azure_leftovers(self.name, self.runner)

@@ -1,0 +1,178 @@
+"""One stack's cost run, step by step: preflight, up, wait until serving, benchmark, then destroy
+and audit whatever happened (unless kept), each step an event."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from infra.boot import VM_PATHS
+from infra.costrun.events import EventLog
+from infra.costrun.target import Prediction, StepError, Target
+
+BENCH_COMMAND = (f"{VM_PATHS.bin_dir}/llama-rpc-bench",)
+# For the predicted cost of a run: the benchmark and the destroy, beyond the time to serve.
+BENCH_ESTIMATE_SECONDS = 600
+DESTROY_ESTIMATE_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    bench_args: tuple[str, ...] = ()
+    timeout_seconds: float = 3600  # from `up` until the main node serves
+    max_usd: float | None = None
+    keep: bool = False
+    poll_seconds: float = 10
+    bench_timeout_seconds: float = 7200
+
+
+def predicted_usd(prediction: Prediction) -> float | None:
+    """The run's predicted cost for a stack: its $/h over the time to serve, the benchmark and
+    the destroy, plus one-off charges."""
+    if prediction.hourly_usd is None:
+        return None
+    seconds = prediction.serve_seconds.get("total", 0) + BENCH_ESTIMATE_SECONDS
+    seconds += DESTROY_ESTIMATE_SECONDS
+    return prediction.hourly_usd * seconds / 3600 + prediction.one_off_usd
+
+
+class Spend:
+    """Dollars so far: $/h since `up` began, plus one-off charges."""
+
+    def __init__(self, prediction: Prediction, clock: Callable[[], float]) -> None:
+        self.hourly = prediction.hourly_usd or 0.0
+        self.one_off = prediction.one_off_usd
+        self.clock = clock
+        self.started: float | None = None
+        self.stopped: float | None = None
+
+    def start(self) -> None:
+        self.started = self.clock()
+
+    def stop(self) -> None:
+        if self.started is not None and self.stopped is None:
+            self.stopped = self.clock()
+
+    @property
+    def seconds(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.stopped or self.clock()) - self.started
+
+    @property
+    def usd(self) -> float:
+        return 0.0 if self.started is None else self.hourly * self.seconds / 3600 + self.one_off
+
+
+def run_stack(
+    target: Target,
+    log: EventLog,
+    options: RunOptions,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] | None = None,
+) -> bool:
+    """The whole cost run of one stack; True when it served, was measured and left nothing."""
+    sleep = sleep or time.sleep
+    measured = False
+    clean = True
+    spend: Spend | None = None
+    try:
+        log.emit("preflight")
+        missing = target.preflight()
+        if missing:
+            raise StepError("preflight: " + "; ".join(missing))
+        prediction = target.predict()
+        spend = Spend(prediction, clock)
+        log.emit("predicted", prediction=prediction.to_json(), stack=target.describe())
+        log.emit("up")
+        spend.start()
+        outputs = target.up()
+        log.emit("up_done", outputs=outputs, seconds=round(spend.seconds, 1))
+        log.emit("wait")
+        status = _wait_serving(target, log, options, spend=spend, sleep=sleep, clock=clock)
+        log.emit("serving", status=status, seconds=round(spend.seconds, 1))
+        log.emit("bench")
+        command = [*BENCH_COMMAND, *options.bench_args]
+        output = target.run_on_main(command, options.bench_timeout_seconds)
+        try:
+            result = json.loads(output)
+        except json.JSONDecodeError:
+            raise StepError(f"the benchmark printed no JSON: {output[-300:]!r}") from None
+        log.emit("bench_done", result=result, seconds=round(spend.seconds, 1))
+        measured = True
+    except KeyboardInterrupt:
+        log.emit("interrupted")
+        raise
+    except StepError as error:
+        log.emit("error", message=str(error))
+    except Exception as error:
+        log.emit("error", message=f"{type(error).__name__}: {error}")
+    finally:
+        if spend is not None and spend.started is not None:
+            clean = _destroy_and_audit(target, log, options, spend)
+        log.emit(
+            "finished",
+            ok=measured and clean,
+            spent_usd=round(spend.usd, 4) if spend else 0.0,
+            seconds=round(spend.seconds, 1) if spend else 0.0,
+        )
+    return measured and clean
+
+
+def _wait_serving(
+    target: Target,
+    log: EventLog,
+    options: RunOptions,
+    *,
+    spend: Spend,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> dict[str, Any]:
+    deadline = clock() + options.timeout_seconds
+    seen = ""
+    while True:
+        if options.max_usd is not None and spend.usd > options.max_usd:
+            raise StepError(f"over budget: ${spend.usd:.2f} spent of --max-usd {options.max_usd}")
+        try:
+            status = target.node_status()
+        except StepError as error:  # the channel may not answer yet (an agent still starting)
+            status = {"phase": "unreachable", "last_error": str(error)}
+        phase = str(status.get("phase", "starting"))
+        if phase != seen:
+            log.emit("phase", phase=phase, seconds=round(spend.seconds, 1))
+            seen = phase
+        if phase == "serving":
+            return status
+        if phase == "failed":
+            raise StepError(f"the main node failed: {status.get('last_error')}")
+        if clock() > deadline:
+            raise StepError(
+                f"not serving after {options.timeout_seconds:.0f} s (phase {phase}; "
+                f"{status.get('last_error') or 'no error reported'}); raise --timeout"
+            )
+        sleep(options.poll_seconds)
+
+
+def _destroy_and_audit(target: Target, log: EventLog, options: RunOptions, spend: Spend) -> bool:
+    if options.keep:
+        log.emit("kept", message="--keep: the stack keeps running, and costing")
+        return True
+    log.emit("destroy")
+    try:
+        target.destroy()
+        spend.stop()
+        log.emit("destroyed", seconds=round(spend.seconds, 1))
+    except Exception as error:
+        spend.stop()
+        log.emit("error", message=f"destroy failed: {error}")
+    log.emit("audit")
+    try:
+        leftovers = target.leftovers()
+    except Exception as error:
+        leftovers = [f"the audit could not look: {error}"]
+    log.emit("audited", leftovers=leftovers)
+    return not leftovers

@@ -1,0 +1,181 @@
+"""The cost run's report, made from the events alone: ``report.json`` (versioned), ``report.md``
+and ``report.png`` (measured next to predicted, per stack)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.costrun.events import last, phase_of, read_events, stack_dirs
+
+SCHEMA_VERSION = 1
+
+
+def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    predicted_event = last(events, "predicted") or {}
+    prediction = predicted_event.get("prediction", {})
+    serving = last(events, "serving")
+    bench = (last(events, "bench_done") or {}).get("result")
+    finished = last(events, "finished") or {}
+    audited = last(events, "audited")
+    status = serving["status"] if serving else {}
+    measured_serve = {
+        "total": serving["seconds"] if serving else None,
+        # A build the node found complete took no time.
+        "build": status.get("build_seconds", 0.0 if status.get("build_skipped") else None),
+        "download": status.get("download_seconds"),
+        "wait": status.get("wait_seconds"),
+        "load": status.get("load_seconds"),
+    }
+    decode = (bench or {}).get("llama_bench") or {}
+    decode_tps = decode.get("decode_tps") or (bench or {}).get("requests", {}).get("decode_tps")
+    hourly = prediction.get("hourly_usd")
+    mean_tps = decode_tps["mean"] if decode_tps else None
+    return {
+        "stack": name,
+        **predicted_event.get("stack", {}),
+        "phase": phase_of(events),
+        "ok": bool(finished.get("ok")),
+        "errors": [e["message"] for e in events if e["event"] == "error"],
+        "predicted": prediction,
+        "measured": {
+            "serve_seconds": measured_serve,
+            "prompt_tps": ((bench or {}).get("llama_bench") or {}).get("prompt_tps"),
+            "decode_tps": decode_tps,
+            "requests": (bench or {}).get("requests"),
+        },
+        "hourly_usd": hourly,
+        "spent_usd": finished.get("spent_usd"),
+        "seconds_up": finished.get("seconds"),
+        "usd_per_million_tokens": (
+            round(hourly / (mean_tps * 3600) * 1e6, 3) if hourly is not None and mean_tps else None
+        ),
+        "leftovers": audited["leftovers"] if audited else None,
+        "kept": last(events, "kept") is not None,
+    }
+
+
+def build(run_dir: Path) -> dict[str, Any]:
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": run,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "stacks": [
+            stack_report(d.name, read_events(d / "events.jsonl")) for d in stack_dirs(run_dir)
+        ],
+    }
+
+
+def _figure(value: Any, digits: int = 1, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, dict):
+        return f"{value['mean']:.{digits}f} ± {value['stdev']:.{digits}f}{unit}"
+    return f"{value:.{digits}f}{unit}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    run = report["run"]
+    lines = [
+        f"# Cost run {run.get('id', '')}",
+        "",
+        f"Stacks: {', '.join(s['stack'] for s in report['stacks'])}. Generated "
+        f"{report['generated_at']} (report schema {report['schema_version']}).",
+        "",
+        "| stack | nodes | time to serve (s): measured / predicted | prompt tok/s | decode tok/s: "
+        "measured / predicted | $/h | $ spent | $/Mtok | left behind | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in report["stacks"]:
+        measured, predicted = s["measured"], s["predicted"]
+        left = s["leftovers"]
+        behind = "nothing" if left == [] else "; ".join(left or ["not audited"])
+        lines.append(
+            f"| {s['stack']} | {_nodes(s)} "
+            f"| {_figure(measured['serve_seconds']['total'])} / "
+            f"{_figure(predicted.get('serve_seconds', {}).get('total'))} "
+            f"| {_figure(measured['prompt_tps'])} "
+            f"| {_figure(measured['decode_tps'])} / {_figure(predicted.get('decode_tps'))} "
+            f"| {_figure(s['hourly_usd'], 4)} | {_figure(s['spent_usd'], 4)} "
+            f"| {_figure(s['usd_per_million_tokens'], 2)} "
+            f"| {'kept (--keep)' if s['kept'] else behind} "
+            f"| {'ok' if s['ok'] else 'FAILED'} |"
+        )
+    lines.append("")
+    for s in report["stacks"]:
+        lines += [f"## {s['stack']}", ""]
+        for key in ("provider", "region", "machine", "nodes", "llama_cpp_commit", "model"):
+            if key in s:
+                lines.append(f"- {key.replace('_', ' ')}: {s[key]}")
+        serve = s["measured"]["serve_seconds"]
+        lines.append(
+            "- time to serve, measured: "
+            + ", ".join(f"{k} {_figure(v)} s" for k, v in serve.items())
+        )
+        predicted = s["predicted"]
+        if predicted.get("serve_seconds"):
+            lines.append(
+                "- time to serve, predicted: "
+                + ", ".join(f"{k} {v:.0f} s" for k, v in predicted["serve_seconds"].items())
+            )
+        requests = s["measured"]["requests"]
+        if requests:
+            lines.append(
+                f"- {requests['count']} seeded requests of {requests['prompt_tokens']} prompt and "
+                f"{requests['predicted_tokens']} generated tokens: prompt "
+                f"{_figure(requests['prompt_tps'])}, decode {_figure(requests['decode_tps'])} tok/s"
+            )
+        if predicted.get("price_source"):
+            lines.append(f"- prices: {predicted['price_source']}")
+        if predicted.get("note"):
+            lines.append(f"- {predicted['note']}")
+        for error in s["errors"]:
+            lines.append(f"- error: {error}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _nodes(stack: dict[str, Any]) -> str:
+    nodes = stack.get("nodes")
+    if not nodes:
+        return "n/a"
+    return f"1 x {nodes['main']} + {nodes['workers']} x {nodes.get('worker', nodes['main'])}"
+
+
+def chart(report: dict[str, Any], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415 (only the report needs it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    stacks = report["stacks"]
+    names = [s["stack"] for s in stacks]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, title, measured, predicted in (
+        (axes[0], "time to serve (s)",
+         [s["measured"]["serve_seconds"]["total"] for s in stacks],
+         [s["predicted"].get("serve_seconds", {}).get("total") for s in stacks]),
+        (axes[1], "decode tokens/s",
+         [(s["measured"]["decode_tps"] or {}).get("mean") for s in stacks],
+         [s["predicted"].get("decode_tps") for s in stacks]),
+    ):  # fmt: skip
+        positions = range(len(names))
+        axis.bar([p - 0.2 for p in positions], [m or 0 for m in measured], 0.4, label="measured")
+        axis.bar([p + 0.2 for p in positions], [p or 0 for p in predicted], 0.4, label="predicted")
+        axis.set_xticks(list(positions), names)
+        axis.set_title(title)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write(run_dir: Path) -> dict[str, Any]:
+    report = build(run_dir)
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (run_dir / "report.md").write_text(markdown(report))
+    chart(report, run_dir / "report.png")
+    return report

@@ -1,0 +1,69 @@
+"""What a cost run needs of a deployment, whatever runs it: the local cluster or a cloud stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class StepError(RuntimeError):
+    """A step of a stack's cost run failed; the message says what and what to do."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's figures for a stack, to set beside the measured ones."""
+
+    hourly_usd: float | None
+    serve_seconds: dict[str, float] = field(default_factory=dict)  # phase: seconds, and "total"
+    decode_tps: float | None = None
+    one_off_usd: float = 0.0  # e.g. the model's download through a NAT gateway
+    price_source: str = ""
+    unpriced: tuple[str, ...] = ()
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hourly_usd": self.hourly_usd,
+            "serve_seconds": self.serve_seconds,
+            "decode_tps": self.decode_tps,
+            "one_off_usd": self.one_off_usd,
+            "price_source": self.price_source,
+            "unpriced": list(self.unpriced),
+            "note": self.note,
+        }
+
+
+class Target(Protocol):
+    """One stack under test. Every method may raise ``StepError``."""
+
+    name: str
+    provider: str  # "aws", "gcp", "azure" or "local"
+
+    def describe(self) -> dict[str, Any]:
+        """Instance types and counts, llama.cpp commit, region: for the report."""
+        ...
+
+    def predict(self) -> Prediction: ...
+
+    def preflight(self) -> list[str]:
+        """What is missing to run this stack (credentials, tools), each a sentence; [] if none."""
+        ...
+
+    def up(self) -> dict[str, Any]:
+        """Deploy; the stack's outputs."""
+        ...
+
+    def node_status(self) -> dict[str, Any]:
+        """The main node's status file, read through the provider's command channel."""
+        ...
+
+    def run_on_main(self, command: list[str], timeout: float) -> str:
+        """Run a command as root on the main node; its standard output."""
+        ...
+
+    def destroy(self) -> None: ...
+
+    def leftovers(self) -> list[str]:
+        """Everything of the stack still there after destroy, each named; [] if nothing."""
+        ...

@@ -1,0 +1,491 @@
+"""Cost runs without a cloud: the pipeline against a fake target that fails where it is told to,
+the cloud target against an Automation API stand-in, botocore's Stubber (SSM, tagging, EC2) and
+recorded gcloud and az output. Nothing here reaches a network."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from infra import outputs
+from infra.costrun import cli, report
+from infra.costrun.cloud import (
+    IapChannel,
+    PulumiTarget,
+    RunCommandChannel,
+    SsmChannel,
+    aws_leftovers,
+    azure_leftovers,
+    gcp_leftovers,
+)
+from infra.costrun.events import EventLog, needs_cleanup, read_events
+from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
+from infra.costrun.target import Prediction, StepError
+
+COMMAND_ID = "0b6c1f3e-2d4a-4c5b-9e8f-7a6b5c4d3e2f"  # SSM's ids are UUIDs
+BENCH = {
+    "schema": 1,
+    "requests": {
+        "count": 2, "prompt_tokens": 100, "predicted_tokens": 50,
+        "prompt_tps": {"mean": 90.0, "stdev": 1.0, "runs": 2},
+        "decode_tps": {"mean": 9.0, "stdev": 0.5, "runs": 2},
+    },
+    "llama_bench": {
+        "prompt_tokens": 128, "gen_tokens": 64, "threads": 64,
+        "prompt_tps": {"mean": 100.0, "stdev": 2.0, "runs": 3},
+        "decode_tps": {"mean": 10.0, "stdev": 0.2, "runs": 3},
+    },
+}  # fmt: skip
+
+
+class FakeTarget:
+    """A stack that records each call and fails at the step it is told to."""
+
+    provider = "aws"
+
+    def __init__(self, name: str = "fake", fail: str = "", hourly: float | None = 3.6) -> None:
+        self.name, self.fail, self.hourly = name, fail, hourly
+        self.calls: list[str] = []
+        self.statuses = [{"phase": "building"}, {"phase": "loading"}, {"phase": "serving"}]
+        self.destroyed = False
+
+    def _step(self, name: str) -> None:
+        self.calls.append(name)
+        if self.fail == name:
+            raise StepError(f"{name} broke")
+        if self.fail == f"{name}:interrupt":
+            raise KeyboardInterrupt
+
+    def describe(self) -> dict[str, Any]:
+        return {"provider": "aws", "nodes": {"main": "m", "workers": 2, "worker": "w"}}
+
+    def predict(self) -> Prediction:
+        return Prediction(
+            hourly_usd=self.hourly, serve_seconds={"total": 600.0}, decode_tps=12.0,
+            one_off_usd=1.0, price_source="test prices, 2026-01-01",
+        )  # fmt: skip
+
+    def preflight(self) -> list[str]:
+        self.calls.append("preflight")
+        return ["no credentials: log in"] if self.fail == "preflight" else []
+
+    def up(self) -> dict[str, Any]:
+        self._step("up")
+        return {outputs.MAIN_INSTANCE_ID: "i-main"}
+
+    def node_status(self) -> dict[str, Any]:
+        self._step("status")
+        if self.fail == "node":
+            return {"phase": "failed", "last_error": "checksum mismatch for the model"}
+        if self.fail == "slow":
+            return {"phase": "loading"}
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    def run_on_main(self, command: list[str], timeout: float) -> str:
+        self._step("bench")
+        assert command[: len(BENCH_COMMAND)] == list(BENCH_COMMAND)
+        return "Traceback: nothing useful" if self.fail == "garbage" else json.dumps(BENCH)
+
+    def destroy(self) -> None:
+        self._step("destroy")
+        self.destroyed = True
+
+    def leftovers(self) -> list[str]:
+        self.calls.append("audit")
+        return [] if self.destroyed else ["arn:aws:ec2:us-east-1:1:instance/i-main"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def run(target: FakeTarget, tmp_path: Path, **options: Any) -> tuple[bool, list[dict[str, Any]]]:
+    clock = Clock()
+    log = EventLog(tmp_path / target.name)
+    ok = run_stack(
+        target, log, RunOptions(poll_seconds=60, **options), clock=clock, sleep=clock.sleep
+    )
+    return ok, log.events()
+
+
+def names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["event"] for e in events]
+
+
+def test_a_stack_is_deployed_measured_destroyed_and_audited(tmp_path: Path) -> None:
+    target = FakeTarget()
+    ok, events = run(target, tmp_path)
+    assert ok
+    assert target.calls == [
+        "preflight", "up", "status", "status", "status", "bench", "destroy", "audit",
+    ]  # fmt: skip
+    assert names(events)[:5] == ["preflight", "predicted", "up", "up_done", "wait"]
+    assert names(events)[-5:] == ["destroy", "destroyed", "audit", "audited", "finished"]
+    finished = events[-1]
+    # Two polls of 60 s on the fake clock: $3.6/h for 120 s, plus the $1 one-off.
+    assert finished["spent_usd"] == pytest.approx(3.6 * 120 / 3600 + 1.0)
+
+
+@pytest.mark.parametrize("step", ["up", "status", "bench", "garbage"])
+def test_a_failure_half_way_still_destroys_and_audits(tmp_path: Path, step: str) -> None:
+    target = FakeTarget(fail=step)
+    ok, events = run(target, tmp_path)
+    assert not ok
+    assert target.calls[-2:] == ["destroy", "audit"]
+    error = next(e for e in events if e["event"] == "error")
+    assert ("broke" if step != "garbage" else "printed no JSON") in error["message"]
+    assert events[-1] == {**events[-1], "event": "finished", "ok": False}
+
+
+def test_nothing_is_created_when_preflight_finds_something_missing(tmp_path: Path) -> None:
+    target = FakeTarget(fail="preflight")
+    ok, events = run(target, tmp_path)
+    assert not ok and target.calls == ["preflight"]
+    assert "preflight: no credentials: log in" in events[1]["message"]
+
+
+def test_a_failed_destroy_is_reported_by_the_audit(tmp_path: Path) -> None:
+    target = FakeTarget(fail="destroy")
+    ok, events = run(target, tmp_path)
+    assert not ok
+    audited = next(e for e in events if e["event"] == "audited")
+    assert audited["leftovers"] == ["arn:aws:ec2:us-east-1:1:instance/i-main"]
+    stack = report.stack_report("fake", events)
+    assert stack["leftovers"] == audited["leftovers"] and not stack["ok"]
+
+
+def test_a_node_that_fails_stops_the_wait_at_once_with_its_error(tmp_path: Path) -> None:
+    target = FakeTarget(fail="node")
+    ok, events = run(target, tmp_path)
+    assert not ok and target.calls.count("status") == 1
+    assert "the main node failed: checksum mismatch" in events_message(events)
+
+
+def events_message(events: list[dict[str, Any]]) -> str:
+    return next(e["message"] for e in events if e["event"] == "error")
+
+
+def test_a_stack_that_never_serves_stops_at_the_timeout(tmp_path: Path) -> None:
+    target = FakeTarget(fail="slow")
+    ok, events = run(target, tmp_path, timeout_seconds=300)
+    assert not ok and target.destroyed
+    assert "not serving after 300 s (phase loading" in events_message(events)
+
+
+def test_a_run_that_goes_over_its_budget_is_stopped_and_destroyed(tmp_path: Path) -> None:
+    target = FakeTarget(fail="slow", hourly=36.0)  # $0.6 a minute, $1 at once
+    ok, events = run(target, tmp_path, max_usd=2.0)
+    assert not ok and target.destroyed
+    assert "over budget" in events_message(events)
+    assert events[-1]["spent_usd"] == pytest.approx(2.2)  # stopped at the first poll over
+
+
+def test_sigint_destroys_audits_and_then_stops(tmp_path: Path) -> None:
+    target = FakeTarget(fail="status:interrupt")
+    clock = Clock()
+    log = EventLog(tmp_path / "fake")
+    with pytest.raises(KeyboardInterrupt):
+        run_stack(target, log, RunOptions(), clock=clock, sleep=clock.sleep)
+    assert target.calls[-2:] == ["destroy", "audit"]
+    assert "interrupted" in names(log.events())
+
+
+def test_keep_leaves_the_stack_up_and_says_so(tmp_path: Path) -> None:
+    target = FakeTarget()
+    ok, events = run(target, tmp_path, keep=True)
+    assert ok and not target.destroyed and "destroy" not in target.calls
+    assert "kept" in names(events)
+
+
+def test_the_predicted_cost_counts_serve_bench_destroy_and_one_off() -> None:
+    prediction = FakeTarget(hourly=3.6).predict()
+    assert predicted_usd(prediction) == pytest.approx(3.6 * (600 + 600 + 300) / 3600 + 1.0)
+    assert predicted_usd(FakeTarget(hourly=None).predict()) is None
+
+
+@pytest.fixture
+def fake_targets(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeTarget]:
+    made: dict[str, FakeTarget] = {}
+
+    def cloud(stack: str) -> FakeTarget:
+        made[stack] = FakeTarget(stack, fail="destroy" if stack == "leaky" else "")
+        return made[stack]
+
+    monkeypatch.setattr(cli, "_cloud_target", cloud)
+    monkeypatch.setattr("infra.costrun.pipeline.time.sleep", lambda _: None)
+    return made
+
+
+def test_the_command_refuses_a_run_predicted_over_max_usd(tmp_path, fake_targets, capsys) -> None:
+    code = cli.main(["run", "--stacks", "a,b", "--max-usd", "4.5", "--out", str(tmp_path)])
+    assert code == 2
+    # Each: $3.6/h over 600 s to serve, 600 s of benchmark, 300 s of destroy, and $1 at once.
+    assert "--max-usd 4.5: the run is predicted at $5.00" in capsys.readouterr().err
+    assert all(t.calls == [] for t in fake_targets.values()) and not list(tmp_path.iterdir())
+
+
+def test_a_dry_run_creates_nothing(tmp_path, fake_targets, capsys) -> None:
+    assert cli.main(["run", "--stacks", "a", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert "predicted cost of the run: $2.50" in capsys.readouterr().out
+    assert fake_targets["a"].calls == [] and not list(tmp_path.iterdir())
+
+
+def test_the_command_reports_every_stack_and_fails_loudly_on_a_leftover(
+    tmp_path, fake_targets, capsys
+) -> None:
+    code = cli.main(["run", "--stacks", "good,leaky", "--parallel", "--out", str(tmp_path)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "LEFT BEHIND by leaky: ['arn:aws:ec2:us-east-1:1:instance/i-main']" in err
+    (run_dir,) = tmp_path.iterdir()
+    written = json.loads((run_dir / "report.json").read_text())
+    assert written["schema_version"] == report.SCHEMA_VERSION
+    stacks = {s["stack"]: s for s in written["stacks"]}
+    assert stacks["good"]["ok"] and stacks["good"]["leftovers"] == []
+    assert stacks["good"]["measured"]["decode_tps"]["mean"] == 10.0
+    # $3.6/h at 10 tok/s: 100 $ per million tokens.
+    assert stacks["good"]["usd_per_million_tokens"] == 100.0
+    assert not stacks["leaky"]["ok"]
+    markdown = (run_dir / "report.md").read_text()
+    assert "| good | 1 x m + 2 x w |" in markdown and "instance/i-main" in markdown
+    assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_crashed_run_is_cleaned_up_and_reported(tmp_path, fake_targets, monkeypatch) -> None:
+    run_dir = tmp_path / "crashed"
+    (run_dir).mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"id": "crashed", "targets": {}}))
+    log = EventLog(run_dir / "s1")
+    for event in ("preflight", "up", "up_done", "wait"):
+        log.emit(event)
+    EventLog(run_dir / "s2").emit("preflight")  # never got to `up`: nothing to clean
+    assert needs_cleanup(log.events())
+    assert cli.main(["cleanup", "crashed", "--out", str(tmp_path)]) == 0
+    assert fake_targets["s1"].calls == ["destroy", "audit"] and "s2" not in fake_targets
+    assert not needs_cleanup(read_events(run_dir / "s1" / "events.jsonl"))
+    assert cli.main(["status", "crashed", "--out", str(tmp_path)]) == 0
+    assert (run_dir / "report.md").exists()
+
+
+def test_an_unknown_stack_is_named_with_the_ones_there_are(tmp_path, capsys) -> None:
+    assert cli.main(["run", "--stacks", "aws-c9g", "--dry-run", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "stack 'aws-c9g': no stacks/Pulumi.aws-c9g.yaml" in err and "aws-c8g" in err
+
+
+# --- the cloud target ---------------------------------------------------------------------------
+
+
+class FakeStack:
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def up(self, on_output: Any = None) -> Any:
+        self.calls.append("up")
+
+        class Output:
+            def __init__(self, value: Any) -> None:
+                self.value = value
+
+        class Result:
+            def __init__(self) -> None:
+                self.outputs = {
+                    outputs.MAIN_INSTANCE_ID: Output("i-0main"),
+                    outputs.CONNECT_COMMAND: Output("aws ssm start-session --target i-0main"),
+                }
+
+        return Result()
+
+    def destroy(self, on_output: Any = None) -> None:
+        self.calls.append("destroy")
+
+
+class FakeAutomation:
+    """Stands in for ``pulumi.automation``: records which stack and program it was asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def create_or_select_stack(self, stack_name: str, work_dir: str) -> FakeStack:
+        self.calls.append(f"select {stack_name} in {Path(work_dir).name}")
+        return FakeStack(self.calls)
+
+
+def aws_clients() -> tuple[dict[str, Any], dict[str, Stubber]]:
+    clients = {
+        name: boto3.client(
+            name,
+            region_name="us-east-1",
+            aws_access_key_id="k",  # type: ignore[call-overload]
+            aws_secret_access_key="s",
+        )
+        for name in ("ssm", "resourcegroupstaggingapi", "ec2")
+    }
+    return clients, {name: Stubber(client) for name, client in clients.items()}
+
+
+def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real_apis() -> None:
+    automation = FakeAutomation()
+    clients, stubs = aws_clients()
+    target = PulumiTarget(
+        "aws-c8g", automation=automation, aws_clients=lambda service, region: clients[service],
+        which=lambda tool: f"/usr/bin/{tool}",
+    )  # fmt: skip
+    ssm = stubs["ssm"]
+    for command, stdout in (
+        ("cat /var/lib/llama-rpc/status.json", '{"phase": "serving"}'),
+        ("/opt/llama-rpc/bin/llama-rpc-bench --requests 2", json.dumps(BENCH)),
+    ):
+        ssm.add_response(
+            "send_command", {"Command": {"CommandId": COMMAND_ID}},
+            {"InstanceIds": ["i-0main"], "DocumentName": "AWS-RunShellScript",
+             "Parameters": {"commands": [command], "executionTimeout": [ANY]}},
+        )  # fmt: skip
+        ssm.add_client_error("get_command_invocation", "InvocationDoesNotExist")
+        ssm.add_response(
+            "get_command_invocation", {"Status": "InProgress"},
+            {"CommandId": COMMAND_ID, "InstanceId": "i-0main"},
+        )  # fmt: skip
+        ssm.add_response(
+            "get_command_invocation", {"Status": "Success", "StandardOutputContent": stdout},
+            {"CommandId": COMMAND_ID, "InstanceId": "i-0main"},
+        )  # fmt: skip
+    with ssm:
+        assert target.up()[outputs.MAIN_INSTANCE_ID] == "i-0main"
+        channel = target.channel()
+        assert isinstance(channel, SsmChannel)
+        channel.sleep = lambda _: None
+        target.channel = lambda: channel  # type: ignore[method-assign]
+        assert target.node_status() == {"phase": "serving"}
+        bench = target.run_on_main([*BENCH_COMMAND, "--requests", "2"], timeout=600)
+        assert json.loads(bench) == BENCH
+        target.destroy()
+    ssm.assert_no_pending_responses()
+    assert automation.calls == ["select aws-c8g in main", "up", "destroy"]
+    described = target.describe()
+    assert described["nodes"]["main"] == "c8g.16xlarge" and described["provider"] == "aws"
+    prediction = target.predict()
+    assert prediction.hourly_usd == target.config.hourly_cost.total
+    assert set(prediction.serve_seconds) == {"boot_and_build", "download", "load", "total"}
+
+
+def test_a_failed_ssm_command_is_an_error_with_its_output() -> None:
+    clients, stubs = aws_clients()
+    stubs["ssm"].add_response("send_command", {"Command": {"CommandId": COMMAND_ID}})
+    stubs["ssm"].add_response(
+        "get_command_invocation", {"Status": "Failed", "StandardErrorContent": "no such file"}
+    )
+    with stubs["ssm"], pytest.raises(StepError, match="SSM Failed on i-1: no such file"):
+        SsmChannel(clients["ssm"], "i-1", sleep=lambda _: None).run(["cat", "x"], 60)
+
+
+def test_the_aws_audit_lists_what_is_tagged_and_still_running() -> None:
+    clients, stubs = aws_clients()
+    arns = [
+        "arn:aws:ec2:us-east-1:1:instance/i-gone",  # terminated: listed by tag a while longer
+        "arn:aws:ec2:us-east-1:1:instance/i-alive",
+        "arn:aws:ec2:us-east-1:1:natgateway/nat-1",
+    ]
+    stubs["resourcegroupstaggingapi"].add_response(
+        "get_resources",
+        {"ResourceTagMappingList": [{"ResourceARN": a} for a in arns]},
+        {"TagFilters": [{"Key": "project", "Values": ["llama-rpc-cluster"]},
+                        {"Key": "stack", "Values": ["aws-c8g"]}]},
+    )  # fmt: skip
+    stubs["ec2"].add_response(
+        "describe_instances",
+        {"Reservations": [{"Instances": [{"InstanceId": "i-alive"}, {"InstanceId": "i-new"}]}]},
+    )
+    with stubs["resourcegroupstaggingapi"], stubs["ec2"]:
+        found = aws_leftovers(clients["resourcegroupstaggingapi"], clients["ec2"], "aws-c8g")
+    assert found == [
+        "arn:aws:ec2:us-east-1:1:natgateway/nat-1",
+        "arn:aws:ec2:us-east-1:1:instance/i-alive",
+        "instance i-new (running, not yet in the tagging API)",
+    ]
+
+
+def recorded(outputs_by_command: dict[str, tuple[int, str]]) -> Any:
+    """A CLI runner that answers from recorded output, keyed by the command's first words."""
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        key = next(k for k in outputs_by_command if " ".join(argv).startswith(k))
+        code, out = outputs_by_command[key]
+        return subprocess.CompletedProcess(list(argv), code, out if code == 0 else "", out)
+
+    runner.calls = calls  # type: ignore[attr-defined]
+    return runner
+
+
+def test_gcp_reads_the_node_through_iap_and_audits_by_label() -> None:
+    runner = recorded({
+        "gcloud compute ssh": (0, '{"phase": "serving"}\n'),
+        "gcloud compute instances list": (0, '[{"name": "gcp-c4a-main"}]'),
+        "gcloud compute disks list": (0, "[]"),
+        "gcloud compute addresses list": (0, "[]"),
+    })  # fmt: skip
+    channel = IapChannel("gcp-c4a-main", "us-central1-c", "proj", runner)
+    assert json.loads(channel.run(["cat", "/var/lib/llama-rpc/status.json"], 60))["phase"] == (
+        "serving"
+    )
+    assert runner.calls[0][-1] == "sudo cat /var/lib/llama-rpc/status.json"
+    assert "--tunnel-through-iap" in runner.calls[0]
+    assert gcp_leftovers("proj", "gcp-c4a", runner) == ["instance gcp-c4a-main"]
+    assert "--filter=labels.stack=gcp-c4a AND labels.project=llama-rpc-cluster" in runner.calls[1]
+
+
+def test_azure_runs_the_command_through_run_command_and_audits_by_tag() -> None:
+    message = 'Enable succeeded: \n[stdout]\n{"phase": "loading"}\n\n[stderr]\n'
+    runner = recorded({
+        "az vm run-command invoke": (0, json.dumps({"value": [{"message": message}]})),
+        "az group list": (
+            0, json.dumps([{"name": "rg1", "tags": {"project": "llama-rpc-cluster"}}])
+        ),
+        "az resource list": (0, json.dumps([{"name": "other", "tags": {"project": "else"}}])),
+    })  # fmt: skip
+    channel = RunCommandChannel("azure-cobalt-main", "rg1", runner)
+    assert json.loads(channel.run(["cat", "status.json"], 60)) == {"phase": "loading"}
+    assert azure_leftovers("azure-cobalt", runner) == ["group rg1"]
+    failed = recorded({"az vm": (1, "ERROR: (AuthorizationFailed) no access")})
+    with pytest.raises(StepError, match="AuthorizationFailed"):
+        RunCommandChannel("vm", "rg", failed).run(["true"], 60)
+
+
+def test_preflight_names_each_missing_tool_and_login(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    aws = PulumiTarget("aws-c8g", which=lambda tool: None)
+    missing = aws.preflight()
+    assert missing[0].startswith("the Pulumi CLI is not on PATH")
+    assert missing[1].startswith("no AWS credentials: set AWS_PROFILE")
+    logged_out = recorded({"gcloud auth list": (0, "")})
+    gcp = PulumiTarget(
+        "gcp-c4a", which=lambda tool: f"/usr/bin/{tool}", runner=logged_out, environ={}
+    )
+    assert gcp.preflight() == [
+        "no active gcloud account: run `gcloud auth login`",
+        "no GCP project: set `gcp:project` in the stack file or GOOGLE_CLOUD_PROJECT",
+    ]
+    azure = PulumiTarget("azure-cobalt", which=lambda tool: None if tool == "az" else "/bin/x")
+    assert azure.preflight() == [
+        "az is not on PATH: install the Azure CLI (Run Command and the audit)"
+    ]

@@ -1,0 +1,50 @@
+"""A cost run of the local cluster, for real: machines up, serving, the benchmark script on the
+main node (requests and llama-bench through the workers), down, the audit, and the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.costrun import cli
+from infra.local import image as node_image
+from infra.local.machines import unavailable_reason
+from infra.local.model import cached_model
+from infra.local.source import cache_dir
+from tests.conftest import unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
+
+
+def test_a_local_cost_run_measures_destroys_audits_and_reports(
+    llama_source: Path, tmp_path: Path, capsys
+) -> None:
+    if reason := unavailable_reason():
+        unavailable(reason)
+    if node_image.cached(cache_dir()) is None:
+        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    model = cached_model(llama_source, cache_dir())
+    bench = "--requests 3 --repetitions 2 --predict 16 --prompt-words 32"
+    code = cli.main([
+        "run", "--local", "--model", str(model), "--threads", "1", "--out", str(tmp_path),
+        "--bench", bench, "--timeout", "20m",
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    (run_dir,) = tmp_path.iterdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    (stack,) = report["stacks"]
+    assert stack["ok"] and stack["leftovers"] == [] and stack["phase"] == "done"
+    measured = stack["measured"]
+    requests = measured["requests"]
+    assert requests["count"] == 3 and requests["predicted_tokens"] == 16
+    assert measured["decode_tps"]["mean"] > 0 and measured["decode_tps"]["runs"] == 2
+    assert measured["prompt_tps"]["mean"] > measured["decode_tps"]["mean"]
+    assert 0 < measured["serve_seconds"]["total"] < 1200
+    assert stack["llama_cpp_commit"] and stack["nodes"]["workers"] == 2
+    # The same report again from the events alone.
+    written = (run_dir / "report.md").read_text()
+    assert cli.main(["report", run_dir.name, "--out", str(tmp_path)]) == 0
+    assert (run_dir / "report.md").read_text().splitlines()[4:] == written.splitlines()[4:]
+    assert "| nothing | ok |" in written
