@@ -28,6 +28,7 @@ from infra.costrun.cloud import (
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import Prediction, StepError
+from tests.conftest import REPO
 
 COMMAND_ID = "0b6c1f3e-2d4a-4c5b-9e8f-7a6b5c4d3e2f"  # SSM's ids are UUIDs
 BENCH = {
@@ -321,7 +322,8 @@ class FakeAutomation:
         self.calls: list[str] = []
 
     def create_or_select_stack(self, stack_name: str, work_dir: str) -> FakeStack:
-        self.calls.append(f"select {stack_name} in {Path(work_dir).name}")
+        where = "the project" if Path(work_dir) == REPO else work_dir
+        self.calls.append(f"select {stack_name} in {where}")
         return FakeStack(self.calls)
 
 
@@ -375,7 +377,7 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
         assert json.loads(bench) == BENCH
         target.destroy()
     ssm.assert_no_pending_responses()
-    assert automation.calls == ["select aws-c8g in main", "up", "destroy"]
+    assert automation.calls == ["select aws-c8g in the project", "up", "destroy"]
     described = target.describe()
     assert described["nodes"]["main"] == "c8g.16xlarge" and described["provider"] == "aws"
     prediction = target.predict()
