@@ -531,3 +531,29 @@ def _python_tokens(text: str) -> list[tokenize.TokenInfo]:
 def test_a_node_gets_each_unit_without_its_comments(path: Path) -> None:
     kept = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith(("#", ";"))]
     assert installed_text(path).splitlines() == kept
+
+
+def test_a_staged_model_brings_rclone_and_the_stores_region() -> None:
+    staged = NodeBoot(
+        role="main", node_ip="10.0.1.10", model_urls=("s3://models/llama/model.gguf",),
+        model_store_region="eu-west-1",
+    )  # fmt: skip
+    assert "rclone" in boot.cloud_config(staged)["packages"]
+    assert staged.env()["MODEL_STORE_REGION"] == "eu-west-1"
+    assert "MODEL_STORE_ENDPOINT" not in staged.env()
+    plain = boot.example("main")
+    assert "rclone" not in boot.cloud_config(plain)["packages"]
+    assert "MODEL_STORE_REGION" not in plain.env()
+
+
+@pytest.mark.parametrize("region", ["", "us east 1", "EU-WEST-1"])
+def test_a_staged_model_needs_the_stores_region(region: str) -> None:
+    with pytest.raises(BootConfigError) as refused:
+        NodeBoot(
+            role="main", node_ip="10.0.1.10", model_urls=("s3://models/model.gguf",),
+            model_store_region=region,
+        )  # fmt: skip
+    assert refused.value.setting == "model_store_region"
+    assert "give model_store_region, the store's region (for example us-east-1)" in str(
+        refused.value
+    )

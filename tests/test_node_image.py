@@ -11,12 +11,17 @@ from infra.boot import NodeBoot, cloud_config, deliver, render
 from infra.local import image
 
 
-@pytest.mark.parametrize("role", ["main", "worker"])
+@pytest.mark.parametrize("role", ["main", "worker", "main, staged"])
 def test_the_image_holds_every_package_the_cloud_config_lists(role: str) -> None:
     """So that `packages` succeeds offline, inside a machine that has no way out."""
     boot = NodeBoot(role="worker", node_ip="10.0.0.11", rpc_allowed_sources=("10.0.0.10/32",))
     if role == "main":
         boot = NodeBoot(role="main", node_ip="10.0.0.10", model_urls=("https://h/m.gguf",))
+    if role == "main, staged":
+        boot = NodeBoot(
+            role="main", node_ip="10.0.0.10", model_urls=("s3://b/m.gguf",),
+            model_store_region="us-east-1",
+        )  # fmt: skip
     assert set(cloud_config(boot)["packages"]) <= set(image.packages())
     assert {"systemd", "cloud-init"} <= set(image.packages())
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Download the model (one GGUF, or every part of a split GGUF) in parallel, checking each part's
-# sha256 when given. Finished parts are kept, so a re-run fetches only what is missing.
+# sha256 when given. Finished parts are kept, so a re-run fetches only what is missing. A staged
+# part (s3://) is read from the object store with rclone: many ranged reads at once, with the
+# node's own identity.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -10,7 +12,9 @@ read -r -a sums <<<"${MODEL_SHA256:-}"
 DOWNLOAD_JOBS="${DOWNLOAD_JOBS:-8}"
 DOWNLOAD_ATTEMPTS="${DOWNLOAD_ATTEMPTS:-8}"
 DOWNLOAD_RETRY_DELAY="${DOWNLOAD_RETRY_DELAY:-5}" # seconds, doubled after each attempt
-for setting in DOWNLOAD_JOBS DOWNLOAD_ATTEMPTS DOWNLOAD_RETRY_DELAY; do
+STAGED_STREAMS="${STAGED_STREAMS:-16}"                # ranged reads at once, per staged part
+STAGED_CUTOFF="${STAGED_CUTOFF:-64M}"                 # smaller objects are read in one stream
+for setting in DOWNLOAD_JOBS DOWNLOAD_ATTEMPTS DOWNLOAD_RETRY_DELAY STAGED_STREAMS; do
   require_count "$setting"
 done
 [[ $DOWNLOAD_JOBS -gt 0 ]] || DOWNLOAD_JOBS=1
@@ -29,6 +33,7 @@ for url in "${urls[@]}"; do
   [[ -z "${url_of[$name]:-}" ]] ||
     fail_final "model URLs '${url_of[$name]}' and '$url' both save as '$name'; every part needs a file name of its own"
   url_of[$name]="$url"
+  [[ "$url" != s3://* ]] || require_setting MODEL_STORE_REGION
 done
 
 mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
@@ -73,6 +78,10 @@ have_part() {
 download() {
   local index="$1" url="$2" partial="$3"
   local attempt code reply http length reason delay start need
+  if [[ "$url" == s3://* ]]; then
+    download_staged "$@"
+    return $?
+  fi
   for ((attempt = 1; ; attempt++)); do
     start="$(size_of "$partial")"
     code=0
@@ -105,6 +114,49 @@ download() {
     fi
     delay="$(backoff_seconds "$DOWNLOAD_RETRY_DELAY" "$attempt")"
     log "download of $url failed ($reason); attempt $((attempt + 1)) of $DOWNLOAD_ATTEMPTS in ${delay}s, from byte $(size_of "$partial")"
+    sleep "$delay"
+  done
+}
+
+# download_staged INDEX URL PARTIAL: copy an object from the store with rclone, STAGED_STREAMS
+# ranged reads at once. rclone cannot resume a copy: a failed attempt starts the part again.
+# A missing object or a denied read is final; anything else is retried.
+download_staged() {
+  local index="$1" url="$2" partial="$3" remote="store:${2#s3://}" attempt code listing reason delay
+  export RCLONE_CONFIG_STORE_TYPE=s3 RCLONE_CONFIG_STORE_ENV_AUTH=true
+  export RCLONE_CONFIG_STORE_REGION="$MODEL_STORE_REGION"
+  if [[ -n "${MODEL_STORE_ENDPOINT:-}" ]]; then # another S3 API: path-style requests
+    export RCLONE_CONFIG_STORE_PROVIDER=Other RCLONE_CONFIG_STORE_ENDPOINT="$MODEL_STORE_ENDPOINT"
+  else
+    export RCLONE_CONFIG_STORE_PROVIDER=AWS
+  fi
+  local rclone=(rclone --config /dev/null --retries 1 --low-level-retries 3)
+  for ((attempt = 1; ; attempt++)); do
+    code=0
+    listing="$("${rclone[@]}" lsjson "$remote" 2>"$scratch/$index.rclone")" || code=$?
+    if [[ $code -eq 0 && "$listing" != *'"Name"'* ]]; then
+      part_error "$index" "download of $url failed: no such object in the store; copy the model there first, or fix the URL"
+      return "$EXIT_FINAL"
+    fi
+    [[ $code -ne 0 ]] || "${rclone[@]}" copyto "$remote" "$partial" \
+      --multi-thread-streams "$STAGED_STREAMS" --multi-thread-cutoff "$STAGED_CUTOFF" \
+      2>"$scratch/$index.rclone" || code=$?
+    [[ $code -ne 0 ]] || return 0
+    rm -f "$partial"
+    reason="$(grep -vE '^\s|NOTICE' "$scratch/$index.rclone" | tail -n 1)"
+    if [[ "$reason" == *AccessDenied* || "$reason" == *"status code: 403"* ]]; then
+      part_error "$index" "download of $url failed: access denied; the node's identity needs read access to it (s3:GetObject and s3:ListBucket)"
+      return "$EXIT_FINAL"
+    elif [[ "$reason" == *NoSuchBucket* ]]; then
+      part_error "$index" "download of $url failed: no such bucket; copy the model there first, or fix the URL"
+      return "$EXIT_FINAL"
+    fi
+    if [[ $attempt -ge $DOWNLOAD_ATTEMPTS ]]; then
+      part_error "$index" "download of $url failed after $attempt attempts: ${reason:-rclone exit status $code}"
+      return 1
+    fi
+    delay="$(backoff_seconds "$DOWNLOAD_RETRY_DELAY" "$attempt")"
+    log "download of $url failed ($reason); attempt $((attempt + 1)) of $DOWNLOAD_ATTEMPTS in ${delay}s"
     sleep "$delay"
   done
 }

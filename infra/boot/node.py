@@ -16,6 +16,8 @@ from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
 from infra.types import ROLES, RPC_PORT, SERVER_PORT, Role
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl.
+STAGED_SCHEMES = ("s3://",)
 _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
 
 
@@ -87,11 +89,20 @@ class NodeBoot:
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
     load_timeout_seconds: int = 3600
     threads: int | None = None
+    # A staged model (s3:// URLs): the store's region, and its endpoint where it is not the
+    # provider's own (a local S3 API); the node reads it with its own identity.
+    model_store_region: str = ""
+    model_store_endpoint: str = ""
     data_device: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def staged(self) -> bool:
+        """The model is read from the provider's object store (``s3://`` URLs)."""
+        return any(url.startswith(STAGED_SCHEMES) for url in self.model_urls)
 
     @property
     def rpc_servers(self) -> str:
@@ -133,6 +144,10 @@ class NodeBoot:
                 "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
                 "LOAD_TIMEOUT_SECONDS": str(self.load_timeout_seconds),
             }
+            if self.staged:
+                env["MODEL_STORE_REGION"] = self.model_store_region
+                if self.model_store_endpoint:
+                    env["MODEL_STORE_ENDPOINT"] = self.model_store_endpoint
         env |= self.extra_env
         for name, value in env.items():
             if not _SAFE_ENV_VALUE.fullmatch(value):
@@ -168,6 +183,8 @@ _ENV_FIELDS = {
     "LLAMA_TENSOR_SPLIT": "tensor_split",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
+    "MODEL_STORE_REGION": "model_store_region",
+    "MODEL_STORE_ENDPOINT": "model_store_endpoint",
 }
 
 
@@ -275,10 +292,18 @@ def _validate_main(boot: NodeBoot) -> None:
     # same one, would leave a model that looks complete and is not.
     saved_as: dict[str, str] = {}
     for url in boot.model_urls:
-        if not re.match(r"(https?|file)://[^\s]+$", url):
+        if not re.match(r"(https?|file|s3)://[^\s]+$", url):
             raise BootConfigError(
-                f"model URL {url!r} is not an http(s):// or file:// URL without spaces",
+                f"model URL {url!r} is not an http(s)://, s3:// or file:// URL without spaces",
                 setting="model_urls",
+            )
+        if url.startswith(STAGED_SCHEMES) and not re.fullmatch(
+            r"[a-z]{2}(-[a-z]+)+-\d", (boot.model_store_region)
+        ):
+            raise BootConfigError(
+                f"model URL {url!r} is in an object store: give model_store_region, the "
+                f"store's region (for example us-east-1), not {boot.model_store_region!r}",
+                setting="model_store_region",
             )
         name = saved_name(url)
         if name in ("", ".", ".."):

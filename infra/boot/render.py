@@ -30,6 +30,8 @@ DATA_LABEL = "llama-data"
 # host firewall. python3 is always there: cloud-init itself runs on it.
 BUILD_PACKAGES = ("ca-certificates", "cmake", "curl", "g++", "git", "ninja-build")
 ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": ("nftables",), "main": ()}
+# A staged model is read from the object store with rclone (many ranged reads at once).
+STAGED_PACKAGES = ("rclone",)
 
 # apt retries each download itself (cloud-init's `packages`, and install-packages.sh).
 APT_CONF = 'Acquire::Retries "5";\n'
@@ -70,7 +72,9 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     """The node's cloud-config as data (validated by ``cloud-init schema`` in the tests)."""
     paths = VM_PATHS
     unit = ROLE_UNIT[boot.role]
-    packages = sorted(BUILD_PACKAGES + ROLE_PACKAGES[boot.role])
+    packages = sorted(
+        BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.staged else ())
+    )
     files: list[dict[str, str]] = [
         {
             "path": f"{paths.bin_dir}/{script.name}",

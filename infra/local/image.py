@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.boot.render import BUILD_PACKAGES, ROLE_PACKAGES
+from infra.boot.render import BUILD_PACKAGES, ROLE_PACKAGES, STAGED_PACKAGES
 
 RELEASE = "trixie"
 MIRROR = os.environ.get("LLAMA_RPC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -67,7 +67,7 @@ class ImageError(RuntimeError):
 
 def packages() -> tuple[str, ...]:
     """Every package in the image: the base and all that any role's cloud-config lists."""
-    listed = set(BUILD_PACKAGES).union(*ROLE_PACKAGES.values())
+    listed = set(BUILD_PACKAGES).union(*ROLE_PACKAGES.values(), STAGED_PACKAGES)
     return tuple(sorted(set(BASE_PACKAGES) | listed))
 
 

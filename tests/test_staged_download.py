@@ -1,0 +1,168 @@
+"""A staged model read from a real S3 API (moto's server, with IAM enforced) by the node's real
+tool (rclone), inside a network namespace this test makes: nothing leaves it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, require_netns, require_tool
+
+pytestmark = pytest.mark.netns
+
+PORT = 50991
+REGION = "us-east-1"
+MODEL = os.urandom(4 * 1024 * 1024 + 123)
+
+
+@dataclass(frozen=True)
+class Store:
+    namespace: str
+    endpoint: str
+    access_key: tuple[str, str]  # the node's: read-only on the "models" bucket
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    require_netns()
+    require_tool("rclone")
+    namespace = f"lrc-s3-{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    subprocess.run(["ip", "-n", namespace, "link", "set", "lo", "up"], check=True)
+    work = tmp_path_factory.mktemp("moto")
+    log = work / "moto.log"
+    (work / "model.gguf").write_bytes(MODEL)
+    policy = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+        "Resource": ["arn:aws:s3:::models", "arn:aws:s3:::models/*"]}]}  # fmt: skip
+    # The setup's requests; every request after them is checked against IAM.
+    setup = [
+        ["s3", "create_bucket", {"Bucket": "models"}],
+        ["s3", "create_bucket", {"Bucket": "private"}],
+        ["s3", "upload_file", {"Filename": str(work / "model.gguf"), "Bucket": "models",
+                               "Key": "llama/model.gguf"}],
+        ["s3", "put_object", {"Bucket": "private", "Key": "model.gguf", "Body": "x"}],
+        ["iam", "create_user", {"UserName": "node"}],
+        ["iam", "put_user_policy", {"UserName": "node", "PolicyName": "read-models",
+                                    "PolicyDocument": json.dumps(policy)}],
+        ["iam", "create_access_key", {"UserName": "node"}],
+    ]  # fmt: skip
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, str(Path(sys.executable).parent / "moto_server"),
+         "-H", "127.0.0.1", "-p", str(PORT)],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(len(setup))},
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        result = subprocess.run(
+            ["ip", "netns", "exec", namespace, sys.executable, "-c", _SETUP],
+            input=json.dumps(setup), capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        key_id, secret = result.stdout.split()
+        yield Store(namespace, f"http://127.0.0.1:{PORT}", (key_id, secret), log)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        subprocess.run(["ip", "netns", "del", namespace], check=False)
+
+
+# Runs inside the namespace: waits for the server, then makes the setup's calls in order.
+_SETUP = f"""
+import json, sys, time, urllib.request
+import boto3
+kw = dict(endpoint_url="http://127.0.0.1:{PORT}", region_name="{REGION}",
+          aws_access_key_id="setup", aws_secret_access_key="setup")
+for _ in range(100):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:{PORT}/moto-api/", timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+last = None
+for service, call, args in json.load(sys.stdin):
+    last = getattr(boto3.client(service, **kw), call)(**args)
+print(last["AccessKey"]["AccessKeyId"], last["AccessKey"]["SecretAccessKey"])
+"""
+
+
+def fetch(store: Store, tmp_path: Path, *urls: str, **settings: str) -> tuple[int, dict]:
+    key_id, secret = store.access_key
+    env = {
+        "PATH": os.environ["PATH"],
+        "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+        "LLAMA_DATA_DIR": str(tmp_path / "data"),
+        "MODEL_URLS": " ".join(urls),
+        "MODEL_STORE_REGION": REGION,
+        "MODEL_STORE_ENDPOINT": store.endpoint,
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "STAGED_STREAMS": "4",
+        "STAGED_CUTOFF": "1M",
+        "DOWNLOAD_ATTEMPTS": "2",
+        "DOWNLOAD_RETRY_DELAY": "1",
+        **settings,
+    }
+    result = subprocess.run(
+        ["ip", "netns", "exec", store.namespace, "bash", str(SCRIPTS / "fetch-model.sh")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    status_file = tmp_path / "data" / "status.json"
+    return result.returncode, json.loads(status_file.read_text()) if status_file.exists() else {}
+
+
+def ranged_gets(store: Store, key: str) -> int:
+    """GETs of ``key`` that the server answered with part of the object (206)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", store.log.read_text()).splitlines()
+    return sum(1 for line in lines if f'"GET /{key} ' in line and '" 206 ' in line)
+
+
+def test_a_staged_model_is_read_in_parallel_ranges_and_verified(store, tmp_path) -> None:
+    before = ranged_gets(store, "models/llama/model.gguf")
+    want = hashlib.sha256(MODEL).hexdigest()
+    code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_SHA256=want)
+    assert code == 0, status
+    saved = tmp_path / "data" / "models" / "model.gguf"
+    assert saved.read_bytes() == MODEL and (saved.parent / "model.gguf.verified").exists()
+    assert status["download_skipped"] is False and status["model_bytes"] == len(MODEL)
+    # Four streams, each a ranged GET answered 206.
+    assert ranged_gets(store, "models/llama/model.gguf") - before == 4
+    code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_SHA256=want)
+    assert code == 0 and status["download_skipped"] is True  # kept, not read again
+
+
+def test_a_staged_model_with_a_bad_checksum_fails_and_keeps_nothing(store, tmp_path) -> None:
+    code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_SHA256="0" * 64)
+    assert code == 78
+    assert status["phase"] == "failed" and "checksum mismatch" in status["last_error"]
+    assert not list((tmp_path / "data" / "models").iterdir())
+
+
+def test_a_missing_object_is_final_and_says_so(store, tmp_path) -> None:
+    code, status = fetch(store, tmp_path, "s3://models/llama/absent.gguf")
+    assert code == 78
+    assert (
+        "s3://models/llama/absent.gguf failed: no such object in the store"
+        in (status["last_error"])
+    )
+
+
+def test_a_denied_read_is_final_and_names_the_permission(store, tmp_path) -> None:
+    code, status = fetch(store, tmp_path, "s3://private/model.gguf")
+    assert code == 78
+    assert "access denied; the node's identity needs read access" in status["last_error"]
+
+
+def test_without_the_stores_region_the_boot_stops_at_once(store, tmp_path) -> None:
+    code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_STORE_REGION="")
+    assert code == 78 and "MODEL_STORE_REGION is empty" in status["last_error"]
