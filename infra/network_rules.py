@@ -8,6 +8,7 @@ names the setting.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from urllib.parse import urlsplit
 
@@ -85,8 +86,25 @@ def _host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
         return None
 
 
+# s3://bucket/key: a bucket name as S3 allows it, and a key that ends in a file name.
+_S3_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(\S*[^/\s])")
+
+
+def s3_object(url: str) -> tuple[str, str] | None:
+    """(bucket, key) of an ``s3://`` model URL, or None for any other URL."""
+    match = _S3_URL.fullmatch(url)
+    return (match.group(1), match.group(2)) if match else None
+
+
 def model_url_problem(url: str) -> str | None:
     """Why a node must not download its model from this URL, or None."""
+    if url.startswith("s3://"):
+        if s3_object(url) is None:
+            return (
+                f"{url!r} is not s3://BUCKET/KEY with a bucket name S3 allows and a key that "
+                "ends in the file name"
+            )
+        return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL with a host"

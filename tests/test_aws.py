@@ -7,6 +7,7 @@ import re
 import shlex
 
 import pytest
+import yaml
 
 from infra import outputs
 from tests.pulumi_mocks import (
@@ -301,6 +302,32 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
     assert endpoint.inputs["serviceName"] == "com.amazonaws.us-east-1.s3"
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
     assert not deployed("aws-small").of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+
+
+def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoint() -> None:
+    urls = ["s3://my-models/llama/part-1.gguf", "s3://my-models/llama/part-2.gguf"]
+    model = {**stack_config("aws-small")["llama-rpc-cluster:model"], "urls": urls, "sha256": []}
+    d = deploy("aws-small", {"llama-rpc-cluster:model": model})
+    [endpoint] = d.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    [read] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    statements = json.loads(read.inputs["policy"])["Statement"]
+    assert statements[0] == {
+        "Effect": "Allow",
+        "Action": "s3:GetObject",
+        "Resource": [f"arn:aws:s3:::my-models/llama/part-{i}.gguf" for i in (1, 2)],
+    }
+    assert statements[1]["Action"] == "s3:ListBucket"
+    assert statements[1]["Resource"] == "arn:aws:s3:::my-models"
+    assert statements[1]["Condition"]["StringEquals"]["s3:prefix"] == [
+        "llama/part-1.gguf", "llama/part-1.gguf/", "llama/part-2.gguf", "llama/part-2.gguf/",
+    ]  # fmt: skip
+    assert len(statements) == 2  # nothing else, in any bucket
+    main = d.named("llama-rpc-cluster-main").inputs
+    env = env_of(user_data_text(main))
+    assert env["MODEL_URLS"] == " ".join(urls) and env["MODEL_STORE_REGION"] == "us-east-1"
+    assert "rclone" in yaml.safe_load(user_data_text(main))["packages"]
+    assert not deployed("aws-small").of_type("aws:iam/rolePolicy:RolePolicy")
 
 
 @pytest.mark.parametrize(

@@ -219,3 +219,13 @@ def test_a_pinned_image_is_used_for_every_node() -> None:
     d = deploy("gcp-c4a", {"llama-rpc-cluster:image": image})
     for instance in d.of_type(INSTANCE):
         assert instance.inputs["bootDisk"]["initializeParams"]["image"] == image
+
+
+def test_a_staged_s3_model_is_refused_where_nodes_cannot_read_s3() -> None:
+    model = {**stack_config("gcp-c4a")["llama-rpc-cluster:model"], "sha256": []}
+    staged = {**model, "urls": ["s3://my-models/m.gguf"]}
+    says = refused("gcp-c4a", {"llama-rpc-cluster:model": staged}, "model.urls")
+    assert "'s3://my-models/m.gguf': gcp nodes read no object store; give an https URL" in says
+    short = {**model, "urls": ["s3://b/m.gguf"]}
+    says = refused("gcp-c4a", {"llama-rpc-cluster:model": short}, "model.urls")
+    assert "is not s3://BUCKET/KEY with a bucket name S3 allows" in says

@@ -1,5 +1,6 @@
 """A staged model read from a real S3 API (moto's server, with IAM enforced) by the node's real
-tool (rclone), inside a network namespace this test makes: nothing leaves it."""
+tool (rclone), with the policy an AWS stack gives the main node, inside a network namespace this
+test makes: nothing leaves it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.stack.providers.aws import staged_model_policy
 from tests.conftest import SCRIPTS, require_netns, require_tool
 
 pytestmark = pytest.mark.netns
@@ -42,9 +44,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     work = tmp_path_factory.mktemp("moto")
     log = work / "moto.log"
     (work / "model.gguf").write_bytes(MODEL)
-    policy = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
-        "Resource": ["arn:aws:s3:::models", "arn:aws:s3:::models/*"]}]}  # fmt: skip
+    # The node's policy as an AWS stack writes it for this one object.
+    policy = staged_model_policy([("models", "llama/model.gguf")])
     # The setup's requests; every request after them is checked against IAM.
     setup = [
         ["s3", "create_bucket", {"Bucket": "models"}],

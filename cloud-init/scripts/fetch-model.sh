@@ -145,7 +145,7 @@ download_staged() {
     rm -f "$partial"
     reason="$(grep -vE '^\s|NOTICE' "$scratch/$index.rclone" | tail -n 1)"
     if [[ "$reason" == *AccessDenied* || "$reason" == *"status code: 403"* ]]; then
-      part_error "$index" "download of $url failed: access denied; the node's identity needs read access to it (s3:GetObject and s3:ListBucket)"
+      part_error "$index" "download of $url failed: access denied; the node's identity needs read access to it (s3:GetObject and s3:ListBucket), and S3 answers so for a missing object too when listing is not allowed"
       return "$EXIT_FINAL"
     elif [[ "$reason" == *NoSuchBucket* ]]; then
       part_error "$index" "download of $url failed: no such bucket; copy the model there first, or fix the URL"

@@ -84,6 +84,7 @@ FACTS = CloudFacts(
     metadata_hosts=frozenset({"instance-data", "instance-data.ec2.internal"}),
     metadata_addresses=frozenset({"fd00:ec2::254", "fd00:ec2::23"}),
     chart_colour="#ff9900",
+    model_store_scheme="s3://",
     image_meaning="an arm64 Ubuntu 24.04 AMI id in the stack's region",
     refuses={
         "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",

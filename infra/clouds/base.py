@@ -141,6 +141,9 @@ class CloudFacts:
     refuses: Mapping[str, str] = field(default_factory=dict)
     # What this cloud cannot do, in words (capability -> what happens instead).
     limitations: Mapping[str, str] = field(default_factory=dict)
+    # The URL scheme of the object store its nodes read a staged model from, with their own
+    # identity over the private path; None: https model URLs only.
+    model_store_scheme: str | None = None
 
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""

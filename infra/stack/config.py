@@ -366,6 +366,18 @@ def _refused(settings: Mapping[str, Any], facts: CloudFacts) -> None:
             raise ConfigError(key, f"{facts.name} does not take this setting: {instead}; remove it")
 
 
+def _model_store(urls: tuple[str, ...], facts: CloudFacts) -> None:
+    """Object-store URLs only where the cloud's nodes read its store."""
+    for url in urls:
+        scheme = url.split("://", 1)[0] + "://"
+        if scheme not in ("https://", "http://", facts.model_store_scheme):
+            store = facts.model_store_scheme
+            where = f"only {store} URLs" if store else "no object store"
+            raise ConfigError(
+                "model.urls", f"{url!r}: {facts.name} nodes read {where}; give an https URL"
+            )
+
+
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
     """Validate raw settings (the project's config keys without their namespace)."""
     unknown = sorted(set(settings) - set(BY_KEY))
@@ -388,6 +400,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         raise ConfigError("serverPort", f"equals rpcPort ({rpc_port}); choose another port")
     context = BY_KEY["contextSize"].read(settings)
     model_setting = _model(settings)
+    _model_store(model_setting.urls, facts)
     model = model_setting.model
     if model.context_length and context > model.context_length:
         raise ConfigError(

@@ -158,8 +158,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "model",
         "object",
-        "the GGUF: `urls` (every part, in order), optional `sha256` (one per part), and a "
-        "`preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
+        "the GGUF: `urls` (every part, in order: https, or on AWS `s3://bucket/key` in the "
+        "stack's region, read with the main node's role), optional `sha256` (one per part), "
+        "and a `preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
         required=True,
     ),
     Setting(

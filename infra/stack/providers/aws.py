@@ -21,6 +21,7 @@ import pulumi_aws as aws
 
 from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
+from infra.network_rules import s3_object
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
 
@@ -57,8 +58,37 @@ def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequen
 
 
 def is_s3_url(url: str) -> bool:
+    if s3_object(url):
+        return True
     host = urlparse(url).hostname or ""
     return host.endswith(".amazonaws.com") and (".s3." in f".{host}" or host.startswith("s3."))
+
+
+def staged_model_policy(objects: list[tuple[str, str]]) -> dict[str, Any]:
+    """GetObject on each part, and ListBucket for exactly those keys (rclone lists a key before
+    it reads it); nothing else in any bucket."""
+    buckets = sorted({bucket for bucket, _ in objects})
+    # A key, and the key as a "directory" (rclone looks for both).
+    prefixes = {b: [p for o, k in objects if o == b for p in (k, f"{k}/")] for b in buckets}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": [f"arn:aws:s3:::{bucket}/{key}" for bucket, key in objects],
+            },
+            *(
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:ListBucket",
+                    "Resource": f"arn:aws:s3:::{bucket}",
+                    "Condition": {"StringEquals": {"s3:prefix": prefixes[bucket]}},
+                }
+                for bucket in buckets
+            ),
+        ],
+    }
 
 
 @dataclass(frozen=True)
@@ -184,6 +214,15 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         aws.iam.RolePolicyAttachment(
             f"{name}-main-ssm", role=role.name, policy_arn=SSM_POLICY_ARN, opts=opts
         )
+        staged = [obj for obj in map(s3_object, config.model_urls) if obj]
+        if staged:
+            # Read-only on the model's own objects: the node reads them with this role.
+            aws.iam.RolePolicy(
+                f"{name}-main-model-read",
+                role=role.id,
+                policy=json.dumps(staged_model_policy(staged)),
+                opts=opts,
+            )
         profile = aws.iam.InstanceProfile(
             f"{name}-main-profile", role=role.name, tags=self.tags(config, "main"), opts=opts
         )
