@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from infra.stack.providers.aws import staged_model_policy
-from tests.conftest import SCRIPTS, require_netns, require_tool
+from tests.conftest import REPO, SCRIPTS, require_netns, require_tool
 
 pytestmark = pytest.mark.netns
 
 PORT = 50991
+HTTP_PORT = 50994
 REGION = "us-east-1"
 MODEL = os.urandom(4 * 1024 * 1024 + 123)
 
@@ -32,6 +33,8 @@ class Store:
     endpoint: str
     access_key: tuple[str, str]  # the node's: read-only on the "models" bucket
     log: Path
+    admin_key: tuple[str, str] = ("", "")  # the person staging: writes "models"
+    files: Path = Path()  # served over http inside the namespace, as a model host would
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +49,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     (work / "model.gguf").write_bytes(MODEL)
     # The node's policy as an AWS stack writes it for this one object.
     policy = staged_model_policy([("models", "llama/model.gguf")])
+    admin_policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*",
+                    "Resource": ["arn:aws:s3:::models", "arn:aws:s3:::models/*"]}]}  # fmt: skip
+    files = work / "files"
+    files.mkdir()
+    (files / "part.gguf").write_bytes(MODEL[: 2 * 1024 * 1024])
     # The setup's requests; every request after them is checked against IAM.
     setup = [
         ["s3", "create_bucket", {"Bucket": "models"}],
@@ -57,6 +65,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         ["iam", "put_user_policy", {"UserName": "node", "PolicyName": "read-models",
                                     "PolicyDocument": json.dumps(policy)}],
         ["iam", "create_access_key", {"UserName": "node"}],
+        ["iam", "create_user", {"UserName": "admin"}],
+        ["iam", "put_user_policy", {"UserName": "admin", "PolicyName": "write-models",
+                                    "PolicyDocument": json.dumps(admin_policy)}],
+        ["iam", "create_access_key", {"UserName": "admin"}],
     ]  # fmt: skip
     server = subprocess.Popen(
         ["ip", "netns", "exec", namespace, str(Path(sys.executable).parent / "moto_server"),
@@ -64,17 +76,27 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(len(setup))},
         stdout=log.open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
+    processes = [server]
+    processes.append(subprocess.Popen(
+        ["ip", "netns", "exec", namespace, sys.executable, "-m", "http.server", "-b", "127.0.0.1",
+         "-d", str(files), str(HTTP_PORT)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    ))  # fmt: skip
     try:
         result = subprocess.run(
             ["ip", "netns", "exec", namespace, sys.executable, "-c", _SETUP],
             input=json.dumps(setup), capture_output=True, text=True, check=False, timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        key_id, secret = result.stdout.split()
-        yield Store(namespace, f"http://127.0.0.1:{PORT}", (key_id, secret), log)
+        node_id, node_secret, admin_id, admin_secret = result.stdout.split()
+        yield Store(
+            namespace, f"http://127.0.0.1:{PORT}", (node_id, node_secret), log,
+            (admin_id, admin_secret), files,
+        )  # fmt: skip
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=10)
         subprocess.run(["ip", "netns", "del", namespace], check=False)
 
 
@@ -90,10 +112,10 @@ for _ in range(100):
         break
     except OSError:
         time.sleep(0.1)
-last = None
 for service, call, args in json.load(sys.stdin):
-    last = getattr(boto3.client(service, **kw), call)(**args)
-print(last["AccessKey"]["AccessKeyId"], last["AccessKey"]["SecretAccessKey"])
+    answer = getattr(boto3.client(service, **kw), call)(**args)
+    if call == "create_access_key":
+        print(answer["AccessKey"]["AccessKeyId"], answer["AccessKey"]["SecretAccessKey"])
 """
 
 
@@ -167,3 +189,52 @@ def test_a_denied_read_is_final_and_names_the_permission(store, tmp_path) -> Non
 def test_without_the_stores_region_the_boot_stops_at_once(store, tmp_path) -> None:
     code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_STORE_REGION="")
     assert code == 78 and "MODEL_STORE_REGION is empty" in status["last_error"]
+
+
+def stage(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m infra.stage` inside the namespace, as the person staging."""
+    key_id, secret = store.admin_key
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CA_BUNDLE"):
+        env.pop(name, None)
+    return subprocess.run(
+        ["ip", "netns", "exec", store.namespace, sys.executable, "-m", "infra.stage",
+         "--endpoint", store.endpoint, *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_a_model_is_staged_once_checked_and_then_read_by_the_node(store, tmp_path) -> None:
+    part = (store.files / "part.gguf").read_bytes()
+    url = f"http://127.0.0.1:{HTTP_PORT}/part.gguf"
+    want = hashlib.sha256(part).hexdigest()
+    staged = stage(store, "--region", REGION, "--bucket", "models", "--prefix", "staged/",
+                   "--url", url, "--sha256", want)  # fmt: skip
+    assert staged.returncode == 0, staged.stderr
+    assert 'urls: ["s3://models/staged/part.gguf"]' in staged.stdout
+    assert f'sha256: ["{want}"]' in staged.stdout
+    again = stage(store, "--region", REGION, "--bucket", "models", "--prefix", "staged/",
+                  "--url", url)  # fmt: skip
+    assert again.returncode == 0 and "have s3://models/staged/part.gguf" in again.stderr
+    # A node whose identity may read it reads it whole, with the sha256 staging printed.
+    admin_id, admin_secret = store.admin_key
+    code, status = fetch(
+        store, tmp_path, "s3://models/staged/part.gguf", MODEL_SHA256=want,
+        AWS_ACCESS_KEY_ID=admin_id, AWS_SECRET_ACCESS_KEY=admin_secret,
+    )  # fmt: skip
+    assert code == 0, status
+    assert (tmp_path / "data" / "models" / "part.gguf").read_bytes() == part
+    # The node of this store may read only llama/model.gguf: this part fails, and nothing is
+    # kept (moto answers as if it were missing; S3 answers 403 without the list permission).
+    code, status = fetch(store, tmp_path / "node", "s3://models/staged/part.gguf")
+    assert code == 78 and not (tmp_path / "node" / "data" / "models" / "part.gguf").exists()
+
+
+def test_staging_refuses_a_bad_checksum_and_a_bucket_in_another_region(store) -> None:
+    url = f"http://127.0.0.1:{HTTP_PORT}/part.gguf"
+    bad = stage(store, "--region", REGION, "--bucket", "models", "--prefix", "bad/",
+                "--url", url, "--sha256", "0" * 64)  # fmt: skip
+    assert bad.returncode == 1 and "checksum mismatch for" in bad.stderr
+    elsewhere = stage(store, "--region", "eu-west-1", "--bucket", "models", "--url", url)
+    assert elsewhere.returncode == 1
+    assert "bucket models is in us-east-1, the stack in eu-west-1" in elsewhere.stderr
