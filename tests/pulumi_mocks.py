@@ -12,34 +12,20 @@ from typing import Any
 import pulumi
 import yaml
 
-from tests.conftest import REPO
+from infra.stack.files import config_of, stack_names, stack_values
 
-STACKS = REPO / "stacks"
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
 
 
-def stack_names() -> list[str]:
-    return sorted(
-        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in STACKS.glob("Pulumi.*.yaml")
-    )
-
-
 def stack_config(stack: str) -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load((STACKS / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return config
+    return stack_values(stack)
 
 
 def parsed_config(stack: str, overrides: dict[str, Any] | None = None) -> Any:
     """The stack's validated ``ClusterConfig``, as the program reads it."""
-    from infra.stack import config as cluster_config
-
-    values = {**stack_config(stack), **(overrides or {})}
-    project = f"{cluster_config.PROJECT}:"
-    settings = {k.removeprefix(project): v for k, v in values.items() if k.startswith(project)}
-    cloud = settings.get("cloud", "aws")
-    return cluster_config.from_settings(settings, values.get(cluster_config.REGION_KEYS[cloud]))
+    return config_of({**stack_values(stack), **(overrides or {})})
 
 
 def program_settings(

@@ -491,3 +491,13 @@ def test_preflight_names_each_missing_tool_and_login(monkeypatch: pytest.MonkeyP
     assert azure.preflight() == [
         "az is not on PATH: install the Azure CLI (Run Command and the audit)"
     ]
+
+
+def test_a_local_run_without_the_llama_cpp_source_says_how_to_fetch_it(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("LLAMA_RPC_CACHE", str(tmp_path / "empty"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert cli.main(["run", "--local", "--model", str(model), "--dry-run"]) == 2
+    assert "run `python -m infra.local fetch-source`" in capsys.readouterr().err

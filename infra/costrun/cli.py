@@ -213,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _target_spec(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """Enough to find the stack again for `cleanup`."""
-    if args.local:
-        return {"kind": "local", "model": str(getattr(target, "options").model),  # noqa: B009
+    from infra.costrun.local import LocalTarget  # noqa: PLC0415
+
+    if isinstance(target, LocalTarget):
+        return {"kind": "local", "model": str(target.options.model),
                 "workers": args.workers, "threads": args.threads}  # fmt: skip
     return {"kind": "pulumi", "stack": target.name}
 
@@ -285,12 +287,13 @@ COMMANDS = {"run": run, "status": status, "report": report_again, "cleanup": cle
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from infra.local.source import SourceError  # noqa: PLC0415
     from infra.stack.config import ConfigError  # noqa: PLC0415
     from infra.stack.files import StackFileError  # noqa: PLC0415
 
     try:
         return COMMANDS[args.command](args)
-    except (CostRunError, ConfigError, StackFileError) as error:
+    except (CostRunError, ConfigError, StackFileError, SourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -40,7 +41,7 @@ def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "machines need root"
     for tool in (NSPAWN, "nsenter", "mount", "journalctl"):
-        if not _which(tool):
+        if shutil.which(tool) is None:
             return f"{tool} is not installed (Debian's systemd-container and util-linux)"
     return None
 
@@ -58,12 +59,6 @@ def _cgroup_hierarchies() -> list[Path]:
 
 def _host_runs_systemd() -> bool:
     return Path("/run/systemd/system").is_dir()
-
-
-def _which(tool: str) -> bool:
-    from shutil import which  # noqa: PLC0415
-
-    return which(tool) is not None
 
 
 @dataclass(frozen=True)

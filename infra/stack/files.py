@@ -39,7 +39,12 @@ def stack_values(stack: str) -> dict[str, Any]:
 def stack_config(stack: str) -> ClusterConfig:
     """The stack's checked ``ClusterConfig``; a bad setting raises ``ConfigError``, a missing
     file ``StackFileError``."""
-    values = stack_values(stack)
+    return config_of(stack_values(stack))
+
+
+def config_of(values: dict[str, Any]) -> ClusterConfig:
+    """A stack file's ``config:`` values (the project's keys and the cloud's region key), checked
+    as the program checks them."""
     project = f"{PROJECT}:"
     settings = {k.removeprefix(project): v for k, v in values.items() if k.startswith(project)}
     cloud = str(settings.get("cloud", "aws"))

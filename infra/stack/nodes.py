@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from infra.boot import Delivery, NodeBoot, deliver, render
 from infra.clouds import FACTS
 from infra.layout import node_name
-from infra.network_rules import s3_object
 from infra.types import Role
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ def node_boots(config: ClusterConfig) -> list[NodeBoot]:
         model_urls=config.model_urls,
         model_sha256=config.model_sha256,
         # A staged model lives in the stack's region: the private path reaches only that one.
-        model_store_region=config.region if any(is_staged(u) for u in config.model_urls) else "",
+        model_store_region=config.region,
         server_port=config.server_port,
         context_size=config.context_size,
         slots=config.slots,
@@ -69,7 +68,3 @@ def plan_nodes(config: ClusterConfig) -> tuple[NodePlan, ...]:
         NodePlan(node_name(i), node, deliver(render(node), config.cloud))
         for i, node in enumerate(node_boots(config))
     )
-
-
-def is_staged(url: str) -> bool:
-    return s3_object(url) is not None

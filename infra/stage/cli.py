@@ -103,10 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--endpoint", help="another S3 API (default: AWS's)")
     args = parser.parse_args(argv)
     urls, sums, region = list(args.url), list(args.sha256), args.region
+    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+    from infra.stack.config import ConfigError  # noqa: PLC0415
+    from infra.stack.files import StackFileError, stack_config  # noqa: PLC0415
+
     try:
         if args.stack:
-            from infra.stack.files import stack_config  # noqa: PLC0415
-
             config = stack_config(args.stack)
             if config.cloud != "aws":
                 raise StageError(f"stack {args.stack} is on {config.cloud}: staging is for aws")
@@ -123,8 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         staged, digests = stage(
             s3, urls, sums, bucket=args.bucket, prefix=args.prefix, region=region
         )
-    except StageError as error:
+    except (StageError, StackFileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except (BotoCoreError, ClientError) as error:
+        print(
+            f"error: S3 said: {error}; check your AWS credentials (AWS_PROFILE) and that "
+            f"--bucket {args.bucket} exists and is yours",
+            file=sys.stderr,
+        )
         return 1
     print("# in the stack's llama-rpc-cluster:model:")
     print(f"urls: {json.dumps(staged)}")

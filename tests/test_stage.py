@@ -1,0 +1,49 @@
+"""`python -m infra.stage`'s refusals: each says what is wrong, before anything is copied.
+Nothing here reaches a network (the copy itself is tested in test_staged_download.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.stage.cli import main
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--stack", "nope"], "error: stack 'nope': no stacks/Pulumi.nope.yaml; the stacks are"),
+        (["--stack", "gcp-c4a"], "error: stack gcp-c4a is on gcp: staging is for aws"),
+        (["--region", "us-east-1"], "error: no model URL: give --url"),
+        (
+            [
+                "--region",
+                "us-east-1",
+                "--url",
+                "https://h/a.gguf",
+                "--sha256",
+                "1",
+                "--sha256",
+                "2",
+            ],
+            "error: 2 --sha256 for 1 --url: give one per part",
+        ),
+    ],
+)
+def test_bad_staging_input_is_refused_with_the_reason(capsys, args, says) -> None:
+    assert main([*args, "--bucket", "my-models"]) == 1
+    assert says in capsys.readouterr().err
+
+
+def test_missing_aws_credentials_are_named_not_a_traceback(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # The request is refused while it is signed, before anything is sent.
+    code = main(["--region", "us-east-1", "--bucket", "my-models", "--url", "https://h/a.gguf"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Unable to locate credentials" in err and "check your AWS credentials" in err
