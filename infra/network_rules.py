@@ -31,6 +31,8 @@ METADATA_HOSTS = frozenset({"localhost"}).union(*(f.metadata_hosts for f in FACT
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(text) for f in FACTS.values() for text in f.metadata_addresses
 )
+# The object stores a cloud's nodes read a staged model from (s3://, gs://, az://).
+STORE_SCHEMES = tuple(f.model_store_scheme for f in FACTS.values() if f.model_store_scheme)
 
 
 def is_rfc1918(network: ipaddress.IPv4Network) -> bool:
@@ -88,6 +90,19 @@ def _host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
 
 # s3://bucket/key: a bucket name as S3 allows it, and a key that ends in a file name.
 _S3_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(\S*[^/\s])")
+# gs://bucket/key: a bucket name as Cloud Storage allows it without a verified domain (3-63
+# lowercase letters, digits, '-', '_' and '.', a letter or digit at each end):
+# https://cloud.google.com/storage/docs/buckets#naming
+_GCS_URL = re.compile(r"gs://([a-z0-9][a-z0-9._-]{1,61}[a-z0-9])/(\S*[^/\s])")
+# az://account/container/key: a blob by the three names rclone (the account) and a role
+# assignment (account and container) need. Not the blob's https URL: that is also how a public
+# or SAS-signed blob is downloaded, with curl and on any cloud, so only a scheme of its own says
+# "read it with the node's identity". Names as Azure allows them: an account of 3-24 lowercase
+# letters and digits; a container of 3-63 lowercase letters, digits and single hyphens, a letter
+# or digit at each end (https://learn.microsoft.com/rest/api/storageservices/naming-and-referencing-containers--blobs--and-metadata).
+_BLOB_URL = re.compile(r"az://([^/\s]*)/([^/\s]*)/(\S*[^/\s])")
+_BLOB_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+_BLOB_CONTAINER = re.compile(r"(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*")
 
 
 def s3_object(url: str) -> tuple[str, str] | None:
@@ -96,15 +111,56 @@ def s3_object(url: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+def gcs_object(url: str) -> tuple[str, str] | None:
+    """(bucket, key) of a ``gs://`` model URL, or None for any other URL."""
+    match = _GCS_URL.fullmatch(url)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def blob_object(url: str) -> tuple[str, str, str] | None:
+    """(account, container, key) of an ``az://`` model URL, or None for any other URL."""
+    match = _BLOB_URL.fullmatch(url)
+    if not match or not _BLOB_ACCOUNT.fullmatch(match.group(1)):
+        return None
+    if not _BLOB_CONTAINER.fullmatch(match.group(2)):
+        return None
+    return match.group(1), match.group(2), match.group(3)
+
+
+def _store_url_problem(url: str) -> str | None:
+    """Why an object-store URL names no object its store could hold, or None."""
+    if url.startswith("s3://") and s3_object(url) is None:
+        return (
+            f"{url!r} is not s3://BUCKET/KEY with a bucket name S3 allows and a key that "
+            "ends in the file name"
+        )
+    if url.startswith("gs://") and gcs_object(url) is None:
+        return (
+            f"{url!r} is not gs://BUCKET/KEY with a bucket name Cloud Storage allows (3-63 "
+            "lowercase letters, digits, '-', '_' or '.', a letter or digit at each end) and a "
+            "key that ends in the file name"
+        )
+    if url.startswith("az://") and blob_object(url) is None:
+        match = _BLOB_URL.fullmatch(url)
+        if match and not _BLOB_ACCOUNT.fullmatch(match.group(1)):
+            return (
+                f"{url!r}: storage account {match.group(1)!r} is not 3-24 lowercase letters "
+                "and digits; give az://ACCOUNT/CONTAINER/KEY with the account's name, not its "
+                "host"
+            )
+        if match:
+            return (
+                f"{url!r}: container {match.group(2)!r} is not 3-63 lowercase letters, digits "
+                "and single hyphens with a letter or digit at each end"
+            )
+        return f"{url!r} is not az://ACCOUNT/CONTAINER/KEY with a key that ends in the file name"
+    return None
+
+
 def model_url_problem(url: str) -> str | None:
     """Why a node must not download its model from this URL, or None."""
-    if url.startswith("s3://"):
-        if s3_object(url) is None:
-            return (
-                f"{url!r} is not s3://BUCKET/KEY with a bucket name S3 allows and a key that "
-                "ends in the file name"
-            )
-        return None
+    if url.startswith(STORE_SCHEMES):  # which cloud reads it: infra.stack.config
+        return _store_url_problem(url)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL with a host"

@@ -63,11 +63,6 @@ class Placement:
         return max(self.shares, key=lambda s: s.need_bytes / max(s.usable_bytes, 1))
 
     @property
-    def largest_worker_weight_bytes(self) -> int:
-        """The most weight any one worker holds: what its tensor cache disk must take."""
-        return max((s.weight_bytes for s in self.shares[1:]), default=0)
-
-    @property
     def gpu_layers(self) -> int:
         """``--n-gpu-layers``: every layer the workers hold, and the output head (none without
         workers: the main node holds everything)."""

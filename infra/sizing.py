@@ -80,6 +80,6 @@ def default_main_disk_gb(model_bytes: int) -> int:
     return math.ceil(model_bytes / 1e9 * 1.1) + 40
 
 
-def default_worker_disk_gb(share_bytes: int) -> int:
-    """A worker's tensor cache holds its share of the weights, plus the build and the OS."""
-    return math.ceil(share_bytes / 1e9 * 1.1) + 30
+# A worker's disk holds the OS and the build: its weights come over the network into memory, and
+# it keeps no tensor cache (rpc-worker.sh says why).
+WORKER_DISK_GB = 30

@@ -225,7 +225,10 @@ def test_a_staged_s3_model_is_refused_where_nodes_cannot_read_s3() -> None:
     model = {**stack_config("gcp-c4a")["llama-rpc-cluster:model"], "sha256": []}
     staged = {**model, "urls": ["s3://my-models/m.gguf"]}
     says = refused("gcp-c4a", {"llama-rpc-cluster:model": staged}, "model.urls")
-    assert "'s3://my-models/m.gguf': gcp nodes read no object store; give an https URL" in says
+    assert (
+        "'s3://my-models/m.gguf': gcp nodes read a staged model from gs:// URLs only, their own "
+        "cloud's store; give an https URL or a gs:// one"
+    ) in says
     short = {**model, "urls": ["s3://b/m.gguf"]}
     says = refused("gcp-c4a", {"llama-rpc-cluster:model": short}, "model.urls")
     assert "is not s3://BUCKET/KEY with a bucket name S3 allows" in says

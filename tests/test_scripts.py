@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -543,7 +544,8 @@ def test_a_part_that_fails_without_saying_why_still_fails(
     """The job's exit status decides, not whether it wrote a reason: a checksum tool that fails
     silently (an I/O error) must not end in "model ready"."""
     directory, write = fake_bin
-    write("sha256sum", "exit 1\n")
+    real = shutil.which("python3")
+    write("python3", f'[[ "${{2:-}}" != *hashlib* ]] || exit 1\nexec {real} "$@"\n')
     data = b"GGUF"
     (flaky_http.root / "model.gguf").write_bytes(data)
     url = f"{flaky_http.url}/model.gguf"
@@ -882,3 +884,67 @@ def test_a_serving_worker_reaches_the_cluster_and_the_platform_only(
     text = ruleset.read_text()
     assert "tcp dport 50052 ip saddr { 10.42.0.10/32 } accept" in text
     assert f"ip daddr {{ {destinations} }} accept" in text
+
+
+@pytest.fixture
+def boot_with(
+    tmp_path: Path, run_script
+) -> Callable[..., tuple[subprocess.CompletedProcess, dict]]:
+    """node-boot.sh on the main node with stand-ins for the build and the download, each given a
+    bash body; both record when they ran."""
+
+    def boot(build: str, fetch: str) -> tuple[subprocess.CompletedProcess, dict]:
+        bin_dir = tmp_path / "bin"
+        shutil.copytree(SCRIPTS, bin_dir)
+        for name, body in (("build-llama.sh", build), ("fetch-model.sh", fetch)):
+            (bin_dir / name).write_text(
+                '#!/usr/bin/env bash\nsource "$(dirname "$0")/lib.sh"\n'
+                f'echo "{name} start $EPOCHREALTIME" >>"$LOG"\n{body}\n'
+                f'echo "{name} end $EPOCHREALTIME" >>"$LOG"\n'
+            )
+            (bin_dir / name).chmod(0o755)
+        return run_script(
+            "node-boot.sh", LLAMA_ROLE="main", LLAMA_RPC_BIN_DIR=str(bin_dir),
+            LOG=str(tmp_path / "log"),
+        )  # fmt: skip
+
+    return boot
+
+
+def times(tmp_path: Path) -> dict[str, float]:
+    lines = (tmp_path / "log").read_text().split("\n")
+    return {f"{n} {e}": float(t) for n, e, t in (line.split() for line in lines if line)}
+
+
+def test_the_main_node_downloads_while_it_builds(boot_with, tmp_path) -> None:
+    result, status = boot_with(build="sleep 1", fetch="sleep 1")
+    assert result.returncode == 0, result.stderr
+    ran = times(tmp_path)
+    assert ran["fetch-model.sh start"] < ran["build-llama.sh end"]
+    assert ran["build-llama.sh start"] < ran["fetch-model.sh end"]
+    assert status["phase"] == "booted"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("exit 0", 'fail_final "checksum mismatch"', 78, "checksum mismatch"),
+        ('fail "build broke"', "sleep 1", 1, "build broke"),
+        ('fail "build broke"', 'fail_final "no such object"', 78, None),
+        ("exit 0", 'fail "network down"', 1, "network down"),
+    ],
+)
+def test_a_failed_build_or_download_fails_the_boot_after_both_end(
+    boot_with, tmp_path, case: tuple[str, str, int, str | None]
+) -> None:
+    """The boot waits for both; what no retry can mend (78) wins; a download goes on to the end
+    when the build fails, so the retry finds its parts."""
+    build, fetch, code, error = case
+    result, status = boot_with(build=build, fetch=fetch)
+    assert result.returncode == code
+    assert status["phase"] == "failed"
+    assert error is None or error in status["last_error"]
+    ran = times(tmp_path)
+    assert "fetch-model.sh start" in ran and "booted" not in json.dumps(status)
+    if fetch == "sleep 1":
+        assert "fetch-model.sh end" in ran

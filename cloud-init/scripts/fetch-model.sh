@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Download the model (one GGUF, or every part of a split GGUF) in parallel, checking each part's
 # sha256 when given. Finished parts are kept, so a re-run fetches only what is missing. A staged
-# part (s3://) is read from the object store with rclone: many ranged reads at once, with the
-# node's own identity.
+# part (s3://, gs://, az://) is read from the object store with rclone: many ranged reads at
+# once, with the node's own identity.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -50,10 +50,12 @@ trap finish EXIT
 
 size_of() { stat -c %s "$1" 2>/dev/null || printf 0; }
 human() { numfmt --to=iec-i --suffix=B "$1"; }
+# Python's hashlib is OpenSSL, which uses the CPU's SHA-256 instructions: 4 times coreutils'
+# sha256sum (bench/results/load.json). python3 is on every node (cloud-init runs on it).
 sha256_of() {
-  local line
-  line="$(sha256sum "$1")" || return 1
-  printf '%s' "${line%% *}"
+  python3 -c 'import hashlib, sys
+with open(sys.argv[1], "rb") as f:
+    print(hashlib.file_digest(f, "sha256").hexdigest(), end="")' "$1"
 }
 # part_error INDEX MESSAGE: why part INDEX failed, for the status file.
 part_error() { printf '%s' "$2" >"$scratch/$1"; }
@@ -78,7 +80,7 @@ have_part() {
 download() {
   local index="$1" url="$2" partial="$3"
   local attempt code reply http length reason delay start need
-  if [[ "$url" == s3://* ]]; then
+  if [[ "$url" == s3://* || "$url" == gs://* || "$url" == az://* ]]; then
     download_staged "$@"
     return $?
   fi
@@ -118,18 +120,48 @@ download() {
   done
 }
 
+# store_remote URL: points rclone's remote "store" at URL's object store, read with the node's
+# own identity (environment variables, no config file), and sets store_path to the object on
+# it; not in $(...), which would lose the exports. S3: MODEL_STORE_REGION (or the S3 API at
+# MODEL_STORE_ENDPOINT). Cloud Storage: the VM's service account from the metadata server
+# (env_auth; the distributions' rclone 1.60 has no such option and falls back to it without a
+# token). Blob Storage, az://ACCOUNT/CONTAINER/KEY: the VM's managed identity (use_msi, which
+# 1.60 has; its env_auth came later).
+store_remote() {
+  local url="$1" rest
+  case "$url" in
+  s3://*)
+    export RCLONE_CONFIG_STORE_TYPE=s3 RCLONE_CONFIG_STORE_ENV_AUTH=true
+    export RCLONE_CONFIG_STORE_REGION="$MODEL_STORE_REGION"
+    if [[ -n "${MODEL_STORE_ENDPOINT:-}" ]]; then # another S3 API: path-style requests
+      export RCLONE_CONFIG_STORE_PROVIDER=Other RCLONE_CONFIG_STORE_ENDPOINT="$MODEL_STORE_ENDPOINT"
+    else
+      export RCLONE_CONFIG_STORE_PROVIDER=AWS
+    fi
+    store_path="store:${url#s3://}"
+    ;;
+  gs://*)
+    export RCLONE_CONFIG_STORE_TYPE="google cloud storage" RCLONE_CONFIG_STORE_ENV_AUTH=true
+    store_path="store:${url#gs://}"
+    ;;
+  az://*)
+    rest="${url#az://}"
+    export RCLONE_CONFIG_STORE_TYPE=azureblob RCLONE_CONFIG_STORE_USE_MSI=true
+    export RCLONE_CONFIG_STORE_ACCOUNT="${rest%%/*}"
+    store_path="store:${rest#*/}"
+    ;;
+  *) return 1 ;;
+  esac
+}
+
 # download_staged INDEX URL PARTIAL: copy an object from the store with rclone, STAGED_STREAMS
 # ranged reads at once. rclone cannot resume a copy: a failed attempt starts the part again.
-# A missing object or a denied read is final; anything else is retried.
+# A missing object or bucket, or a denied read is final; anything else is retried, denials from
+# Cloud Storage and Blob Storage too: a grant made with the stack takes minutes to reach them.
 download_staged() {
-  local index="$1" url="$2" partial="$3" remote="store:${2#s3://}" attempt code listing reason delay
-  export RCLONE_CONFIG_STORE_TYPE=s3 RCLONE_CONFIG_STORE_ENV_AUTH=true
-  export RCLONE_CONFIG_STORE_REGION="$MODEL_STORE_REGION"
-  if [[ -n "${MODEL_STORE_ENDPOINT:-}" ]]; then # another S3 API: path-style requests
-    export RCLONE_CONFIG_STORE_PROVIDER=Other RCLONE_CONFIG_STORE_ENDPOINT="$MODEL_STORE_ENDPOINT"
-  else
-    export RCLONE_CONFIG_STORE_PROVIDER=AWS
-  fi
+  local index="$1" url="$2" partial="$3" remote store_path attempt code listing reason delay
+  store_remote "$url"
+  remote="$store_path"
   local rclone=(rclone --config /dev/null --retries 1 --low-level-retries 3)
   for ((attempt = 1; ; attempt++)); do
     code=0
@@ -147,8 +179,8 @@ download_staged() {
     if [[ "$reason" == *AccessDenied* || "$reason" == *"status code: 403"* ]]; then
       part_error "$index" "download of $url failed: access denied; the node's identity needs read access to it (s3:GetObject and s3:ListBucket), and S3 answers so for a missing object too when listing is not allowed"
       return "$EXIT_FINAL"
-    elif [[ "$reason" == *NoSuchBucket* ]]; then
-      part_error "$index" "download of $url failed: no such bucket; copy the model there first, or fix the URL"
+    elif [[ "$reason" == *NoSuchBucket* || "$reason" == *"directory not found"* ]]; then
+      part_error "$index" "download of $url failed: no such bucket or container; copy the model there first, or fix the URL"
       return "$EXIT_FINAL"
     fi
     if [[ $attempt -ge $DOWNLOAD_ATTEMPTS ]]; then

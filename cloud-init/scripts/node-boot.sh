@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A node's boot (llama-rpc-boot.service, as root, on every boot): missing packages, the llama.cpp
-# build for the role and, on the main node, the model. A re-run keeps a finished build and
-# verified model parts: it resumes a failed boot, and takes seconds after a good one.
+# A node's boot (llama-rpc-boot.service, as root, on every boot): missing packages, then the
+# llama.cpp build for the role and, on the main node, the model, both at once. A re-run keeps a
+# finished build and verified model parts: it resumes a failed boot, and takes seconds after a
+# good one.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -22,10 +23,24 @@ status "role=$LLAMA_ROLE" "node_ip=${LLAMA_NODE_IP:-}" "llama_cpp_commit=${LLAMA
 if [[ -n "${LLAMA_PACKAGES:-}" ]]; then
   "$LLAMA_RPC_BIN_DIR/install-packages.sh"
 fi
-"$LLAMA_RPC_BIN_DIR/build-llama.sh"
+# The main node downloads the model while llama.cpp builds: neither needs the other, and for a
+# large model the download is the longer. Each records its own failure in the status file; a
+# download keeps its finished parts when the build fails, for the retry.
+fetch=""
 if [[ "$LLAMA_ROLE" == main ]]; then
-  "$LLAMA_RPC_BIN_DIR/fetch-model.sh"
+  "$LLAMA_RPC_BIN_DIR/fetch-model.sh" &
+  fetch=$!
 fi
+build_code=0
+"$LLAMA_RPC_BIN_DIR/build-llama.sh" || build_code=$?
+fetch_code=0
+[[ -z "$fetch" ]] || wait "$fetch" || fetch_code=$?
+# A failure no retry can mend wins over one that a retry may.
+for code in "$build_code" "$fetch_code"; do
+  [[ $code -ne $EXIT_FINAL ]] || exit "$EXIT_FINAL"
+done
+[[ $build_code -eq 0 ]] || exit "$build_code"
+[[ $fetch_code -eq 0 ]] || exit "$fetch_code"
 # The services run unprivileged and write the data directory (status, tensor cache).
 if [[ -n "$service_user" ]]; then
   chown -R "$service_user:" "$LLAMA_DATA_DIR"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A worker node's service: ggml-rpc-server on this node's private address with every core and
-# the tensor cache on the data disk. Marks the node serving once the port answers.
+# A worker node's service: ggml-rpc-server on this node's private address with every core. Marks
+# the node serving once the port answers. No tensor cache (--cache): writing each tensor to the
+# disk made a first load 1.95 times slower here (bench/results/load.json), and reading it back
+# from a cloud disk (125 MiB/s by default) is slower than the main node sending it again.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=SCRIPTDIR/supervise.sh
@@ -10,8 +12,6 @@ require_setting LLAMA_NODE_IP
 case "$LLAMA_NODE_IP" in
   0.0.0.0 | :: | "*") fail "LLAMA_NODE_IP must be the node's private address; the RPC port has no authentication and must never listen on every interface" ;;
 esac
-export LLAMA_CACHE="${RPC_CACHE_DIR:-$LLAMA_DATA_DIR/rpc-cache}"
-mkdir -p "$LLAMA_CACHE"
 
 # ggml-rpc-server listens within seconds; one that does not is stopped and started again.
 START_TIMEOUT_SECONDS="${START_TIMEOUT_SECONDS:-300}"
@@ -21,5 +21,4 @@ run_until_ready ggml-rpc-server start_seconds START_TIMEOUT_SECONDS port_answers
   "$(llama_bin_dir)/ggml-rpc-server" \
   --host "$LLAMA_NODE_IP" \
   --port "$RPC_PORT" \
-  --threads "$(node_threads)" \
-  --cache
+  --threads "$(node_threads)"

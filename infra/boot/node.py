@@ -16,8 +16,9 @@ from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
 from infra.types import ROLES, RPC_PORT, SERVER_PORT, Role
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl.
-STAGED_SCHEMES = ("s3://",)
+# Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl: S3,
+# Cloud Storage, and Azure Blob Storage as az://ACCOUNT/CONTAINER/KEY.
+STAGED_SCHEMES = ("s3://", "gs://", "az://")
 _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
 
 
@@ -89,8 +90,8 @@ class NodeBoot:
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
     load_timeout_seconds: int = 3600
     threads: int | None = None
-    # A staged model (s3:// URLs): the store's region, and its endpoint where it is not the
-    # provider's own (a local S3 API); the node reads it with its own identity.
+    # A staged model (STAGED_SCHEMES): the store's region (S3 needs it), and its endpoint where
+    # it is not the provider's own (a local S3 API); the node reads it with its own identity.
     model_store_region: str = ""
     model_store_endpoint: str = ""
     data_device: str | None = None
@@ -101,7 +102,7 @@ class NodeBoot:
 
     @property
     def staged(self) -> bool:
-        """The model is read from the provider's object store (``s3://`` URLs)."""
+        """The model is read from the provider's object store (``STAGED_SCHEMES``)."""
         return any(url.startswith(STAGED_SCHEMES) for url in self.model_urls)
 
     @property
@@ -292,12 +293,14 @@ def _validate_main(boot: NodeBoot) -> None:
     # same one, would leave a model that looks complete and is not.
     saved_as: dict[str, str] = {}
     for url in boot.model_urls:
-        if not re.match(r"(https?|file|s3)://[^\s]+$", url):
+        if not re.match(r"(https?|file|s3|gs|az)://[^\s]+$", url):
             raise BootConfigError(
-                f"model URL {url!r} is not an http(s)://, s3:// or file:// URL without spaces",
+                f"model URL {url!r} is not an http(s)://, s3://, gs://, az:// or file:// URL "
+                "without spaces",
                 setting="model_urls",
             )
-        if url.startswith(STAGED_SCHEMES) and not re.fullmatch(
+        # S3 needs the region (rclone signs for it); Cloud Storage and Blob Storage do not.
+        if url.startswith("s3://") and not re.fullmatch(
             r"[a-z]{2}(-[a-z]+)+-\d", (boot.model_store_region)
         ):
             raise BootConfigError(

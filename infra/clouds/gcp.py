@@ -83,6 +83,8 @@ FACTS = CloudFacts(
     metadata_hosts=frozenset({"metadata", "metadata.google.internal"}),
     metadata_addresses=frozenset(),
     chart_colour="#4285f4",
+    # Cloud Storage, read with the main node's service account through Private Google Access.
+    model_store_scheme="gs://",
     image_meaning="an arm64 Ubuntu 24.04 image (or image family) path",
     refuses={
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",

@@ -202,22 +202,34 @@ class PulumiTarget:
 
     def predict(self) -> Prediction:
         from infra import costs  # noqa: PLC0415
+        from infra.boot.node import STAGED_SCHEMES  # noqa: PLC0415
         from infra.clouds import FACTS  # noqa: PLC0415
-        from infra.planner import perf  # noqa: PLC0415
+        from infra.planner import perf, serve  # noqa: PLC0415
 
         c = self.config
         cost = c.hourly_cost
         nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
         disk = FACTS[c.cloud].disk.read_mibps(c.main_disk_gb, c.disk_throughput_mibps)
-        serve = perf.time_to_serve(c.model, c.main_instance_type, c.placement, disk)
+        staged = any(url.startswith(STAGED_SCHEMES) for url in c.model_urls)
+        timeline = serve.time_to_serve(
+            c.model,
+            c.main_instance_type,
+            c.placement,
+            disk,
+            path="staged" if staged else "internet",
+            worker=c.instance_type,
+        )
         kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
+        # The phases as the status file times them: the download includes the sha256 check,
+        # and the build runs beside it.
         return Prediction(
             hourly_usd=cost.total,
             serve_seconds={
-                "boot_and_build": round(serve.boot_and_build_seconds, 1),
-                "download": round(serve.download_seconds, 1),
-                "load": round(serve.load_seconds, 1),
-                "total": round(serve.total_seconds, 1),
+                "boot": round(timeline.seconds("boot"), 1),
+                "build": round(timeline.seconds("build"), 1),
+                "download": round(timeline.seconds("download") + timeline.seconds("verify"), 1),
+                "load": round(timeline.seconds("load"), 1),
+                "total": round(timeline.total_seconds, 1),
             },
             decode_tps=perf.decode_tps(c.model, nodes, c.placement, kv_tokens),
             one_off_usd=costs.download_usd(c.cloud, c.model.size_bytes) or 0.0,

@@ -45,7 +45,7 @@ class ModelShape:
     n_head_kv: int = 4
     n_ff: int = 704
     context: int = 4096
-    dtype: str = "f32"  # f32 or f16
+    dtype: str = "f32"  # f32, f16, or q4_0 (the quantisation large models ship in)
 
     def key(self, seed: int) -> str:
         text = repr(sorted(asdict(self).items())) + f"seed={seed}"
@@ -55,6 +55,9 @@ class ModelShape:
 TINY = ModelShape()
 # About 640 MB at f16: large enough that decode is bound by memory, as on a real cluster.
 BENCH = ModelShape(n_embd=2048, n_layer=4, n_head=16, n_head_kv=8, n_ff=5632, dtype="f16")
+# Llama-2-7B's layer shape at Q4_0 (100 MB a layer, tensors over llama.cpp's 10 MiB RPC hashing
+# threshold): the load benchmark's model, at two depths.
+LOAD = ModelShape(n_embd=4096, n_layer=2, n_head=32, n_head_kv=8, n_ff=11008, dtype="q4_0")
 
 
 def cached_model(source_tree: Path, cache: Path, shape: ModelShape = TINY, seed: int = 0) -> Path:
@@ -78,10 +81,18 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
     head_dim = shape.n_embd // shape.n_head
     dtype = np.float16 if shape.dtype == "f16" else np.float32
     rng = np.random.default_rng(seed)
+    quantized = shape.dtype == "q4_0"
 
     def matrix(rows: int, cols: int) -> Any:
         # Scaled like an initialised network, so activations stay finite through the layers.
-        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(dtype)
+        values = rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)
+        if quantized:
+            return gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_0)
+        return values.astype(dtype)
+
+    def add_matrix(name: str, rows: int, cols: int) -> None:
+        raw = gguf.GGMLQuantizationType.Q4_0 if quantized else None
+        writer.add_tensor(name, matrix(rows, cols), raw_dtype=raw)
 
     def ones(n: int) -> Any:
         return np.ones(n, dtype=np.float32)
@@ -99,9 +110,8 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(n_vocab)
-    writer.add_file_type(
-        gguf.LlamaFileType.MOSTLY_F16 if shape.dtype == "f16" else gguf.LlamaFileType.ALL_F32
-    )
+    file_types = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+    writer.add_file_type(file_types.get(shape.dtype, gguf.LlamaFileType.ALL_F32))
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -114,20 +124,20 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
     writer.add_add_eos_token(False)
 
     kv_dim = head_dim * shape.n_head_kv
-    writer.add_tensor("token_embd.weight", matrix(n_vocab, shape.n_embd))
+    add_matrix("token_embd.weight", n_vocab, shape.n_embd)
     for i in range(shape.n_layer):
         block = f"blk.{i}"
         writer.add_tensor(f"{block}.attn_norm.weight", ones(shape.n_embd))
-        writer.add_tensor(f"{block}.attn_q.weight", matrix(shape.n_embd, shape.n_embd))
-        writer.add_tensor(f"{block}.attn_k.weight", matrix(kv_dim, shape.n_embd))
-        writer.add_tensor(f"{block}.attn_v.weight", matrix(kv_dim, shape.n_embd))
-        writer.add_tensor(f"{block}.attn_output.weight", matrix(shape.n_embd, shape.n_embd))
+        add_matrix(f"{block}.attn_q.weight", shape.n_embd, shape.n_embd)
+        add_matrix(f"{block}.attn_k.weight", kv_dim, shape.n_embd)
+        add_matrix(f"{block}.attn_v.weight", kv_dim, shape.n_embd)
+        add_matrix(f"{block}.attn_output.weight", shape.n_embd, shape.n_embd)
         writer.add_tensor(f"{block}.ffn_norm.weight", ones(shape.n_embd))
-        writer.add_tensor(f"{block}.ffn_gate.weight", matrix(shape.n_ff, shape.n_embd))
-        writer.add_tensor(f"{block}.ffn_up.weight", matrix(shape.n_ff, shape.n_embd))
-        writer.add_tensor(f"{block}.ffn_down.weight", matrix(shape.n_embd, shape.n_ff))
+        add_matrix(f"{block}.ffn_gate.weight", shape.n_ff, shape.n_embd)
+        add_matrix(f"{block}.ffn_up.weight", shape.n_ff, shape.n_embd)
+        add_matrix(f"{block}.ffn_down.weight", shape.n_embd, shape.n_ff)
     writer.add_tensor("output_norm.weight", ones(shape.n_embd))
-    writer.add_tensor("output.weight", matrix(n_vocab, shape.n_embd))
+    add_matrix("output.weight", n_vocab, shape.n_embd)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

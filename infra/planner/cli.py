@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra import catalog, models, sizing
 from infra.models import Model, ModelError
-from infra.planner import perf, report, search
+from infra.planner import report, search, serve
 from infra.planner.search import PlanError
 from infra.stack import config
 
@@ -71,8 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--download-gbps",
         type=float,
-        default=perf.DOWNLOAD_GBPS,
-        help="model download rate for the time to serve (default %(default)s)",
+        default=serve.INTERNET_GBPS,
+        help="the model host's download rate, for the internet path's time to serve "
+        "(default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""Predicted speed: decode tokens per second and the time from `pulumi up` to serving.
+"""Predicted speed: decode tokens per second (the time to serve is ``infra.planner.serve``).
 
 Decode on CPUs is bound by memory bandwidth: every token streams the weights once. A layer
 split runs the nodes one after another, so a token costs
@@ -23,8 +23,6 @@ from infra.catalog import InstanceType
 from infra.models import PRESETS, Model
 from infra.placement import NodeShare, Placement
 
-MIB = 1024**2
-
 # Assumption: half of a socket's cores saturate its memory controllers, so an instance with at
 # least that many vCPUs streams at the socket's bandwidth. The 405B anchor supports it: on 64 of
 # Graviton4's 96 cores it streams 375 GB/s per node, more than a proportional 358 GB/s.
@@ -37,19 +35,6 @@ RPC_HOP_SECONDS = 1.22e-3
 
 # The decode speed is quoted at half the context filled: the KV cache read grows per token.
 KV_FILL_FRACTION = 0.5
-
-# Time to serve. The build figures are bench/boot.py's full llama.cpp build (bench/results/
-# boot.json: 697.5 CPU-s, 401.9 s on 2 cores), split by Amdahl's law into a serial part and a
-# parallel part that divides across the vCPUs.
-BUILD_SERIAL_SECONDS = 106.3
-BUILD_PARALLEL_CPU_SECONDS = 591.2
-# Assumptions, stated in every plan: boot and package installation before the build, and the
-# rate at which the model host serves a download to one VM (the URL's host decides this).
-BOOT_SECONDS = 90.0
-DOWNLOAD_GBPS = 2.0
-# One TCP flow carries the weights to each worker in turn. AWS caps a flow at 10 Gbps inside a
-# cluster placement group (FACTS); the other providers do not publish a cap, so the same is used.
-SINGLE_FLOW_GBPS = 10.0
 
 
 @dataclass(frozen=True)
@@ -184,46 +169,3 @@ def decode_tps(
     cal = calibration()
     seconds, layers, hops = terms
     return 1 / (seconds / cal.eta + layers * cal.layer_overhead_seconds + hops * cal.hop_seconds)
-
-
-@dataclass(frozen=True)
-class ServeTime:
-    boot_and_build_seconds: float
-    download_seconds: float
-    load_seconds: float
-
-    @property
-    def total_seconds(self) -> float:
-        return self.boot_and_build_seconds + self.download_seconds + self.load_seconds
-
-
-def build_seconds(vcpus: int) -> float:
-    return BUILD_SERIAL_SECONDS + BUILD_PARALLEL_CPU_SECONDS / vcpus
-
-
-def load_seconds(model_bytes: int, sent_bytes: int, disk_mibps: float, flow_gbps: float) -> float:
-    """Reading the file and sending the workers' weights to them overlap (the kernel reads
-    ahead while llama.cpp sends), so the slower of the two sets the time."""
-    read = model_bytes / (disk_mibps * MIB)
-    send = sent_bytes * 8 / (flow_gbps * 1e9)
-    return max(read, send)
-
-
-def time_to_serve(
-    model: Model,
-    main: InstanceType,
-    layout: Placement,
-    disk_mibps: float,
-    download_gbps: float = DOWNLOAD_GBPS,
-) -> ServeTime:
-    """From creation to the first answer: boot and build, then download, then load (the main
-    node's own layers are not sent anywhere)."""
-    network = main.network_gbps or download_gbps
-    download = model.size_bytes * 8 / (min(network, download_gbps) * 1e9)
-    flow = min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS)
-    sent = sum(share.weight_bytes for share in layout.shares[1:])
-    return ServeTime(
-        boot_and_build_seconds=BOOT_SECONDS + build_seconds(main.vcpus),
-        download_seconds=download,
-        load_seconds=load_seconds(model.size_bytes, sent, disk_mibps, flow),
-    )

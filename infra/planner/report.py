@@ -11,7 +11,7 @@ import yaml
 
 from infra.clouds import FACTS
 from infra.models import PRESETS, Model
-from infra.planner import perf
+from infra.planner import perf, serve
 from infra.planner.search import Option, Plan
 from infra.stack.settings import PROJECT
 
@@ -58,12 +58,9 @@ def option_json(option: Option) -> dict[str, Any]:
         "downloadUsd": option.download_usd,
         "predictedDecodeTps": None if option.decode_tps is None else round(option.decode_tps, 3),
         "usdPerMillionTokens": option.usd_per_million_tokens,
-        "predictedSecondsToServe": round(option.serve.total_seconds),
-        "secondsToServeParts": {
-            "bootAndBuild": round(option.serve.boot_and_build_seconds),
-            "download": round(option.serve.download_seconds),
-            "load": round(option.serve.load_seconds),
-        },
+        # The internet path: what a stack with https model URLs does.
+        "predictedSecondsToServe": round(option.serve["internet"].total_seconds),
+        "timeToServe": {path: timeline.to_json() for path, timeline in option.serve.items()},
         "priceSource": instance.price_source,
         "priceDate": instance.price_date or None,
         "costSources": list(option.cost.sources),
@@ -87,9 +84,11 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         "memoryBandwidth": "Axion and Cobalt 100 memory bandwidth is not published: "
         "no speed is predicted for them",
         "serve": (
-            f"{perf.BOOT_SECONDS:.0f} s boot, the measured llama.cpp build, a "
-            f"{plan.download_gbps:g} Gbit/s model download, then the load: disk read and "
-            f"transfer to the workers at up to {perf.SINGLE_FLOW_GBPS:g} Gbit/s, overlapped"
+            f"{serve.BOOT_SECONDS:.0f} s boot, then the llama.cpp build beside the download "
+            f"(internet: a {plan.download_gbps:g} Gbit/s model host; staged: the provider's "
+            "object store in the region), the sha256 check, and the load: the main node's "
+            "layers, then each worker's sent to it in turn; each phase in timeToServe names "
+            "its basis"
         ),
         "cost": "on-demand instances, NAT for egress and disks; a price the catalog lacks is "
         "named in `unpriced` and left out of hourlyUsd",
@@ -119,6 +118,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes:.0f} min" if minutes >= 1 else f"{seconds:.0f} s"
 
 
+def _serve_times(option: Option) -> str:
+    return " / ".join(_duration(option.serve[path].total_seconds) for path in serve.PATHS)
+
+
 def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
     """A readable table, cheapest first; ``*`` marks each provider's recommendation."""
     model = plan.model
@@ -129,7 +132,7 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
     ]
     header = (
         "  provider  region       instance type      nodes  mem GiB     $/h  tok/s  $/Mtok"
-        "  to serve  price date  layers (main + workers)"
+        "  to serve (internet/staged)  price date  layers (main + workers)"
     )
     lines += ["", header]
     picked = {plan.recommendation(p) for p in {o.provider for o in options}}
@@ -147,7 +150,7 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
             f"{option.instance.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
             f"{_money(option.hourly_usd):>7}  {tps:>5}  "
             f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}':>6}  "
-            f"{_duration(option.serve.total_seconds):>8}  {option.instance.price_date or '-':<10}"
+            f"{_serve_times(option):>26}  {option.instance.price_date or '-':<10}"
             f"  {option.placement.describe()}{extra}"
         )
     lines.append("")

@@ -19,6 +19,7 @@ from infra.clouds import FACTS
 from infra.models import Model, ModelError
 from infra.placement import Placement
 from infra.planner import perf
+from infra.planner.serve import INTERNET_GBPS, PATHS, ServeTime, time_to_serve
 from infra.types import MAX_NODES, MAX_WORKERS
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
@@ -37,7 +38,7 @@ class Option:
     placement: Placement
     cost: costs.HourlyCost
     decode_tps: float | None
-    serve: perf.ServeTime
+    serve: dict[str, ServeTime] = field(compare=False)  # by download path (PATHS)
     download_usd: float | None
     main_disk_gb: int
     worker_disk_gb: int
@@ -96,7 +97,7 @@ class Plan:
     slots: int
     options: list[Option]  # sorted by hourly cost; the first per provider is its pick
     rejected: list[Rejection] = field(default_factory=list)
-    download_gbps: float = perf.DOWNLOAD_GBPS  # the time to serve's download rate
+    download_gbps: float = INTERNET_GBPS  # the internet path's download rate
 
     def recommendation(self, provider: str) -> Option | None:
         return next((o for o in self.options if o.provider == provider), None)
@@ -109,7 +110,7 @@ def evaluate(
     context: int,
     *,
     slots: int = sizing.DEFAULT_SLOTS,
-    download_gbps: float = perf.DOWNLOAD_GBPS,
+    download_gbps: float = INTERNET_GBPS,
 ) -> Option:
     """One cluster of ``count`` nodes of ``instance``: where the layers go, whether they fit,
     what it costs, its speed."""
@@ -123,7 +124,7 @@ def evaluate(
     nodes = [instance] * count
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = sizing.default_main_disk_gb(model.size_bytes)
-    worker_disk = sizing.default_worker_disk_gb(layout.largest_worker_weight_bytes)
+    worker_disk = sizing.WORKER_DISK_GB
     throughput = sizing.main_disk_throughput_mibps(instance.provider)
     priced = costs.cluster_nodes(
         instance,
@@ -141,7 +142,12 @@ def evaluate(
         placement=layout,
         cost=costs.hourly_cost(instance.provider, priced),
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
-        serve=perf.time_to_serve(model, instance, layout, disk_mibps, download_gbps),
+        serve={
+            path: time_to_serve(
+                model, instance, layout, disk_mibps, path=path, internet_gbps=download_gbps
+            )
+            for path in PATHS
+        },
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
@@ -210,7 +216,7 @@ def plan(
     model: Model,
     context: int = DEFAULT_CONTEXT,
     where: Sequence[tuple[str, str]] | None = None,
-    download_gbps: float = perf.DOWNLOAD_GBPS,
+    download_gbps: float = INTERNET_GBPS,
     slots: int = sizing.DEFAULT_SLOTS,
 ) -> Plan:
     """For each (provider, region), every Arm type's smallest cluster that holds the model,

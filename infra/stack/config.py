@@ -75,6 +75,8 @@ class ClusterConfig:
     flow_logs: bool = True
     bastion: bool = False  # Azure: a Bastion host the tunnel goes through
     encryption_at_host: bool = False  # Azure
+    # Azure: the resource group of the storage account that az:// model URLs name.
+    model_store_resource_group: str | None = None
     # Every node with its rendered user data, main first (set by from_settings).
     nodes: tuple[nodes.NodePlan, ...] = ()
 
@@ -366,16 +368,39 @@ def _refused(settings: Mapping[str, Any], facts: CloudFacts) -> None:
             raise ConfigError(key, f"{facts.name} does not take this setting: {instead}; remove it")
 
 
-def _model_store(urls: tuple[str, ...], facts: CloudFacts) -> None:
-    """Object-store URLs only where the cloud's nodes read its store."""
+def _model_store(
+    settings: Mapping[str, Any], urls: tuple[str, ...], facts: CloudFacts
+) -> str | None:
+    """Object-store URLs only where the cloud's nodes read its store. Returns the resource group
+    of the storage account that Azure's az:// URLs name (``modelStoreResourceGroup``): a blob
+    URL does not say it, and the scope of the node's role assignment needs it."""
+    store = facts.model_store_scheme
     for url in urls:
         scheme = url.split("://", 1)[0] + "://"
-        if scheme not in ("https://", "http://", facts.model_store_scheme):
-            store = facts.model_store_scheme
-            where = f"only {store} URLs" if store else "no object store"
+        if scheme not in ("https://", "http://", store):
+            where = f"from {store} URLs only" if store else "from no object store"
             raise ConfigError(
-                "model.urls", f"{url!r}: {facts.name} nodes read {where}; give an https URL"
+                "model.urls",
+                f"{url!r}: {facts.name} nodes read a staged model {where}, their own cloud's "
+                f"store; give an https URL{f' or a {store} one' if store else ''}",
             )
+    key = "modelStoreResourceGroup"
+    group: str | None = BY_KEY[key].read(settings)
+    blobs = [blob for blob in map(network_rules.blob_object, urls) if blob]
+    if group is not None and not blobs:
+        raise ConfigError(
+            key,
+            "only az:// model URLs (Azure) use it, for their storage account's resource group; "
+            "remove it",
+        )
+    if blobs and group is None:
+        raise ConfigError(
+            key,
+            f"is required with az:// model URLs: the resource group of storage account "
+            f"{blobs[0][0]!r}, where the main node is given read access to container "
+            f"{blobs[0][1]!r}; set it with `pulumi config set {key} <group>`",
+        )
+    return group
 
 
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
@@ -400,7 +425,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         raise ConfigError("serverPort", f"equals rpcPort ({rpc_port}); choose another port")
     context = BY_KEY["contextSize"].read(settings)
     model_setting = _model(settings)
-    _model_store(model_setting.urls, facts)
+    store_group = _model_store(settings, model_setting.urls, facts)
     model = model_setting.model
     if model.context_length and context > model.context_length:
         raise ConfigError(
@@ -418,12 +443,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         worker_count=worker_count,
     )
     main_disk = _disk(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes), facts)
-    worker_disk = _disk(
-        settings,
-        "workerDiskGb",
-        sizing.default_worker_disk_gb(shares.largest_worker_weight_bytes),
-        facts,
-    )
+    worker_disk = _disk(settings, "workerDiskGb", sizing.WORKER_DISK_GB, facts)
     model_gb = model.size_bytes / 1e9
     if main_disk < model_gb + 20:
         raise ConfigError(
@@ -455,6 +475,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         flow_logs=BY_KEY["flowLogs"].read(settings),
         bastion=BY_KEY["bastion"].read(settings),
         encryption_at_host=BY_KEY["encryptionAtHost"].read(settings),
+        model_store_resource_group=store_group,
     )
     try:
         planned = nodes.plan_nodes(config)

@@ -111,6 +111,15 @@ def decode(value: Any) -> Any:
     return value
 
 
+# https://learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules
+# (Microsoft.Resources): 1-90 letters, digits, '_', '(', ')', '-' and '.', not ending in '.'.
+_RESOURCE_GROUP = re.compile(r"[-\w().]{0,89}[-\w()]")
+
+
+def _is_resource_group(text: str) -> bool:
+    return _RESOURCE_GROUP.fullmatch(text) is not None
+
+
 _SSH_PUBLIC_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?")
 
 
@@ -158,9 +167,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "model",
         "object",
-        "the GGUF: `urls` (every part, in order: https, or on AWS `s3://bucket/key` in the "
-        "stack's region, read with the main node's role), optional `sha256` (one per part), "
-        "and a `preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
+        "the GGUF: `urls` (every part, in order: https, or staged in the cloud's own store and "
+        "read with the main node's identity: `s3://bucket/key` on AWS, `gs://bucket/key` on "
+        "GCP, `az://account/container/key` on Azure), optional `sha256` (one per part), and a "
+        "`preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
         required=True,
     ),
     Setting(
@@ -205,7 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
         "workerDiskGb",
         "integer",
         "each worker's boot disk",
-        default_text="the largest worker share x 1.1 + 30",
+        default_text=f"{sizing.WORKER_DISK_GB} (the OS and the build)",
     ),
     Setting(
         "diskThroughputMibps",
@@ -246,6 +256,15 @@ SETTINGS: tuple[Setting, ...] = (
         "boolean",
         "Azure encryption at host for the nodes' disks and caches",
         default=False,
+    ),
+    Setting(
+        "modelStoreResourceGroup",
+        "string",
+        "Azure, with `az://` model URLs: the resource group of their storage account, where the "
+        "main node's identity is given Storage Blob Data Reader on each URL's container",
+        valid=_is_resource_group,
+        meaning="an Azure resource group name (1-90 letters, digits, _ ( ) - and ., not "
+        "ending in .)",
     ),
 )
 BY_KEY: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}

@@ -3,12 +3,14 @@ an NSG whose rules name application security groups per role and deny all other 
 explicitly, accelerated NICs without public IPs, and a proximity placement group.
 
 Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
-any node, VNet flow logs to a storage account of the stack, tags on every resource including
-the OS disks, and optionally encryption at host and a Bastion host for the tunnel.
+any node (but the main node's, with read access to a staged model's containers, when it has
+one), VNet flow logs to a storage account of the stack, tags on every resource including the OS
+disks, and optionally encryption at host and a Bastion host for the tunnel.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import pulumi_azure_native as azure
 
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
+from infra.network_rules import blob_object
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
 
@@ -50,6 +53,30 @@ LOCKED_SSH_KEY = (
     " llama-rpc-cluster: private half destroyed"
 )
 DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
+# Storage Blob Data Reader: read and list blobs, nothing else (a built-in role, the same id in
+# every subscription):
+# https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/storage#storage-blob-data-reader
+BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+# The service endpoint that routes the subnet's traffic to Azure Storage over Azure's backbone.
+STORAGE_SERVICE = "Microsoft.Storage"
+
+
+def staged_containers(urls: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(account, container) of each container that az:// model URLs read, once each."""
+    blobs = [blob for blob in map(blob_object, urls) if blob]
+    return sorted({(account, container) for account, container, _ in blobs})
+
+
+def container_scope(subscription: str, group: str, account: str, container: str) -> str:
+    """The ARM id of a blob container: the narrowest scope a data role can be given at."""
+    return (
+        f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Storage/"
+        f"storageAccounts/{account}/blobServices/default/containers/{container}"
+    )
+
+
+def role_definition(subscription: str, role: str) -> str:
+    return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role}"
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,10 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             nat_gateway={"id": nat.id},
             network_security_group={"id": nsg.id},
             default_outbound_access=False,
+            # A staged model's blobs over Azure's backbone, not the NAT gateway.
+            service_endpoints=(
+                [{"service": STORAGE_SERVICE}] if staged_containers(config.model_urls) else None
+            ),
             opts=opts,
         )
         if config.flow_logs:
@@ -344,6 +375,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             opts=node_options(parent),
         )
         key = config.ssh_public_key or LOCKED_SSH_KEY
+        containers = staged_containers(config.model_urls) if spec.role == "main" else []
         storage: azure.compute.StorageProfileArgsDict = {
             "image_reference": {**IMAGE, "version": config.image or IMAGE["version"]},
             "os_disk": {
@@ -385,7 +417,10 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                     }
                 ]
             },
-            # No managed identity: nothing on a node calls Azure's APIs.
+            # No managed identity but the main node's with a staged model, which reads it.
+            identity=(
+                {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED} if containers else None
+            ),
             security_profile={
                 "security_type": SECURITY_TYPE,
                 "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
@@ -406,11 +441,47 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             properties={"tags": {**tags, "vm": vm.vm_id}},
             opts=opts,
         )
+        if containers:
+            self._model_readers(spec.name, config, vm, containers, parent)
         return Node(
             instance_id=vm.name,
             private_ip=pulumi.Output.from_input(spec.private_ip),
             resource_id=vm.id,
         )
+
+    def _model_readers(
+        self,
+        name: str,
+        config: ClusterConfig,
+        vm: azure.compute.VirtualMachine,
+        containers: list[tuple[str, str]],
+        parent: pulumi.Resource,
+    ) -> None:
+        """Storage Blob Data Reader for the VM's identity on each container a staged model is
+        in. The storage account's resource group is a setting (modelStoreResourceGroup): a blob
+        URL does not name it. The account must be in the stack's subscription."""
+        group = config.model_store_resource_group
+        if group is None:  # the config check requires it with az:// URLs
+            raise ValueError("modelStoreResourceGroup is not set")
+        subscription = azure.authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=parent)
+        ).subscription_id
+        principal = vm.identity.apply(lambda identity: identity.principal_id if identity else "")
+        role = subscription.apply(lambda sub: role_definition(sub, BLOB_DATA_READER))
+        for i, (account, container) in enumerate(containers):
+            scope = functools.partial(
+                container_scope, group=group, account=account, container=container
+            )
+            azure.authorization.RoleAssignment(
+                f"{name}-model-read-{i}",
+                principal_id=principal,
+                # Said, so Azure does not look a just-made identity up in Entra ID and miss it.
+                principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
+                role_definition_id=role,
+                scope=subscription.apply(scope),
+                description="llama-rpc-cluster: the main node reads the staged model",
+                opts=pulumi.ResourceOptions(parent=parent),
+            )
 
     def connect_command(
         self, config: ClusterConfig, network: AzureNetwork, main: Node

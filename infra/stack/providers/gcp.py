@@ -3,11 +3,13 @@ Hyperdisk Balanced disks, gVNIC, Tier_1 networking, and IAP for access. No exter
 
 Baseline (CIS Google Cloud): no default network, subnet flow logs, project-wide SSH keys
 blocked with OS Login on, Shielded VM, no default service account: the main node runs as a
-service account of the stack with no roles, and workers run with none.
+service account of the stack with no roles but read access to a staged model's objects, and
+workers run with none.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ import pulumi_gcp as gcp
 
 from infra.clouds import gcp as gcp_facts
 from infra.clouds.gcp import IAP_RANGE
+from infra.network_rules import gcs_object
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
 
@@ -24,6 +27,46 @@ from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_option
 IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-arm64"
 # C4A takes Tier_1 networking from 32 vCPUs up.
 TIER_1_MIN_VCPUS = 32
+# Read-only on objects (storage.objects.get and .list), narrowed by an IAM condition.
+OBJECT_VIEWER = "roles/storage.objectViewer"
+# IAM takes at most 12 logical operators in one condition expression (the limits in
+# https://cloud.google.com/iam/docs/conditions-overview): names per condition.
+NAMES_PER_CONDITION = 12
+# The prefix an objects.list request asks for (a Cloud Storage API attribute of IAM Conditions);
+# "" for any other request.
+LIST_PREFIX = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
+
+
+def _chunks(names: Sequence[str], size: int) -> list[list[str]]:
+    return [list(names[i : i + size]) for i in range(0, len(names), size)]
+
+
+def staged_model_conditions(objects: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(bucket, title, expression) of each IAM condition under which the main node's account
+    may read a staged model's objects, and nothing else in any bucket.
+
+    rclone (fetch-model.sh) reads an object's metadata, lists the "directory" that holds it
+    (the prefix up to its last '/'), then reads it in ranges; for a missing object it lists the
+    key as a directory (KEY/), which lets the boot say "no such object". Reads are allowed on
+    exactly the objects' names, and listing on the bucket only with those prefixes."""
+    conditions: list[tuple[str, str, str]] = []
+    for bucket in sorted({bucket for bucket, _ in objects}):
+        keys = sorted({key for b, key in objects if b == bucket})
+        for names in _chunks(keys, NAMES_PER_CONDITION):
+            expression = " || ".join(
+                f"resource.name == {json.dumps(f'projects/_/buckets/{bucket}/objects/{key}')}"
+                for key in names
+            )
+            conditions.append((bucket, "read the staged model's objects", expression))
+        # A key's directory ("" at the bucket's top), and the key itself as one.
+        prefixes = sorted({key.rpartition("/")[0] + "/" if "/" in key else "" for key in keys})
+        prefixes += [f"{key}/" for key in keys]
+        for names in _chunks(prefixes, NAMES_PER_CONDITION - 1):  # and one &&
+            listed = " || ".join(f"{LIST_PREFIX} == {json.dumps(prefix)}" for prefix in names)
+            bucket_name = json.dumps(f"projects/_/buckets/{bucket}")
+            expression = f"resource.name == {bucket_name} && ({listed})"
+            conditions.append((bucket, "list only where the staged model is", expression))
+    return conditions
 
 
 def choose_zone(zones: Sequence[str], offers: Callable[[str], bool]) -> str:
@@ -74,6 +117,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             network=network.id,
             region=config.region,
             ip_cidr_range=str(config.private_subnet),
+            # Google's APIs, a staged model's bucket among them, over Google's network.
             private_ip_google_access=True,
             # Flow logs (CIS GCP 3.8), sampled: a record per flow every 5 minutes at most.
             log_config=(
@@ -105,6 +149,17 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             display_name=f"llama-rpc-cluster {pulumi.get_stack()} main node (no roles)",
             opts=opts,
         )
+        staged = [obj for obj in map(gcs_object, config.model_urls) if obj]
+        # The bucket's IAM policy takes conditions only with uniform bucket-level access on.
+        for i, (bucket, title, expression) in enumerate(staged_model_conditions(staged)):
+            gcp.storage.BucketIAMMember(
+                f"{name}-main-model-read-{i}",
+                bucket=bucket,
+                role=OBJECT_VIEWER,
+                member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+                condition={"title": title, "expression": expression},
+                opts=opts,
+            )
         project = gcp.organizations.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=parent)
         ).project
@@ -180,7 +235,9 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             },
             tags=[firewall.main_tag if main else firewall.worker_tag],
             labels=labels,
-            # Workers run the RPC server, the most exposed process: no account, no token.
+            # Workers run the RPC server, the most exposed process: no account, no token. The
+            # main node's scope is Google's recommended cloud-platform: its account's roles (none,
+            # or the staged model's IAM conditions) decide what the token may do.
             service_account=(
                 {"email": network.main_account.email, "scopes": ["cloud-platform"]}
                 if main

@@ -1,0 +1,249 @@
+"""Load benchmarks: the per-byte rates the planner's time to serve uses (infra/planner/serve.py).
+
+    uv run python bench/load.py [--repetitions 3]
+
+Writes bench/results/load.json. Everything runs on loopback with the pinned llama.cpp build and
+generated Q4_0 models of Llama-2-7B's layer shape at two depths (2 and 8 layers): each rate is
+the slope between the two, so the fixed start-up cost drops out. The page cache is warm.
+
+- sha256_gbps_hashlib / sha256_gbps_coreutils: one core hashing a model file, as fetch-model.sh
+  checks a part (Python's hashlib, which is OpenSSL) and as it did before (coreutils sha256sum).
+- load_gbps: llama-server loading weights it holds itself (mmap, Q4_0 repacked).
+- rpc_send_gbps: llama-server sending weights to one ggml-rpc-server (no tensor cache): hashing,
+  copies, loopback. rpc_send_gbps_worker_cache: the same with the worker's --cache writing each
+  tensor to its disk, as workers did before.
+- load_mode_none_*: the same two loads with --load-mode none (each tensor read once), which the
+  main node uses when the file does not fit in its memory.
+- cluster_load_ratio: a main node and two workers splitting the 8-layer model, seconds
+  predicted from the rates above (the planner's composition: the main's share, then each
+  worker's in turn) over seconds measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from infra.local.cluster import build_prefix  # noqa: E402
+from infra.local.model import LOAD, cached_model  # noqa: E402
+from infra.local.source import cache_dir, sdist_tree  # noqa: E402
+from infra.models import gguf_header  # noqa: E402
+from infra.pins import LLAMA_CPP_COMMIT  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "load.json"
+DEPTHS = (2, 8)
+GB = 1e9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def warm(path: Path) -> None:
+    with path.open("rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def hashlib_seconds(path: Path) -> float:
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return time.monotonic() - started
+
+
+def coreutils_seconds(path: Path) -> float:
+    started = time.monotonic()
+    subprocess.run(["sha256sum", str(path)], check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+class Worker:
+    """One ggml-rpc-server on loopback, with or without a tensor cache."""
+
+    def __init__(self, bin_dir: Path, cache: Path | None) -> None:
+        self.port = free_port()
+        args = [str(bin_dir / "ggml-rpc-server"), "--host", "127.0.0.1",
+                "--port", str(self.port), "--threads", "1"]  # fmt: skip
+        self.process = subprocess.Popen(
+            args + (["--cache"] if cache else []),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={"LLAMA_CACHE": str(cache)} if cache else None,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("ggml-rpc-server did not listen")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def serve_seconds(bin_dir: Path, model: Path, extra: list[str]) -> float:
+    """Seconds from starting llama-server until /health answers."""
+    port = free_port()
+    started = time.monotonic()
+    server = subprocess.Popen(
+        [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+         "--port", str(port), "-t", "1", "-c", "512", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                return time.monotonic() - started
+            except OSError:
+                if server.poll() is not None:
+                    raise RuntimeError(f"llama-server exited while loading ({extra})") from None
+                time.sleep(0.02)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def load_seconds(
+    bin_dir: Path, model: Path, *, workers: int, extra: list[str], cache: bool, repetitions: int
+) -> float:
+    """Median seconds to serve ``model`` with ``workers`` fresh workers (cold tensor caches)."""
+    times = []
+    for _ in range(repetitions):
+        with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+            started = [Worker(bin_dir, Path(tmp) / f"w{i}" if cache else None)
+                       for i in range(workers)]  # fmt: skip
+            try:
+                rpc = ["--rpc", ",".join(w.endpoint for w in started), "-ngl", "99"]
+                if workers > 1:
+                    rpc += ["--tensor-split", ",".join(["1"] * workers)]
+                warm(model)
+                times.append(serve_seconds(bin_dir, model, (rpc if workers else []) + extra))
+            finally:
+                for worker in started:
+                    worker.stop()
+    return statistics.median(times)
+
+
+def slope_gbps(bytes_by_depth: dict[int, float], seconds: Callable[[int], float]) -> float:
+    """GB/s of the bytes that differ between the two depths."""
+    shallow, deep = DEPTHS
+    return (bytes_by_depth[deep] - bytes_by_depth[shallow]) / (
+        (seconds(deep) - seconds(shallow)) * GB
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repetitions", type=int, default=3)
+    args = parser.parse_args()
+    cache = cache_dir()
+    source = sdist_tree(cache)
+    bin_dir = build_prefix(cache) / LLAMA_CPP_COMMIT / "bin"
+    if not (bin_dir / "llama-server").is_file():
+        sys.exit(f"no llama.cpp build in {bin_dir}: run `python -m infra.local up` once first")
+    models = {d: cached_model(source, cache, replace(LOAD, n_layer=d)) for d in DEPTHS}
+    described = {d: gguf_header.describe(str(m)) for d, m in models.items()}
+    # What moves between the depths: the layers' weights (the embeddings and head are alike).
+    layer_bytes = {d: float(sum(described[d].layer_weight_bytes)) for d in DEPTHS}
+    deep = models[DEPTHS[-1]]
+    warm(deep)
+    size = deep.stat().st_size
+    hashed = statistics.median(hashlib_seconds(deep) for _ in range(args.repetitions))
+    summed = statistics.median(coreutils_seconds(deep) for _ in range(args.repetitions))
+
+    runs: dict[str, dict[int, float]] = {}
+    cases = {
+        "single": (0, [], False),
+        "single_none": (0, ["--load-mode", "none"], False),
+        "rpc": (1, [], False),
+        "rpc_none": (1, ["--load-mode", "none"], False),
+        "rpc_worker_cache": (1, [], True),
+    }
+    for name, (workers, extra, tensor_cache) in cases.items():
+        runs[name] = {
+            d: load_seconds(
+                bin_dir,
+                models[d],
+                workers=workers,
+                extra=extra,
+                cache=tensor_cache,
+                repetitions=args.repetitions,
+            )
+            for d in DEPTHS
+        }
+        print(f"{name}: {runs[name]}", file=sys.stderr)
+
+    def rate(name: str) -> float:
+        return slope_gbps(layer_bytes, lambda d: runs[name][d])
+
+    load_gbps, rpc_gbps = rate("single"), rate("rpc")
+    # The cluster: 8 layers split between two workers, the main keeping the embeddings. The
+    # planner's composition: start-up, the main's own weights, then each worker's in turn.
+    measured = load_seconds(
+        bin_dir, deep, workers=2, extra=[], cache=False, repetitions=args.repetitions
+    )
+    startup = runs["single"][DEPTHS[0]] - layer_bytes[DEPTHS[0]] / (load_gbps * GB)
+    sent = layer_bytes[DEPTHS[-1]]  # every layer goes to a worker with -ngl 99
+    predicted = startup + (size - sent) / (load_gbps * GB) + sent / (rpc_gbps * GB)
+    results = {
+        "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
+        "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "model": {
+            "shape": "Llama-2-7B layers, Q4_0",
+            "bytes": {d: models[d].stat().st_size for d in DEPTHS},
+        },
+        "repetitions": args.repetitions,
+        "sha256_gbps_hashlib": round(size / hashed / GB, 3),
+        "sha256_gbps_coreutils": round(size / summed / GB, 3),
+        "sha256_hashlib_speedup": round(summed / hashed, 2),
+        "load_gbps": round(load_gbps, 3),
+        "load_mode_none_load_gbps": round(rate("single_none"), 3),
+        "rpc_send_gbps": round(rpc_gbps, 3),
+        "load_mode_none_rpc_send_gbps": round(rate("rpc_none"), 3),
+        "rpc_send_gbps_worker_cache": round(rate("rpc_worker_cache"), 3),
+        "worker_cache_slowdown": round(rpc_gbps / rate("rpc_worker_cache"), 2),
+        "seconds": {
+            name: {str(d): round(s, 3) for d, s in by.items()} for name, by in runs.items()
+        },
+        "cluster_load_seconds": {"measured": round(measured, 3), "predicted": round(predicted, 3)},
+        "cluster_load_ratio": round(predicted / measured, 3),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    if shutil.which("sha256sum") is None:
+        print("note: no coreutils sha256sum", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
