@@ -35,6 +35,10 @@ build_code=0
 "$LLAMA_RPC_BIN_DIR/build-llama.sh" || build_code=$?
 fetch_code=0
 [[ -z "$fetch" ]] || wait "$fetch" || fetch_code=$?
+# The one still running when the other failed may have written its own phase since.
+if [[ $build_code -ne 0 || $fetch_code -ne 0 ]]; then
+  status phase=failed
+fi
 # A failure no retry can mend wins over one that a retry may.
 for code in "$build_code" "$fetch_code"; do
   [[ $code -ne $EXIT_FINAL ]] || exit "$EXIT_FINAL"
