@@ -136,13 +136,17 @@ def decode_tps(
 
 
 def load_seconds(bin_dir: Path, model: Path, threads: int, rpc: str) -> float:
+    return seconds_to_health(bin_dir, model, ["--rpc", rpc, "-ngl", "99", "-t", str(threads)])
+
+
+def seconds_to_health(bin_dir: Path, model: Path, args: list[str]) -> float:
+    """Seconds from starting llama-server (loopback, 512 tokens of context) with ``args`` until
+    /health answers."""
     port = free_port()
     started = time.monotonic()
     server = subprocess.Popen(
-        [
-            str(bin_dir / "llama-server"), "-m", str(model), "--rpc", rpc, "-ngl", "99",
-            "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-c", "512",
-        ],
+        [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+         "--port", str(port), "-c", "512", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -152,7 +156,7 @@ def load_seconds(bin_dir: Path, model: Path, threads: int, rpc: str) -> float:
                 return time.monotonic() - started
             except OSError:
                 if server.poll() is not None:
-                    raise RuntimeError("llama-server exited while loading") from None
+                    raise RuntimeError(f"llama-server exited while loading ({args})") from None
                 time.sleep(0.05)
     finally:
         stop([server])

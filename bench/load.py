@@ -26,14 +26,12 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.boot import free_port, seconds_to_health  # noqa: E402
 from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import LOAD, cached_model  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
@@ -50,12 +49,6 @@ from infra.pins import LLAMA_CPP_COMMIT  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "load.json"
 DEPTHS = (2, 8)
 GB = 1e9
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def warm(path: Path) -> None:
@@ -109,29 +102,6 @@ class Worker:
         self.process.wait(timeout=30)
 
 
-def serve_seconds(bin_dir: Path, model: Path, extra: list[str]) -> float:
-    """Seconds from starting llama-server until /health answers."""
-    port = free_port()
-    started = time.monotonic()
-    server = subprocess.Popen(
-        [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "-t", "1", "-c", "512", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-                return time.monotonic() - started
-            except OSError:
-                if server.poll() is not None:
-                    raise RuntimeError(f"llama-server exited while loading ({extra})") from None
-                time.sleep(0.02)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 def load_seconds(
     bin_dir: Path, model: Path, *, workers: int, extra: list[str], cache: bool, repetitions: int
 ) -> float:
@@ -146,7 +116,8 @@ def load_seconds(
                 if workers > 1:
                     rpc += ["--tensor-split", ",".join(["1"] * workers)]
                 warm(model)
-                times.append(serve_seconds(bin_dir, model, (rpc if workers else []) + extra))
+                args = ["-t", "1", *(rpc if workers else []), *extra]
+                times.append(seconds_to_health(bin_dir, model, args))
             finally:
                 for worker in started:
                     worker.stop()
@@ -240,8 +211,6 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
-    if shutil.which("sha256sum") is None:
-        print("note: no coreutils sha256sum", file=sys.stderr)
     return 0
 
 

@@ -506,3 +506,12 @@ def test_the_short_module_name_runs_the_planner() -> None:
     assert done.returncode == 0, done.stderr
     staged = json.loads(done.stdout)["options"][0]["timeToServe"]["staged"]
     assert [p["name"] for p in staged["phases"]][:4] == ["boot", "build", "download", "verify"]
+
+
+def test_workers_are_built_before_any_main_node_is() -> None:
+    """Why the timeline has no phase for the workers' build: on every type in the catalog a
+    worker's build ends before the main node's, whatever the two types are."""
+    vcpus = sorted({t.vcpus for t in catalog.load()})
+    slowest_worker = serve.worker_build_seconds(min(vcpus))
+    fastest_main = serve.build_seconds(max(vcpus))
+    assert slowest_worker < fastest_main

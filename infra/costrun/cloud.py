@@ -202,7 +202,6 @@ class PulumiTarget:
 
     def predict(self) -> Prediction:
         from infra import costs  # noqa: PLC0415
-        from infra.boot.node import STAGED_SCHEMES  # noqa: PLC0415
         from infra.clouds import FACTS  # noqa: PLC0415
         from infra.planner import perf, serve  # noqa: PLC0415
 
@@ -210,14 +209,13 @@ class PulumiTarget:
         cost = c.hourly_cost
         nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
         disk = FACTS[c.cloud].disk.read_mibps(c.main_disk_gb, c.disk_throughput_mibps)
-        staged = any(url.startswith(STAGED_SCHEMES) for url in c.model_urls)
+        staged = c.nodes[0].boot.staged  # the main node reads the model
         timeline = serve.time_to_serve(
             c.model,
             c.main_instance_type,
             c.placement,
             disk,
             path="staged" if staged else "internet",
-            worker=c.instance_type,
         )
         kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
         # The phases as the status file times them: the download includes the sha256 check,

@@ -20,8 +20,8 @@ every tensor over 10 MiB (FNV-1a, one core), copies it into a message and sends 
 one worker after another. Where the file does not fit in the main node's memory, the page cache
 cannot hold it between the download, the checksum and the load: the checksum and the load's
 populate read it from the disk again. What the populate evicted is read once more during the
-tensors' hashing; that read is not counted: with it, Arm's published 405B load (about 30 min
-from a 125 MiB/s disk, tests/test_plan.py) would be over-predicted by half.
+tensors' hashing; that read is not counted: without it the phases already put Arm's published
+405B load (about 30 min from a 125 MiB/s disk, tests/test_plan.py) 36 % high.
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ class ServeTime:
     def total_seconds(self) -> float:
         return max(p.end for p in self.phases)
 
-    def seconds(self, name: str) -> float:
-        return sum(p.seconds for p in self.phases if p.name == name or p.name.startswith(name))
+    def seconds(self, prefix: str) -> float:
+        """Seconds of the phases whose names start with ``prefix`` ("load": every load phase)."""
+        return sum(p.seconds for p in self.phases if p.name.startswith(prefix))
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -121,6 +122,11 @@ class ServeTime:
 
 def build_seconds(vcpus: int) -> float:
     return BUILD_SERIAL_SECONDS + BUILD_PARALLEL_CPU_SECONDS / vcpus
+
+
+def worker_build_seconds(vcpus: int) -> float:
+    """ggml-rpc-server alone: the full build's time scaled by its share of the CPU time."""
+    return build_seconds(vcpus) * WORKER_BUILD_CPU_RATIO
 
 
 def part_count(model: Model) -> int:
@@ -149,7 +155,8 @@ def _download(
 
 
 def _verify(model: Model, main: InstanceType, disk_mibps: float) -> tuple[float, str]:
-    parts = min(part_count(model), main.vcpus)
+    # fetch-model.sh checks each part in the job that fetched it.
+    parts = min(part_count(model), DOWNLOAD_JOBS, main.vcpus)
     rate = parts * SHA256_GBPS_PER_CORE * GB
     basis = f"sha256 of {parts} part(s) at once, {SHA256_GBPS_PER_CORE} GB/s each ({LOAD_BASIS})"
     if not fits_page_cache(model, main) and disk_mibps * MIB < rate:
@@ -166,13 +173,10 @@ def time_to_serve(
     *,
     path: str = "internet",
     internet_gbps: float = INTERNET_GBPS,
-    worker: InstanceType | None = None,
 ) -> ServeTime:
-    """The main node's timeline on one download path (``worker``: the workers' type, by default
-    the main node's)."""
+    """The main node's timeline on one download path."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
-    worker = worker or main
     boot = Phase("boot", 0.0, BOOT_SECONDS, BOOT_BASIS)
     build = Phase("build", boot.end, build_seconds(main.vcpus), BUILD_BASIS)
     seconds, basis = _download(model, main, path, disk_mibps, internet_gbps)
@@ -181,12 +185,9 @@ def time_to_serve(
     verify = Phase("verify", download.end, seconds, basis)
     phases = [boot, build, download, verify]
     workers = layout.shares[1:]
+    # The workers are ready by then: their build is shorter than the main node's on any type
+    # (worker_build_seconds; tests/test_plan.py).
     start = max(build.end, verify.end)
-    if workers:
-        ready = BOOT_SECONDS + build_seconds(worker.vcpus) * WORKER_BUILD_CPU_RATIO
-        if ready > start:
-            phases.append(Phase("workers ready", boot.end, ready - boot.end, BUILD_BASIS))
-            start = ready
     if not fits_page_cache(model, main):
         populate = Phase(
             "load populate",
