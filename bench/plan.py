@@ -6,8 +6,9 @@ Writes bench/results/plan.json:
 
 - plan_all_presets_seconds: wall time to plan all presets on all providers once (best of N
   runs; target well under 1 s in total).
-- anchors: each published decode figure against the prediction for its cluster, and one figure
-  the model was not fitted to (Llama-2-7B Q4_0 on r7g.16xlarge, llama.cpp PR #5780, early 2024).
+- anchors: each published decode figure against the prediction for its cluster: the two the
+  model is fitted to, the checks (AFM-4.5B on Graviton4 and Axion; one of them sets Axion's
+  bandwidth) and one reported only (Llama-2-7B Q4_0 on r7g.16xlarge, llama.cpp PR #5780, 2024).
 - picks: each provider's recommendation for every preset.
 """
 
@@ -29,10 +30,6 @@ from infra.models import PRESETS, Model  # noqa: E402
 from infra.planner import perf  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
-# Llama-2-7B Q4_0: 3.56 GiB, 32 layers, 32 KV heads of 128 (llama.cpp's model table).
-LLAMA2_7B_Q4_0 = Model(
-    "llama-2-7b-q4_0", int(3.56 * 1024**3), 32, 32 * 2 * 32 * 128 * 2, source="custom"
-)
 
 
 def plan_everything() -> dict[str, planner.Plan]:
@@ -49,21 +46,14 @@ def predicted_tps(
 
 def anchors() -> list[dict[str, object]]:
     rows = []
-    for anchor in perf.ANCHORS:
+    for anchor in (*perf.ANCHORS, *perf.CHECKS):
         predicted = predicted_tps(
             PRESETS[anchor.model], anchor.instance, anchor.nodes, anchor.kv_tokens
         )
+        role = "fitted" if anchor in perf.ANCHORS else anchor.role
         rows.append({"anchor": anchor.label, "published": anchor.decode_tps,
-                     "predicted": round(predicted, 3), "fitted": True})  # fmt: skip
-    r7g = catalog.find("aws", "us-east-1", "r7g.16xlarge")
-    assert r7g is not None
-    predicted = predicted_tps(LLAMA2_7B_Q4_0, r7g, 1, 128)
-    rows.append({
-        "anchor": "Llama-2-7B Q4_0 on 1 x r7g.16xlarge (llama.cpp PR #5780)",
-        "published": 31.6, "predicted": round(predicted, 3), "fitted": False,
-    })  # fmt: skip
-    for row in rows:
-        row["error"] = round(float(row["predicted"]) / float(row["published"]) - 1, 3)  # type: ignore[arg-type]
+                     "predicted": round(predicted, 3), "role": role,
+                     "error": round(predicted / anchor.decode_tps - 1, 3)})  # fmt: skip
     return rows
 
 

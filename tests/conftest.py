@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -225,22 +226,29 @@ def _flaky_handler(server: FlakyServer) -> type[http.server.BaseHTTPRequestHandl
     return Handler
 
 
+@contextlib.contextmanager
+def loopback_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on 127.0.0.1 (a free port) for the block; yields its URL. Errors
+    from clients that hang up are the tests' business, not the log's."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def flaky_http(tmp_path: Path) -> Iterator[FlakyServer]:
     """A loopback HTTP server that drops, resets or rate-limits requests as a test tells it."""
     root = tmp_path / "www"
     root.mkdir()
     state = FlakyServer(url="", root=root)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _flaky_handler(state))
-    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with loopback_http(_flaky_handler(state)) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -12,11 +12,20 @@ from typing import Any
 import pulumi
 import yaml
 
-from infra.stack.files import config_of, stack_names, stack_values
+from infra.stack.files import config_of, stack_values
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
+
+
+# The stacks this repository ships, by name: the mock tiers sweep these, never whatever else lies
+# in stacks/ (a user's own, or one `python -m infra.planner --write-stack` wrote).
+REPOSITORY_STACKS = ("aws-c7g", "aws-c8g", "aws-r8g", "aws-small", "azure-cobalt", "gcp-c4a")
+
+
+def stack_names() -> list[str]:
+    return list(REPOSITORY_STACKS)
 
 
 def stack_config(stack: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.stub import Stubber
+from botocore.stub import ANY, Stubber
 
 from infra import catalog
 from infra.catalog import refresh
@@ -62,6 +62,9 @@ def test_every_row_has_a_source_and_prices_are_dated_or_unknown(files: dict[str,
         assert e.price_source, e
         if e.hourly_usd is not None:
             datetime.date.fromisoformat(e.price_date)
+        assert e.spot_price_source, e
+        if e.spot_hourly_usd is not None:
+            datetime.date.fromisoformat(e.spot_price_date)
     for price in catalog.service_prices(files["services"]).values():
         assert price.source and price.unit, price
         if price.usd is not None:
@@ -175,6 +178,30 @@ def pricing_client():
     )
 
 
+def ec2_client(region: str = "us-east-1"):
+    return boto3.client(
+        "ec2", region_name=region, aws_access_key_id="test", aws_secret_access_key="test"
+    )
+
+
+SPOT_PAGES = ("aws_spot_price_history_page1.json", "aws_spot_price_history_page2.json")
+
+
+def expect_spot(stubber: Stubber, names: list[str], pages: list[dict]) -> None:
+    """``describe_spot_price_history`` for these types, answered by these pages in turn."""
+    token = None
+    for page in pages:
+        params = {
+            "InstanceTypes": sorted(names),
+            "ProductDescriptions": ["Linux/UNIX"],
+            "StartTime": ANY,
+        }
+        if token:
+            params["NextToken"] = token
+        stubber.add_response("describe_spot_price_history", page, params)
+        token = page.get("NextToken")
+
+
 def expect(stubber: Stubber, instance_type: str, response: dict, token: str | None = None) -> None:
     params = {
         "ServiceCode": "AmazonEC2",
@@ -187,10 +214,11 @@ def expect(stubber: Stubber, instance_type: str, response: dict, token: str | No
 
 
 def test_aws_refresh_reads_on_demand_prices_and_follows_pages(csv_copy: Path) -> None:
-    client = pricing_client()
+    client, ec2 = pricing_client(), ec2_client()
     before = {e.name: e for e in catalog.load(csv_copy) if e.region == "us-east-1"}
     risen = round((before["c8g.16xlarge"].hourly_usd or 0) + 0.1, 5)
-    with Stubber(client) as stubber:
+    with Stubber(client) as stubber, Stubber(ec2) as spot:
+        expect_spot(spot, list(before), [{"SpotPriceHistory": []}])
         for name in sorted(e.name for e in before.values() if e.provider == "aws"):
             if name == "c8g.16xlarge":  # a price rise, on the second page
                 expect(stubber, name, {"PriceList": [], "NextToken": "more"})
@@ -199,8 +227,11 @@ def test_aws_refresh_reads_on_demand_prices_and_follows_pages(csv_copy: Path) ->
                 expect(stubber, name, {"PriceList": []})
             else:
                 expect(stubber, name, aws_page(name, f"{before[name].hourly_usd:.10f}"))
-        report = refresh.refresh("aws", "us-east-1", aws_client=client, path=csv_copy, today=TODAY)
+        report = refresh.refresh(
+            "aws", "us-east-1", aws_client=client, ec2_client=ec2, path=csv_copy, today=TODAY
+        )
         stubber.assert_no_pending_responses()
+        spot.assert_no_pending_responses()
     assert report.updated == [("c8g.16xlarge", before["c8g.16xlarge"].hourly_usd, risen)]
     assert report.not_found == ["r6g.16xlarge"]
     rows = {e.name: e for e in catalog.load(csv_copy) if e.region == "us-east-1"}
@@ -212,9 +243,11 @@ def test_aws_refresh_reads_on_demand_prices_and_follows_pages(csv_copy: Path) ->
 
 
 def test_aws_refresh_of_a_new_region_adds_rows_with_the_known_specs(csv_copy: Path) -> None:
-    client = pricing_client()
-    with Stubber(client) as stubber:
-        for name in sorted({e.name for e in catalog.load(csv_copy) if e.provider == "aws"}):
+    client, ec2 = pricing_client(), ec2_client("eu-west-1")
+    names = sorted({e.name for e in catalog.load(csv_copy) if e.provider == "aws"})
+    with Stubber(client) as stubber, Stubber(ec2) as spot:
+        expect_spot(spot, names, [{"SpotPriceHistory": []}])
+        for name in names:
             params = {
                 "ServiceCode": "AmazonEC2",
                 "Filters": refresh_aws.filters("eu-west-1", name),
@@ -224,10 +257,13 @@ def test_aws_refresh_of_a_new_region_adds_rows_with_the_known_specs(csv_copy: Pa
                 aws_page(name, "3.0000000000") if name == "r8g.8xlarge" else {"PriceList": []}
             )
             stubber.add_response("get_products", response, params)
-        report = refresh.refresh("aws", "eu-west-1", aws_client=client, path=csv_copy, today=TODAY)
+        report = refresh.refresh(
+            "aws", "eu-west-1", aws_client=client, ec2_client=ec2, path=csv_copy, today=TODAY
+        )
     assert report.added == [("r8g.8xlarge", 3.0)]
     [row] = [e for e in catalog.load(csv_copy) if e.region == "eu-west-1"]
     assert (row.vcpus, row.memory_gib, row.cpu_family) == (32, 256, "graviton4")
+    assert (row.spot_hourly_usd, row.spot_price_source) == (None, catalog.SPOT_NOT_FETCHED)
 
 
 def test_two_different_aws_prices_for_one_type_are_an_error() -> None:
@@ -238,6 +274,181 @@ def test_two_different_aws_prices_for_one_type_are_an_error() -> None:
         expect(stubber, "c8g.16xlarge", page)
         with pytest.raises(RefreshError, match=r"several on-demand prices for c8g\.16xlarge"):
             refresh_aws.aws_prices(client, "us-east-1", ["c8g.16xlarge"])
+
+
+# --- Spot prices: their own columns, never mixed with on-demand ---
+
+
+def test_the_catalog_reads_spot_prices_apart_from_on_demand() -> None:
+    row = catalog.find("aws", "us-east-1", "c8g.16xlarge")
+    assert row is not None
+    assert (row.hourly_usd, row.price_date) == (2.55232, "2026-01-15")
+    assert (row.spot_hourly_usd, row.spot_price_date) == (1.0208, "2026-01-14")
+    assert "spot" in row.spot_price_source
+    other = catalog.find("aws", "us-east-1", "c8g.8xlarge")
+    assert other is not None and other.hourly_usd is not None
+    assert (other.spot_hourly_usd, other.spot_price_source, other.spot_price_date) == (
+        None, catalog.SPOT_NOT_FETCHED, "",
+    )  # fmt: skip
+
+
+def test_the_products_spot_prices_are_unknown_or_dated_never_invented() -> None:
+    for e in catalog.load(PRODUCT_CSVS["instances"]):
+        if e.spot_hourly_usd is None:
+            assert e.spot_price_date == "", e
+        else:  # only a refresh writes one, from a price API, with its date
+            assert "spot" in e.spot_price_source.lower(), e
+            datetime.date.fromisoformat(e.spot_price_date)
+            assert e.spot_hourly_usd != e.hourly_usd, e
+
+
+def test_a_catalog_without_the_spot_columns_reads_as_spot_unknown(tmp_path: Path) -> None:
+    """A CSV written before the spot columns existed still loads, and is written back with them."""
+    old = tmp_path / "instances.csv"
+    lines = FIXTURE_CSVS["instances"].read_text().splitlines()
+    old.write_text("".join(line.rsplit(",", 3)[0] + "\n" for line in lines))
+    assert "spot" not in old.read_text()
+    rows = catalog.load(old)
+    assert len(rows) == len(lines) - 1
+    for e in rows:
+        assert (e.spot_hourly_usd, e.spot_price_source, e.spot_price_date) == (
+            None, catalog.SPOT_NOT_FETCHED, "",
+        )  # fmt: skip
+    fixture_rows = {
+        (e.provider, e.region, e.name): e for e in catalog.load(FIXTURE_CSVS["instances"])
+    }
+    for e in rows:
+        assert e.hourly_usd == fixture_rows[(e.provider, e.region, e.name)].hourly_usd
+    refresh.write(rows, old)
+    header, first = old.read_text().splitlines()[:2]
+    assert header.endswith(",price_date,spot_hourly_usd,spot_price_source,spot_price_date")
+    assert first.endswith(f",unknown,{catalog.SPOT_NOT_FETCHED},")
+
+
+def spot_records(*names: str) -> list[dict]:
+    records = [r for page in SPOT_PAGES for r in fixture(page)["SpotPriceHistory"]]
+    return [r for r in records if not names or r["InstanceType"] in names]
+
+
+def test_aws_spot_is_the_lowest_current_price_of_the_regions_zones() -> None:
+    found = refresh_aws.spot_from_history(spot_records())
+    # Zone b's older, cheaper record is superseded; the cheaper Windows record is not Linux.
+    assert found["c8g.16xlarge"] == refresh.SpotPrice(
+        1.0312, "EC2 spot price history (Linux/UNIX), lowest of 6 zones", "2026-11-20"
+    )
+    assert found["c8g.8xlarge"] == refresh.SpotPrice(
+        0.515, "EC2 spot price history (Linux/UNIX), lowest of 2 zones", "2026-11-21"
+    )
+    assert set(found) == {"c8g.16xlarge", "c8g.8xlarge"}
+    # boto3 gives the Timestamps as datetimes, the recorded JSON as strings: the same answer.
+    as_boto3 = [
+        r | {"Timestamp": datetime.datetime.fromisoformat(r["Timestamp"])} for r in spot_records()
+    ]
+    assert refresh_aws.spot_from_history(as_boto3) == found
+    assert refresh_aws.spot_from_history([]) == {}
+
+
+def test_aws_spot_history_asks_for_linux_prices_as_of_now_and_follows_pages() -> None:
+    ec2 = ec2_client()
+    now = datetime.datetime(2026, 11, 22, 9, 30, tzinfo=datetime.UTC)
+    with Stubber(ec2) as stubber:
+        first, second = (fixture(page) for page in SPOT_PAGES)
+        base = {"InstanceTypes": ["c8g.16xlarge", "c8g.8xlarge"],
+                "ProductDescriptions": ["Linux/UNIX"], "StartTime": now}  # fmt: skip
+        stubber.add_response("describe_spot_price_history", first, base)
+        stubber.add_response("describe_spot_price_history", second, base | {"NextToken": "page-2"})
+        records = refresh_aws.spot_history(ec2, ["c8g.8xlarge", "c8g.16xlarge"], now)
+        stubber.assert_no_pending_responses()
+    assert len(records) == len(first["SpotPriceHistory"]) + len(second["SpotPriceHistory"])
+
+
+def aws_refresh_with_spot(csv_copy: Path, spot_pages: list[dict] | None) -> refresh.Report:
+    """An AWS refresh of us-east-1 where every type keeps its on-demand price and EC2 answers
+    these spot pages (None: EC2 refuses)."""
+    client, ec2 = pricing_client(), ec2_client()
+    before = {e.name: e for e in catalog.load(csv_copy) if e.provider == "aws"}
+    with Stubber(client) as stubber, Stubber(ec2) as spot:
+        for name in sorted(before):
+            expect(stubber, name, aws_page(name, f"{before[name].hourly_usd:.10f}"))
+        if spot_pages is None:
+            spot.add_client_error(
+                "describe_spot_price_history", "UnauthorizedOperation", "not authorized"
+            )
+        else:
+            expect_spot(spot, list(before), spot_pages)
+        report = refresh.refresh(
+            "aws", "us-east-1", aws_client=client, ec2_client=ec2, path=csv_copy, today=TODAY
+        )
+        spot.assert_no_pending_responses()
+    return report
+
+
+def test_aws_refresh_writes_spot_to_the_spot_columns_only(csv_copy: Path) -> None:
+    before = {e.name: e for e in catalog.load(csv_copy) if e.provider == "aws"}
+    report = aws_refresh_with_spot(csv_copy, [fixture(page) for page in SPOT_PAGES])
+    rows = {e.name: e for e in catalog.load(csv_copy) if e.provider == "aws"}
+    big = rows["c8g.16xlarge"]
+    # The spot price lands in the spot columns; the on-demand one stays in hourly_usd.
+    assert (big.spot_hourly_usd, big.spot_price_date) == (1.0312, "2026-11-20")
+    assert big.spot_price_source == "EC2 spot price history (Linux/UNIX), lowest of 6 zones"
+    assert (big.hourly_usd, big.price_source, big.price_date) == (
+        before["c8g.16xlarge"].hourly_usd, refresh_aws.SOURCE, TODAY.isoformat(),
+    )  # fmt: skip
+    assert rows["c8g.8xlarge"].spot_hourly_usd == 0.515
+    # A type EC2 quotes no spot price for keeps its spot columns, with its on-demand price.
+    assert rows["r8g.8xlarge"].spot_hourly_usd is None
+    assert rows["r8g.8xlarge"].hourly_usd == before["r8g.8xlarge"].hourly_usd
+    assert report.updated == []
+    assert report.spot_updated == [("c8g.8xlarge", None, 0.515), ("c8g.16xlarge", 1.0208, 1.0312)]
+    assert "r8g.8xlarge" in report.spot_not_found
+    assert "  c8g.16xlarge: spot $1.0208 -> $1.0312/h" in report.lines()
+    # No on-demand price became a spot one, nor the other way round.
+    for e in rows.values():
+        assert e.spot_hourly_usd is None or e.spot_hourly_usd < (e.hourly_usd or 0), e
+
+
+def test_aws_refresh_without_spot_access_keeps_spot_and_writes_on_demand(csv_copy: Path) -> None:
+    before = {e.name: e for e in catalog.load(csv_copy) if e.provider == "aws"}
+    report = aws_refresh_with_spot(csv_copy, None)
+    assert "UnauthorizedOperation" in report.spot_error and report.spot_not_found == []
+    assert any("spot prices not fetched" in line for line in report.lines())
+    for e in catalog.load(csv_copy):
+        if e.provider == "aws":
+            old = before[e.name]
+            assert (e.spot_hourly_usd, e.spot_price_source, e.spot_price_date) == (
+                old.spot_hourly_usd, old.spot_price_source, old.spot_price_date,
+            )  # fmt: skip
+            assert e.price_date == TODAY.isoformat()
+
+
+def test_a_new_regions_row_never_inherits_another_regions_spot_price() -> None:
+    entries = catalog.load(FIXTURE_CSVS["instances"])
+    assert catalog.find("aws", "us-east-1", "c8g.16xlarge").spot_hourly_usd is not None
+    quote = refresh.Quote("aws", "eu-west-1", {"c8g.16xlarge": 2.8}, "test", "2026-11-22")
+    updated, report = refresh.apply(entries, quote)
+    assert report.added == [("c8g.16xlarge", 2.8)]
+    [row] = [e for e in updated if e.region == "eu-west-1"]
+    assert (row.hourly_usd, row.spot_hourly_usd) == (2.8, None)
+    assert (row.spot_price_source, row.spot_price_date) == (catalog.SPOT_NOT_FETCHED, "")
+    spot = refresh.SpotPrice(1.1, "test spot", "2026-11-21")
+    updated, _ = refresh.apply(entries, refresh.Quote(
+        "aws", "eu-west-1", {"c8g.16xlarge": 2.8}, "test", "2026-11-22", {"c8g.16xlarge": spot}
+    ))  # fmt: skip
+    [row] = [e for e in updated if e.region == "eu-west-1"]
+    assert (row.hourly_usd, row.spot_hourly_usd, row.spot_price_date) == (2.8, 1.1, "2026-11-21")
+
+
+def test_a_spot_only_quote_leaves_the_on_demand_price_alone() -> None:
+    entries = catalog.load(FIXTURE_CSVS["instances"])
+    spot = refresh.SpotPrice(0.7, "test spot", "2026-11-21")
+    quote = refresh.Quote("aws", "us-east-1", {}, "test", "2026-11-22", {"c8g.8xlarge": spot})
+    updated, report = refresh.apply(entries, quote)
+    row = next(e for e in updated if e.name == "c8g.8xlarge")
+    old = next(e for e in entries if e.name == "c8g.8xlarge")
+    assert (row.hourly_usd, row.price_source, row.price_date) == (
+        old.hourly_usd, old.price_source, old.price_date,
+    )  # fmt: skip
+    assert row.spot_hourly_usd == 0.7 and "c8g.8xlarge" in report.not_found
 
 
 # --- Azure and GCP: recorded JSON served by a fake transport ---
@@ -271,6 +482,10 @@ def test_azure_refresh_keeps_linux_pay_as_you_go_and_the_latest_price(csv_copy: 
     assert (row.hourly_usd, row.price_source, row.price_date) == (
         1.2345, refresh_azure.SOURCE, TODAY.isoformat(),
     )  # fmt: skip
+    # The Spot row is its spot price, in the spot columns.
+    assert (row.spot_hourly_usd, row.spot_price_source, row.spot_price_date) == (
+        0.1111, refresh_azure.SPOT_SOURCE, TODAY.isoformat(),
+    )  # fmt: skip
     first = urllib.parse.unquote(replay.urls[0])
     assert first.startswith(refresh_azure.PRICES_URL)
     assert "armRegionName eq 'eastus'" in first and "priceType eq 'Consumption'" in first
@@ -292,6 +507,13 @@ def test_gcp_refresh_prices_each_type_from_core_and_ram_skus(csv_copy: Path) -> 
         assert after[name].hourly_usd == pytest.approx(price, abs=1e-6), name
         assert after[name].price_source == refresh_gcp.SOURCE
     assert all("key=k" in url for url in replay.urls) and len(replay.urls) == 2
+    # The Spot Preemptible SKUs (0.009 per vCPU-hour, 0.001 per GiB-hour) price the spot columns.
+    for name, e in after.items():
+        assert e.spot_hourly_usd == pytest.approx(e.vcpus * 0.009 + e.memory_gib * 0.001), name
+        assert (e.spot_price_source, e.spot_price_date) == (
+            refresh_gcp.SPOT_SOURCE, TODAY.isoformat(),
+        )  # fmt: skip
+    assert after["c4a-standard-32"].spot_hourly_usd == pytest.approx(0.416)
 
 
 def test_gcp_refresh_needs_an_api_key(csv_copy: Path) -> None:
@@ -309,3 +531,61 @@ def test_refresh_refuses_a_region_that_is_not_a_name(capsys) -> None:
 
     assert main(["refresh", "--provider", "azure", "--region", "eastus' or 1 eq 1"]) == 2
     assert '--region "eastus\' or 1 eq 1" is not a region name' in capsys.readouterr().err
+
+
+def gcp_skus() -> list[dict]:
+    return fixture("gcp_skus_page1.json")["skus"] + fixture("gcp_skus_page2.json")["skus"]
+
+
+def test_gcp_spot_and_on_demand_skus_never_price_each_other() -> None:
+    types = catalog.types_in("gcp", "us-central1")
+    skus = gcp_skus()
+    spot_only = [s for s in skus if s["description"].startswith("Spot Preemptible")]
+    on_demand_only = [s for s in skus if s not in spot_only]
+    assert len(spot_only) == 2 and all(
+        s["category"]["usageType"] == "Preemptible" for s in spot_only
+    )
+    on_demand = refresh_gcp.RESOURCE_SKUS, refresh_gcp.ON_DEMAND_USAGE
+    spot = refresh_gcp.SPOT_RESOURCE_SKUS, refresh_gcp.SPOT_USAGE
+    # Only spot SKUs: no on-demand price. Only on-demand SKUs: no spot price.
+    assert refresh_gcp.type_prices(spot_only, "us-central1", types, *on_demand) == {}
+    assert refresh_gcp.type_prices(on_demand_only, "us-central1", types, *spot) == {}
+    # A spot SKU relabelled on-demand (or the reverse) is still not taken: usage type decides.
+    relabelled = [s | {"category": s["category"] | {"usageType": "OnDemand"}} for s in spot_only]
+    assert refresh_gcp.type_prices(relabelled, "us-central1", types, *spot) == {}
+    both = refresh_gcp.spot_prices(skus, "us-central1", types, "2026-11-22")
+    assert both["c4a-standard-64"].usd == pytest.approx(64 * 0.009 + 256 * 0.001)
+    assert refresh_gcp.spot_prices(skus, "europe-west3", types, "2026-11-22") == {}
+
+
+def test_azure_spot_is_the_newest_linux_spot_row() -> None:
+    items = fixture("azure_retail_spot_e32ps.json")["Items"]
+    # Windows Spot (0.2) and Low Priority (0.1) are dropped; of two Linux Spot rows the newest.
+    assert refresh_azure.spot_price(items) == 0.33
+    assert refresh_azure.on_demand_price(items) == 1.9
+    spot_rows = [i for i in items if i["skuName"].endswith(" Spot")]
+    on_demand_rows = [i for i in items if i not in spot_rows]
+    assert refresh_azure.on_demand_price(spot_rows) is None
+    assert refresh_azure.spot_price(on_demand_rows) is None
+
+
+def test_azure_refresh_writes_spot_and_on_demand_to_their_own_columns(csv_copy: Path) -> None:
+    spot_only = fixture("azure_retail_spot_e32ps.json")
+    spot_only["Items"] = [i for i in spot_only["Items"] if i["skuName"].endswith(" Spot")]
+    replay = Replay({
+        "armSkuName eq 'Standard_E32ps_v6'": fixture("azure_retail_spot_e32ps.json"),
+        "armSkuName eq 'Standard_E96ps_v6'": spot_only,
+    })  # fmt: skip
+    report = refresh.refresh("azure", "eastus", fetch=replay, path=csv_copy, today=TODAY)
+    rows = {e.name: e for e in catalog.load(csv_copy) if e.provider == "azure"}
+    e32 = rows["Standard_E32ps_v6"]
+    assert (e32.hourly_usd, e32.spot_hourly_usd) == (1.9, 0.33)
+    # Only a Spot row: the spot price is known, the on-demand one stays unknown.
+    e96 = rows["Standard_E96ps_v6"]
+    assert (e96.hourly_usd, e96.spot_hourly_usd) == (None, 0.33)
+    assert e96.price_source == "not found in any checked source"
+    assert "Standard_E96ps_v6" in report.not_found
+    assert report.spot_updated == [
+        ("Standard_E32ps_v6", None, 0.33),
+        ("Standard_E96ps_v6", None, 0.33),
+    ]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infra import models, placement
-from infra.models import ModelError, gguf_header
+from infra.models import ModelError, gguf_header, presets
 
 
 def write_gguf(
@@ -22,6 +22,7 @@ def write_gguf(
     used: int = 0,
     split: tuple[int, int] | None = None,
     tensors: dict[str, np.ndarray] | None = None,
+    vocab: list[str] | None = None,
 ) -> Path:
     import gguf
 
@@ -38,6 +39,8 @@ def write_gguf(
     if split:
         writer.add_uint16("split.no", split[0] - 1)
         writer.add_uint16("split.count", split[1])
+    if vocab:  # a vocabulary is most of a real model's header
+        writer.add_token_list(vocab)
     if tensors is None:
         tensors = {f"blk.{i}.attn_q.weight": np.zeros((embedding, embedding), np.float16)
                    for i in range(layers)}  # fmt: skip
@@ -69,8 +72,48 @@ def test_presets_carry_the_published_figures() -> None:
     ],
 )
 def test_an_unknown_model_suggests_the_closest(name: str, suggestion: str) -> None:
-    with pytest.raises(ModelError, match=f"unknown model '{name}'; did you mean {suggestion}"):
+    with pytest.raises(ModelError, match=f"unknown preset '{name}'; did you mean {suggestion}"):
         models.preset(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("Llama-3.1-70B-Q4_0", "llama-3.1-70b-q4_0"),
+        ("llama3.1-70b-q4_0", "llama-3.1-70b-q4_0"),
+        ("llama_3.1_70b_q4_0", "llama-3.1-70b-q4_0"),
+        ("llama 3.1 70b q4_k_m", "llama-3.1-70b-q4_k_m"),
+        (" LLAMA-3.1-405B-Q8_0.gguf ", "llama-3.1-405b-q8_0"),
+        ("Qwen2.5-72B-Instruct-Q4_K_M", None),  # another model's name: not guessed
+        ("deepseek-r1", "deepseek-r1-q4_k_m"),  # the one quantisation there is
+        ("DeepSeek_R1.gguf", "deepseek-r1-q4_k_m"),
+        ("qwen2.5-72b", "qwen2.5-72b-q4_k_m"),
+    ],
+)
+def test_a_preset_is_found_by_any_obvious_spelling(name: str, meant: str | None) -> None:
+    if meant is None:
+        with pytest.raises(ModelError, match="unknown preset"):
+            models.preset(name)
+    else:
+        assert models.preset(name) is models.PRESETS[meant]
+
+
+def test_a_model_in_several_quantisations_needs_one_named() -> None:
+    with pytest.raises(
+        ModelError,
+        match=r"^model\.preset: llama-3\.1-70b comes in q4_0, q4_k_m, q8_0: give one, "
+        r"e\.g\. llama-3\.1-70b-q4_0$",
+    ):
+        models.preset("Llama_3.1_70B", "model.preset")
+
+
+def test_no_two_presets_or_models_share_a_spelling() -> None:
+    """Names are compared without case or separators; that must leave every preset, and every
+    model without its quantisation, a name of its own."""
+    names = list(models.PRESETS)
+    bases = {name.rsplit("-", 1)[0] for name in names}
+    spellings = [presets._key(name) for name in [*names, *bases]]
+    assert len(set(spellings)) == len(spellings)
 
 
 @pytest.mark.parametrize(

@@ -128,7 +128,7 @@ def test_choice_equals_brute_force_for_random_models(
 
 def test_405b_q4_0_fits_on_one_memory_optimized_node() -> None:
     """Arm's guide uses 3 x c8g.16xlarge; one r8g.8xlarge (256 GiB) holds the model alone."""
-    result = planner.plan(PRESETS["llama-3.1-405b-q4_0"])
+    result = planner.plan(PRESETS["llama-3.1-405b-q4_0"], sort="usd-per-hour")
     aws = result.recommendation("aws")
     assert (aws.instance.name, aws.count, aws.needs_rpc) == ("r8g.8xlarge", 1, False)
     c8g = catalog.find("aws", "us-east-1", "c8g.16xlarge")
@@ -267,7 +267,7 @@ def test_fetch_scripts_defaults_are_the_planners() -> None:
 
 
 def test_speed_is_unknown_where_memory_bandwidth_is_not_published() -> None:
-    result = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("gcp", "us-central1")])
+    result = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("azure", "eastus")])
     assert result.options and all(o.decode_tps is None for o in result.options)
     assert all(o.usd_per_million_tokens is None for o in result.options)
 
@@ -291,18 +291,24 @@ def test_json_lists_options_cheapest_first_with_the_contract_keys(capsys) -> Non
                 "predictedDecodeTps", "usdPerMillionTokens", "predictedSecondsToServe",
                 "priceSource", "priceDate"}  # fmt: skip
     assert all(required <= set(o) for o in options)
-    prices = [o["hourlyUsd"] for o in options]
-    known = [p for p in prices if p is not None]
-    assert known == sorted(known) and prices[: len(known)] == known  # unknown prices last
+    assert document["sort"] == "usd-per-mtok"
     result = planner.plan(PRESETS["llama-3.1-70b-q4_k_m"])
     for provider in ("aws", "gcp", "azure"):
         first = next(o for o in options if o["provider"] == provider)
         best = result.recommendation(provider)
         assert (first["instanceType"], first["count"]) == (best.instance.name, best.count)
+        assert options[document["picks"][provider]] == first
+    _, out, _ = run(capsys, "llama-3.1-70b-q4_k_m", "--json", "--sort", "usd-per-hour")
+    prices = [o["hourlyUsd"] for o in json.loads(out)["options"]]
+    known = [p for p in prices if p is not None]
+    assert prices[: len(known)] == known  # unknown prices last
+    full = [o["hourlyUsd"] for o in json.loads(out)["options"] if o["hourlyUsd"] is not None
+            and not o["pricePartial"]]  # fmt: skip
+    assert full == sorted(full) and full
 
 
 def test_table_says_when_rpc_is_not_needed(capsys) -> None:
-    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws")
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--sort", "usd-per-hour")
     assert code == 0
     assert "* aws: 1 x r8g.large, one node, no RPC needed" in out
 
@@ -338,7 +344,7 @@ def test_min_tps_keeps_only_fast_enough_clusters(capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["llama-3.1-405b-q4"], "model: unknown model 'llama-3.1-405b-q4'; did you mean "
+        (["llama-3.1-405b-q4"], "model: unknown preset 'llama-3.1-405b-q4'; did you mean "
          "llama-3.1-405b-q4_0"),
         (["--size-gb", "-3", "--layers", "10", "--kv-bytes-per-token", "1024"],
          "--size-gb: must be positive, got -3.0"),
@@ -488,8 +494,8 @@ def test_slots_hold_a_context_each_and_need_more_memory(capsys) -> None:
         p["bytes"] for p in one["placement"]
     )
     assert grown == 15 * kv
-    assert planner.plan(PRESETS["llama-3.1-405b-q4_0"], slots=16, where=[("aws", "us-east-1")]
-                     ).recommendation("aws").count > 1  # fmt: skip
+    assert planner.plan(PRESETS["llama-3.1-405b-q4_0"], slots=16, where=[("aws", "us-east-1")],
+                        sort="usd-per-hour").recommendation("aws").count > 1  # fmt: skip
     code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--slots", "0")
     assert code == 2 and "--slots: 0 is outside 1-64" in err
 

@@ -1,9 +1,12 @@
 """The instance catalog: Arm instance types per provider and region, with dated list prices.
 
 Data, not code: ``instances.csv`` records each type's size, network, on-demand $/h and where and
-when that price came from; ``cpus.csv`` each CPU family's memory bandwidth; ``services.csv`` the
-NAT and disk prices. Prices are never fetched while a stack runs. A price that could not be
-found is ``unknown`` (``hourly_usd`` is None), never a guess.
+when that price came from, then in columns of their own its spot $/h, source and date (a spot
+price never lands in ``hourly_usd``, an on-demand one never in ``spot_hourly_usd``); ``cpus.csv``
+each CPU family's memory bandwidth; ``services.csv`` the NAT and disk prices. Prices are never
+fetched while a stack runs. A price that could not be found is ``unknown`` (``hourly_usd`` or
+``spot_hourly_usd`` is None), never a guess. A CSV without the spot columns reads as spot
+unknown.
 
 The CSVs are read from this package unless the environment variable ``LLAMA_RPC_CATALOG_DIR``
 names another directory holding the same three files (the tests point it at a catalog of their
@@ -32,6 +35,8 @@ CATALOG_FILE = PACKAGE_DIR / INSTANCES_NAME
 CPUS_FILE = PACKAGE_DIR / CPUS_NAME
 SERVICES_FILE = PACKAGE_DIR / SERVICES_NAME
 GIB = 1024**3
+# The spot source of a row no refresh has priced (and of a CSV without the spot columns).
+SPOT_NOT_FETCHED = "not fetched: run python -m infra.catalog refresh"
 
 T = TypeVar("T")
 
@@ -91,6 +96,10 @@ class InstanceType:
     hourly_usd: float | None
     price_source: str
     price_date: str
+    # The spot price, apart from the on-demand one; unknown until a refresh fetches it.
+    spot_hourly_usd: float | None = None
+    spot_price_source: str = SPOT_NOT_FETCHED
+    spot_price_date: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -102,6 +111,7 @@ def _number(text: str) -> float | None:
 
 
 def _instances(rows: list[dict[str, str]]) -> tuple[InstanceType, ...]:
+    # A CSV written before the spot columns existed, or a row short of them, reads as unknown.
     return tuple(
         InstanceType(
             provider=row["provider"],
@@ -115,6 +125,9 @@ def _instances(rows: list[dict[str, str]]) -> tuple[InstanceType, ...]:
             hourly_usd=_number(row["hourly_usd"]),
             price_source=row["price_source"],
             price_date=row["price_date"],
+            spot_hourly_usd=_number(row.get("spot_hourly_usd") or ""),
+            spot_price_source=row.get("spot_price_source") or SPOT_NOT_FETCHED,
+            spot_price_date=row.get("spot_price_date") or "",
         )
         for row in rows
     )

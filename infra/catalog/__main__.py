@@ -16,7 +16,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.catalog")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("show", help="print the catalog's rows")
-    update = commands.add_parser("refresh", help="fetch on-demand prices and update the CSV")
+    update = commands.add_parser(
+        "refresh", help="fetch on-demand and spot prices and update the CSV"
+    )
     update.add_argument("--provider", required=True, choices=sorted(refresh.PROVIDERS))
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
@@ -24,9 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "show":
         for e in catalog.load():
             price = "unknown" if e.hourly_usd is None else f"${e.hourly_usd:g}/h"
+            spot = "unknown" if e.spot_hourly_usd is None else f"${e.spot_hourly_usd:g}/h"
             size = f"{e.vcpus:>3} vCPU {e.memory_gib:>5g} GiB"
             print(f"{e.provider:<6} {e.region:<12} {e.name:<18} {size}  {price:<12} "
-                  f"{e.price_source} {e.price_date}")  # fmt: skip
+                  f"{e.price_source} {e.price_date}; spot {spot} "
+                  f"({e.spot_price_source} {e.spot_price_date})".rstrip())  # fmt: skip
         return 0
     if args.region and not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", args.region):
         print(f"error: --region {args.region!r} is not a region name (us-east-1, eastus, "

@@ -4,6 +4,7 @@ tables, with the embeddings estimated from each family's vocabulary and width.""
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from infra.models.model import KIB, Model, ModelError
@@ -28,6 +29,11 @@ LLAMA_3_1_405B = _Family(405.9e9, 126, 504, 128256, 16384)
 QWEN_2_5_72B = _Family(72.7e9, 80, 320, 152064, 8192, context_length=32768)
 # 37B of 671B parameters are active per token; the weights read scale the same way.
 DEEPSEEK_R1 = _Family(671e9, 61, 130, 129280, 7168, context_length=163840, active_parameters=37e9)
+# Arcee AFM-4.5B, a decode anchor on Graviton4 and Axion: 4.62 B parameters as llama-bench prints
+# them (Arm's Axion learning path). Its layers, KV heads and vocabulary were not found published:
+# 36 layers of width 2560 with 8 KV heads of 80 and a 128k vocabulary add up to 4.62 B.
+AFM_4_5B = _Family(4.62e9, 36, 90, 128000, 2560, context_length=65536)
+LLAMA_2_7B = _Family(6.74e9, 32, 512, 32000, 4096, context_length=4096)
 
 
 def _preset(name: str, family: _Family, size_gb: float) -> Model:
@@ -64,15 +70,47 @@ PRESETS: dict[str, Model] = {
         _preset("llama-3.1-405b-q8_0", LLAMA_3_1_405B, 431.0),
         _preset("qwen2.5-72b-q4_k_m", QWEN_2_5_72B, 47.4),
         _preset("deepseek-r1-q4_k_m", DEEPSEEK_R1, 404.3),
+        # llama-bench: 2.50 GiB; Q8_0 stores 34 bytes per 32 weights.
+        _preset("afm-4.5b-q4_0", AFM_4_5B, 2.684),
+        _preset("afm-4.5b-q8_0", AFM_4_5B, 4.909),
+        _preset("llama-2-7b-q4_0", LLAMA_2_7B, 3.825),  # llama-bench: 3.56 GiB
     )
 }
 
 
+def _key(name: str) -> str:
+    """The form names are compared in: any case, without a ``.gguf`` suffix or separators, so
+    ``Llama_3.1_70B_Q4_0.gguf``, ``llama3.1-70b-q4_0`` and ``llama-3.1-70b-q4_0`` are one name."""
+    name = name.strip().lower().removesuffix(".gguf")
+    return re.sub(r"[\s._-]+", "", name)
+
+
+def _base(name: str) -> str:
+    """A preset's name without its quantisation: ``llama-3.1-70b`` of ``llama-3.1-70b-q4_0``."""
+    return name.rsplit("-", 1)[0]
+
+
+_BY_KEY = {_key(name): name for name in PRESETS}
+# Every quantisation of each model, by the model's name without one.
+_BY_BASE_KEY = {_key(_base(n)): [m for m in PRESETS if _base(m) == _base(n)] for n in PRESETS}
+
+
 def preset(name: str, setting: str = "model") -> Model:
-    """The preset called ``name``; an unknown name suggests the closest ones."""
-    found = PRESETS.get(name.strip().lower())
-    if found:
-        return found
-    close = difflib.get_close_matches(name.lower(), list(PRESETS), n=3, cutoff=0.4)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ModelError(setting, f"unknown model {name!r}; {hint}known: {', '.join(PRESETS)}")
+    """The preset called ``name`` (in any case and spelling of its separators, with or without
+    ``.gguf``, or without the quantisation when the model comes in one); an unknown name
+    suggests the closest ones."""
+    key = _key(name)
+    if key in _BY_KEY:
+        return PRESETS[_BY_KEY[key]]
+    choices = _BY_BASE_KEY.get(key, [])
+    if len(choices) == 1:
+        return PRESETS[choices[0]]
+    if choices:
+        quantisations = ", ".join(c.rsplit("-", 1)[1] for c in choices)
+        raise ModelError(
+            setting,
+            f"{_base(choices[0])} comes in {quantisations}: give one, e.g. {choices[0]}",
+        )
+    close = difflib.get_close_matches(key, list(_BY_KEY), n=3, cutoff=0.4)
+    hint = f"did you mean {' or '.join(_BY_KEY[c] for c in close)}? " if close else ""
+    raise ModelError(setting, f"unknown preset {name!r}; {hint}known: {', '.join(PRESETS)}")

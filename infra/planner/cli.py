@@ -4,7 +4,7 @@ model on every provider."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import difflib
 import json
 import shlex
 import sys
@@ -15,7 +15,7 @@ from infra import catalog, models, sizing
 from infra.models import Model, ModelError
 from infra.planner import report, search, serve
 from infra.planner.search import PlanError
-from infra.stack import config
+from infra.stack import config, files
 
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -61,8 +61,25 @@ def parser() -> argparse.ArgumentParser:
         help="only this provider (repeat for several; default: all)",
     )
     p.add_argument("--region", help="the region to plan in (with one --provider)")
-    p.add_argument("--instance-type", help="evaluate this type instead of searching")
+    p.add_argument(
+        "--instance-type",
+        help="evaluate this type instead of searching (the fewest nodes that hold the model, "
+        "or --count)",
+    )
     p.add_argument("--count", type=int, help="with --instance-type: the number of nodes")
+    p.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="evaluate the cluster that stacks/Pulumi.NAME.yaml deploys (its model, types, "
+        "disks and context)",
+    )
+    p.add_argument(
+        "--sort",
+        choices=search.SORTS,
+        default=search.SORTS[0],
+        help="rank by $ per million tokens (where a speed is known), $ per hour or tokens/s; "
+        "each provider's pick is its first (default %(default)s)",
+    )
     p.add_argument(
         "--min-tps",
         type=float,
@@ -111,8 +128,8 @@ def describe_model(args: argparse.Namespace) -> Model:
     if chosen != 1:
         raise ModelError(
             "model",
-            "give exactly one of: a preset name, --gguf PATH, or --size-gb with "
-            "--layers and --kv-bytes-per-token",
+            "give exactly one of: a preset name, --gguf PATH or URL, --size-gb with "
+            "--layers and --kv-bytes-per-token, or --stack NAME",
         )
     if args.model:
         return models.preset(args.model)
@@ -143,10 +160,7 @@ def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(p, r) for p in providers for r in search.regions(p)]
 
 
-def _single(args: argparse.Namespace, model: Model) -> search.Plan:
-    """Evaluate the one cluster that --instance-type and --count name."""
-    if args.count is None:
-        raise PlanError("--count", "give --count N (nodes, main included) with --instance-type")
+def _instance_type(args: argparse.Namespace) -> catalog.InstanceType:
     matches = [
         t
         for t in catalog.load()
@@ -156,21 +170,82 @@ def _single(args: argparse.Namespace, model: Model) -> search.Plan:
     ]
     if not matches:
         known = sorted({t.name for t in catalog.load()})
+        close = difflib.get_close_matches(args.instance_type, known, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise PlanError(
             "--instance-type",
-            f"{args.instance_type!r} is not in the catalog; known: {', '.join(known)}",
+            f"{args.instance_type!r} is not in the catalog; {hint}known: {', '.join(known)}",
         )
+    return matches[0]
+
+
+def _single(args: argparse.Namespace, model: Model) -> search.Plan:
+    """Evaluate the one cluster that --instance-type (and --count, or the fewest nodes that
+    hold the model) names."""
+    instance = _instance_type(args)
     search.check_context(model, args.context)
     search.check_slots(args.slots)
+    count = args.count
+    if count is None:
+        count = search.fewest_nodes(model, args.context, args.slots, instance)
+        if count is None:
+            raise PlanError(
+                "--instance-type",
+                f"{instance.name}: "
+                + search.rejection_reason(model, args.context, args.slots, instance),
+            )
     option = search.evaluate(
         model,
-        matches[0],
-        args.count,
+        instance,
+        count,
         args.context,
         slots=args.slots,
         download_gbps=args.download_gbps,
     )
     return search.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
+
+
+def _stack(args: argparse.Namespace) -> search.Plan:
+    """Evaluate the cluster a stack file deploys, as the program reads it."""
+    given = [flag for flag, value in (
+        ("a model", args.model), ("--gguf", args.gguf), ("--size-gb", args.size_gb),
+        ("--instance-type", args.instance_type), ("--count", args.count),
+        ("--provider", args.provider), ("--region", args.region),
+    ) if value]  # fmt: skip
+    if given:
+        raise PlanError("--stack", f"the stack file says what {given[0]} would; leave it out")
+    try:
+        cfg = files.stack_config(args.stack)
+    except files.StackFileError as error:
+        raise PlanError("--stack", str(error)) from None
+    except config.ConfigError as error:
+        raise PlanError("--stack", f"stacks/Pulumi.{args.stack}.yaml: {error}") from None
+    instance, main = (
+        catalog.find(cfg.cloud, cfg.region, t.name)
+        for t in (cfg.instance_type, cfg.main_instance_type)
+    )
+    if instance is None or main is None:
+        missing = cfg.instance_type.name if instance is None else cfg.main_instance_type.name
+        raise PlanError(
+            "--stack",
+            f"{missing} in {cfg.region} is not in the catalog: add it with `python -m "
+            f"infra.catalog refresh --provider {cfg.cloud} --region {cfg.region}`",
+        )
+    option = search.evaluate(
+        cfg.model,
+        instance,
+        cfg.worker_count + 1,
+        cfg.context_size,
+        slots=cfg.slots,
+        download_gbps=args.download_gbps,
+        main=main,
+        main_disk_gb=cfg.main_disk_gb,
+        worker_disk_gb=cfg.worker_disk_gb,
+        disk_throughput_mibps=cfg.disk_throughput_mibps,
+    )
+    return search.Plan(
+        cfg.model, cfg.context_size, cfg.slots, [option], download_gbps=args.download_gbps
+    )
 
 
 def write_stack(
@@ -204,42 +279,48 @@ def write_stack(
 def run(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    model = describe_model(args)
     if args.count is not None and not args.instance_type:
         raise PlanError("--count", "--count goes with --instance-type")
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
-    if args.instance_type:
-        result = _single(args, model)
+    if args.stack:
+        result = _stack(args)
+    elif args.instance_type:
+        result = _single(args, describe_model(args))
     else:
-        result = search.plan(model, args.context, _where(args), args.download_gbps, args.slots)
-    shown = [
-        o
-        for o in result.options
-        if args.min_tps is None or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
-    ]
+        result = search.plan(
+            describe_model(args), args.context, _where(args), args.download_gbps, args.slots
+        )
+    result = result.sorted_by(args.sort)
+    shown = result.only(
+        [
+            o
+            for o in result.options
+            if args.min_tps is None or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
+        ]
+    )
     if args.json:
-        print(json.dumps(report.to_json(result, shown), indent=2))
+        print(json.dumps(report.to_json(shown), indent=2))
     else:
-        print(report.table(result, shown, verbose=args.verbose))
-        if not shown:
-            print(
-                "\nno cluster in the catalog holds this model"
-                + (f" at {args.min_tps} tok/s" if args.min_tps else "")
-            )
+        print(report.table(shown, verbose=args.verbose))
+        if not shown.options:
+            print(f"\n{report.nothing_shown(result, args.min_tps)}")
     if args.chart:
-        report.chart(dataclasses.replace(result, options=shown), args.chart)
+        report.chart(shown, args.chart)
         print(f"chart written to {args.chart}", file=sys.stderr)
     if args.write_stack:
-        if not shown:
+        if not shown.options:
             raise PlanError("--write-stack", "there is no option to write")
         command = "python -m infra.planner " + shlex.join(argv)
-        path = write_stack(args, result, shown[0], command)
+        path = write_stack(args, shown, shown.options[0], command)
         print(
             f"stack written to {path}; deploy it with `pulumi up --stack {args.write_stack}`",
             file=sys.stderr,
         )
-    return 0 if shown else 1
+    not_fitting = [o for o in shown.options if not o.fits]
+    for option in not_fitting:
+        print(f"error: {report.does_not_fit(shown, option)}", file=sys.stderr)
+    return 0 if shown.options and not not_fitting else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,9 @@ split runs the nodes one after another, so a token costs
 ``eta`` and the per-layer overhead are solved from the two published anchors in ``ANCHORS``
 (the 405B RPC run is bound by bandwidth, the 8B single-node run shows the fixed per-layer
 cost). The per-hop cost is measured by ``bench/boot.py``: its weight in the 405B anchor is
-under 0.5 %, too small to solve for from it.
+under 0.5 %, too small to solve for from it. ``CHECKS`` are further published runs: the
+Graviton ones test the model, and one Axion run gives Axion's effective bandwidth
+(``derived_socket_bandwidth_gbps``), which ``cpus.csv`` carries with that source.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Anchor:
     region: str = "us-east-1"
     # Tokens in the KV cache during the measured decode (a short prompt and reply).
     kv_tokens: int = 128
+    # "asserted": the model must predict it within CHECK_TOLERANCE; "derives": it sets a CPU
+    # family's bandwidth (exact by construction); "reported": shown, not asserted (why in note).
+    role: str = "asserted"
+    note: str = ""
 
     @property
     def instance(self) -> InstanceType:
@@ -77,6 +83,51 @@ SINGLE_NODE_ANCHOR = Anchor(
     "Arm learning path: llama.cpp on Arm CPUs",
 )
 ANCHORS = (RPC_ANCHOR, SINGLE_NODE_ANCHOR)
+
+CHECK_TOLERANCE = 0.15
+_AFM_AWS = "Arm learning path: Arcee AFM-4.5B on AWS Graviton4 (llama.cpp b5757, 16 threads)"
+_AFM_GCP = "Arm learning path: Arcee AFM-4.5B on Google Axion (llama.cpp b6030, 16 threads)"
+AXION_ANCHOR = Anchor(
+    "AFM-4.5B Q4_0 on 1 x c4a-standard-16",
+    "afm-4.5b-q4_0",
+    "c4a-standard-16",
+    1,
+    61.01,
+    _AFM_GCP + ": llama-server, 115 tokens",
+    provider="gcp",
+    region="us-central1",
+    role="derives",
+    note="sets Axion's effective bandwidth",
+)
+CHECKS = (
+    Anchor("AFM-4.5B Q4_0 on 1 x c8g.4xlarge", "afm-4.5b-q4_0", "c8g.4xlarge", 1, 40.72,
+           _AFM_AWS + ": llama-server, 111 tokens"),
+    Anchor("AFM-4.5B Q8_0 on 1 x c8g.4xlarge", "afm-4.5b-q8_0", "c8g.4xlarge", 1, 25.13,
+           _AFM_AWS + ": llama-cli, 331 tokens", kv_tokens=350),
+    AXION_ANCHOR,
+    Anchor("AFM-4.5B Q8_0 on 1 x c4a-standard-16", "afm-4.5b-q8_0", "c4a-standard-16", 1,
+           37.89, _AFM_GCP + ": llama-cli, 352 tokens", provider="gcp", region="us-central1",
+           kv_tokens=375),
+    Anchor("Llama-2-7B Q4_0 on 1 x r7g.16xlarge", "llama-2-7b-q4_0", "r7g.16xlarge", 1, 31.6,
+           "llama.cpp PR #5780 (2024-03, `main -t 64`)", role="reported",
+           note="2024 code, before the Arm Q4_0 repacking that the other runs use"),
+)  # fmt: skip
+
+
+def derived_socket_bandwidth_gbps(anchor: Anchor, cores_per_socket: int) -> float:
+    """The socket bandwidth that makes the model predict ``anchor`` exactly on its CPU, with
+    the same saturation rule as every other family (``node_bandwidth_gbps``)."""
+    model, instance = PRESETS[anchor.model], anchor.instance
+    usable = sizing.usable_memory_bytes(instance)
+    layout = placement.place(model, 2 * anchor.kv_tokens, 1, [usable] * anchor.nodes)
+    cal = calibration()
+    streamed = sum(streamed_bytes(model, share, anchor.kv_tokens) for share in layout.shares)
+    left = 1 / anchor.decode_tps - model.layers * cal.layer_overhead_seconds
+    left -= (anchor.nodes - 1) * cal.hop_seconds
+    if left <= 0:
+        raise ValueError(f"{anchor.label}: the per-layer overhead alone is slower than measured")
+    node_gbps = streamed / (cal.eta * left) / 1e9
+    return node_gbps / min(1.0, instance.vcpus / (cores_per_socket * SATURATING_CORE_FRACTION))
 
 
 @dataclass(frozen=True)

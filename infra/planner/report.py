@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,18 @@ import yaml
 from infra.clouds import FACTS
 from infra.models import PRESETS, Model
 from infra.planner import perf, serve
-from infra.planner.search import Option, Plan
+from infra.planner.search import Option, Plan, fewest_nodes
 from infra.stack.settings import PROJECT
 
 GIB = 1024**3
+
+SORT_MEANINGS = {
+    "usd-per-mtok": "by $ per million generated tokens; rows without a predicted speed or a "
+    "price cannot be ranked so and follow, by $/h; a partial price follows a full one",
+    "usd-per-hour": "by $ per hour; a partial price follows a full one, an unknown price "
+    "follows both",
+    "tps": "by predicted decode tokens/s; rows without a predicted speed follow",
+}
 
 
 def model_json(model: Model) -> dict[str, Any]:
@@ -38,6 +47,7 @@ def option_json(option: Option) -> dict[str, Any]:
         "provider": option.provider,
         "region": instance.region,
         "instanceType": instance.name,
+        "mainInstanceType": option.main_instance.name,
         "cpu": instance.cpu_family,
         "count": option.count,
         "workers": option.workers,
@@ -55,9 +65,14 @@ def option_json(option: Option) -> dict[str, Any]:
             "disks": option.cost.disks,
         },
         "unpriced": list(option.cost.unpriced),
+        "pricePartial": option.price_is_partial,
         "downloadUsd": option.download_usd,
+        # Spot: the instances alone at their spot price, its own dated figure, never in hourlyUsd.
+        "spotInstancesHourlyUsd": option.spot_instances_usd,
+        "spotPriceDate": option.spot_price_date or None,
         "predictedDecodeTps": None if option.decode_tps is None else round(option.decode_tps, 3),
         "usdPerMillionTokens": option.usd_per_million_tokens,
+        "speedUnknownReason": option.speed_unknown_reason(),
         # The internet path: what a stack with https model URLs does.
         "predictedSecondsToServe": round(option.serve["internet"].total_seconds),
         "timeToServe": {path: timeline.to_json() for path, timeline in option.serve.items()},
@@ -81,8 +96,13 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             f"solved from the anchors, {cal.hop_seconds * 1e3:.2f} ms per RPC worker"
         ),
         "anchors": [f"{a.label}: {a.decode_tps} tok/s ({a.source})" for a in perf.ANCHORS],
-        "memoryBandwidth": "Axion and Cobalt 100 memory bandwidth is not published: "
-        "no speed is predicted for them",
+        "memoryBandwidth": (
+            "Graviton from its DDR5/DDR4 channels; Axion's is not published, so its effective "
+            f"bandwidth is derived from one published run ({perf.AXION_ANCHOR.label}, "
+            f"{perf.AXION_ANCHOR.decode_tps} tok/s); Cobalt 100's is not published and no run "
+            "was found: no speed is predicted for it"
+        ),
+        "sort": SORT_MEANINGS[plan.sort],
         "serve": (
             f"{serve.BOOT_SECONDS:.0f} s boot, then the llama.cpp build beside the download "
             f"(internet: a {plan.download_gbps:g} Gbit/s model host; staged: the provider's "
@@ -95,12 +115,14 @@ def assumptions(plan: Plan) -> dict[str, Any]:
     }
 
 
-def to_json(plan: Plan, options: Sequence[Option] | None = None) -> dict[str, Any]:
+def to_json(plan: Plan) -> dict[str, Any]:
     return {
         "model": model_json(plan.model),
         "context": plan.context,
         "slots": plan.slots,
-        "options": [option_json(o) for o in (plan.options if options is None else options)],
+        "sort": plan.sort,
+        "picks": {o.provider: plan.options.index(o) for o in plan.picks()},
+        "options": [option_json(o) for o in plan.options],
         "rejected": [
             {"provider": r.instance.provider, "instanceType": r.instance.name, "reason": r.reason}
             for r in plan.rejected
@@ -122,8 +144,44 @@ def _serve_times(option: Option) -> str:
     return " / ".join(_duration(option.serve[path].total_seconds) for path in serve.PATHS)
 
 
-def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
-    """A readable table, cheapest first; ``*`` marks each provider's recommendation."""
+def _price(option: Option) -> str:
+    # "+": the total leaves out a part the catalog cannot price (named in the notes).
+    return _money(option.hourly_usd) + ("+" if option.price_is_partial else "")
+
+
+def _spot(option: Option) -> str:
+    # The instances alone at spot prices, dated: never mixed into the on-demand $/h.
+    if option.spot_instances_usd is None:
+        return "-"
+    return f"${option.spot_instances_usd:,.2f} ({option.spot_price_date})"
+
+
+def notes(option: Option) -> list[str]:
+    """What a reader must know to compare this row with the others."""
+    found = []
+    if option.price_is_partial:
+        found.append(f"+ {', '.join(option.cost.unpriced)}: price unknown")
+    elif option.hourly_usd is None:
+        found.append("price unknown")
+    reason = option.speed_unknown_reason()
+    if reason:
+        found.append(reason)
+    if not option.fits:
+        found.append("DOES NOT FIT")
+    return found
+
+
+def _unranked(plan: Plan, option: Option) -> str | None:
+    """Why a row sits below rows it may beat: it cannot be ranked on the plan's sort."""
+    if plan.sort == "usd-per-mtok" and option.usd_per_million_tokens is None:
+        return "unranked: no $/Mtok"
+    if plan.sort == "tps" and option.decode_tps is None:
+        return "unranked: no speed"
+    return None
+
+
+def table(plan: Plan, verbose: bool = False) -> str:
+    """A readable table in the plan's order; ``*`` marks each provider's pick."""
     model = plan.model
     lines = [
         f"{model.name}: {model.size_gb:.1f} GB, {model.layers} layers, context {plan.context}"
@@ -131,78 +189,148 @@ def table(plan: Plan, options: Sequence[Option], verbose: bool = False) -> str:
         + (f", {model.active_bytes / 1e9:.1f} GB active per token" if model.active_bytes else "")
     ]
     header = (
-        "  provider  region       instance type      nodes  mem GiB     $/h  tok/s  $/Mtok"
-        "  to serve (internet/staged)  price date  layers (main + workers)"
+        "  provider  region       instance type      nodes  mem GiB      $/h  tok/s  $/Mtok"
+        "  to serve (internet/staged)  price date  spot $/h (date)        layers (main + workers)"
     )
-    lines += ["", header]
-    picked = {plan.recommendation(p) for p in {o.provider for o in options}}
-    for option in options:
+    lines += ["", f"sorted {SORT_MEANINGS[plan.sort]}", "", header]
+    picked = set(map(id, plan.picks()))
+    for option in plan.options:
         tps = "n/a" if option.decode_tps is None else f"{option.decode_tps:.2f}"
         per_mtok = option.usd_per_million_tokens
-        mark = "*" if option in picked else " "
-        extra = ""
-        if option.cost.unpriced and option.hourly_usd is not None:
-            extra = f"  (+ {', '.join(option.cost.unpriced)}: price unknown)"
-        if not option.fits:
-            extra += "  DOES NOT FIT"
+        mark = "*" if id(option) in picked else " "
+        extra = [*notes(option), *filter(None, [_unranked(plan, option)])]
+        tail = f"  ({'; '.join(extra)})" if extra else ""
         lines.append(
             f"{mark} {option.provider:<8}  {option.instance.region:<11}  "
-            f"{option.instance.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
-            f"{_money(option.hourly_usd):>7}  {tps:>5}  "
+            f"{option.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
+            f"{_price(option):>8}  {tps:>5}  "
             f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}':>6}  "
             f"{_serve_times(option):>26}  {option.instance.price_date or '-':<10}"
-            f"  {option.placement.describe()}{extra}"
+            f"  {_spot(option):<21}  {option.placement.describe()}{tail}"
         )
     lines.append("")
-    for provider in sorted({o.provider for o in options}):
-        best = plan.recommendation(provider)
-        if best is None:
-            continue
-        how = (
-            f"one node, no RPC needed (the model fits on one {best.instance.name})"
-            if not best.needs_rpc
-            else f"a main node and {best.workers} RPC workers"
-        )
-        price = (
-            f"{_money(best.hourly_usd)}/h"
-            if best.hourly_usd is not None
-            else "price unknown: run `python -m infra.catalog refresh --provider "
-            f"{provider}` (chosen as the smallest that fits)"
-        )
-        lines.append(f"* {provider}: {best.count} x {best.instance.name}, {how}; {price}")
+    for best in sorted(plan.picks(), key=lambda o: o.provider):
+        lines.append(f"* {best.provider}: {summary(plan, best)}")
     if verbose and plan.rejected:
         lines += ["", "rejected:"]
         lines += [
             f"  {r.instance.provider:<8}  {r.instance.name:<17}  {r.reason}" for r in plan.rejected
         ]
     lines += ["", "assumptions:"] + [
-        f"  {k}: {v}" for k, v in assumptions(plan).items() if k != "anchors"
+        f"  {k}: {v}" for k, v in assumptions(plan).items() if k not in ("anchors", "sort")
     ]
     return "\n".join(lines)
 
 
+def summary(plan: Plan, best: Option) -> str:
+    """One provider's pick in a sentence: what it is, what it costs, and why it was picked."""
+    how = (
+        f"one node, no RPC needed (the model fits on one {best.instance.name})"
+        if not best.needs_rpc
+        else f"a main node and {best.workers} RPC worker{'s' if best.workers > 1 else ''}"
+    )
+    if best.hourly_usd is None:
+        price = (
+            "price unknown: run `python -m infra.catalog refresh --provider "
+            f"{best.provider}` (chosen as the smallest that fits)"
+        )
+    else:
+        price = f"{_price(best)}/h"
+        if best.usd_per_million_tokens is not None:
+            price += f", {best.usd_per_million_tokens:,.0f} $/Mtok at {best.decode_tps:.2f} tok/s"
+        why = {
+            "usd-per-mtok": "the lowest $/Mtok",
+            "usd-per-hour": "the lowest $/h",
+            "tps": "the fastest",
+        }[plan.sort]
+        if _unranked(plan, best):
+            why = "the lowest $/h: no speed is predicted on this provider"
+        if best.price_is_partial:
+            why += f"; without {', '.join(best.cost.unpriced)}, which the catalog cannot price"
+        price += f" ({why})"
+    return f"{best.count} x {best.name}, {how}; {price}"
+
+
+def nothing_shown(plan: Plan, min_tps: float | None) -> str:
+    """Why no row is shown, and what would show one."""
+    if not plan.options:
+        return "no cluster in the catalog holds this model (-v lists each type and why)"
+    if min_tps is None:
+        return "no cluster is shown"
+    known = [o for o in plan.options if o.decode_tps is not None]
+    unknown = len(plan.options) - len(known)
+    text = f"{len(plan.options)} cluster(s) hold the model, none predicted at {min_tps:g} tok/s"
+    if known:
+        fastest = max(known, key=lambda o: o.decode_tps or 0.0)
+        text += (
+            f"; the fastest is {fastest.count} x {fastest.name} ({fastest.provider}) at "
+            f"{fastest.decode_tps:.2f} tok/s"
+        )
+    if unknown:
+        text += f"; {unknown} have no predicted speed (their CPU's memory bandwidth is unknown)"
+    return text
+
+
+def does_not_fit(plan: Plan, option: Option) -> str:
+    """Why a cluster the user named cannot hold the model, and what would."""
+    text = (
+        f"{option.count} x {option.name} does not hold {plan.model.name} at context "
+        f"{plan.context}: the busiest node needs {option.need_bytes / GIB:.1f} GiB and has "
+        f"{option.usable_bytes / GIB:.1f} GiB usable"
+    )
+    fewest = fewest_nodes(plan.model, plan.context, plan.slots, option.instance)
+    if fewest is None:
+        return text + f"; no cluster of {option.instance.name} does: choose a larger type"
+    return text + f"; {fewest} nodes of {option.instance.name} do (--count {fewest})"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of the chart: a value per provider's pick (None: unknown)."""
+
+    title: str
+    unit: str
+    values: list[float | None]
+    marks: list[str]
+    fmt: str
+
+
+def chart_panels(plan: Plan) -> tuple[list[Option], list[Panel]]:
+    """Each provider's pick and what the chart draws for it: $/h, $/Mtok and tok/s."""
+    picks = sorted(plan.picks(), key=lambda o: o.provider)
+    # A "+" marks a total that leaves out an unpriced part (the table names it).
+    partial = ["+" if o.price_is_partial else "" for o in picks]
+    return picks, [
+        Panel("Cost", "$ per hour", [o.hourly_usd for o in picks], partial, "{:.2f}"),
+        Panel("Cost per output", "$ per million generated tokens",
+              [o.usd_per_million_tokens for o in picks], partial, "{:,.0f}"),
+        Panel("Predicted decode", "tokens per second (one stream)",
+              [o.decode_tps for o in picks], [""] * len(picks), "{:.2f}"),
+    ]  # fmt: skip
+
+
+CHART_LEGEND = (
+    "unknown: no catalog price, or no published memory bandwidth for the CPU (no speed). "
+    "+: the price leaves out a part the catalog cannot price."
+)
+
+
 def chart(plan: Plan, path: Path) -> Path:
-    """$/h and predicted tok/s of each provider's recommendation, side by side."""
+    """Each provider's pick: $/h, $/Mtok and predicted tok/s side by side; an unknown is drawn
+    as an empty bar labelled "unknown", and the figure says what that means."""
     import matplotlib  # noqa: PLC0415 (only --chart needs it: `uv sync --extra plan`)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    picks = [o for p in sorted({o.provider for o in plan.options}) if (o := plan.recommendation(p))]
-    labels = [f"{o.provider}\n{o.count} x {o.instance.name}" for o in picks]
-    figure, (cost_axis, speed_axis) = plt.subplots(1, 2, figsize=(10, 4.2))
+    picks, panels = chart_panels(plan)
+    labels = [f"{o.provider}\n{o.count} x\n{o.name}" for o in picks]
     colours = [FACTS[o.provider].chart_colour for o in picks]
-    # A "+" marks a total that leaves out an unpriced part (the table names it).
-    partial = ["+" if o.cost.unpriced else "" for o in picks]
-    for axis, values, marks, title, unit in (
-        (cost_axis, [o.hourly_usd for o in picks], partial, "Cost", "$ per hour"),
-        (speed_axis, [o.decode_tps for o in picks], [""] * len(picks), "Predicted decode",
-         "tokens per second"),
-    ):  # fmt: skip
-        heights = [v or 0.0 for v in values]
-        bars = axis.bar(labels, heights, color=colours)
-        for bar, value, mark in zip(bars, values, marks, strict=True):
-            text = "unknown" if value is None else f"{value:.2f}{mark}"
+    figure, axes = plt.subplots(1, len(panels), figsize=(13, 4.6))
+    for axis, panel in zip(axes, panels, strict=True):
+        bars = axis.bar(labels, [v or 0.0 for v in panel.values], color=colours)
+        for bar, value, mark in zip(bars, panel.values, panel.marks, strict=True):
+            text = "unknown" if value is None else panel.fmt.format(value) + mark
             axis.annotate(
                 text,
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -210,12 +338,15 @@ def chart(plan: Plan, path: Path) -> Path:
                 va="bottom",
                 fontsize=9,
             )
-        axis.set_title(title)
-        axis.set_ylabel(unit)
+        axis.set_title(panel.title)
+        axis.set_ylabel(panel.unit)
         axis.tick_params(axis="x", labelsize=8)
         axis.margins(y=0.15)
-    figure.suptitle(f"Cheapest cluster per provider for {plan.model.name}, context {plan.context}")
-    figure.tight_layout()
+    figure.suptitle(
+        f"Each provider's pick for {plan.model.name}, context {plan.context} (sorted {plan.sort})"
+    )
+    figure.text(0.5, 0.01, CHART_LEGEND, ha="center", fontsize=8)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,5 +1,5 @@
-"""The planner's search: the cheapest homogeneous cluster that holds a model, on every provider,
-with its predicted decode speed, time to serve and cost.
+"""The planner's search: for every Arm type, the smallest homogeneous cluster that holds a model,
+with its predicted decode speed, time to serve and cost, ranked as the user asks.
 
 Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
 is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers, all holding layers
@@ -9,9 +9,8 @@ only add latency).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infra import catalog, costs, placement, sizing
 from infra.catalog import InstanceType
@@ -24,6 +23,9 @@ from infra.types import MAX_NODES, MAX_WORKERS
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
 
+# How options are ranked; the first is the default. A provider's pick is its first option.
+SORTS = ("usd-per-mtok", "usd-per-hour", "tps")
+
 
 class PlanError(ModelError):
     """Planner input that cannot work; names the option to fix."""
@@ -31,7 +33,8 @@ class PlanError(ModelError):
 
 @dataclass(frozen=True)
 class Option:
-    """One cluster: ``count`` nodes of ``instance``, evaluated for a model and context."""
+    """One cluster: ``count`` nodes of ``instance`` (the main node may be another type,
+    ``main``), evaluated for a model and context."""
 
     instance: InstanceType
     count: int
@@ -42,10 +45,23 @@ class Option:
     download_usd: float | None
     main_disk_gb: int
     worker_disk_gb: int
+    main: InstanceType | None = None  # None: the main node is an ``instance`` too
+
+    @property
+    def main_instance(self) -> InstanceType:
+        return self.main or self.instance
 
     @property
     def provider(self) -> str:
         return self.instance.provider
+
+    @property
+    def name(self) -> str:
+        """The cluster's types: ``r8g.8xlarge``, or ``r8g.4xlarge + r8g.8xlarge`` when the main
+        node is another type."""
+        if self.main is None or self.main == self.instance:
+            return self.instance.name
+        return f"{self.main.name} + {self.instance.name}"
 
     @property
     def fits(self) -> bool:
@@ -73,15 +89,55 @@ class Option:
         return self.cost.total
 
     @property
+    def price_is_partial(self) -> bool:
+        """A total that leaves out a part the catalog cannot price (for example a disk)."""
+        return self.hourly_usd is not None and bool(self.cost.unpriced)
+
+    @property
+    def spot_instances_usd(self) -> float | None:
+        """The nodes at their spot price, where every one has one: instances only (NAT and
+        disks stay on-demand), shown apart from ``hourly_usd``, never added to it."""
+        nodes = [self.main_instance] + [self.instance] * self.workers
+        prices = [n.spot_hourly_usd for n in nodes]
+        if any(p is None for p in prices):
+            return None
+        return round(sum(p for p in prices if p is not None), 5)
+
+    @property
+    def spot_price_date(self) -> str:
+        """The oldest of the nodes' spot price dates."""
+        return min(self.main_instance.spot_price_date, self.instance.spot_price_date)
+
+    @property
     def usd_per_million_tokens(self) -> float | None:
         if self.hourly_usd is None or not self.decode_tps:
             return None
         return round(self.hourly_usd / (self.decode_tps * 3600) * 1e6, 2)
 
-    def sort_key(self) -> tuple[float, int, float]:
-        # Unknown prices sort after every known one, smallest cluster first among them.
-        price = self.hourly_usd if self.hourly_usd is not None else math.inf
-        return (price, self.count * self.instance.vcpus, -(self.decode_tps or 0.0))
+    def speed_unknown_reason(self) -> str | None:
+        """Why no speed is predicted, or None when one is."""
+        if self.decode_tps is not None:
+            return None
+        missing = sorted({t.cpu_family for t in (self.main_instance, self.instance)
+                          if perf.node_bandwidth_gbps(t) is None})  # fmt: skip
+        return f"speed unknown: no published memory bandwidth for {', '.join(missing)}"
+
+    def sort_key(self, by: str = SORTS[0]) -> tuple[int, float, int]:
+        """Options that can be compared on ``by`` come first, fully priced before partially
+        priced; those that cannot (an unknown speed or price) follow, ranked by what is known."""
+        price = self.hourly_usd
+        size = self.count * self.instance.vcpus
+        if by == "tps":
+            speed = self.decode_tps
+            tier = 0 if speed is not None else 1
+            return (tier, -(speed or 0.0), size)
+        if by == "usd-per-hour" or self.usd_per_million_tokens is None:
+            # Without a speed, $/Mtok cannot rank the option: it follows every one that has it.
+            tier = 0 if by == "usd-per-hour" else 2
+            if price is None:
+                return (tier + 2, 0.0, size)
+            return (tier + (1 if self.price_is_partial else 0), price, size)
+        return (1 if self.price_is_partial else 0, self.usd_per_million_tokens, size)
 
 
 @dataclass(frozen=True)
@@ -95,12 +151,28 @@ class Plan:
     model: Model
     context: int
     slots: int
-    options: list[Option]  # sorted by hourly cost; the first per provider is its pick
+    options: list[Option]  # ranked by ``sort``; the first per provider is its pick
     rejected: list[Rejection] = field(default_factory=list)
     download_gbps: float = INTERNET_GBPS  # the internet path's download rate
+    sort: str = SORTS[0]
 
     def recommendation(self, provider: str) -> Option | None:
         return next((o for o in self.options if o.provider == provider), None)
+
+    def picks(self) -> list[Option]:
+        """Each provider's pick, in the order of ``sort``."""
+        seen: dict[str, Option] = {}
+        for option in self.options:
+            seen.setdefault(option.provider, option)
+        return list(seen.values())
+
+    def only(self, options: Sequence[Option]) -> Plan:
+        """This plan with only ``options`` (a filter's survivors): picks come from them."""
+        return replace(self, options=list(options))
+
+    def sorted_by(self, by: str) -> Plan:
+        check_sort(by)
+        return replace(self, options=sorted(self.options, key=lambda o: o.sort_key(by)), sort=by)
 
 
 def evaluate(
@@ -111,27 +183,32 @@ def evaluate(
     *,
     slots: int = sizing.DEFAULT_SLOTS,
     download_gbps: float = INTERNET_GBPS,
+    main: InstanceType | None = None,
+    main_disk_gb: int | None = None,
+    worker_disk_gb: int = sizing.WORKER_DISK_GB,
+    disk_throughput_mibps: int | None = None,
 ) -> Option:
-    """One cluster of ``count`` nodes of ``instance``: where the layers go, whether they fit,
-    what it costs, its speed."""
+    """One cluster of ``count`` nodes (a ``main`` node, by default an ``instance`` too, and
+    ``count - 1`` workers of ``instance``): where the layers go, whether they fit, what it
+    costs, its speed. The disks default to what a stack gets by default."""
     if not 1 <= count <= MAX_NODES:
         raise PlanError(
             "--count",
             f"{count} is outside 1-{MAX_NODES} (a main node and up to {MAX_WORKERS} "
             "RPC workers, llama.cpp's limit)",
         )
+    main_type = main or instance
     workers = count - 1
-    nodes = [instance] * count
+    nodes = [main_type] + [instance] * workers
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
-    main_disk = sizing.default_main_disk_gb(model.size_bytes)
-    worker_disk = sizing.WORKER_DISK_GB
-    throughput = sizing.main_disk_throughput_mibps(instance.provider)
+    main_disk = main_disk_gb or sizing.default_main_disk_gb(model.size_bytes)
+    throughput = disk_throughput_mibps or sizing.main_disk_throughput_mibps(instance.provider)
     priced = costs.cluster_nodes(
-        instance,
+        main_type,
         instance,
         workers,
         main_disk_gb=main_disk,
-        worker_disk_gb=worker_disk,
+        worker_disk_gb=worker_disk_gb,
         main_disk_throughput_mibps=throughput,
     )
     disk_mibps = FACTS[instance.provider].disk.read_mibps(main_disk, throughput)
@@ -144,13 +221,14 @@ def evaluate(
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
         serve={
             path: time_to_serve(
-                model, instance, layout, disk_mibps, path=path, internet_gbps=download_gbps
+                model, main_type, layout, disk_mibps, path=path, internet_gbps=download_gbps
             )
             for path in PATHS
         },
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
         main_disk_gb=main_disk,
-        worker_disk_gb=worker_disk,
+        worker_disk_gb=worker_disk_gb,
+        main=main if main is not None and main != instance else None,
     )
 
 
@@ -164,7 +242,7 @@ def fewest_nodes(model: Model, context: int, slots: int, instance: InstanceType)
     return None if workers is None else workers + 1
 
 
-def _rejection(model: Model, context: int, slots: int, instance: InstanceType) -> str:
+def rejection_reason(model: Model, context: int, slots: int, instance: InstanceType) -> str:
     usable = sizing.usable_memory_bytes(instance)
     worst = placement.place(model, context, slots, [usable] * MAX_NODES).worst
     return (
@@ -183,6 +261,11 @@ def check_context(model: Model, context: int) -> None:
             f"{context} tokens is more than {model.name} supports ({model.context_length}); "
             f"use at most {model.context_length}",
         )
+
+
+def check_sort(by: str) -> None:
+    if by not in SORTS:
+        raise PlanError("--sort", f"{by!r} is not one of {', '.join(SORTS)}")
 
 
 def check_slots(slots: int) -> None:
@@ -218,11 +301,14 @@ def plan(
     where: Sequence[tuple[str, str]] | None = None,
     download_gbps: float = INTERNET_GBPS,
     slots: int = sizing.DEFAULT_SLOTS,
+    *,
+    sort: str = SORTS[0],
 ) -> Plan:
     """For each (provider, region), every Arm type's smallest cluster that holds the model,
-    sorted by hourly cost."""
+    ranked by ``sort`` (``Option.sort_key``)."""
     check_context(model, context)
     check_slots(slots)
+    check_sort(sort)
     if where is None:
         where = [(p, r) for p in catalog.providers() for r in regions(p)]
     options: list[Option] = []
@@ -231,11 +317,10 @@ def plan(
         for instance in arm_types(provider, region):
             count = fewest_nodes(model, context, slots, instance)
             if count is None:
-                reason = _rejection(model, context, slots, instance)
+                reason = rejection_reason(model, context, slots, instance)
                 rejected.append(Rejection(instance, reason))
                 continue
             options.append(
                 evaluate(model, instance, count, context, slots=slots, download_gbps=download_gbps)
             )
-    options.sort(key=Option.sort_key)
-    return Plan(model, context, slots, options, rejected, download_gbps)
+    return Plan(model, context, slots, options, rejected, download_gbps).sorted_by(sort)

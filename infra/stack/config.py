@@ -18,7 +18,7 @@ from infra import catalog, costs, layout, models, network_rules, placement, sizi
 from infra.boot import BootConfigError, checksums_problem
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts
-from infra.models import PRESETS, Model
+from infra.models import Model, ModelError
 from infra.placement import Placement
 from infra.stack import nodes
 from infra.stack.settings import BY_KEY, MODEL_KEYS, PROJECT, ConfigError, decode
@@ -245,11 +245,14 @@ def _model(settings: Mapping[str, Any]) -> _ModelSetting:
     if unverified:
         raise ConfigError("model.sha256", unverified)
     preset_name = raw.get("preset")
-    preset = PRESETS.get(preset_name) if preset_name else None
-    if preset_name and preset is None:
-        raise ConfigError(
-            "model.preset", f"unknown preset {preset_name!r}; known: {', '.join(PRESETS)}"
-        )
+    preset = None
+    if preset_name is not None:
+        if not isinstance(preset_name, str):
+            raise ConfigError("model.preset", f"must be a preset's name, got {preset_name!r}")
+        try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
+            preset = models.preset(preset_name, "model.preset")
+        except ModelError as error:
+            raise ConfigError("model.preset", str(error).removeprefix("model.preset: ")) from None
     size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
     kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
     layers = raw.get("layers", preset.layers if preset else None)

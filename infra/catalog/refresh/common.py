@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import urllib.request
@@ -27,6 +28,10 @@ def http_json(url: str) -> dict[str, Any]:
         return result
 
 
+def utc_today() -> str:
+    return datetime.datetime.now(datetime.UTC).date().isoformat()
+
+
 @dataclass(frozen=True)
 class PriceRequest:
     """The types of one provider to price in one region, and the means to ask."""
@@ -36,7 +41,30 @@ class PriceRequest:
     fetch: FetchJson = http_json
     aws_client: Any = None  # a boto3 ``pricing`` client; made on demand
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    ec2_client: Any = None  # a boto3 ``ec2`` client in ``region`` (spot prices); made on demand
+    today: str = field(default_factory=utc_today)  # the date a price read today is dated
 
     @property
     def names(self) -> list[str]:
         return sorted(t.name for t in self.types)
+
+
+@dataclass(frozen=True)
+class SpotPrice:
+    """One type's spot $/h, where it came from and its date. Kept apart from on-demand prices."""
+
+    usd: float
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What one provider's price APIs answered for one region: on-demand and spot $/h by type.
+
+    ``spot_error`` says why no spot prices were read, when the API refused (the on-demand
+    prices are still good)."""
+
+    on_demand: dict[str, float]
+    spot: dict[str, SpotPrice] = field(default_factory=dict)
+    spot_error: str = ""
