@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from infra.stack import config, files
 from tests import pulumi_mocks
 
 PRODUCT_CATALOG = Path(catalog.__file__).parent
-ASSERTED = [a for a in (*perf.ANCHORS, *perf.CHECKS) if a.role != "reported"]
+ASSERTED = [a for a in perf.CHECKS if a.role == "asserted"]  # the fitted two are exact
 REPORTED = [a for a in perf.CHECKS if a.role == "reported"]
 WHERE_AWS = [("aws", "us-east-1")]
 
@@ -55,7 +56,10 @@ def test_a_reported_anchor_says_why_it_is_not_asserted(anchor: perf.Anchor) -> N
 def test_the_anchors_cover_graviton_and_axion_with_two_quantisations() -> None:
     families = {(a.instance.cpu_family, a.model) for a in ASSERTED}
     assert {("graviton4", "afm-4.5b-q4_0"), ("graviton4", "afm-4.5b-q8_0")} <= families
-    assert {("axion", "afm-4.5b-q4_0"), ("axion", "afm-4.5b-q8_0")} <= families
+    assert ("axion", "afm-4.5b-q8_0") in families  # Q4_0 sets Axion's bandwidth; Q8_0 checks it
+    assert perf.AXION_ANCHOR.role == "derives" and perf.AXION_ANCHOR.model == "afm-4.5b-q4_0"
+    for anchor in perf.ANCHORS:  # the fitted two, exact by construction
+        assert prediction(anchor) == pytest.approx(anchor.decode_tps, rel=1e-6)
 
 
 def test_axions_bandwidth_in_the_catalog_is_the_one_its_anchor_gives() -> None:
@@ -149,6 +153,7 @@ def test_gcp_rows_that_leave_out_disks_are_marked_in_table_json_and_chart(
     assert speed.values[by_provider["azure"]] is None
     assert per_mtok.values[by_provider["gcp"]] is not None
     assert "unknown" in report.CHART_LEGEND
+    assert [o.shape for o in picks][by_provider["aws"]] == "1 x r8g.12xlarge"
 
 
 # --- the command line ---
@@ -176,9 +181,13 @@ def test_min_tps_summary_and_written_stack_name_a_shown_cluster(
 def test_nothing_at_min_tps_says_what_is_fastest_and_exits_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "gcp", "--min-tps", "50")
+    code, _, err = run(capsys, "llama-3.1-405b-q4_0", "--provider", "gcp", "--min-tps", "50")
     assert code == 1
-    assert "none predicted at 50 tok/s; the fastest is" in out
+    assert "9 cluster(s) hold the model, none predicted at 50 tok/s; the fastest is" in err
+    code, out, err = run(capsys, "llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge",
+                         "--count", "1", "--min-tps", "100", "--json")  # fmt: skip
+    assert code == 1 and json.loads(out)["options"] == []
+    assert "no cluster in the catalog holds this model" in err and "(--count 2)" in err
 
 
 def test_instance_type_alone_gets_the_fewest_nodes_that_hold_the_model(
@@ -230,10 +239,41 @@ def test_stack_evaluates_the_cluster_its_file_deploys(capsys: pytest.CaptureFixt
     assert document["model"]["name"] == cfg.model.name
 
 
+def test_a_mixed_cluster_reads_as_what_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--stack", "aws-r8g")
+    assert code == 0
+    assert "* aws: 1 x r8g.4xlarge + 2 x r8g.8xlarge, a main node and 2 RPC workers; $" in out
+    assert "lowest" not in out.split("* aws:")[1].splitlines()[0]  # one cluster won nothing
+
+
+def test_axion_rows_beyond_the_anchors_size_say_they_are_extrapolated() -> None:
+    plan = search.plan(PRESETS["llama-3.1-405b-q4_0"], where=[("gcp", "us-central1")])
+    for option in plan.options:
+        note = perf.extrapolation_note(option.instance)
+        assert (note is not None) == (option.instance.vcpus > 16)
+        if note:
+            assert note in report.table(plan)
+    aws = catalog.find("aws", "us-east-1", "r8g.8xlarge")
+    assert aws is not None and perf.extrapolation_note(aws) is None
+
+
+def test_unknown_speeds_under_the_speed_sort_follow_by_price() -> None:
+    plan = search.plan(PRESETS["llama-3.1-70b-q4_0"]).sorted_by("tps")
+    unknown = [o for o in plan.options if o.decode_tps is None]
+    assert unknown and plan.options[-len(unknown) :] == unknown
+    prices = [o.hourly_usd for o in unknown if o.hourly_usd is not None]
+    assert prices == sorted(prices)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--stack", "nope"], "error: --stack: stack 'nope': no stacks/Pulumi.nope.yaml"),
+        (["--stack", "aws-r8g", "--context", "2048"], "what --context would; leave it out"),
+        (
+            ["--stack", "aws-r8g", "--write-stack", "x", "--model-url", "https://e.invalid/m"],
+            "error: --write-stack: --stack reads stacks/Pulumi.aws-r8g.yaml; edit that file",
+        ),
         (["--stack", "aws-r8g", "llama-3.1-8b-q4_0"], "error: --stack: the stack file says"),
         (["--stack", "aws-r8g", "--instance-type", "r8g.large"], "leave it out"),
     ],
@@ -257,7 +297,14 @@ def test_a_written_stack_never_joins_the_mock_sweep(
                      "--model-url", "https://example.invalid/m.gguf",
                      "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0 and "mine" in files.stack_names()
-    assert pulumi_mocks.stack_names() == list(pulumi_mocks.REPOSITORY_STACKS)
+    assert "mine" not in pulumi_mocks.stack_names()
+
+
+def test_every_shipped_stack_is_swept() -> None:
+    tracked = subprocess.run(["git", "ls-files", "stacks/"], cwd=files.REPO, capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+    names = sorted(Path(t).name.removeprefix("Pulumi.").removesuffix(".yaml") for t in tracked)
+    assert names == sorted(pulumi_mocks.REPOSITORY_STACKS)
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,9 @@ STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m infra.planner",
-        description="The cheapest homogeneous Arm cluster that holds a model, per provider, "
-        "with its predicted decode speed, time to serve and cost. Offline: prices come from "
+        description="The smallest Arm cluster of each type that holds a model, ranked per "
+        "provider by cost per token (or --sort), with its predicted decode speed, time to serve "
+        "and cost. Offline: prices come from "
         "the catalog (infra/catalog), each with its source and date.",
     )
     p.add_argument("model", nargs="?", help=f"a preset: {', '.join(models.PRESETS)}")
@@ -94,7 +95,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
-        "--chart", metavar="FILE.png", type=Path, help="draw $/h and predicted tok/s per provider"
+        "--chart",
+        metavar="FILE.png",
+        type=Path,
+        help="draw each provider's pick: $/h, $/Mtok and predicted tok/s",
     )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="also list the types rejected, and why"
@@ -209,28 +213,21 @@ def _stack(args: argparse.Namespace) -> search.Plan:
     """Evaluate the cluster a stack file deploys, as the program reads it."""
     given = [flag for flag, value in (
         ("a model", args.model), ("--gguf", args.gguf), ("--size-gb", args.size_gb),
+        ("--layers", args.layers), ("--kv-bytes-per-token", args.kv_bytes_per_token),
         ("--instance-type", args.instance_type), ("--count", args.count),
         ("--provider", args.provider), ("--region", args.region),
+        ("--context", args.context != sizing.DEFAULT_CONTEXT),
+        ("--slots", args.slots != sizing.DEFAULT_SLOTS),
     ) if value]  # fmt: skip
     if given:
         raise PlanError("--stack", f"the stack file says what {given[0]} would; leave it out")
-    try:
+    try:  # Its types are the catalog's: the config check refuses any other.
         cfg = files.stack_config(args.stack)
     except files.StackFileError as error:
         raise PlanError("--stack", str(error)) from None
     except config.ConfigError as error:
         raise PlanError("--stack", f"stacks/Pulumi.{args.stack}.yaml: {error}") from None
-    instance, main = (
-        catalog.find(cfg.cloud, cfg.region, t.name)
-        for t in (cfg.instance_type, cfg.main_instance_type)
-    )
-    if instance is None or main is None:
-        missing = cfg.instance_type.name if instance is None else cfg.main_instance_type.name
-        raise PlanError(
-            "--stack",
-            f"{missing} in {cfg.region} is not in the catalog: add it with `python -m "
-            f"infra.catalog refresh --provider {cfg.cloud} --region {cfg.region}`",
-        )
+    instance, main = cfg.instance_type, cfg.main_instance_type
     option = search.evaluate(
         cfg.model,
         instance,
@@ -303,12 +300,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report.to_json(shown), indent=2))
     else:
         print(report.table(shown, verbose=args.verbose))
-        if not shown.options:
-            print(f"\n{report.nothing_shown(result, args.min_tps)}")
+    if not shown.options:
+        print(f"\n{report.nothing_shown(result, args.min_tps)}", file=sys.stderr)
     if args.chart:
         report.chart(shown, args.chart)
         print(f"chart written to {args.chart}", file=sys.stderr)
     if args.write_stack:
+        if args.stack:
+            raise PlanError(
+                "--write-stack",
+                f"--stack reads stacks/Pulumi.{args.stack}.yaml; edit that file instead",
+            )
         if not shown.options:
             raise PlanError("--write-stack", "there is no option to write")
         command = "python -m infra.planner " + shlex.join(argv)
@@ -317,9 +319,9 @@ def run(argv: Sequence[str] | None = None) -> int:
             f"stack written to {path}; deploy it with `pulumi up --stack {args.write_stack}`",
             file=sys.stderr,
         )
-    not_fitting = [o for o in shown.options if not o.fits]
+    not_fitting = [o for o in result.options if not o.fits]
     for option in not_fitting:
-        print(f"error: {report.does_not_fit(shown, option)}", file=sys.stderr)
+        print(f"error: {report.does_not_fit(result, option)}", file=sys.stderr)
     return 0 if shown.options and not not_fitting else 1
 
 

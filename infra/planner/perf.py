@@ -130,6 +130,18 @@ def derived_socket_bandwidth_gbps(anchor: Anchor, cores_per_socket: int) -> floa
     return node_gbps / min(1.0, instance.vcpus / (cores_per_socket * SATURATING_CORE_FRACTION))
 
 
+def extrapolation_note(instance: InstanceType) -> str | None:
+    """Whether a predicted speed stretches a bandwidth derived from one run past its size."""
+    family = catalog.cpu_families().get(instance.cpu_family)
+    if family is None or not family.source.startswith("derived"):
+        return None
+    anchor = next((a for a in CHECKS if a.role == "derives"
+                   and a.instance.cpu_family == instance.cpu_family), None)  # fmt: skip
+    if anchor is None or instance.vcpus <= anchor.instance.vcpus:
+        return None
+    return f"speed extrapolated from a {anchor.instance.vcpus}-vCPU run"
+
+
 @dataclass(frozen=True)
 class Calibration:
     eta: float  # fraction of the node's memory bandwidth that decode achieves

@@ -73,6 +73,7 @@ def option_json(option: Option) -> dict[str, Any]:
         "predictedDecodeTps": None if option.decode_tps is None else round(option.decode_tps, 3),
         "usdPerMillionTokens": option.usd_per_million_tokens,
         "speedUnknownReason": option.speed_unknown_reason(),
+        "speedNote": perf.extrapolation_note(option.instance) if option.decode_tps else None,
         # The internet path: what a stack with https model URLs does.
         "predictedSecondsToServe": round(option.serve["internet"].total_seconds),
         "timeToServe": {path: timeline.to_json() for path, timeline in option.serve.items()},
@@ -166,6 +167,8 @@ def notes(option: Option) -> list[str]:
     reason = option.speed_unknown_reason()
     if reason:
         found.append(reason)
+    elif extrapolated := perf.extrapolation_note(option.instance):
+        found.append(extrapolated)
     if not option.fits:
         found.append("DOES NOT FIT")
     return found
@@ -197,6 +200,7 @@ def table(plan: Plan, verbose: bool = False) -> str:
     for option in plan.options:
         tps = "n/a" if option.decode_tps is None else f"{option.decode_tps:.2f}"
         per_mtok = option.usd_per_million_tokens
+        partial = "+" if option.price_is_partial else ""
         mark = "*" if id(option) in picked else " "
         extra = [*notes(option), *filter(None, [_unranked(plan, option)])]
         tail = f"  ({'; '.join(extra)})" if extra else ""
@@ -204,7 +208,7 @@ def table(plan: Plan, verbose: bool = False) -> str:
             f"{mark} {option.provider:<8}  {option.instance.region:<11}  "
             f"{option.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
             f"{_price(option):>8}  {tps:>5}  "
-            f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}':>6}  "
+            f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}' + partial:>6}  "
             f"{_serve_times(option):>26}  {option.instance.price_date or '-':<10}"
             f"  {_spot(option):<21}  {option.placement.describe()}{tail}"
         )
@@ -234,36 +238,36 @@ def summary(plan: Plan, best: Option) -> str:
             "price unknown: run `python -m infra.catalog refresh --provider "
             f"{best.provider}` (chosen as the smallest that fits)"
         )
-    else:
-        price = f"{_price(best)}/h"
-        if best.usd_per_million_tokens is not None:
-            price += f", {best.usd_per_million_tokens:,.0f} $/Mtok at {best.decode_tps:.2f} tok/s"
-        why = {
-            "usd-per-mtok": "the lowest $/Mtok",
-            "usd-per-hour": "the lowest $/h",
-            "tps": "the fastest",
-        }[plan.sort]
+        return f"{best.shape}, {how}; {price}"
+    price = f"{_price(best)}/h"
+    if best.usd_per_million_tokens is not None:
+        price += f", {best.usd_per_million_tokens:,.0f} $/Mtok at {best.decode_tps:.2f} tok/s"
+    rivals = sum(o.provider == best.provider for o in plan.options)
+    if rivals > 1:  # one cluster evaluated (--instance-type, --stack) won nothing
+        why = {"usd-per-mtok": "the lowest $/Mtok", "usd-per-hour": "the lowest $/h",
+               "tps": "the fastest"}[plan.sort]  # fmt: skip
         if _unranked(plan, best):
             why = "the lowest $/h: no speed is predicted on this provider"
         if best.price_is_partial:
             why += f"; without {', '.join(best.cost.unpriced)}, which the catalog cannot price"
         price += f" ({why})"
-    return f"{best.count} x {best.name}, {how}; {price}"
+    return f"{best.shape}, {how}; {price}"
 
 
 def nothing_shown(plan: Plan, min_tps: float | None) -> str:
     """Why no row is shown, and what would show one."""
-    if not plan.options:
+    fitting = [o for o in plan.options if o.fits]
+    if not fitting:
         return "no cluster in the catalog holds this model (-v lists each type and why)"
     if min_tps is None:
         return "no cluster is shown"
-    known = [o for o in plan.options if o.decode_tps is not None]
-    unknown = len(plan.options) - len(known)
-    text = f"{len(plan.options)} cluster(s) hold the model, none predicted at {min_tps:g} tok/s"
+    known = [o for o in fitting if o.decode_tps is not None]
+    unknown = len(fitting) - len(known)
+    text = f"{len(fitting)} cluster(s) hold the model, none predicted at {min_tps:g} tok/s"
     if known:
         fastest = max(known, key=lambda o: o.decode_tps or 0.0)
         text += (
-            f"; the fastest is {fastest.count} x {fastest.name} ({fastest.provider}) at "
+            f"; the fastest is {fastest.shape} ({fastest.provider}) at "
             f"{fastest.decode_tps:.2f} tok/s"
         )
     if unknown:
@@ -274,7 +278,7 @@ def nothing_shown(plan: Plan, min_tps: float | None) -> str:
 def does_not_fit(plan: Plan, option: Option) -> str:
     """Why a cluster the user named cannot hold the model, and what would."""
     text = (
-        f"{option.count} x {option.name} does not hold {plan.model.name} at context "
+        f"{option.shape} does not hold {plan.model.name} at context "
         f"{plan.context}: the busiest node needs {option.need_bytes / GIB:.1f} GiB and has "
         f"{option.usable_bytes / GIB:.1f} GiB usable"
     )
@@ -311,7 +315,8 @@ def chart_panels(plan: Plan) -> tuple[list[Option], list[Panel]]:
 
 CHART_LEGEND = (
     "unknown: no catalog price, or no published memory bandwidth for the CPU (no speed). "
-    "+: the price leaves out a part the catalog cannot price."
+    "+: the price leaves out a part the catalog cannot price. Axion speeds above 16 vCPUs are "
+    "extrapolated from one 16-vCPU run."
 )
 
 
@@ -324,7 +329,7 @@ def chart(plan: Plan, path: Path) -> Path:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     picks, panels = chart_panels(plan)
-    labels = [f"{o.provider}\n{o.count} x\n{o.name}" for o in picks]
+    labels = [f"{o.provider}\n{o.shape.replace(' x ', ' x' + chr(10), 1)}" for o in picks]
     colours = [FACTS[o.provider].chart_colour for o in picks]
     figure, axes = plt.subplots(1, len(panels), figsize=(13, 4.6))
     for axis, panel in zip(axes, panels, strict=True):

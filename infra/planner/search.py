@@ -64,6 +64,13 @@ class Option:
         return f"{self.main.name} + {self.instance.name}"
 
     @property
+    def shape(self) -> str:
+        """``3 x r8g.8xlarge``, or ``1 x r8g.4xlarge + 2 x r8g.8xlarge`` with another main."""
+        if self.main is None or self.main == self.instance:
+            return f"{self.count} x {self.instance.name}"
+        return f"1 x {self.main.name} + {self.workers} x {self.instance.name}"
+
+    @property
     def fits(self) -> bool:
         return self.placement.fits
 
@@ -128,9 +135,10 @@ class Option:
         price = self.hourly_usd
         size = self.count * self.instance.vcpus
         if by == "tps":
-            speed = self.decode_tps
-            tier = 0 if speed is not None else 1
-            return (tier, -(speed or 0.0), size)
+            if self.decode_tps is not None:
+                return (0, -self.decode_tps, size)
+            # Without a speed: after every row with one, the cheapest first.
+            return (1, price if price is not None else float("inf"), size)
         if by == "usd-per-hour" or self.usd_per_million_tokens is None:
             # Without a speed, $/Mtok cannot rank the option: it follows every one that has it.
             tier = 0 if by == "usd-per-hour" else 2
