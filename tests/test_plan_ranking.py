@@ -301,9 +301,14 @@ def test_a_written_stack_never_joins_the_mock_sweep(
 
 
 def test_every_shipped_stack_is_swept() -> None:
-    tracked = subprocess.run(["git", "ls-files", "stacks/"], cwd=files.REPO, capture_output=True,
-                             text=True, check=True).stdout.split()  # fmt: skip
-    names = sorted(Path(t).name.removeprefix("Pulumi.").removesuffix(".yaml") for t in tracked)
+    """The stacks git tracks (a checkout without git: the stacks there, as shipped) are the
+    ones the mock tiers sweep, so a new shipped stack cannot skip them."""
+    if (files.REPO / ".git").exists():
+        tracked = subprocess.run(["git", "ls-files", "stacks/"], cwd=files.REPO, text=True,
+                                 capture_output=True, check=True).stdout.split()  # fmt: skip
+        names = sorted(Path(t).name.removeprefix("Pulumi.").removesuffix(".yaml") for t in tracked)
+    else:
+        names = files.stack_names()
     assert names == sorted(pulumi_mocks.REPOSITORY_STACKS)
 
 
