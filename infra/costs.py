@@ -1,4 +1,5 @@
-"""What a cluster costs per hour: its instances, the NAT for its egress, and its disks.
+"""What a cluster costs per hour: its instances, the NAT for its egress, its disks, and the
+private balancer in front of its serving groups when it has more than one.
 
 One function for the stack's ``hourlyCostUsd`` output and for the planner, so both give the same
 figure for the same cluster. Prices come from the catalog (instances.csv, services.csv: each with
@@ -17,7 +18,10 @@ from infra.clouds import FACTS
 
 HOURS_PER_MONTH = 730
 # What no figure here includes: it depends on use, not on the cluster's shape.
-NOT_COUNTED = "data transfer, flow-log storage, and an Azure Bastion"
+NOT_COUNTED = (
+    "data transfer, the balancer's per-use charges, flow-log storage, and an Azure Bastion"
+)
+BALANCER_ITEM = "balancer_hour"
 
 
 @dataclass(frozen=True)
@@ -37,12 +41,14 @@ class HourlyCost:
     unpriced: tuple[str, ...]  # parts whose price the catalog lacks
     sources: tuple[str, ...]  # where each price came from, and its date
     instance_counts: tuple[tuple[str, int, float | None], ...]  # (type, count, $/h each)
+    balancer: float | None = None  # None: no balancer, or its price is unknown (unpriced)
 
     @property
     def total(self) -> float | None:
         if self.instances is None:
             return None
-        return round(self.instances + (self.nat or 0.0) + (self.disks or 0.0), 5)
+        parts = (self.instances, self.nat, self.disks, self.balancer)
+        return round(sum(part or 0.0 for part in parts), 5)
 
     @property
     def basis(self) -> str:
@@ -57,6 +63,8 @@ class HourlyCost:
             parts.append(f"NAT ${self.nat}/h")
         if self.disks is not None:
             parts.append(f"disks ${self.disks}/h")
+        if self.balancer is not None:
+            parts.append(f"balancer ${self.balancer}/h")
         text = "; ".join(parts)
         if self.unpriced:
             text += f"; without {', '.join(self.unpriced)} (no catalog price)"
@@ -91,7 +99,11 @@ def _priced(provider: str, usage: dict[str, float]) -> float | None:
     return total
 
 
-def hourly_cost(provider: str, nodes: Sequence[PricedNode]) -> HourlyCost:
+def hourly_cost(
+    provider: str, nodes: Sequence[PricedNode], *, balancer: bool = False
+) -> HourlyCost:
+    """Every node of every serving group, and the private balancer in front of the groups
+    (``balancer``: there is one when a stack has more than one group)."""
     facts = FACTS[provider]
     counts: dict[str, tuple[int, float | None]] = {}
     for node in nodes:
@@ -117,7 +129,14 @@ def hourly_cost(provider: str, nodes: Sequence[PricedNode]) -> HourlyCost:
             for n in nodes
         }
     )
+    balancer_usd = None
+    if balancer:
+        balancer_usd = service_price(provider, BALANCER_ITEM).usd
+        if balancer_usd is None:
+            unpriced.append(f"{facts.balancer_name}")
     usage_items = {*facts.nat.hourly_usage(1), *facts.disk.monthly_usage(1, None)}
+    if balancer:
+        usage_items.add(BALANCER_ITEM)
     for item in sorted(usage_items):
         price = service_price(provider, item)
         if price.usd is not None:
@@ -129,6 +148,7 @@ def hourly_cost(provider: str, nodes: Sequence[PricedNode]) -> HourlyCost:
         unpriced=tuple(unpriced),
         sources=tuple(sources),
         instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
+        balancer=balancer_usd,
     )
 
 

@@ -16,6 +16,12 @@ WORKER_INSTANCE_IDS = "workerInstanceIds"
 CONNECT_COMMAND = "connectCommand"
 HOURLY_COST_USD = "hourlyCostUsd"
 LLAMA_CPP_COMMIT = "llamaCppCommit"
+# Replicas: how many serving groups, the private balancer in front of them (None with one
+# group: there is none), and each group's own outputs (GROUP_KEYS), in order. The keys above
+# that name one main node or its workers are the first group's.
+REPLICAS = "replicas"
+BALANCER_URL = "balancerUrl"
+GROUPS = "groups"
 
 ALL_KEYS = (
     CLOUD,
@@ -31,6 +37,18 @@ ALL_KEYS = (
     CONNECT_COMMAND,
     HOURLY_COST_USD,
     LLAMA_CPP_COMMIT,
+    REPLICAS,
+    BALANCER_URL,
+    GROUPS,
+)
+# What each entry of GROUPS holds.
+GROUP_KEYS = (
+    MAIN_PRIVATE_IP,
+    WORKER_PRIVATE_IPS,
+    RPC_SERVERS,
+    LLAMA_SERVER_URL,
+    MAIN_INSTANCE_ID,
+    WORKER_INSTANCE_IDS,
 )
 
 

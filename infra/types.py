@@ -17,3 +17,8 @@ LOWEST_UNPRIVILEGED_PORT = 1024
 # ("got 16 input configs, but system only has 16 devices"); the placement needs one per worker.
 MAX_WORKERS = 15
 MAX_NODES = MAX_WORKERS + 1
+# Serving groups behind one balancer: each a main node and its workers, at their own addresses
+# (``infra.layout.group_ips``), so that ten full groups still fit the private /24.
+MAX_REPLICAS = 10
+# prometheus-node-exporter's port on every node: open from inside the cluster only.
+METRICS_PORT = 9100

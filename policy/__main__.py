@@ -162,6 +162,14 @@ POLICIES = [
         "Keep the program's tags on the node: project, stack and role.",
         Severity.LOW,
     ),
+    resource_policy(
+        "internal-load-balancers",
+        "The load balancer in front of the serving groups is internal: no public frontend.",
+        rules.internal_balancers,
+        "Set internal=True on AWS, load_balancing_scheme INTERNAL on GCP, and a private "
+        "frontend address on Azure.",
+        Severity.CRITICAL,
+    ),
 ]
 
 PolicyPack(

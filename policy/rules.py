@@ -48,6 +48,13 @@ INTERNAL_SOURCES: Final = tuple(
         "fe80::/10",
     )
 )
+# Google's load-balancer health-check probers, which a GCP firewall must admit for an internal
+# passthrough balancer to see its backends (https://cloud.google.com/load-balancing/docs/
+# health-check-concepts#ip-ranges): Google's own ranges, which no one else sends from. Only these
+# exact ranges pass; anything wider still counts.
+GOOGLE_HEALTH_CHECK_SOURCES: Final = frozenset(
+    ipaddress.ip_network(text) for text in ("35.191.0.0/16", "130.211.0.0/22")
+)
 # Azure sources that mean everyone, and the service tag for every public address of Azure
 # itself, where anyone can rent a VM ("AzureCloud", "AzureCloud.eastus").
 _OPEN_WORDS: Final = frozenset({"*", "any", "internet"})
@@ -79,6 +86,11 @@ AZURE_NSG: Final = "azure-native:network:NetworkSecurityGroup"
 AZURE_ASG: Final = "azure-native:network:ApplicationSecurityGroup"
 AZURE_NIC: Final = "azure-native:network:NetworkInterface"
 AZURE_VM: Final = "azure-native:compute:VirtualMachine"
+AWS_LOAD_BALANCER: Final = "aws:lb/loadBalancer:LoadBalancer"
+AWS_ALB: Final = "aws:alb/loadBalancer:LoadBalancer"
+GCP_FORWARDING_RULE: Final = "gcp:compute/forwardingRule:ForwardingRule"
+GCP_GLOBAL_FORWARDING_RULE: Final = "gcp:compute/globalForwardingRule:GlobalForwardingRule"
+AZURE_LOAD_BALANCER: Final = "azure-native:network:LoadBalancer"
 _AWS_GROUPS: Final = (AWS_SECURITY_GROUP, AWS_DEFAULT_SECURITY_GROUP)
 
 
@@ -242,7 +254,7 @@ def internet_sources(sources: Iterable[Any]) -> list[str]:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             continue  # another service tag, or a name: not an address range
-        if not _internal(network):
+        if not _internal(network) and network not in GOOGLE_HEALTH_CHECK_SOURCES:
             public[network.version].append((text, _span(network)))
     found = words
     for version, bits, widest in (
@@ -548,12 +560,66 @@ def node_tags(
     return found
 
 
+# --- invariant 7: load balancers are internal --------------------------------------------------
+
+
+def _public_aws_balancer(label: str, props: Mapping[str, Any]) -> list[str]:
+    internal = props.get("internal")
+    if internal is True or not _known(internal):
+        return []
+    state = "is not set (AWS makes it internet-facing)" if internal is None else "is false"
+    return [
+        f"{label}: internal {state}; set internal=True: the balancer forwards to llama-server, "
+        "which has no authentication"
+    ]
+
+
+def _public_gcp_rule(label: str, props: Mapping[str, Any]) -> list[str]:
+    scheme = props.get("loadBalancingScheme")
+    if not _known(scheme) or str(scheme or "").upper().startswith("INTERNAL"):
+        return []
+    return [
+        f"{label}: loadBalancingScheme is {scheme or 'not set (EXTERNAL)'}; set "
+        'load_balancing_scheme="INTERNAL": the balancer forwards to llama-server, which has no '
+        "authentication"
+    ]
+
+
+def _public_azure_balancer(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, frontend in enumerate(_items(props.get("frontendIPConfigurations"))):
+        for key in ("publicIPAddress", "publicIPPrefix"):
+            value = _flat(frontend).get(key)
+            if _present(value) and _known(value):
+                found.append(
+                    f"{label}: frontendIPConfigurations[{i}].{key} makes the balancer public; "
+                    "give the frontend a private address in the nodes' subnet instead"
+                )
+    return found
+
+
+_BALANCER_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
+    AWS_LOAD_BALANCER: _public_aws_balancer,
+    AWS_ALB: _public_aws_balancer,
+    GCP_FORWARDING_RULE: _public_gcp_rule,
+    GCP_GLOBAL_FORWARDING_RULE: _public_gcp_rule,
+    AZURE_LOAD_BALANCER: _public_azure_balancer,
+}
+
+
+def internal_balancers(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 7: a load balancer in front of the groups takes private traffic only."""
+    check = _BALANCER_CHECKS.get(canonical_type(resource_type))
+    return check(_label(resource_type, name), props) if check else []
+
+
 RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "no-internet-ingress": no_internet_ingress,
     "no-public-node-addresses": no_public_addresses,
     "aws-imdsv2-required": imdsv2_required,
     "encrypted-node-disks": encrypted_disks,
     "nodes-carry-stack-tags": node_tags,
+    "internal-load-balancers": internal_balancers,
 }
 
 

@@ -17,6 +17,7 @@ from infra.stack.files import config_of, stack_values
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
+GCP_SELF_LINKS = "https://www.googleapis.com/compute/v1/projects/my-project/self"
 
 
 # The stacks this repository ships, by name: the mock tiers sweep these, never whatever else lies
@@ -98,8 +99,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state |= {"storageProfile": profile, "vmId": f"{args.name}-vm-id"}
         if args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
+        if args.typ.startswith("gcp:compute/"):
+            # Compute resources name each other by URL (an instance in its group, a group as a
+            # backend).
+            state.setdefault("selfLink", f"{GCP_SELF_LINKS}/{args.name}")
         if args.typ == "azure-native:resources:ResourceGroup":
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
+        if args.typ == "azure-native:network:LoadBalancer":
+            # Its id as Azure makes it, under its group's (here "<group>-id"): its parts name
+            # each other by id.
+            group, name = args.inputs["resourceGroupName"], args.inputs["loadBalancerName"]
+            return f"{group}-id/providers/Microsoft.Network/loadBalancers/{name}", state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
@@ -217,6 +227,13 @@ def user_data_text(instance_inputs: dict[str, Any]) -> str:
     return text
 
 
+def custom_data_text(value: str) -> str:
+    """An Azure VM's cloud-config from its base64 customData, gzipped when the plain text is
+    over Azure's limit (cloud-init unpacks it)."""
+    raw = base64.b64decode(value)
+    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+
+
 def env_of(user_data: str) -> dict[str, str]:
     files = yaml.safe_load(user_data)["write_files"]
     env_file = next(f for f in files if f["path"] == "/etc/llama-rpc/node.env")
@@ -227,6 +244,7 @@ def env_of(user_data: str) -> dict[str, str]:
 __all__ = [
     "Deployment",
     "RecordingMocks",
+    "custom_data_text",
     "deploy",
     "env_of",
     "parsed_config",

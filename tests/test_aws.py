@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from infra import outputs, sizing
+from infra.types import METRICS_PORT
 from tests.pulumi_mocks import (
     RecordingMocks,
     deploy,
@@ -64,9 +65,11 @@ def test_instances_count_type_and_placement(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_only_the_rpc_port_is_open_and_only_from_the_main_group(stack: str) -> None:
+def test_only_rpc_from_the_main_group_and_metrics_from_inside_are_open(stack: str) -> None:
     d = deployed(stack)
-    [rule] = d.of_type(INGRESS)  # no apiAllowedCidrs in the presets
+    vpc = str(parsed_config(stack).vpc_cidr)
+    ingress = d.of_type(INGRESS)  # no apiAllowedCidrs in the presets
+    [rule] = [r for r in ingress if r.inputs["fromPort"] != METRICS_PORT]
     assert rule.inputs["securityGroupId"] == "llama-rpc-cluster-worker-sg-id"
     assert rule.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-main-sg-id"
     assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == (
@@ -75,12 +78,22 @@ def test_only_the_rpc_port_is_open_and_only_from_the_main_group(stack: str) -> N
         50052,
     )
     assert "cidrIpv4" not in rule.inputs and "cidrIpv6" not in rule.inputs
+    metrics = [r for r in ingress if r.inputs["fromPort"] == METRICS_PORT]
+    assert {r.inputs["securityGroupId"] for r in metrics} == {
+        "llama-rpc-cluster-main-sg-id",
+        "llama-rpc-cluster-worker-sg-id",
+    }
+    for r in metrics:
+        assert (r.inputs["toPort"], r.inputs["cidrIpv4"]) == (METRICS_PORT, vpc)
     for group in d.of_type("aws:ec2/securityGroup:SecurityGroup"):
         assert not group.inputs.get("ingress"), "no inline rules: every rule is its own resource"
     for egress in d.of_type(EGRESS):
         cidr = egress.inputs.get("cidrIpv4")
         if cidr == "0.0.0.0/0":
             assert egress.inputs["fromPort"] in (80, 443)
+        elif cidr == vpc:
+            assert egress.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
+            assert egress.inputs["fromPort"] == egress.inputs["toPort"] == METRICS_PORT
         else:
             assert egress.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-worker-sg-id"
             assert egress.inputs["fromPort"] == 50052
@@ -285,6 +298,7 @@ def test_api_cidrs_open_only_the_server_port() -> None:
         r
         for r in d.of_type(INGRESS)
         if r.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
+        and r.inputs["fromPort"] != METRICS_PORT
     ]
     assert [(r.inputs["cidrIpv4"], r.inputs["fromPort"], r.inputs["toPort"]) for r in api] == [
         ("192.168.10.0/24", 8080, 8080)
@@ -471,3 +485,167 @@ def test_a_model_host_on_another_port_is_reachable_from_the_main_node_only() -> 
     extra = [r for r in d.of_type(EGRESS) if r.inputs["fromPort"] == 8443]
     assert [r.inputs["securityGroupId"] for r in extra] == ["llama-rpc-cluster-main-sg-id"]
     assert not [r for r in deployed("aws-small").of_type(EGRESS) if r.inputs["fromPort"] == 8443]
+
+
+# Replicas: serving groups behind an internal Network Load Balancer.
+REPLICAS = {f"{P}replicas": 2}
+LB = "aws:lb/loadBalancer:LoadBalancer"
+TARGET_GROUP = "aws:lb/targetGroup:TargetGroup"
+ATTACHMENT = "aws:lb/targetGroupAttachment:TargetGroupAttachment"
+LISTENER = "aws:lb/listener:Listener"
+
+
+def _replicas(overrides: dict | None = None):
+    return deploy("aws-small", {**REPLICAS, **(overrides or {})})
+
+
+def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
+    d = deployed("aws-small")
+    assert not d.of_type(LB) and not d.of_type(TARGET_GROUP) and not d.of_type(LISTENER)
+    assert d.outputs[outputs.REPLICAS] == 1
+    assert d.outputs[outputs.BALANCER_URL] is None
+    [group] = d.outputs[outputs.GROUPS]
+    assert {k: group[k] for k in outputs.GROUP_KEYS} == {
+        k: d.outputs[k] for k in outputs.GROUP_KEYS
+    }
+    names = {r.name for r in d.resources}
+    assert {
+        "llama-rpc-cluster-main",
+        "llama-rpc-cluster-main-sg",
+        "llama-rpc-cluster-worker-sg",
+        "llama-rpc-cluster-placement",
+        "llama-rpc-cluster-worker-rpc-from-main",
+    } <= names
+    assert not any("replica" in name for name in names)
+
+
+def test_replicas_are_groups_at_their_own_addresses_each_with_its_placement() -> None:
+    d = _replicas()
+    config = parsed_config("aws-small", REPLICAS)
+    workers = config.worker_count
+    instances = {r.name: r.inputs for r in d.of_type(INSTANCE)}
+    assert len(instances) == 2 * (workers + 1)
+    for group, prefix in ((0, ""), (1, "replica2-")):
+        main_ip, *worker_ips = config.group_ips(group)
+        main = instances[f"llama-rpc-cluster-{prefix}main"]
+        assert main["privateIp"] == main_ip
+        assert main["placementGroup"] == f"llama-rpc-cluster-{prefix}placement"
+        assert main["vpcSecurityGroupIds"] == [f"llama-rpc-cluster-{prefix}main-sg-id"]
+        env = env_of(user_data_text(main))
+        assert env["RPC_WORKERS"] == ",".join(f"{ip}:50052" for ip in worker_ips)
+        # An NLB delivers to the target's own address: llama-server listens there.
+        assert "SERVER_LISTEN" not in env
+        for i, ip in enumerate(worker_ips, start=1):
+            worker = instances[f"llama-rpc-cluster-{prefix}worker-{i}"]
+            assert worker["privateIp"] == ip
+            assert worker["vpcSecurityGroupIds"] == [f"llama-rpc-cluster-{prefix}worker-sg-id"]
+            assert env_of(user_data_text(worker))["RPC_ALLOWED_SOURCES"] == f"{main_ip}/32"
+    assert config.group_ips(1)[0].endswith(".30")
+    assert len(d.of_type("aws:ec2/placementGroup:PlacementGroup")) == 2
+
+
+def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
+    d = _replicas()
+    rpc = [r for r in d.of_type(INGRESS) if r.inputs["fromPort"] == 50052]
+    assert {(r.inputs["securityGroupId"], r.inputs["referencedSecurityGroupId"]) for r in rpc} == {
+        ("llama-rpc-cluster-worker-sg-id", "llama-rpc-cluster-main-sg-id"),
+        ("llama-rpc-cluster-replica2-worker-sg-id", "llama-rpc-cluster-replica2-main-sg-id"),
+    }
+    assert all("cidrIpv4" not in r.inputs for r in rpc)
+
+
+def test_the_balancer_is_internal_at_its_address_and_checks_health() -> None:
+    d = _replicas()
+    config = parsed_config("aws-small", REPLICAS)
+    [lb] = d.of_type(LB)
+    assert lb.inputs["internal"] is True and lb.inputs["loadBalancerType"] == "network"
+    [mapping] = lb.inputs["subnetMappings"]
+    assert mapping == {
+        "subnetId": "llama-rpc-cluster-private-id",
+        "privateIpv4Address": config.balancer_ip,
+    }
+    assert config.balancer_ip.endswith(".5")
+    assert lb.inputs["securityGroups"] == ["llama-rpc-cluster-balancer-sg-id"]
+    [servers] = d.of_type(TARGET_GROUP)
+    check = servers.inputs["healthCheck"]
+    assert (check["protocol"], check["path"], check["matcher"]) == ("HTTP", "/health", "200")
+    assert servers.inputs["targetType"] == "ip" and servers.inputs["port"] == 8080
+    # The tunnel's client is a main node, which may also be the target (NLB hairpinning).
+    assert servers.inputs["preserveClientIp"] == "false"
+    targets = sorted(a.inputs["targetId"] for a in d.of_type(ATTACHMENT))
+    assert targets == sorted(config.main_ips)
+    [listener] = d.of_type(LISTENER)
+    assert (listener.inputs["protocol"], listener.inputs["port"]) == ("TCP", 8080)
+    assert d.outputs[outputs.BALANCER_URL] == f"http://{config.balancer_ip}:8080"
+    assert d.outputs[outputs.REPLICAS] == 2
+    groups = d.outputs[outputs.GROUPS]
+    assert [g[outputs.MAIN_PRIVATE_IP] for g in groups] == config.main_ips
+    assert groups[1][outputs.LLAMA_SERVER_URL] == f"http://{config.main_ips[1]}:8080"
+    assert groups[1][outputs.MAIN_INSTANCE_ID] == "llama-rpc-cluster-replica2-main-id"
+    assert d.outputs[outputs.MAIN_PRIVATE_IP] == config.main_ips[0]
+
+
+def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:
+    d = _replicas({f"{P}apiAllowedCidrs": ["192.168.10.0/24"]})
+    balancer_sg = "llama-rpc-cluster-balancer-sg-id"
+    into = [r for r in d.of_type(INGRESS) if r.inputs["securityGroupId"] == balancer_sg]
+    assert {r.inputs.get("referencedSecurityGroupId") or r.inputs["cidrIpv4"] for r in into} == {
+        "llama-rpc-cluster-main-sg-id",
+        "llama-rpc-cluster-replica2-main-sg-id",
+        "192.168.10.0/24",
+    }
+    assert all(r.inputs["fromPort"] == r.inputs["toPort"] == 8080 for r in into)
+    out = [r for r in d.of_type(EGRESS) if r.inputs["securityGroupId"] == balancer_sg]
+    assert {r.inputs["referencedSecurityGroupId"] for r in out} == {
+        "llama-rpc-cluster-main-sg-id",
+        "llama-rpc-cluster-replica2-main-sg-id",
+    }
+    # Each main node admits the balancer on the API port, and nothing else new.
+    for prefix in ("", "replica2-"):
+        from_balancer = [
+            r
+            for r in d.of_type(INGRESS)
+            if r.inputs["securityGroupId"] == f"llama-rpc-cluster-{prefix}main-sg-id"
+            and r.inputs.get("referencedSecurityGroupId") == balancer_sg
+        ]
+        assert [(r.inputs["fromPort"], r.inputs["toPort"]) for r in from_balancer] == [(8080, 8080)]
+    # Nothing anywhere opens the RPC or metrics port to a range wider than the VPC.
+    vpc = str(parsed_config("aws-small", REPLICAS).vpc_cidr)
+    for r in d.of_type(INGRESS):
+        if r.inputs["fromPort"] in (50052, METRICS_PORT):
+            assert r.inputs.get("cidrIpv4") in (None, vpc)
+
+
+def test_connect_command_forwards_to_the_balancer_through_the_first_main() -> None:
+    d = _replicas()
+    config = parsed_config("aws-small", REPLICAS)
+    argv = shlex.split(d.outputs[outputs.CONNECT_COMMAND])
+    assert argv[argv.index("--target") + 1] == "llama-rpc-cluster-main-id"
+    parameters = json.loads(argv[argv.index("--parameters") + 1])
+    assert parameters["host"] == [config.balancer_ip]
+    assert parameters["portNumber"] == parameters["localPortNumber"] == ["8080"]
+    # The first main node may open the tunnel's connection to the balancer.
+    to_balancer = [
+        r
+        for r in d.of_type(EGRESS)
+        if r.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
+        and r.inputs.get("referencedSecurityGroupId") == "llama-rpc-cluster-balancer-sg-id"
+    ]
+    assert len(to_balancer) == 1
+
+
+def test_replicas_cost_every_group_and_the_balancer() -> None:
+    one = parsed_config("aws-small").hourly_cost
+    two = parsed_config("aws-small", REPLICAS).hourly_cost
+    assert one.balancer is None and two.balancer is not None and two.balancer > 0
+    assert two.instances == pytest.approx(2 * one.instances)
+    assert two.disks == pytest.approx(2 * one.disks)
+    assert two.nat == one.nat  # one NAT gateway for the whole network
+    assert two.total == pytest.approx(two.instances + two.nat + two.disks + two.balancer)
+    assert "balancer $" in two.basis
+
+
+@pytest.mark.parametrize("replicas", [0, 11, "two"])
+def test_replicas_out_of_range_are_refused(replicas) -> None:
+    text = refused("aws-small", {f"{P}replicas": replicas}, "replicas")
+    assert "replicas" in text

@@ -1,22 +1,29 @@
-"""The Azure (Cobalt 100) program under Pulumi mocks: NSG rules, NICs, image, disks, outputs."""
+"""The Azure (Cobalt 100) program under Pulumi mocks: NSG rules, NICs, image, disks, outputs,
+and replicas behind the internal Standard Load Balancer."""
 
 from __future__ import annotations
 
-import base64
+import functools
+import ipaddress
 import re
 import shlex
+from typing import Any
 
 import pytest
 
 from infra import outputs
 from infra.clouds import FACTS
 from infra.stack.providers.azure import DENY_PRIORITY, LOCKED_SSH_KEY
+from infra.types import METRICS_PORT
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     DISKS,
+    Deployment,
+    custom_data_text,
     deploy,
     deployed,
     env_of,
+    parsed_config,
     refused,
     stack_config,
     stack_names,
@@ -26,7 +33,12 @@ AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:c
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"
+BALANCER = "azure-native:network:LoadBalancer"
 UNTAGGABLE = {RULE, "azure-native:network:Subnet", "azure-native:resources:TagAtScope"}
+CLUSTER = "llama-rpc-cluster"
+REPLICA2 = f"{CLUSTER}-replica2"
+GROUP_ID = "llama-rpc-cluster-rg-id"  # as the mocks give it
+BALANCER_ID = f"{GROUP_ID}/providers/Microsoft.Network/loadBalancers/llama-rpc-cluster-balancer"
 
 
 def test_there_is_an_azure_preset() -> None:
@@ -37,7 +49,11 @@ def test_there_is_an_azure_preset() -> None:
 def test_nsg_admits_rpc_from_main_asg_only_and_denies_the_rest(stack: str) -> None:
     d = deployed(stack)
     rules = {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
-    assert set(rules) == {"allow-rpc-from-main", "deny-all-other-inbound"}
+    assert set(rules) == {
+        "allow-rpc-from-main",
+        "allow-metrics-from-cluster",
+        "deny-all-other-inbound",
+    }
     rpc = rules["allow-rpc-from-main"]
     assert (rpc["direction"], rpc["access"], rpc["protocol"]) == ("Inbound", "Allow", "Tcp")
     assert rpc["destinationPortRange"] == "50052"
@@ -74,6 +90,7 @@ def test_nics_are_accelerated_private_and_in_their_role_group(stack: str) -> Non
         assert ip["privateIPAddress"].startswith("10.42.0.")
         role = "main" if nic.name.endswith("-main-nic") else "worker"
         assert ip["applicationSecurityGroups"] == [{"id": f"llama-rpc-cluster-{role}-asg-id"}]
+        assert "loadBalancerBackendAddressPools" not in ip  # no balancer with one group
     assert not [r for r in d.of_type("azure-native:network:PublicIPAddress") if "nat" not in r.name]
 
 
@@ -101,14 +118,16 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
         custom = profile["customData"]
         assert len(custom) <= FACTS["azure"].user_data.limit_bytes
     main = d.named("llama-rpc-cluster-main").inputs["osProfile"]["customData"]
-    text = base64.b64decode(main).decode()  # fits uncompressed: about 30 KB of 65,535
+    # Six long model URLs put this stack's main node just over 49,151 plain bytes (65,535 in
+    # base64), so its customData is gzipped, which cloud-init unpacks on every datasource.
+    text = custom_data_text(main)
     env = env_of(text)
     assert env["LLAMA_NODE_IP"] == "10.42.0.10"
     assert env["RPC_WORKERS"] == "10.42.0.11:50052,10.42.0.12:50052"
     assert_valid_cloud_config(text, tmp_path)
     worker = d.named("llama-rpc-cluster-worker-1").inputs["osProfile"]["customData"]
     # A serving worker still reaches Azure's DNS and agent endpoint, outside the VNet.
-    assert env_of(base64.b64decode(worker).decode())["PLATFORM_ADDRESSES"] == "168.63.129.16"
+    assert env_of(custom_data_text(worker))["PLATFORM_ADDRESSES"] == "168.63.129.16"
 
 
 @pytest.mark.parametrize("stack", AZURE_STACKS)
@@ -252,3 +271,226 @@ def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
     for vm in d.of_type(VM):
         assert vm.inputs["securityProfile"]["encryptionAtHost"] is True
         assert vm.inputs["storageProfile"]["imageReference"]["version"] == "24.04.202510010"
+
+
+# --- replicas ------------------------------------------------------------------------------
+
+
+@functools.cache
+def replicated(**options: Any) -> Deployment:
+    """The preset with two serving groups behind the balancer (and options)."""
+    overrides = {f"llama-rpc-cluster:{k}": v for k, v in options.items()}
+    return deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2, **overrides})
+
+
+def rules_of(d: Deployment) -> dict[str, dict[str, Any]]:
+    return {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
+
+
+def network(prefix: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """An address range, or None for a service tag or "*"."""
+    try:
+        return ipaddress.ip_network(prefix)
+    except ValueError:
+        return None
+
+
+def asg(group: str, role: str) -> dict[str, str]:
+    return {"id": f"{group}-{role}-asg-id"}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_node_metrics_are_open_from_the_cluster_network_only(replicas: int) -> None:
+    d = replicated() if replicas == 2 else deployed("azure-cobalt")
+    vpc = str(parsed_config("azure-cobalt").vpc_cidr)
+    rules = rules_of(d)
+    for prefix, group, priority in (("", CLUSTER, 130), ("replica2-", REPLICA2, 330))[:replicas]:
+        metrics = rules[f"{prefix}allow-metrics-from-cluster"]
+        assert (metrics["access"], metrics["protocol"]) == ("Allow", "Tcp")
+        assert metrics["destinationPortRange"] == str(METRICS_PORT)
+        assert metrics["sourceAddressPrefix"] == vpc
+        assert metrics["destinationApplicationSecurityGroups"] == [
+            asg(group, "main"),
+            asg(group, "worker"),
+        ]
+        assert metrics["priority"] == priority
+
+
+@pytest.mark.parametrize("options", [{}, {"bastion": True, "apiAllowedCidrs": ("10.8.0.0/16",)}])
+def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(options: dict[str, Any]) -> None:
+    vpc = parsed_config("azure-cobalt").vpc_cidr
+    checked = 0
+    for rule in rules_of(replicated(**options)).values():
+        if rule["access"] != "Allow" or rule["destinationPortRange"] not in {"9100", "50052"}:
+            continue
+        checked += 1
+        prefixes = [rule.get("sourceAddressPrefix"), *rule.get("sourceAddressPrefixes", [])]
+        sources = [network(prefix) for prefix in prefixes if prefix]
+        assert all(source and source.subnet_of(vpc) for source in sources), rule
+        assert sources or rule["sourceApplicationSecurityGroups"], rule
+    assert checked == 4  # RPC and metrics, per group
+
+
+def test_replicas_are_groups_of_nodes_with_their_own_groups_and_placement() -> None:
+    d = replicated()
+    nics = {nic.name: nic.inputs["ipConfigurations"] for nic in d.of_type(NIC)}
+    addresses = {name: ip["privateIPAddress"] for name, [ip] in nics.items()}
+    assert addresses == {
+        f"{CLUSTER}-main-nic": "10.42.0.10",
+        f"{CLUSTER}-worker-1-nic": "10.42.0.11",
+        f"{CLUSTER}-worker-2-nic": "10.42.0.12",
+        f"{REPLICA2}-main-nic": "10.42.0.30",
+        f"{REPLICA2}-worker-1-nic": "10.42.0.31",
+        f"{REPLICA2}-worker-2-nic": "10.42.0.32",
+    }
+    for name, [ip] in nics.items():
+        group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
+        role = "main" if name.endswith("-main-nic") else "worker"
+        assert ip["applicationSecurityGroups"] == [asg(group, role)]
+    placements = {vm.name: vm.inputs["proximityPlacementGroup"]["id"] for vm in d.of_type(VM)}
+    for name, placement in placements.items():
+        group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
+        assert placement == f"{group}-ppg-id"
+    ppgs = d.of_type("azure-native:compute:ProximityPlacementGroup")
+    assert sorted(p.name for p in ppgs) == [f"{CLUSTER}-ppg", f"{REPLICA2}-ppg"]
+
+
+def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
+    rules = rules_of(replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)))
+    for prefix, group, priority in (("", CLUSTER, 100), ("replica2-", REPLICA2, 300)):
+        rpc = rules[f"{prefix}allow-rpc-from-main"]
+        assert rpc["destinationPortRange"] == "50052"
+        assert rpc["sourceApplicationSecurityGroups"] == [asg(group, "main")]
+        assert rpc["destinationApplicationSecurityGroups"] == [asg(group, "worker")]
+        assert rpc["priority"] == priority
+        assert "sourceAddressPrefix" not in rpc
+        for api in ("allow-api-from-allowed-cidrs", "allow-api-from-bastion"):
+            assert rules[prefix + api]["destinationApplicationSecurityGroups"] == [
+                asg(group, "main")
+            ]
+    # One NSG for the stack: every rule's priority is its own, and each comes before the deny.
+    priorities = [rule["priority"] for rule in rules.values()]
+    assert len(set(priorities)) == len(priorities)
+    assert max(p for p in priorities if p != DENY_PRIORITY) < DENY_PRIORITY
+
+
+def test_the_balancer_is_an_internal_standard_one_at_the_balancer_address() -> None:
+    d = replicated()
+    [balancer] = d.of_type(BALANCER)
+    lb = balancer.inputs
+    assert lb["sku"] == {"name": "Standard", "tier": "Regional"}
+    [frontend] = lb["frontendIPConfigurations"]
+    [subnet] = d.of_type("azure-native:network:Subnet")
+    assert frontend["privateIPAddress"] == "10.42.0.5"
+    assert frontend["privateIPAllocationMethod"] == "Static"
+    assert frontend["subnet"] == {"id": f"{subnet.name}-id"}
+    assert "publicIPAddress" not in frontend
+    [probe] = lb["probes"]
+    assert (probe["protocol"], probe["port"], probe["requestPath"]) == ("Http", 8080, "/health")
+    [rule] = lb["loadBalancingRules"]
+    assert (rule["protocol"], rule["frontendPort"], rule["backendPort"]) == ("Tcp", 8080, 8080)
+    assert rule["disableOutboundSnat"] is True
+    assert rule["frontendIPConfiguration"] == {
+        "id": f"{BALANCER_ID}/frontendIPConfigurations/{frontend['name']}"
+    }
+    assert rule["probe"] == {"id": f"{BALANCER_ID}/probes/{probe['name']}"}
+    [pool] = lb["backendAddressPools"]
+    assert rule["backendAddressPool"] == {"id": f"{BALANCER_ID}/backendAddressPools/{pool['name']}"}
+    assert lb["tags"]["stack"] == "azure-cobalt"
+
+
+def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
+    d = replicated()
+    [balancer] = d.of_type(BALANCER)
+    [rule] = balancer.inputs["loadBalancingRules"]
+    members = {
+        nic.name: ip["loadBalancerBackendAddressPools"]
+        for nic in d.of_type(NIC)
+        for ip in nic.inputs["ipConfigurations"]
+        if "loadBalancerBackendAddressPools" in ip
+    }
+    assert members == {
+        f"{CLUSTER}-main-nic": [rule["backendAddressPool"]],
+        f"{REPLICA2}-main-nic": [rule["backendAddressPool"]],
+    }
+
+
+def test_the_balancers_probes_are_admitted_only_with_replicas() -> None:
+    rules = rules_of(replicated())
+    for prefix, group, priority in (("", CLUSTER, 140), ("replica2-", REPLICA2, 340)):
+        probes = rules[f"{prefix}allow-probes-from-balancer"]
+        assert (probes["access"], probes["protocol"]) == ("Allow", "Tcp")
+        assert probes["sourceAddressPrefix"] == "AzureLoadBalancer"
+        assert probes["destinationApplicationSecurityGroups"] == [asg(group, "main")]
+        assert probes["destinationPortRange"] == "8080"
+        assert probes["priority"] == priority < DENY_PRIORITY
+    alone = rules_of(deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True}))
+    assert not any("probes" in name for name in alone)
+
+
+def test_replica_outputs_name_the_balancer_and_every_group() -> None:
+    out = replicated().outputs
+    assert out[outputs.REPLICAS] == 2
+    assert out[outputs.BALANCER_URL] == "http://10.42.0.5:8080"
+    groups = out[outputs.GROUPS]
+    assert [set(g) for g in groups] == [set(outputs.GROUP_KEYS)] * 2
+    first, second = groups
+    assert {k: out[k] for k in outputs.GROUP_KEYS} == first
+    assert second[outputs.MAIN_PRIVATE_IP] == "10.42.0.30"
+    assert second[outputs.WORKER_PRIVATE_IPS] == ["10.42.0.31", "10.42.0.32"]
+    assert second[outputs.LLAMA_SERVER_URL] == "http://10.42.0.30:8080"
+    assert second[outputs.MAIN_INSTANCE_ID] == f"{REPLICA2}-main"
+    assert second[outputs.WORKER_INSTANCE_IDS] == [f"{REPLICA2}-worker-1", f"{REPLICA2}-worker-2"]
+
+
+def test_connect_command_reaches_the_first_main_node_and_says_why() -> None:
+    """Run Command runs on a main node, a backend of the balancer, which cannot count on
+    reaching the balancer's frontend; Bastion's IP-based tunnels take no custom ports."""
+    command = replicated().outputs[outputs.CONNECT_COMMAND]
+    assert "az vm run-command invoke" in command
+    assert f"--name {CLUSTER}-main " in command
+    assert "curl -s http://10.42.0.10:8080/v1/models" in command
+    tunnel = shlex.split(replicated(bastion=True).outputs[outputs.CONNECT_COMMAND])
+    assert tunnel[tunnel.index("--target-resource-id") + 1] == f"{CLUSTER}-main-id"
+    assert "--target-ip-address" not in tunnel
+    [bastion] = replicated(bastion=True).of_type("azure-native:network:BastionHost")
+    assert not bastion.inputs.get("enableIpConnect")
+    for d in (replicated(), replicated(bastion=True)):
+        [line] = [line for line in d.outputs["limitations"] if line.startswith("balancer:")]
+        assert "first group's main node" in line and "balancerUrl" in line
+    assert not any(
+        line.startswith("balancer:") for line in deployed("azure-cobalt").outputs["limitations"]
+    )
+
+
+def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
+    """A stack without replicas sees nothing replaced: the first group's resources keep the
+    names (and NSG priorities) they had before there were groups."""
+    d = deploy(
+        "azure-cobalt",
+        {"llama-rpc-cluster:bastion": True, "llama-rpc-cluster:apiAllowedCidrs": ("10.8.0.0/16",)},
+    )
+    assert not d.of_type(BALANCER)
+    assert d.outputs[outputs.REPLICAS] == 1
+    assert d.outputs[outputs.BALANCER_URL] is None
+    assert {r.inputs["securityRuleName"]: r.inputs["priority"] for r in d.of_type(RULE)} == {
+        "allow-rpc-from-main": 100,
+        "allow-api-from-allowed-cidrs": 110,
+        "allow-api-from-bastion": 120,
+        "allow-metrics-from-cluster": 130,
+        "deny-all-other-inbound": DENY_PRIORITY,
+    }
+    names = {r.name for r in d.resources}
+    assert {
+        f"{CLUSTER}-main-asg",
+        f"{CLUSTER}-worker-asg",
+        f"{CLUSTER}-ppg",
+        f"{CLUSTER}-allow-rpc-from-main",
+        f"{CLUSTER}-deny-all-other-inbound",
+        f"{CLUSTER}-main-nic",
+        f"{CLUSTER}-main",
+    } <= names
+    # ... and the first group of a replicated stack is that same group.
+    assert names <= {
+        r.name for r in replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)).resources
+    }

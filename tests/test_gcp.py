@@ -1,20 +1,29 @@
-"""The GCP (Axion C4A) program under Pulumi mocks: firewall, disks, NICs, image, zone, outputs."""
+"""The GCP (Axion C4A) program under Pulumi mocks: firewall, disks, NICs, image, zone, outputs,
+and replicas behind the internal passthrough Network Load Balancer."""
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import re
 import shlex
 
+import pulumi_gcp as gcp
 import pytest
 
 from infra import outputs
 from infra.clouds.gcp import IAP_RANGE, label_problem, service_account_id
+from infra.stack.providers.gcp import HEALTH_CHECK_RANGES
+from infra.types import METRICS_PORT
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
+    GCP_SELF_LINKS,
+    Deployment,
     RecordingMocks,
     deploy,
     deployed,
     env_of,
+    parsed_config,
     refused,
     stack_config,
     stack_names,
@@ -23,6 +32,14 @@ from tests.pulumi_mocks import (
 GCP_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "gcp"]
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
+INSTANCE_GROUP = "gcp:compute/instanceGroup:InstanceGroup"
+MEMBERSHIP = "gcp:compute/instanceGroupMembership:InstanceGroupMembership"
+HEALTH_CHECK = "gcp:compute/regionHealthCheck:RegionHealthCheck"
+BACKEND_SERVICE = "gcp:compute/regionBackendService:RegionBackendService"
+FORWARDING_RULE = "gcp:compute/forwardingRule:ForwardingRule"
+BALANCER_TYPES = {INSTANCE_GROUP, MEMBERSHIP, HEALTH_CHECK, BACKEND_SERVICE, FORWARDING_RULE}
+CLUSTER = "llama-rpc-cluster"
+REPLICA2 = f"{CLUSTER}-replica2"
 # GCP resources that take labels; the network pieces and firewall rules take none.
 LABELLED = {INSTANCE}
 
@@ -38,6 +55,7 @@ def test_firewall_opens_rpc_only_from_the_main_tag(stack: str) -> None:
     assert set(rules) == {
         "llama-rpc-cluster-worker-rpc-from-main",
         "llama-rpc-cluster-main-api-from-iap",
+        "llama-rpc-cluster-metrics-from-cluster",
     }
     rpc = rules["llama-rpc-cluster-worker-rpc-from-main"]
     assert rpc["direction"] == "INGRESS"
@@ -232,3 +250,197 @@ def test_a_staged_s3_model_is_refused_where_nodes_cannot_read_s3() -> None:
     short = {**model, "urls": ["s3://b/m.gguf"]}
     says = refused("gcp-c4a", {"llama-rpc-cluster:model": short}, "model.urls")
     assert "is not s3://BUCKET/KEY with a bucket name S3 allows" in says
+
+
+# --- replicas ------------------------------------------------------------------------------
+
+
+@functools.cache
+def replicated(stack: str = "gcp-c4a") -> Deployment:
+    """A preset with two serving groups behind the balancer."""
+    return deploy(stack, {"llama-rpc-cluster:replicas": 2})
+
+
+def allowed_ports(rule: dict) -> set[int]:
+    return {int(port) for allow in rule["allows"] for port in allow["ports"]}
+
+
+@pytest.mark.parametrize("stack", GCP_STACKS)
+def test_node_metrics_are_open_from_the_cluster_network_only(stack: str) -> None:
+    vpc = str(parsed_config(stack).vpc_cidr)
+    for d, groups in ((deployed(stack), [CLUSTER]), (replicated(stack), [CLUSTER, REPLICA2])):
+        rules = {r.name: r.inputs for r in d.of_type(FIREWALL)}
+        for group in groups:
+            metrics = rules[f"{group}-metrics-from-cluster"]
+            assert metrics["direction"] == "INGRESS"
+            assert metrics["allows"] == [{"protocol": "tcp", "ports": [str(METRICS_PORT)]}]
+            assert metrics["sourceRanges"] == [vpc]
+            assert metrics["targetTags"] == [f"{group}-main", f"{group}-worker"]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(replicas: int) -> None:
+    d = replicated() if replicas == 2 else deployed("gcp-c4a")
+    vpc = parsed_config("gcp-c4a").vpc_cidr
+    checked = 0
+    for rule in d.of_type(FIREWALL):
+        ports = allowed_ports(rule.inputs)
+        if ports & {METRICS_PORT, 50052}:
+            checked += 1
+            sources = [ipaddress.ip_network(s) for s in rule.inputs.get("sourceRanges", [])]
+            assert all(source.subnet_of(vpc) for source in sources), rule.name
+            assert sources or rule.inputs["sourceTags"], rule.name
+            assert ports <= {METRICS_PORT, 50052}, rule.name
+    assert checked == 2 * replicas  # RPC and metrics, per group
+
+
+def test_replicas_are_groups_of_nodes_at_their_layout_addresses() -> None:
+    d = replicated()
+    instances = {r.name: r.inputs for r in d.of_type(INSTANCE)}
+    expected = {
+        f"{CLUSTER}-main": "10.42.0.10",
+        f"{CLUSTER}-worker-1": "10.42.0.11",
+        f"{CLUSTER}-worker-2": "10.42.0.12",
+        f"{REPLICA2}-main": "10.42.0.30",
+        f"{REPLICA2}-worker-1": "10.42.0.31",
+        f"{REPLICA2}-worker-2": "10.42.0.32",
+    }
+    assert {name: i["networkInterfaces"][0]["networkIp"] for name, i in instances.items()} == (
+        expected
+    )
+    for name, inputs in instances.items():
+        group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
+        role = "main" if name.endswith("-main") else "worker"
+        assert inputs["tags"] == [f"{group}-{role}"]
+        assert inputs["zone"] == "us-central1-a"  # one zone: the balancer's instance group's
+    main = env_of(instances[f"{REPLICA2}-main"]["metadata"]["user-data"])
+    assert main["RPC_WORKERS"] == "10.42.0.31:50052,10.42.0.32:50052"
+    worker = env_of(instances[f"{REPLICA2}-worker-1"]["metadata"]["user-data"])
+    assert worker["RPC_ALLOWED_SOURCES"] == "10.42.0.30/32"
+    # The passthrough balancer delivers packets addressed to itself: llama-server listens on
+    # every address behind it, and on its own address without it.
+    for name in (f"{CLUSTER}-main", f"{REPLICA2}-main"):
+        assert env_of(instances[name]["metadata"]["user-data"])["SERVER_LISTEN"] == "0.0.0.0"
+    one = {r.name: r.inputs for r in deployed("gcp-c4a").of_type(INSTANCE)}
+    assert "SERVER_LISTEN" not in env_of(one[f"{CLUSTER}-main"]["metadata"]["user-data"])
+
+
+def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
+    rules = {r.name: r.inputs for r in replicated().of_type(FIREWALL)}
+    rpc = {name: rule for name, rule in rules.items() if 50052 in allowed_ports(rule)}
+    assert set(rpc) == {f"{CLUSTER}-worker-rpc-from-main", f"{REPLICA2}-worker-rpc-from-main"}
+    for group in (CLUSTER, REPLICA2):
+        rule = rpc[f"{group}-worker-rpc-from-main"]
+        assert rule["sourceTags"] == [f"{group}-main"]
+        assert rule["targetTags"] == [f"{group}-worker"]
+        assert "sourceRanges" not in rule
+    # No rule lets the first group's main node reach the second group's workers, or back.
+    for rule in rpc.values():
+        assert rule["sourceTags"][0].removesuffix("-main") == (
+            rule["targetTags"][0].removesuffix("-worker")
+        )
+
+
+def test_the_balancer_is_an_internal_passthrough_one_at_the_balancer_address() -> None:
+    d = replicated()
+    [health] = d.of_type(HEALTH_CHECK)
+    assert health.inputs["httpHealthCheck"] == {"port": 8080, "requestPath": "/health"}
+    assert health.inputs["region"] == "us-central1"
+    [servers] = d.of_type(BACKEND_SERVICE)
+    assert servers.inputs["loadBalancingScheme"] == "INTERNAL"
+    assert servers.inputs["protocol"] == "TCP"
+    assert servers.inputs["healthChecks"] == f"{health.name}-id"
+    [group] = d.of_type(INSTANCE_GROUP)
+    assert group.inputs["zone"] == "us-central1-a"
+    assert servers.inputs["backends"] == [
+        {"group": f"{GCP_SELF_LINKS}/{group.name}", "balancingMode": "CONNECTION"}
+    ]
+    [rule] = d.of_type(FORWARDING_RULE)
+    assert rule.inputs["ipAddress"] == "10.42.0.5"
+    assert rule.inputs["ports"] == ["8080"]
+    assert (rule.inputs["loadBalancingScheme"], rule.inputs["ipProtocol"]) == ("INTERNAL", "TCP")
+    assert rule.inputs["allowGlobalAccess"] is False
+    assert rule.inputs["backendService"] == f"{servers.name}-id"
+    [subnet] = d.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert rule.inputs["subnetwork"] == f"{subnet.name}-id"
+    assert rule.inputs["labels"]["stack"] == "gcp-c4a"
+
+
+def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
+    d = replicated()
+    [group] = d.of_type(INSTANCE_GROUP)
+    members = d.of_type(MEMBERSHIP)
+    assert sorted(m.inputs["instance"] for m in members) == [
+        f"{GCP_SELF_LINKS}/{CLUSTER}-main",
+        f"{GCP_SELF_LINKS}/{REPLICA2}-main",
+    ]
+    for member in members:
+        assert member.inputs["instanceGroup"] == group.name
+        # A replaced main node joins again: the membership goes (first) and comes with it.
+        options = d.options[member.name]
+        assert options.delete_before_replace is True
+        [vm] = options.replace_with or []
+        assert isinstance(vm, gcp.compute.Instance)
+        assert member.inputs["instance"] == f"{GCP_SELF_LINKS}/{vm.pulumi_resource_name}"
+
+
+def test_health_checks_reach_the_main_nodes_api_only_with_replicas() -> None:
+    rules = {r.name: r.inputs for r in replicated().of_type(FIREWALL)}
+    health = rules[f"{CLUSTER}-main-api-from-health-checks"]
+    assert health["sourceRanges"] == list(HEALTH_CHECK_RANGES)
+    assert health["allows"] == [{"protocol": "tcp", "ports": ["8080"]}]
+    assert health["targetTags"] == [f"{CLUSTER}-main", f"{REPLICA2}-main"]
+    # Each group's main node keeps its own API rule (IAP): the balancer keeps client addresses.
+    for group in (CLUSTER, REPLICA2):
+        assert rules[f"{group}-main-api-from-iap"]["sourceRanges"] == [IAP_RANGE]
+        assert rules[f"{group}-main-api-from-iap"]["targetTags"] == [f"{group}-main"]
+    alone = {r.name for r in deployed("gcp-c4a").of_type(FIREWALL)}
+    assert not any("health-checks" in name for name in alone)
+
+
+def test_replica_outputs_name_the_balancer_and_every_group() -> None:
+    out = replicated().outputs
+    assert out[outputs.REPLICAS] == 2
+    assert out[outputs.BALANCER_URL] == "http://10.42.0.5:8080"
+    groups = out[outputs.GROUPS]
+    assert [set(g) for g in groups] == [set(outputs.GROUP_KEYS)] * 2
+    first, second = groups
+    assert {k: out[k] for k in outputs.GROUP_KEYS} == first
+    assert second[outputs.MAIN_PRIVATE_IP] == "10.42.0.30"
+    assert second[outputs.WORKER_PRIVATE_IPS] == ["10.42.0.31", "10.42.0.32"]
+    assert second[outputs.RPC_SERVERS] == "10.42.0.31:50052,10.42.0.32:50052"
+    assert second[outputs.LLAMA_SERVER_URL] == "http://10.42.0.30:8080"
+    assert second[outputs.MAIN_INSTANCE_ID] == f"{REPLICA2}-main"
+    assert second[outputs.WORKER_INSTANCE_IDS] == [f"{REPLICA2}-worker-1", f"{REPLICA2}-worker-2"]
+
+
+def test_connect_command_tunnels_to_the_first_main_node_and_says_why() -> None:
+    """IAP TCP forwarding does not support load-balanced targets, and a main node reaches the
+    balancer's address as itself: the tunnel stays on the first group's main node."""
+    replicas, alone = replicated().outputs, deployed("gcp-c4a").outputs
+    assert replicas[outputs.CONNECT_COMMAND] == alone[outputs.CONNECT_COMMAND]
+    assert shlex.split(replicas[outputs.CONNECT_COMMAND])[3] == f"{CLUSTER}-main"
+    [balancer] = [line for line in replicas["limitations"] if line.startswith("balancer:")]
+    assert "first group's main node" in balancer and "balancerUrl" in balancer
+    assert not any(line.startswith("balancer:") for line in alone["limitations"])
+
+
+def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
+    """A stack without replicas sees nothing replaced: the first group's resources keep the
+    names they had before there were groups."""
+    d = deployed("gcp-c4a")
+    assert not [r.name for r in d.resources if r.typ in BALANCER_TYPES]
+    assert d.outputs[outputs.REPLICAS] == 1
+    assert d.outputs[outputs.BALANCER_URL] is None
+    assert [set(g) for g in d.outputs[outputs.GROUPS]] == [set(outputs.GROUP_KEYS)]
+    assert {r.name for r in d.of_type(INSTANCE)} == {
+        f"{CLUSTER}-main",
+        f"{CLUSTER}-worker-1",
+        f"{CLUSTER}-worker-2",
+    }
+    rules = {r.name: r.inputs for r in d.of_type(FIREWALL)}
+    assert rules[f"{CLUSTER}-worker-rpc-from-main"]["sourceTags"] == [f"{CLUSTER}-main"]
+    assert rules[f"{CLUSTER}-main-api-from-iap"]["targetTags"] == [f"{CLUSTER}-main"]
+    # ... and the first group of a replicated stack is that same group.
+    replicated_names = {r.name for r in replicated().resources}
+    assert {r.name for r in d.resources} <= replicated_names

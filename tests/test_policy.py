@@ -569,6 +569,43 @@ def test_azure_public_addresses_are_reported() -> None:
     only(messages(stack, found), "no-public-node-addresses", vm, "publicIPAddressConfiguration")
 
 
+# --- 7. internal load balancers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_replicas_behind_a_balancer_pass_every_policy(cloud: str) -> None:
+    stack = preset(cloud)
+    deployment = deploy(stack, {f"{PROJECT}:replicas": 2})
+    found = resources(stack, deployment)
+    result = violations(stack, found)
+    problems = [f"{policy}: {v.message}" for policy, found_ in result.items() for v in found_]
+    assert not problems, "\n".join(problems)
+    # ... and not because nothing applied: the balancer is among the resources checked.
+    balancers = {rules.AWS_LOAD_BALANCER, rules.GCP_FORWARDING_RULE, rules.AZURE_LOAD_BALANCER}
+    assert any(rules.canonical_type(r.type) in balancers for r in found)
+
+
+def test_public_balancers_are_reported() -> None:
+    stack = preset("aws")
+    for props in ({"internal": False}, {}):
+        found = added(stack, resources(stack), rules.AWS_LOAD_BALANCER, "lb", props)
+        only(messages(stack, found), "internal-load-balancers", "lb", "internal=True")
+    assert not rules.internal_balancers(rules.AWS_LOAD_BALANCER, {"internal": True}, "lb")
+    stack = preset("gcp")
+    for props in ({"loadBalancingScheme": "EXTERNAL"}, {}):
+        found = added(stack, resources(stack), rules.GCP_FORWARDING_RULE, "rule", props)
+        only(messages(stack, found), "internal-load-balancers", "rule", '"INTERNAL"')
+    internal = {"loadBalancingScheme": "INTERNAL"}
+    assert not rules.internal_balancers(rules.GCP_FORWARDING_RULE, internal, "rule")
+    stack = preset("azure")
+    frontend = {"name": "f", "publicIPAddress": {"id": "/subscriptions/s/publicIPAddresses/x"}}
+    props = {"frontendIPConfigurations": [frontend]}
+    found = added(stack, resources(stack), rules.AZURE_LOAD_BALANCER, "alb", props)
+    only(messages(stack, found), "internal-load-balancers", "alb", "private address")
+    private = {"frontendIPConfigurations": [{"name": "f", "privateIPAddress": "10.42.0.5"}]}
+    assert not rules.internal_balancers(rules.AZURE_LOAD_BALANCER, private, "alb")
+
+
 # --- 4. IMDSv2 --------------------------------------------------------------------------------
 
 

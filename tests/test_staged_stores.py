@@ -4,7 +4,6 @@ remote fetch-model.sh sets up for each store (run in bash, no network)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import subprocess
@@ -21,6 +20,7 @@ from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
 from tests.pulumi_mocks import (
     RecordingMocks,
+    custom_data_text,
     deploy,
     deployed,
     env_of,
@@ -281,7 +281,7 @@ def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_
         assert BLOB_DATA_READER == "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
         assert assignment.inputs["principalId"] == PRINCIPAL
         assert assignment.inputs["principalType"] == "ServicePrincipal"
-    env = env_of(base64.b64decode(main["osProfile"]["customData"]).decode())
+    env = env_of(custom_data_text(main["osProfile"]["customData"]))
     assert env["MODEL_URLS"] == " ".join(urls)
     assert "MODEL_STORE_ENDPOINT" not in env
 
@@ -323,7 +323,7 @@ def test_an_https_model_gets_none_of_it(
     text = (
         main["metadata"]["user-data"]
         if cloud == "gcp"
-        else base64.b64decode(main["osProfile"]["customData"]).decode()
+        else custom_data_text(main["osProfile"]["customData"])
     )
     assert "rclone" not in yaml.safe_load(text)["packages"]
     assert "MODEL_STORE_REGION" not in env_of(text)

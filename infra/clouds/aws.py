@@ -81,6 +81,7 @@ FACTS = CloudFacts(
     user_data=UserDataChannel("user_data", 16 * 1024, gzip_field="user_data_base64"),
     disk=DiskModel("gp3", included_mibps=125, included_iops=3000, iops_per_mibps=4),
     nat=NatModel("NAT gateway"),
+    balancer_name="internal Network Load Balancer",
     metadata_hosts=frozenset({"instance-data", "instance-data.ec2.internal"}),
     metadata_addresses=frozenset({"fd00:ec2::254", "fd00:ec2::23"}),
     chart_colour="#ff9900",

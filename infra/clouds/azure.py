@@ -79,6 +79,7 @@ FACTS = CloudFacts(
         ),
     ),
     nat=NatModel("NAT gateway"),
+    balancer_name="internal Standard Load Balancer",
     # 168.63.129.16: the platform's wire server (DNS, health probes, the VM agent).
     metadata_hosts=frozenset({"metadata.azure.com"}),
     metadata_addresses=frozenset({"168.63.129.16"}),

@@ -144,6 +144,12 @@ class CloudFacts:
     # The URL scheme of the object store its nodes read a staged model from, with their own
     # identity over the private path; None: https model URLs only.
     model_store_scheme: str | None = None
+    # The private load balancer in front of the serving groups (replicas > 1).
+    balancer_name: str = "load balancer"
+    # It delivers packets still addressed to its own IP (a passthrough balancer; the guest
+    # agent routes that IP locally), so llama-server must listen on every address, not the
+    # node's own.
+    balancer_keeps_destination: bool = False
 
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""

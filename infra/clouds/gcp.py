@@ -80,6 +80,10 @@ FACTS = CloudFacts(
     disk=DiskModel("Hyperdisk Balanced", included_mibps=140),
     # https://cloud.google.com/nat/pricing: per VM behind the gateway, flat above 32 VMs.
     nat=NatModel("Cloud NAT", per_vm_cap=32),
+    balancer_name="internal passthrough Network Load Balancer",
+    # https://cloud.google.com/load-balancing/docs/internal: the guest agent installs a
+    # local route for the forwarding rule's IP, and packets arrive addressed to it.
+    balancer_keeps_destination=True,
     metadata_hosts=frozenset({"metadata", "metadata.google.internal"}),
     metadata_addresses=frozenset(),
     chart_colour="#4285f4",
@@ -93,7 +97,8 @@ FACTS = CloudFacts(
     },
     limitations={
         "placement": "C4A has no compact placement policy; all nodes share one zone instead",
-        "labels": "networks, subnets, routers, NAT and firewall rules take no labels; "
-        "their names carry the project instead",
+        "labels": "networks, subnets, routers, NAT, firewall rules, and the balancer's "
+        "instance group, health check and backend service take no labels; their names carry "
+        "the project instead",
     },
 )

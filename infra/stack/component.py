@@ -1,7 +1,10 @@
-"""``LlamaRpcCluster``: the private network, the RPC firewall, the workers and the main node.
+"""``LlamaRpcCluster``: the private network, and in it one or more serving groups (a main node
+and its workers, each group with its own RPC firewall and placement), behind a private load
+balancer when there is more than one.
 
-Workers get fixed private addresses (.11, .12, …) and the main node .10, so the main node's boot
-data can list the workers before they exist and every node is created at once.
+Every node gets a fixed private address (``infra.layout``): a group's main node .10 (.30, .50,
+… for the next groups) and its workers after it, so a main node's boot data can list its
+workers before they exist and every node is created at once.
 """
 
 from __future__ import annotations
@@ -11,16 +14,21 @@ from typing import Any
 
 import pulumi
 
-from infra import outputs
+from infra import layout, outputs
 from infra.stack.config import ClusterConfig
 from infra.stack.nodes import NodePlan
 from infra.stack.providers import get_backend
-from infra.stack.providers.base import NodeSpec
+from infra.stack.providers.base import GroupSpec, Node, NodeSpec
 
 
 @dataclass(frozen=True)
 class LlamaRpcClusterArgs:
     config: ClusterConfig
+
+
+def group_name(cluster: str, index: int) -> str:
+    """The name a serving group's resources start with (``infra.layout.group_prefix``)."""
+    return f"{cluster}-{layout.group_prefix(index)}".rstrip("-")
 
 
 class LlamaRpcCluster(pulumi.ComponentResource):
@@ -31,8 +39,6 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         config = args.config
         backend = get_backend(config.cloud)
         network = backend.network(name, config, self)
-        firewall = backend.firewall(name, config, network, self)
-        main_plan, *worker_plans = config.nodes
 
         def spec(plan: NodePlan) -> NodeSpec:
             main = plan.role == "main"
@@ -47,26 +53,55 @@ class LlamaRpcCluster(pulumi.ComponentResource):
                 user_data=plan.user_data,
             )
 
-        workers = [
-            backend.node(spec(plan), config, network, firewall, self) for plan in worker_plans
-        ]
-        main = backend.node(spec(main_plan), config, network, firewall, self)
+        groups, mains, workers = [], [], []
+        for index, (main_plan, *worker_plans) in enumerate(config.groups()):
+            group = backend.group(
+                GroupSpec(
+                    index=index,
+                    name=group_name(name, index),
+                    main_ip=main_plan.boot.node_ip,
+                    worker_ips=tuple(plan.boot.node_ip for plan in worker_plans),
+                ),
+                config,
+                network,
+                self,
+            )
+            groups.append(group)
+            workers.append(
+                [backend.node(spec(plan), config, network, group, self) for plan in worker_plans]
+            )
+            mains.append(backend.node(spec(main_plan), config, network, group, self))
+        if config.replicas > 1:
+            backend.balancer(name, config, network, groups=groups, mains=mains, parent=self)
 
+        def group_outputs(main_plan: NodePlan, main: Node, nodes: list[Node]) -> dict[str, Any]:
+            return {
+                outputs.MAIN_PRIVATE_IP: main.private_ip,
+                outputs.WORKER_PRIVATE_IPS: pulumi.Output.all(*(n.private_ip for n in nodes)),
+                outputs.RPC_SERVERS: main_plan.boot.rpc_servers,
+                outputs.LLAMA_SERVER_URL: f"http://{main_plan.boot.node_ip}:{config.server_port}",
+                outputs.MAIN_INSTANCE_ID: main.instance_id,
+                outputs.WORKER_INSTANCE_IDS: pulumi.Output.all(*(n.instance_id for n in nodes)),
+            }
+
+        per_group = [
+            group_outputs(plans[0], main, nodes)
+            for plans, main, nodes in zip(config.groups(), mains, workers, strict=True)
+        ]
         cost = config.hourly_cost
+        balancer = config.balancer_ip
         self.outputs: dict[str, Any] = {
             outputs.CLOUD: config.cloud,
             outputs.REGION: config.region,
             outputs.INSTANCE_TYPE: config.instance_type.name,
             outputs.WORKER_COUNT: config.worker_count,
-            outputs.MAIN_PRIVATE_IP: main.private_ip,
-            outputs.WORKER_PRIVATE_IPS: pulumi.Output.all(*(w.private_ip for w in workers)),
-            outputs.RPC_SERVERS: main_plan.boot.rpc_servers,
-            outputs.LLAMA_SERVER_URL: f"http://{config.main_ip}:{config.server_port}",
-            outputs.MAIN_INSTANCE_ID: main.instance_id,
-            outputs.WORKER_INSTANCE_IDS: pulumi.Output.all(*(w.instance_id for w in workers)),
-            outputs.CONNECT_COMMAND: backend.connect_command(config, network, main),
+            **per_group[0],
+            outputs.CONNECT_COMMAND: backend.connect_command(config, network, mains[0]),
             outputs.HOURLY_COST_USD: cost.total,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
+            outputs.REPLICAS: config.replicas,
+            outputs.BALANCER_URL: balancer and f"http://{balancer}:{config.server_port}",
+            outputs.GROUPS: per_group,
         }
         self.details: dict[str, Any] = {
             "hourlyCostBasis": cost.basis,

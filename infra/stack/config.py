@@ -21,6 +21,7 @@ from infra.clouds import FACTS, CloudFacts
 from infra.models import Model, ModelError
 from infra.placement import Placement
 from infra.stack import nodes
+from infra.stack.nodes import NodePlan
 from infra.stack.settings import BY_KEY, MODEL_KEYS, PROJECT, ConfigError, decode
 from infra.types import MAX_WORKERS, Cloud
 
@@ -77,23 +78,24 @@ class ClusterConfig:
     encryption_at_host: bool = False  # Azure
     # Azure: the resource group of the storage account that az:// model URLs name.
     model_store_resource_group: str | None = None
-    # Every node with its rendered user data, main first (set by from_settings).
+    # Serving groups behind a private balancer (one: no balancer).
+    replicas: int = 1
+    # Every node with its rendered user data, group by group, each group's main first (set by
+    # from_settings).
     nodes: tuple[nodes.NodePlan, ...] = ()
 
     @property
     def hourly_cost(self) -> costs.HourlyCost:
         """Instances, NAT and disks, priced from the catalog as the planner prices them."""
-        return costs.hourly_cost(
-            self.cloud,
-            costs.cluster_nodes(
-                self.main_instance_type,
-                self.instance_type,
-                self.worker_count,
-                main_disk_gb=self.main_disk_gb,
-                worker_disk_gb=self.worker_disk_gb,
-                main_disk_throughput_mibps=self.disk_throughput_mibps,
-            ),
+        group = costs.cluster_nodes(
+            self.main_instance_type,
+            self.instance_type,
+            self.worker_count,
+            main_disk_gb=self.main_disk_gb,
+            worker_disk_gb=self.worker_disk_gb,
+            main_disk_throughput_mibps=self.disk_throughput_mibps,
         )
+        return costs.hourly_cost(self.cloud, group * self.replicas, balancer=self.replicas > 1)
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:
@@ -103,13 +105,32 @@ class ClusterConfig:
     def public_subnet(self) -> ipaddress.IPv4Network:
         return layout.public_subnet(self.vpc_cidr)
 
+    def group_ips(self, group: int) -> list[str]:
+        """A serving group's main node address, then its workers'."""
+        return layout.node_ips(self.private_subnet, self.worker_count, group)
+
     @property
     def main_ip(self) -> str:
-        return layout.node_ips(self.private_subnet, self.worker_count)[0]
+        """The first serving group's main node."""
+        return self.group_ips(0)[0]
 
     @property
     def worker_ips(self) -> list[str]:
-        return layout.node_ips(self.private_subnet, self.worker_count)[1:]
+        """The first serving group's workers."""
+        return self.group_ips(0)[1:]
+
+    @property
+    def main_ips(self) -> list[str]:
+        """Every serving group's main node, in order: the balancer's targets."""
+        return [self.group_ips(group)[0] for group in range(self.replicas)]
+
+    @property
+    def balancer_ip(self) -> str | None:
+        return layout.balancer_ip(self.private_subnet) if self.replicas > 1 else None
+
+    def groups(self) -> list[list[NodePlan]]:
+        """The planned nodes of each serving group, main first."""
+        return [[n for n in self.nodes if n.group == g] for g in range(self.replicas)]
 
 
 def load() -> ClusterConfig:
@@ -422,6 +443,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     main_type = _instance(cloud, region, "mainInstanceType", main_name)
 
     worker_count = BY_KEY["workerCount"].read(settings)
+    replicas = BY_KEY["replicas"].read(settings)
     rpc_port = BY_KEY["rpcPort"].read(settings)
     server_port = BY_KEY["serverPort"].read(settings)
     if rpc_port == server_port:
@@ -479,6 +501,7 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         bastion=BY_KEY["bastion"].read(settings),
         encryption_at_host=BY_KEY["encryptionAtHost"].read(settings),
         model_store_resource_group=store_group,
+        replicas=replicas,
     )
     try:
         planned = nodes.plan_nodes(config)

@@ -19,36 +19,46 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NodePlan:
-    name: str  # "main", "worker-1", ... (infra.layout.node_name)
+    name: str  # "main", "worker-1", "replica2-main", ... (infra.layout.node_name)
     boot: NodeBoot
     user_data: Delivery
+    group: int = 0  # the serving group (0-based) it belongs to
 
     @property
     def role(self) -> Role:
         return self.boot.role
 
 
-def node_boots(config: ClusterConfig) -> list[NodeBoot]:
-    """The main node's and then each worker's boot settings."""
-    platform = tuple(sorted(a for a in FACTS[config.cloud].metadata_addresses if ":" not in a))
+def node_boots(config: ClusterConfig, group: int = 0) -> list[NodeBoot]:
+    """A serving group's main node's and then each of its workers' boot settings: its workers
+    take RPC from its own main node only."""
+    facts = FACTS[config.cloud]
+    platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
+    main_ip, *worker_ips = config.group_ips(group)
+    # Behind a passthrough balancer requests arrive addressed to the balancer's IP. The node's
+    # one interface is private, and the cloud firewall admits the API as before.
+    keeps_destination = config.replicas > 1 and facts.balancer_keeps_destination
+    listen = "0.0.0.0" if keeps_destination else None  # noqa: S104
     workers = [
         NodeBoot(
             role="worker",
             node_ip=ip,
             llama_cpp_commit=config.llama_cpp_commit,
             rpc_port=config.rpc_port,
-            rpc_allowed_sources=(f"{config.main_ip}/32",),
+            rpc_allowed_sources=(f"{main_ip}/32",),
             cluster_cidr=str(config.vpc_cidr),
             platform_addresses=platform,
         )
-        for ip in config.worker_ips
+        for ip in worker_ips
     ]
     main = NodeBoot(
         role="main",
-        node_ip=config.main_ip,
+        node_ip=main_ip,
+        # The metrics port admits the cluster's network (the top view reads it through here).
+        cluster_cidr=str(config.vpc_cidr),
         llama_cpp_commit=config.llama_cpp_commit,
         rpc_port=config.rpc_port,
-        rpc_workers=tuple(config.worker_ips),
+        rpc_workers=tuple(worker_ips),
         model_urls=config.model_urls,
         model_sha256=config.model_sha256,
         # A staged model lives in the stack's region: the private path reaches only that one.
@@ -58,13 +68,16 @@ def node_boots(config: ClusterConfig) -> list[NodeBoot]:
         slots=config.slots,
         gpu_layers=config.placement.gpu_layers,
         tensor_split=config.placement.tensor_split,
+        server_listen=listen,
     )
     return [main, *workers]
 
 
 def plan_nodes(config: ClusterConfig) -> tuple[NodePlan, ...]:
-    """Render and deliver every node's user data; raises ``infra.boot.BootConfigError``."""
+    """Render and deliver every node's user data, group by group, each group's main node
+    first; raises ``infra.boot.BootConfigError``."""
     return tuple(
-        NodePlan(node_name(i), node, deliver(render(node), config.cloud))
-        for i, node in enumerate(node_boots(config))
+        NodePlan(node_name(i, group), node, deliver(render(node), config.cloud), group)
+        for group in range(config.replicas)
+        for i, node in enumerate(node_boots(config, group))
     )

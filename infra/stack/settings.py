@@ -25,7 +25,13 @@ import yaml
 from infra import sizing
 from infra.clouds import FACTS
 from infra.pins import LLAMA_CPP_COMMIT, is_full_commit
-from infra.types import LOWEST_UNPRIVILEGED_PORT, MAX_WORKERS, RPC_PORT, SERVER_PORT
+from infra.types import (
+    LOWEST_UNPRIVILEGED_PORT,
+    MAX_REPLICAS,
+    MAX_WORKERS,
+    RPC_PORT,
+    SERVER_PORT,
+)
 
 PROJECT = "llama-rpc-cluster"
 Kind = Literal["string", "integer", "boolean", "array", "object"]
@@ -163,6 +169,17 @@ SETTINGS: tuple[Setting, ...] = (
         high=MAX_WORKERS,
         range_reason=f"llama.cpp takes at most {MAX_WORKERS} RPC servers (0: the main node "
         "serves the model alone)",
+    ),
+    Setting(
+        "replicas",
+        "integer",
+        "serving groups (each a main node and workerCount workers, with its own placement) "
+        "behind one private load balancer that sends requests only to groups whose /health "
+        "answers; 1: one group, no balancer",
+        default=1,
+        low=1,
+        high=MAX_REPLICAS,
+        range_reason=f"at most {MAX_REPLICAS} groups fit the private subnet's address plan",
     ),
     Setting(
         "model",

@@ -1,5 +1,7 @@
-"""AWS Graviton: a VPC with a private subnet behind a NAT gateway, security groups that open the
-RPC port from the main node's group only, a cluster placement group, and SSM instead of SSH.
+"""AWS Graviton: a VPC with a private subnet behind a NAT gateway; per serving group, security
+groups that open the RPC port from that group's main node only and a cluster placement group;
+an internal Network Load Balancer in front of the groups when there are several; and SSM
+instead of SSH.
 
 Baseline (AWS Foundational Security Best Practices): the VPC's default security group holds no
 rules (EC2.2), its default network ACL refuses SSH and RDP from anywhere (EC2.21), VPC flow logs
@@ -23,7 +25,8 @@ from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.network_rules import s3_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
+from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.types import METRICS_PORT
 
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
@@ -41,6 +44,11 @@ PORT_FORWARD_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
 BOOT_EGRESS_PORTS = (80, 443)
 # Remote administration ports the default network ACL refuses from anywhere (EC2.21).
 ADMIN_PORTS = (22, 3389)
+# The balancer's health check: llama-server answers /health with 200 only once the model is
+# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
+HEALTH_PATH = "/health"
+HEALTH_INTERVAL_SECONDS = 10
+HEALTH_THRESHOLD = 2  # checks in a row to change a target's state
 
 
 def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequence[str]) -> str:
@@ -95,15 +103,18 @@ def staged_model_policy(objects: list[tuple[str, str]]) -> dict[str, Any]:
 class AwsNetwork:
     vpc: aws.ec2.Vpc
     private_subnet: aws.ec2.Subnet
-    placement_group: aws.ec2.PlacementGroup
     main_profile: aws.iam.InstanceProfile
     ami: pulumi.Input[str]
+    # The internal balancer's group (replicas > 1): made with the network, since every main
+    # node's group admits it and it admits every main node.
+    balancer_group: aws.ec2.SecurityGroup | None = None
 
 
 @dataclass(frozen=True)
-class AwsFirewall:
+class AwsGroup:
     main: aws.ec2.SecurityGroup
     worker: aws.ec2.SecurityGroup
+    placement: aws.ec2.PlacementGroup
 
 
 def model_ports(config: ClusterConfig) -> list[int]:
@@ -112,7 +123,7 @@ def model_ports(config: ClusterConfig) -> list[int]:
     return sorted(port for port in ports if port and port not in BOOT_EGRESS_PORTS)
 
 
-class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
+class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
     facts = aws_facts.FACTS
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AwsNetwork:
@@ -187,9 +198,6 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                 tags=tags,
                 opts=opts,
             )
-        placement = aws.ec2.PlacementGroup(
-            f"{name}-placement", strategy="cluster", tags=tags, opts=opts
-        )
         self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
         if config.flow_logs:
             self._flow_logs(name, vpc, tags, opts)
@@ -232,7 +240,16 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                 name=UBUNTU_AMI_PARAMETER, opts=pulumi.InvokeOutputOptions(parent=parent)
             ).value
         )
-        return AwsNetwork(vpc, private, placement, profile, ami)
+        balancer_group = None
+        if config.replicas > 1:
+            balancer_group = aws.ec2.SecurityGroup(
+                f"{name}-balancer-sg",
+                vpc_id=vpc.id,
+                description="internal balancer: the API from main nodes and apiAllowedCidrs",
+                tags={**self.tags(config, "balancer"), "Name": f"{name}-balancer-sg"},
+                opts=opts,
+            )
+        return AwsNetwork(vpc, private, profile, ami, balancer_group)
 
     def _baseline(
         self,
@@ -323,10 +340,11 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             opts=opts,
         )
 
-    def firewall(
-        self, name: str, config: ClusterConfig, network: AwsNetwork, parent: pulumi.Resource
-    ) -> AwsFirewall:
+    def group(
+        self, spec: GroupSpec, config: ClusterConfig, network: AwsNetwork, parent: pulumi.Resource
+    ) -> AwsGroup:
         opts = pulumi.ResourceOptions(parent=parent)
+        name = spec.name
         groups = {}
         for role, text in (
             ("main", "llama-server main node: API only from apiAllowedCidrs"),
@@ -397,6 +415,41 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                     "packages, llama.cpp source, model, SSM",
                     cidr_ipv4="0.0.0.0/0",
                 )
+            rule(
+                ingress,
+                f"{role}-metrics",
+                role,
+                METRICS_PORT,
+                "node metrics from inside the cluster's network",
+                cidr_ipv4=str(config.vpc_cidr),
+            )
+        # The first group's main node is where connectCommand's tunnel ends, and reads every
+        # node's metrics for a live view.
+        rule(
+            egress,
+            "main-metrics-to-nodes",
+            "main",
+            METRICS_PORT,
+            "node metrics of the cluster's nodes",
+            cidr_ipv4=str(config.vpc_cidr),
+        )
+        if network.balancer_group is not None:
+            rule(
+                ingress,
+                "main-api-from-balancer",
+                "main",
+                config.server_port,
+                "requests and health checks from the internal balancer",
+                referenced_security_group_id=network.balancer_group.id,
+            )
+            rule(
+                egress,
+                "main-api-to-balancer",
+                "main",
+                config.server_port,
+                "the tunnel (connectCommand) to the internal balancer",
+                referenced_security_group_id=network.balancer_group.id,
+            )
         for port in model_ports(config):
             rule(
                 egress,
@@ -406,18 +459,127 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
                 "the model host",
                 cidr_ipv4="0.0.0.0/0",
             )
-        return AwsFirewall(main=main, worker=worker)
+        placement = aws.ec2.PlacementGroup(
+            f"{name}-placement", strategy="cluster", tags=self.tags(config, "network"), opts=opts
+        )
+        return AwsGroup(main=main, worker=worker, placement=placement)
+
+    def balancer(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: AwsNetwork,
+        *,
+        groups: Sequence[AwsGroup],
+        mains: Sequence[Node],
+        parent: pulumi.Resource,
+    ) -> None:
+        """An internal Network Load Balancer at the balancer's fixed address, forwarding the
+        server port to each group's main node by IP. Client IP preservation is off: the tunnel
+        reaches the balancer from the first group's main node, and a target that is also the
+        client would otherwise never get its reply (NLB hairpinning)."""
+        opts = pulumi.ResourceOptions(parent=parent)
+        tags = self.tags(config, "balancer")
+        balancer_group = network.balancer_group
+        if balancer_group is None or config.balancer_ip is None:
+            raise ValueError("the balancer is made only for replicas > 1")
+        port = config.server_port
+        for i, group in enumerate(groups):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-balancer-api-from-main-{i + 1}",
+                security_group_id=balancer_group.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                referenced_security_group_id=group.main.id,
+                description="the tunnel through a main node (connectCommand)",
+                tags=tags,
+                opts=opts,
+            )
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-balancer-to-main-{i + 1}",
+                security_group_id=balancer_group.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                referenced_security_group_id=group.main.id,
+                description="requests and health checks to the main nodes",
+                tags=tags,
+                opts=opts,
+            )
+        for i, cidr in enumerate(config.api_allowed_cidrs):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-balancer-api-{i}",
+                security_group_id=balancer_group.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                cidr_ipv4=cidr,
+                description="llama-server API from apiAllowedCidrs",
+                tags=tags,
+                opts=opts,
+            )
+        balancer = aws.lb.LoadBalancer(
+            f"{name}-balancer",
+            internal=True,
+            load_balancer_type="network",
+            subnet_mappings=[
+                {
+                    "subnet_id": network.private_subnet.id,
+                    "private_ipv4_address": config.balancer_ip,
+                }
+            ],
+            security_groups=[balancer_group.id],
+            tags=tags,
+            opts=opts,
+        )
+        servers = aws.lb.TargetGroup(
+            f"{name}-servers",
+            vpc_id=network.vpc.id,
+            target_type="ip",
+            protocol="TCP",
+            port=port,
+            preserve_client_ip="false",
+            health_check={
+                "protocol": "HTTP",
+                "port": "traffic-port",
+                "path": HEALTH_PATH,
+                "matcher": "200",
+                "interval": HEALTH_INTERVAL_SECONDS,
+                "healthy_threshold": HEALTH_THRESHOLD,
+                "unhealthy_threshold": HEALTH_THRESHOLD,
+            },
+            tags=tags,
+            opts=opts,
+        )
+        for i, main in enumerate(mains):
+            aws.lb.TargetGroupAttachment(
+                f"{name}-servers-{i + 1}",
+                target_group_arn=servers.arn,
+                target_id=main.private_ip,
+                port=port,
+                opts=opts,
+            )
+        aws.lb.Listener(
+            f"{name}-api",
+            load_balancer_arn=balancer.arn,
+            protocol="TCP",
+            port=port,
+            default_actions=[{"type": "forward", "target_group_arn": servers.arn}],
+            tags=tags,
+            opts=opts,
+        )
 
     def node(
         self,
         spec: NodeSpec,
         config: ClusterConfig,
         network: AwsNetwork,
-        firewall: AwsFirewall,
+        group: AwsGroup,
         parent: pulumi.Resource,
     ) -> Node:
         tags = self.tags(config, spec.role)
-        group = firewall.main if spec.role == "main" else firewall.worker
+        security_group = group.main if spec.role == "main" else group.worker
         disk = self.facts.disk.provision(spec.disk_throughput_mibps)
         user_data = spec.user_data
         main = spec.role == "main"
@@ -432,9 +594,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
             subnet_id=network.private_subnet.id,
             private_ip=spec.private_ip,
             associate_public_ip_address=False,
-            vpc_security_group_ids=[group.id],
+            vpc_security_group_ids=[security_group.id],
             iam_instance_profile=network.main_profile.name if main else None,
-            placement_group=network.placement_group.name,
+            placement_group=group.placement.name,
             metadata_options={
                 "http_tokens": "required",
                 "http_endpoint": "enabled",
@@ -463,9 +625,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsFirewall]):
         self, config: ClusterConfig, network: AwsNetwork, main: Node
     ) -> pulumi.Output[str]:
         port = str(config.server_port)
-        parameters = json.dumps(
-            {"host": [config.main_ip], "portNumber": [port], "localPortNumber": [port]}
-        )
+        # Through the first group's main node, to the balancer when there is one.
+        host = config.balancer_ip or config.main_ip
+        parameters = json.dumps({"host": [host], "portNumber": [port], "localPortNumber": [port]})
         return pulumi.Output.concat(
             f"aws ssm start-session --region {config.region} --target ",
             main.instance_id,

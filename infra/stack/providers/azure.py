@@ -1,6 +1,8 @@
 """Azure Cobalt 100: a VNet with a NAT gateway (new VNets have no default outbound access),
-an NSG whose rules name application security groups per role and deny all other inbound traffic
-explicitly, accelerated NICs without public IPs, and a proximity placement group.
+an NSG whose rules name application security groups per role and serving group and deny all
+other inbound traffic explicitly, accelerated NICs without public IPs, a proximity placement
+group per serving group, and an internal Standard Load Balancer in front of the groups when
+there are several.
 
 Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
 any node (but the main node's, with read access to a staged model's containers, when it has
@@ -12,17 +14,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_azure_native as azure
 
+from infra import layout
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.network_rules import blob_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
+from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.types import METRICS_PORT
 
 IMAGE: azure.compute.ImageReferenceArgsDict = {
     "publisher": "Canonical",
@@ -53,6 +58,28 @@ LOCKED_SSH_KEY = (
     " llama-rpc-cluster: private half destroyed"
 )
 DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
+# The NSG is shared: each serving group's rules take the first group's priorities (100-140)
+# plus this much per group (300-340 for the second, ... 1900-1940 for the tenth).
+GROUP_PRIORITY_STRIDE = 200
+# Azure's default AllowAzureLoadBalancerInBound (65001) comes after the deny: the balancer's
+# probes need a rule of their own, before it.
+PROBE_PRIORITY = 140
+# The service tag of the platform address (168.63.129.16) that load balancer probes come from:
+# https://learn.microsoft.com/azure/virtual-network/service-tags-overview
+LOAD_BALANCER_TAG = "AzureLoadBalancer"
+# The balancer's health probe: llama-server answers /health with 200 only once the model is
+# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
+HEALTH_PATH = "/health"
+HEALTH_INTERVAL_SECONDS = 10
+HEALTH_THRESHOLD = 2  # probes in a row to change a backend's state
+# A long completion can send nothing for minutes (no streaming); the default idle timeout is 4
+# minutes, 30 the most a load-balancing rule takes everywhere:
+# https://learn.microsoft.com/azure/load-balancer/load-balancer-tcp-reset
+IDLE_TIMEOUT_MINUTES = 30
+BALANCER_FRONTEND = "private"
+BALANCER_POOL = "main-nodes"
+BALANCER_PROBE = "health"
+BALANCER_RULE = "api"
 # Storage Blob Data Reader: read and list blobs, nothing else (a built-in role, the same id in
 # every subscription):
 # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/storage#storage-blob-data-reader
@@ -84,14 +111,40 @@ class AzureNetwork:
     resource_group: azure.resources.ResourceGroup
     subnet: azure.network.Subnet
     security_group: azure.network.NetworkSecurityGroup
-    placement: azure.compute.ProximityPlacementGroup
     bastion: azure.network.BastionHost | None
+    # The balancer's backend pool (replicas > 1). A NIC joins a pool through its own IP
+    # configuration, so the pool must exist before the main nodes' NICs: the balancer is made
+    # with the network.
+    balancer_pool_id: pulumi.Output[str] | None = None
 
 
 @dataclass(frozen=True)
-class AzureFirewall:
+class AzureGroup:
+    """One serving group's application security groups and placement."""
+
     main: azure.network.ApplicationSecurityGroup
     worker: azure.network.ApplicationSecurityGroup
+    placement: azure.compute.ProximityPlacementGroup
+
+
+def security_rule(
+    logical_name: str,
+    rule_name: str,
+    network: AzureNetwork,
+    spec: dict[str, Any],
+    opts: pulumi.ResourceOptions,
+) -> azure.network.SecurityRule:
+    """One inbound rule of the stack's NSG."""
+    return azure.network.SecurityRule(
+        logical_name,
+        resource_group_name=network.resource_group.name,
+        network_security_group_name=network.security_group.name,
+        security_rule_name=rule_name,
+        direction="Inbound",
+        source_port_range="*",
+        **spec,
+        opts=opts,
+    )
 
 
 def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) -> str:
@@ -101,17 +154,25 @@ def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) ->
     return disk.id
 
 
-class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
+class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
     facts = azure_facts.FACTS
 
     def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
-        if config.bastion:
-            return self.facts.limitations
-        return {
-            **self.facts.limitations,
-            "tunnel": "no port forward without `bastion: true`: connectCommand queries the API "
-            "with Run Command",
-        }
+        found = dict(self.facts.limitations)
+        if not config.bastion:
+            found["tunnel"] = (
+                "no port forward without `bastion: true`: connectCommand queries the API with "
+                "Run Command"
+            )
+        if config.replicas > 1:
+            found["balancer"] = (
+                "connectCommand reaches the first group's main node only: Bastion's IP-based "
+                "tunnels take no custom ports, and a main node, a backend of the internal "
+                "balancer, cannot be sure to reach the balancer's address itself; clients "
+                "inside the VNet (or a network connected to it and admitted by "
+                "apiAllowedCidrs) use balancerUrl"
+            )
+        return found
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AzureNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
@@ -167,17 +228,98 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             if config.bastion
             else None
         )
-        placement = azure.compute.ProximityPlacementGroup(
-            f"{name}-ppg",
-            resource_group_name=rg,
-            proximity_placement_group_type="Standard",
-            intent={
-                "vm_sizes": sorted({config.instance_type.name, config.main_instance_type.name})
+        pool = (
+            self._load_balancer(name=name, config=config, group=group, subnet=subnet, opts=opts)
+            if config.replicas > 1
+            else None
+        )
+        network = AzureNetwork(group, subnet, nsg, bastion, pool)
+        security_rule(
+            f"{name}-deny-all-other-inbound",
+            "deny-all-other-inbound",
+            network,
+            {
+                "priority": DENY_PRIORITY,
+                "access": "Deny",
+                "protocol": "*",
+                "source_address_prefix": "*",
+                "destination_address_prefix": "*",
+                "destination_port_range": "*",
             },
-            tags=tags,
+            opts,
+        )
+        return network
+
+    def _load_balancer(
+        self,
+        *,
+        name: str,
+        config: ClusterConfig,
+        group: azure.resources.ResourceGroup,
+        subnet: azure.network.Subnet,
+        opts: pulumi.ResourceOptions,
+    ) -> pulumi.Output[str]:
+        """An internal Standard Load Balancer at the balancer's fixed address: the server port
+        to every main node whose /health answers 200. It keeps the client's address, so the
+        API rules (Bastion, apiAllowedCidrs) decide who reaches the API through it too. Returns
+        its backend pool's id, which the main nodes' NICs join (``node``)."""
+        if config.balancer_ip is None:
+            raise ValueError("the balancer is made only for replicas > 1")
+        balancer_name = f"{name}-balancer"
+        # The balancer's parts refer to each other by id, known before it exists from its name.
+        balancer_id = group.id.apply(
+            lambda group_id: f"{group_id}/providers/Microsoft.Network/loadBalancers/{balancer_name}"
+        )
+
+        def part(kind: str, part_name: str) -> azure.network.SubResourceArgsDict:
+            return {"id": pulumi.Output.concat(balancer_id, f"/{kind}/{part_name}")}
+
+        port = config.server_port
+        balancer = azure.network.LoadBalancer(
+            balancer_name,
+            load_balancer_name=balancer_name,
+            resource_group_name=group.name,
+            sku={"name": "Standard", "tier": "Regional"},
+            frontend_ip_configurations=[
+                {
+                    "name": BALANCER_FRONTEND,
+                    "private_ip_allocation_method": "Static",
+                    "private_ip_address": config.balancer_ip,
+                    "subnet": {"id": subnet.id},
+                }
+            ],
+            backend_address_pools=[{"name": BALANCER_POOL}],
+            probes=[
+                {
+                    "name": BALANCER_PROBE,
+                    "protocol": "Http",
+                    "port": port,
+                    "request_path": HEALTH_PATH,
+                    "interval_in_seconds": HEALTH_INTERVAL_SECONDS,
+                    "probe_threshold": HEALTH_THRESHOLD,
+                }
+            ],
+            load_balancing_rules=[
+                {
+                    "name": BALANCER_RULE,
+                    "protocol": "Tcp",
+                    "frontend_port": port,
+                    "backend_port": port,
+                    "frontend_ip_configuration": part(
+                        "frontendIPConfigurations", BALANCER_FRONTEND
+                    ),
+                    "backend_address_pool": part("backendAddressPools", BALANCER_POOL),
+                    "probe": part("probes", BALANCER_PROBE),
+                    "idle_timeout_in_minutes": IDLE_TIMEOUT_MINUTES,
+                    "enable_tcp_reset": True,
+                    # Egress goes through the NAT gateway, never the balancer.
+                    "disable_outbound_snat": True,
+                }
+            ],
+            tags=self.tags(config, "balancer"),
             opts=opts,
         )
-        return AzureNetwork(group, subnet, nsg, placement, bastion)
+        return pulumi.Output.concat(balancer.id, f"/backendAddressPools/{BALANCER_POOL}")
 
     def _flow_logs(
         self,
@@ -267,10 +409,15 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             opts=opts,
         )
 
-    def firewall(
-        self, name: str, config: ClusterConfig, network: AzureNetwork, parent: pulumi.Resource
-    ) -> AzureFirewall:
+    def group(
+        self, spec: GroupSpec, config: ClusterConfig, network: AzureNetwork, parent: pulumi.Resource
+    ) -> AzureGroup:
+        """Application security groups, NSG rules and a proximity placement group per serving
+        group: its workers take RPC from its own main node only. The NSG is the stack's: the
+        first group's rules keep their names and priorities, the others' names start with
+        their group's prefix and their priorities are GROUP_PRIORITY_STRIDE apart."""
         opts = pulumi.ResourceOptions(parent=parent)
+        name = spec.name
         rg = network.resource_group.name
         main, worker = (
             azure.network.ApplicationSecurityGroup(
@@ -281,96 +428,94 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
             )
             for role in ("main", "worker")
         )
-        rule = {"direction": "Inbound", "source_port_range": "*"}
-        rules: list[dict[str, object]] = [
-            {
-                **rule,
-                "name": "allow-rpc-from-main",
+        rules: dict[str, dict[str, Any]] = {
+            "allow-rpc-from-main": {
                 "priority": 100,
                 "access": "Allow",
                 "protocol": "Tcp",
                 "source_application_security_groups": [{"id": main.id}],
                 "destination_application_security_groups": [{"id": worker.id}],
                 "destination_port_range": str(config.rpc_port),
-            }
-        ]
+            },
+            "allow-metrics-from-cluster": {
+                "priority": 130,
+                "access": "Allow",
+                "protocol": "Tcp",
+                "source_address_prefix": str(config.vpc_cidr),
+                "destination_application_security_groups": [{"id": main.id}, {"id": worker.id}],
+                "destination_port_range": str(METRICS_PORT),
+            },
+        }
         if config.bastion:
-            rules.append(
-                {
-                    **rule,
-                    "name": "allow-api-from-bastion",
-                    "priority": 120,
-                    "access": "Allow",
-                    "protocol": "Tcp",
-                    "source_address_prefix": str(config.public_subnet),
-                    "destination_application_security_groups": [{"id": main.id}],
-                    "destination_port_range": str(config.server_port),
-                }
-            )
-        if config.api_allowed_cidrs:
-            rules.append(
-                {
-                    **rule,
-                    "name": "allow-api-from-allowed-cidrs",
-                    "priority": 110,
-                    "access": "Allow",
-                    "protocol": "Tcp",
-                    "source_address_prefixes": list(config.api_allowed_cidrs),
-                    "destination_application_security_groups": [{"id": main.id}],
-                    "destination_port_range": str(config.server_port),
-                }
-            )
-        rules.append(
-            {
-                **rule,
-                "name": "deny-all-other-inbound",
-                "priority": DENY_PRIORITY,
-                "access": "Deny",
-                "protocol": "*",
-                "source_address_prefix": "*",
-                "destination_address_prefix": "*",
-                "destination_port_range": "*",
+            rules["allow-api-from-bastion"] = {
+                "priority": 120,
+                "access": "Allow",
+                "protocol": "Tcp",
+                "source_address_prefix": str(config.public_subnet),
+                "destination_application_security_groups": [{"id": main.id}],
+                "destination_port_range": str(config.server_port),
             }
-        )
-        for spec in rules:
-            rule_name = str(spec.pop("name"))
-            azure.network.SecurityRule(  # type: ignore[call-overload]  # rules built as data
+        if config.api_allowed_cidrs:
+            rules["allow-api-from-allowed-cidrs"] = {
+                "priority": 110,
+                "access": "Allow",
+                "protocol": "Tcp",
+                "source_address_prefixes": list(config.api_allowed_cidrs),
+                "destination_application_security_groups": [{"id": main.id}],
+                "destination_port_range": str(config.server_port),
+            }
+        prefix = layout.group_prefix(spec.index)
+        for rule_name, rule in rules.items():
+            priority = rule["priority"] + GROUP_PRIORITY_STRIDE * spec.index
+            security_rule(
                 f"{name}-{rule_name}",
-                resource_group_name=rg,
-                network_security_group_name=network.security_group.name,
-                security_rule_name=rule_name,
-                **spec,
-                opts=opts,
+                f"{prefix}{rule_name}",
+                network,
+                {**rule, "priority": priority},
+                opts,
             )
-        return AzureFirewall(main=main, worker=worker)
+        placement = azure.compute.ProximityPlacementGroup(
+            f"{name}-ppg",
+            resource_group_name=rg,
+            proximity_placement_group_type="Standard",
+            intent={
+                "vm_sizes": sorted({config.instance_type.name, config.main_instance_type.name})
+            },
+            tags=self.tags(config, "network"),
+            opts=opts,
+        )
+        return AzureGroup(main=main, worker=worker, placement=placement)
 
     def node(
         self,
         spec: NodeSpec,
         config: ClusterConfig,
         network: AzureNetwork,
-        firewall: AzureFirewall,
+        group: AzureGroup,
         parent: pulumi.Resource,
     ) -> Node:
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, spec.role)
         rg = network.resource_group.name
-        group = firewall.main if spec.role == "main" else firewall.worker
+        main = spec.role == "main"
+        ip_configuration: azure.network.NetworkInterfaceIPConfigurationArgsDict = {
+            "name": "private",
+            "primary": True,
+            "private_ip_allocation_method": "Static",
+            "private_ip_address": spec.private_ip,
+            "subnet": {"id": network.subnet.id},
+            "application_security_groups": [{"id": (group.main if main else group.worker).id}],
+        }
+        if main and network.balancer_pool_id is not None:
+            ip_configuration["load_balancer_backend_address_pools"] = [
+                {"id": network.balancer_pool_id}
+            ]
         # The NIC holds the node's fixed address: a replacement NIC must come after the old one.
         nic = azure.network.NetworkInterface(
             f"{spec.name}-nic",
             resource_group_name=rg,
             enable_accelerated_networking=True,  # required by Cobalt 100
-            ip_configurations=[
-                {
-                    "name": "private",
-                    "primary": True,
-                    "private_ip_allocation_method": "Static",
-                    "private_ip_address": spec.private_ip,
-                    "subnet": {"id": network.subnet.id},
-                    "application_security_groups": [{"id": group.id}],
-                }
-            ],
+            ip_configurations=[ip_configuration],
             tags=tags,
             opts=node_options(parent),
         )
@@ -426,7 +571,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                 "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
                 "encryption_at_host": config.encryption_at_host,
             },
-            proximity_placement_group={"id": network.placement.id},
+            proximity_placement_group={"id": group.placement.id},
             tags=tags,
             # Azure refuses a customData change on an existing VM ("Changing property
             # 'customData' is not allowed"): new boot data means a new node.
@@ -483,9 +628,49 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureFirewall]):
                 opts=pulumi.ResourceOptions(parent=parent),
             )
 
+    def balancer(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: AzureNetwork,
+        *,
+        groups: Sequence[AzureGroup],
+        mains: Sequence[Node],
+        parent: pulumi.Resource,
+    ) -> None:
+        """The balancer itself is made with the network (its pool must exist before the main
+        nodes' NICs join it): here, the NSG rules its probes need, one per serving group beside
+        that group's own rules. The stack's deny-all rule also stops Azure's default
+        AllowAzureLoadBalancerInBound (65001)."""
+        if network.balancer_pool_id is None:
+            raise ValueError("the balancer is made only for replicas > 1")
+        for index, group in enumerate(groups):
+            prefix = layout.group_prefix(index)
+            security_rule(
+                f"{name}-{prefix}allow-probes-from-balancer",
+                f"{prefix}allow-probes-from-balancer",
+                network,
+                {
+                    "priority": PROBE_PRIORITY + GROUP_PRIORITY_STRIDE * index,
+                    "access": "Allow",
+                    "protocol": "Tcp",
+                    "source_address_prefix": LOAD_BALANCER_TAG,
+                    "destination_application_security_groups": [{"id": group.main.id}],
+                    "destination_port_range": str(config.server_port),
+                },
+                pulumi.ResourceOptions(parent=parent),
+            )
+
     def connect_command(
         self, config: ClusterConfig, network: AzureNetwork, main: Node
     ) -> pulumi.Output[str]:
+        """A Bastion tunnel to, or Run Command on, the first group's main node, with replicas
+        too. Bastion reaches an address only by IP-based connection, which takes no custom
+        ports (https://learn.microsoft.com/azure/bastion/connect-ip-address: "Custom ports and
+        protocols aren't currently supported"), and Run Command runs on a main node, a backend
+        of the balancer: an internal balancer's backend that calls its frontend fails whenever
+        the flow is mapped back to itself (https://learn.microsoft.com/azure/load-balancer/
+        load-balancer-troubleshoot-backend-traffic, cause 4). The limitations say so."""
         port = config.server_port
         if network.bastion is not None and main.resource_id is not None:
             return pulumi.Output.concat(

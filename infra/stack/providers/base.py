@@ -1,4 +1,5 @@
-"""The small interface every cloud implements: a network, the RPC firewall, and nodes.
+"""The small interface every cloud implements: a network, each serving group's firewall and
+placement, nodes, and the private balancer in front of the groups.
 
 The component (``infra.stack.component``) only talks to this interface. A cloud is added with its
 facts (``infra.clouds``), its module here, its catalog rows, and a line in each registry; the
@@ -8,7 +9,7 @@ component, the config check, the outputs and the tests stay as they are.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -20,7 +21,19 @@ from infra.stack.config import ClusterConfig
 from infra.types import Role
 
 NetworkT = TypeVar("NetworkT")
-FirewallT = TypeVar("FirewallT")
+GroupT = TypeVar("GroupT")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One serving group: a main node and its workers (``replicas`` of them per stack)."""
+
+    index: int  # 0-based
+    # What its resources' names start with: the cluster's name for the first group (a stack
+    # without replicas keeps its names), then "<cluster>-replica2", "<cluster>-replica3", ...
+    name: str
+    main_ip: str
+    worker_ips: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ def node_options(parent: pulumi.Resource, **options: Any) -> pulumi.ResourceOpti
     return pulumi.ResourceOptions(parent=parent, delete_before_replace=True, **options)
 
 
-class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
+class CloudBackend(ABC, Generic[NetworkT, GroupT]):
     # The cloud's limits and rules (no SDK), checked by the config before this backend runs.
     facts: ClassVar[CloudFacts]
 
@@ -64,10 +77,12 @@ class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
         """The private network, its egress path, and anything the nodes share."""
 
     @abstractmethod
-    def firewall(
-        self, name: str, config: ClusterConfig, network: NetworkT, parent: pulumi.Resource
-    ) -> FirewallT:
-        """RPC open from the main node to the workers only; nothing else inbound."""
+    def group(
+        self, spec: GroupSpec, config: ClusterConfig, network: NetworkT, parent: pulumi.Resource
+    ) -> GroupT:
+        """One serving group's firewall and placement: RPC open from the group's own main node
+        to its workers only, node metrics from inside the cluster's network only, the API from
+        the tunnel, apiAllowedCidrs and the balancer; nothing else inbound."""
 
     @abstractmethod
     def node(
@@ -75,17 +90,32 @@ class CloudBackend(ABC, Generic[NetworkT, FirewallT]):
         spec: NodeSpec,
         config: ClusterConfig,
         network: NetworkT,
-        firewall: FirewallT,
+        group: GroupT,
         parent: pulumi.Resource,
     ) -> Node:
         """One VM, without a public address, booting from ``spec.user_data``."""
 
     @abstractmethod
+    def balancer(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: NetworkT,
+        *,
+        groups: Sequence[GroupT],
+        mains: Sequence[Node],
+        parent: pulumi.Resource,
+    ) -> None:
+        """The private load balancer at ``config.balancer_ip`` (replicas > 1 only): the server
+        port, forwarded to every group's main node that answers ``GET /health`` with 200."""
+
+    @abstractmethod
     def connect_command(
         self, config: ClusterConfig, network: NetworkT, main: Node
     ) -> pulumi.Output[str]:
-        """How a user reaches the main node's API from a laptop: a command that forwards
-        localhost:<serverPort> to the main node's private address."""
+        """How a user reaches the API from a laptop: a command that forwards
+        localhost:<serverPort> to the balancer (replicas > 1) or the main node, through
+        ``main`` (the first group's main node) where the cloud's tunnel needs a VM."""
 
     def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:
         """The tags every resource carries: the user's, then project, stack and role."""

@@ -1,5 +1,7 @@
-"""Google Axion (C4A): a custom VPC, Cloud NAT for egress, firewall rules by network tag,
-Hyperdisk Balanced disks, gVNIC, Tier_1 networking, and IAP for access. No external IPs.
+"""Google Axion (C4A): a custom VPC, Cloud NAT for egress, firewall rules by network tag (per
+serving group), Hyperdisk Balanced disks, gVNIC, Tier_1 networking, IAP for access, and an
+internal passthrough Network Load Balancer in front of the groups when there are several. No
+external IPs.
 
 Baseline (CIS Google Cloud): no default network, subnet flow logs, project-wide SSH keys
 blocked with OS Login on, Shielded VM, no default service account: the main node runs as a
@@ -10,7 +12,7 @@ workers run with none.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -20,7 +22,8 @@ from infra.clouds import gcp as gcp_facts
 from infra.clouds.gcp import IAP_RANGE
 from infra.network_rules import gcs_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, Node, NodeSpec, node_options
+from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.types import METRICS_PORT
 
 # The family resolves when a disk is created; the provider does not diff a node whose image
 # came from it when the family moves on, so a new Ubuntu image replaces nothing.
@@ -35,6 +38,16 @@ NAMES_PER_CONDITION = 12
 # The prefix an objects.list request asks for (a Cloud Storage API attribute of IAM Conditions);
 # "" for any other request.
 LIST_PREFIX = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
+# Where Google's health checkers probe from: an ingress rule must admit them to the backends
+# (https://cloud.google.com/load-balancing/docs/firewall-rules, and "Probe IP ranges" in
+# https://cloud.google.com/load-balancing/docs/health-check-concepts).
+HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+# The balancer's health check: llama-server answers /health with 200 only once the model is
+# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
+HEALTH_PATH = "/health"
+HEALTH_INTERVAL_SECONDS = 10
+HEALTH_TIMEOUT_SECONDS = 5
+HEALTH_THRESHOLD = 2  # checks in a row to change a backend's state
 
 
 def _chunks(names: Sequence[str], size: int) -> list[list[str]]:
@@ -84,16 +97,34 @@ class GcpNetwork:
     zone: pulumi.Output[str]
     project: pulumi.Output[str]
     main_account: gcp.serviceaccount.Account
+    # The balancer's backends (replicas > 1): an unmanaged instance group in the nodes' zone,
+    # made with the network since each main node joins it as it is made.
+    mains: gcp.compute.InstanceGroup | None = None
 
 
 @dataclass(frozen=True)
-class GcpFirewall:
+class GcpGroup:
+    """One serving group's network tags: its firewall rules name them."""
+
     main_tag: str
     worker_tag: str
 
 
-class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
+class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
     facts = gcp_facts.FACTS
+
+    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
+        if config.replicas == 1:
+            return self.facts.limitations
+        return {
+            **self.facts.limitations,
+            # "load-balanced targets aren't supported":
+            # https://cloud.google.com/iap/docs/tcp-forwarding-overview
+            "balancer": "IAP TCP forwarding does not reach load-balanced targets, and a main "
+            "node reaches the balancer's address as itself: connectCommand forwards to the "
+            "first group's main node only; clients inside the VPC (or a network connected to "
+            "it and admitted by apiAllowedCidrs) use balancerUrl",
+        }
 
     def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> GcpNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
@@ -163,12 +194,26 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
         project = gcp.organizations.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=parent)
         ).project
-        return GcpNetwork(network, subnet, zone, project, account)
+        mains = (
+            gcp.compute.InstanceGroup(
+                f"{name}-mains",
+                zone=zone,
+                network=network.id,
+                description="every serving group's main node: the internal balancer's backends",
+                opts=opts,
+            )
+            if config.replicas > 1
+            else None
+        )
+        return GcpNetwork(network, subnet, zone, project, account, mains)
 
-    def firewall(
-        self, name: str, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
-    ) -> GcpFirewall:
+    def group(
+        self, spec: GroupSpec, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
+    ) -> GcpGroup:
+        """Rules by network tag, per serving group: its workers take RPC from its own main node
+        only. C4A has no compact placement policy (the limitations say so): no placement."""
         opts = pulumi.ResourceOptions(parent=parent)
+        name = spec.name
         main_tag, worker_tag = f"{name}-main", f"{name}-worker"
         gcp.compute.Firewall(
             f"{name}-worker-rpc-from-main",
@@ -190,14 +235,24 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             description="llama-server API through IAP (and apiAllowedCidrs)",
             opts=opts,
         )
-        return GcpFirewall(main_tag=main_tag, worker_tag=worker_tag)
+        gcp.compute.Firewall(
+            f"{name}-metrics-from-cluster",
+            network=network.network.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": [str(METRICS_PORT)]}],
+            source_ranges=[str(config.vpc_cidr)],
+            target_tags=[main_tag, worker_tag],
+            description="node metrics (prometheus-node-exporter) from inside the cluster's network",
+            opts=opts,
+        )
+        return GcpGroup(main_tag=main_tag, worker_tag=worker_tag)
 
     def node(
         self,
         spec: NodeSpec,
         config: ClusterConfig,
         network: GcpNetwork,
-        firewall: GcpFirewall,
+        group: GcpGroup,
         parent: pulumi.Resource,
     ) -> Node:
         labels = self.tags(config, spec.role)
@@ -233,7 +288,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
                 "enable-oslogin": "TRUE",
                 "block-project-ssh-keys": "TRUE",
             },
-            tags=[firewall.main_tag if main else firewall.worker_tag],
+            tags=[group.main_tag if main else group.worker_tag],
             labels=labels,
             # Workers run the RPC server, the most exposed process: no account, no token. The
             # main node's scope is Google's recommended cloud-platform: its account's roles (none,
@@ -255,11 +310,98 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpFirewall]):
             # https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#metadata)
             opts=node_options(parent, replace_on_changes=["metadata"]),
         )
+        if main and network.mains is not None:
+            # A replaced VM drops out of its instance group, and a new one by the same name is
+            # not added back while the group's inputs stay the same: the membership is its own
+            # resource, replaced with the VM (the provider's advice:
+            # https://www.pulumi.com/registry/packages/gcp/api-docs/compute/instancegroupmembership/;
+            # replace_with needs a Pulumi CLI from December 2025 on), and removed before the
+            # new one is added, since the new VM has the same URL.
+            gcp.compute.InstanceGroupMembership(
+                f"{spec.name}-balanced",
+                instance=vm.self_link,
+                instance_group=network.mains.name,
+                zone=network.zone,
+                opts=pulumi.ResourceOptions(
+                    parent=parent, delete_before_replace=True, replace_with=[vm]
+                ),
+            )
         return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
+
+    def balancer(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: GcpNetwork,
+        *,
+        groups: Sequence[GcpGroup],
+        mains: Sequence[Node],
+        parent: pulumi.Resource,
+    ) -> None:
+        """An internal passthrough Network Load Balancer at the balancer's fixed address: the
+        server port to every main node whose /health answers 200. The main nodes joined its
+        instance group as they were made (``node``). It keeps the client's address, so the
+        API rules (IAP, apiAllowedCidrs) decide who reaches the API through it too."""
+        opts = pulumi.ResourceOptions(parent=parent)
+        if network.mains is None or config.balancer_ip is None:
+            raise ValueError("the balancer is made only for replicas > 1")
+        port = config.server_port
+        gcp.compute.Firewall(
+            f"{name}-main-api-from-health-checks",
+            network=network.network.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": [str(port)]}],
+            source_ranges=list(HEALTH_CHECK_RANGES),
+            target_tags=[group.main_tag for group in groups],
+            description="the internal balancer's health checks (Google's probe ranges)",
+            opts=opts,
+        )
+        health = gcp.compute.RegionHealthCheck(
+            f"{name}-health",
+            region=config.region,
+            http_health_check={"port": port, "request_path": HEALTH_PATH},
+            check_interval_sec=HEALTH_INTERVAL_SECONDS,
+            timeout_sec=HEALTH_TIMEOUT_SECONDS,
+            healthy_threshold=HEALTH_THRESHOLD,
+            unhealthy_threshold=HEALTH_THRESHOLD,
+            description="llama-server answers /health with 200 once its model is loaded",
+            opts=opts,
+        )
+        servers = gcp.compute.RegionBackendService(
+            f"{name}-servers",
+            region=config.region,
+            load_balancing_scheme="INTERNAL",
+            protocol="TCP",
+            network=network.network.id,
+            health_checks=health.id,
+            backends=[{"group": network.mains.self_link, "balancing_mode": "CONNECTION"}],
+            description="every serving group's llama-server",
+            opts=opts,
+        )
+        gcp.compute.ForwardingRule(
+            f"{name}-balancer",
+            region=config.region,
+            load_balancing_scheme="INTERNAL",
+            ip_protocol="TCP",
+            ports=[str(port)],
+            network=network.network.id,
+            subnetwork=network.subnet.id,
+            ip_address=config.balancer_ip,
+            allow_global_access=False,  # clients in the stack's region only
+            backend_service=servers.id,
+            labels=self.tags(config, "balancer"),
+            opts=opts,
+        )
 
     def connect_command(
         self, config: ClusterConfig, network: GcpNetwork, main: Node
     ) -> pulumi.Output[str]:
+        """An IAP tunnel to the first group's main node, with replicas too. IAP TCP forwarding
+        does not support load-balanced targets (https://cloud.google.com/iap/docs/
+        tcp-forwarding-overview); a tunnel to the balancer's address through a destination
+        group (https://cloud.google.com/iap/docs/tcp-by-host) would be one. And a tunnel to a
+        main node cannot go on to the balancer: a backend reaches the balancer's address as
+        itself (the guest agent's local route). The limitations say so."""
         port = config.server_port
         return pulumi.Output.concat(
             "gcloud compute start-iap-tunnel ",
