@@ -7,12 +7,15 @@ import base64
 import gzip
 import io
 import itertools
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import tokenize
 from pathlib import Path
 
@@ -23,11 +26,18 @@ from infra import boot
 from infra.boot import BootConfigError, NodeBoot
 from infra.boot.installed import installed_text
 from infra.clouds import FACTS
-from infra.local import supervisor
+from infra.local import image, supervisor
 from infra.local.supervisor import parse_unit
 from infra.pins import LLAMA_CPP_COMMIT
-from infra.types import ROLES, Cloud
-from tests.conftest import REPO, SCRIPTS, assert_valid_cloud_config, require_tool
+from infra.types import METRICS_PORT, ROLES, Cloud
+from tests.conftest import (
+    REPO,
+    SCRIPTS,
+    assert_valid_cloud_config,
+    free_port,
+    require_tool,
+    unavailable,
+)
 
 MAIN = boot.example("main")
 WORKER = boot.example("worker")
@@ -126,6 +136,10 @@ def test_cloud_init_only_starts_the_units() -> None:
                 boot.BOOT_UNIT,
                 boot.ROLE_UNIT[node.role],
             ],
+            # Restarted, not just started: an image with the package may have started the
+            # exporter before cloud-init wrote its drop-in.
+            ["systemctl", "enable", "prometheus-node-exporter.service"],
+            ["systemctl", "restart", "--no-block", "prometheus-node-exporter.service"],
         ]
         assert "node-boot.sh" not in str(config["runcmd"])
 
@@ -557,3 +571,174 @@ def test_a_staged_model_needs_the_stores_region(region: str) -> None:
     assert "give model_store_region, the store's region (for example us-east-1)" in str(
         refused.value
     )
+
+
+# --- metrics: node-exporter on every node, llama-server's /metrics, the metrics port's firewall ---
+
+EXPORTER_DROP_IN = "/etc/systemd/system/prometheus-node-exporter.service.d/llama-rpc.conf"
+
+
+@pytest.mark.parametrize("node", [MAIN, WORKER], ids=["main", "worker"])
+def test_every_node_runs_node_exporter_on_its_private_address(node: NodeBoot) -> None:
+    """The package, and a drop-in that binds it to the node's address and port from node.env,
+    with the firewall's inbound rules applied (as root) before it listens."""
+    config = boot.cloud_config(node)
+    assert {"prometheus-node-exporter", "nftables"} <= set(config["packages"])
+    entry = files_of(node)[EXPORTER_DROP_IN]
+    assert entry["content"] == installed_text(boot.UNITS_DIR / "node-exporter.conf")
+    lines = entry["content"].splitlines()
+    # An empty ExecStart= first: a drop-in's ExecStart= otherwise adds a second command.
+    starts = [ln for ln in lines if ln.startswith("ExecStart=")]
+    assert starts == [
+        "ExecStart=",
+        "ExecStart=/usr/bin/prometheus-node-exporter $ARGS "
+        "--web.listen-address=${LLAMA_NODE_IP}:${METRICS_PORT}",
+    ]
+    assert "ExecStartPre=+/usr/sbin/nft -f /etc/llama-rpc/metrics.nft" in lines
+    assert "EnvironmentFile=/etc/llama-rpc/node.env" in lines
+    assert files_of(node)["/etc/llama-rpc/metrics.nft"]["permissions"] == "0644"
+    env = env_of(node)
+    assert env["METRICS_PORT"] == str(METRICS_PORT) == "9100"
+    assert env["LLAMA_NODE_IP"] == node.node_ip
+
+
+def test_the_main_nodes_cluster_network_is_checked_too() -> None:
+    with pytest.raises(BootConfigError, match="must be the private network") as refused:
+        NodeBoot(**{**MAIN.__dict__, "cluster_cidr": "10.9.0.0/16"})
+    assert refused.value.setting == "cluster_cidr"
+
+
+def test_the_node_image_carries_the_exporter_and_its_key_changes_with_the_packages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Machines get their packages from the image (offline): every package a cloud-config lists
+    is in it, and a changed list names a new image, so the old one is never reused."""
+    assert {"prometheus-node-exporter", "nftables"} <= set(image.packages())
+    before = image.image_key()
+    monkeypatch.setattr(image, "ROLE_PACKAGES", {"main": (), "worker": ("nftables",)})
+    assert "prometheus-node-exporter" not in image.packages()
+    assert image.image_key() != before
+
+
+def input_rules(ruleset: str) -> list[str]:
+    chain = ruleset.split("chain input {", 1)[1].split("}", 1)[0]
+    return [ln.strip() for ln in chain.splitlines()[2:] if ln.strip()]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_metrics_port_admits_the_cluster_and_the_node_only(role: str) -> None:
+    """Its own table (a packet must pass every table's input chain: a worker's RPC rules stay
+    as they are), replaced whole by each start of the exporter."""
+    extra = {"rpc_allowed_sources": ("10.0.1.10/32",)} if role == "worker" else {}
+    node = NodeBoot(**{**boot.example(role).__dict__, **extra, "cluster_cidr": "10.0.0.0/16"})
+    ruleset = files_of(node)["/etc/llama-rpc/metrics.nft"]["content"]
+    assert ruleset.startswith("table inet llama_rpc_metrics\ndelete table inet llama_rpc_metrics\n")
+    assert input_rules(ruleset) == [
+        'iif "lo" accept',
+        "tcp dport 9100 ip saddr 10.0.0.0/16 accept",
+        "tcp dport 9100 drop",
+    ]
+    assert "llama_rpc " not in ruleset and "50052" not in ruleset
+    alone = files_of(boot.example(role))["/etc/llama-rpc/metrics.nft"]["content"]
+    assert input_rules(alone) == ['iif "lo" accept', "tcp dport 9100 drop"]
+
+
+def test_the_metrics_rulesets_are_valid_nftables(tmp_path: Path) -> None:
+    """nft itself parses them (-c: checked, nothing applied)."""
+    nft = require_tool("nft")
+    for node in (MAIN, NodeBoot(**{**WORKER.__dict__, "cluster_cidr": "10.0.0.0/16"})):
+        path = tmp_path / "metrics.nft"
+        path.write_text(files_of(node)["/etc/llama-rpc/metrics.nft"]["content"])
+        checked = subprocess.run([nft, "-c", "-f", str(path)], capture_output=True, text=True)
+        if "Operation not permitted" in checked.stderr:
+            unavailable("nft -c needs CAP_NET_ADMIN")
+        assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("role", "listen", "message"),
+    [
+        ("main", "every", "is not an IPv4 address"),
+        ("main", "8.8.8.8", "is a public address"),
+        ("worker", "0.0.0.0", "is for the main node"),
+    ],
+)
+def test_bad_listen_addresses_are_refused(role: str, listen: str, message: str) -> None:
+    with pytest.raises(BootConfigError, match=message) as refused:
+        NodeBoot(**{**boot.example(role).__dict__, "server_listen": listen})  # type: ignore[arg-type]
+    assert refused.value.setting == "server_listen"
+
+
+FAKE_LLAMA_SERVER = r"""#!/usr/bin/env bash
+# Records its arguments and answers /health on --host:--port, as llama-server does.
+printf '%s\n' "$@" >"$FAKE_ARGS"
+echo "main: server is listening on http://$2 - starting the main loop"
+while [[ $# -gt 0 ]]; do
+  case "$1" in --host) host="$2" ;; --port) port="$2" ;; esac
+  shift
+done
+exec python3 -c '
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
+' "$host" "$port"
+"""
+
+
+@pytest.mark.parametrize("listen", [None, "0.0.0.0"])
+def test_llama_server_listens_where_told_serves_metrics_and_checks_health_on_the_node_ip(
+    tmp_path: Path, listen: str | None
+) -> None:
+    """SERVER_LISTEN (from server_listen) becomes --host; /health is still asked on the node's
+    own address; --metrics is always on (Prometheus /metrics on the API port)."""
+    node = NodeBoot(**{**MAIN.__dict__, "rpc_workers": (), "gpu_layers": 0, "tensor_split": (),
+                       "node_ip": "10.0.1.10", "server_listen": listen})  # fmt: skip
+    assert env_of(node).get("SERVER_LISTEN") == listen
+    prefix, data = tmp_path / "prefix", tmp_path / "data"
+    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_LLAMA_SERVER)
+    fake.chmod(0o755)
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    # curl, recording where it asks, then the real one.
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    real_curl = require_tool("curl")
+    (wrappers / "curl").write_text(
+        f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >>"{tmp_path}/curl"\nexec {real_curl} "$@"\n'
+    )
+    (wrappers / "curl").chmod(0o755)
+    port = free_port()
+    env = {
+        "PATH": f"{wrappers}:{os.environ['PATH']}", "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent"),
+        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
+        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
+        "SERVER_PORT": str(port), "MODEL_URLS": "https://example.org/model.gguf",
+        "LLAMA_THREADS": "1", "FAKE_ARGS": str(tmp_path / "args"),
+        **({"SERVER_LISTEN": listen} if listen else {}),
+    }  # fmt: skip
+    service = subprocess.Popen(
+        ["bash", str(SCRIPTS / "llama-server.sh")], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        status: dict = {}
+        while status.get("phase") != "serving":
+            assert service.poll() is None and time.monotonic() < deadline, status
+            time.sleep(0.05)
+            status_file = data / "status.json"
+            status = json.loads(status_file.read_text()) if status_file.exists() else {}
+    finally:
+        os.killpg(service.pid, signal.SIGTERM)
+        service.wait(timeout=30)
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[args.index("--host") + 1] == (listen or "127.0.0.1")
+    assert "--metrics" in args
+    asked = (tmp_path / "curl").read_text()
+    assert f"http://127.0.0.1:{port}/health" in asked and "0.0.0.0" not in asked

@@ -23,14 +23,16 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import outputs
+from infra import metrics, outputs
 from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.machines import Machine, unavailable_reason
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.source import cache_dir
+from infra.types import METRICS_PORT
 from tests.conftest import REPO, complete, one_node_completion, one_plus_two, unavailable
+from tests.test_metrics import frame_rows, top_once_while_generating
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -225,6 +227,105 @@ def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
     assert not port_answers(exec_prefix(outsider), w1, 50052)
 
 
+def metrics_text(up: dict[str, Any], where: str, url: str) -> str:
+    """GET a metrics URL from inside a node's namespace (the cluster's own network)."""
+    argv = [*exec_prefix(up["network"].namespace(where)), "curl", "-sf", "--max-time", "5", url]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, (url, result.stderr)
+    return result.stdout
+
+
+def test_node_exporter_serves_each_node_to_the_cluster_on_its_private_address(up) -> None:
+    network: VpcNetwork = up["network"]
+    for name, ip in zip(network.node_names, network.node_ips, strict=True):
+        # Asked from the main node: another node's address, inside the cluster's network.
+        snapshot = metrics.Snapshot.parse(
+            metrics_text(up, "main", f"http://{ip}:{METRICS_PORT}/metrics"), 0
+        )
+        assert metrics.memory(snapshot) is not None, name
+        assert snapshot.select("node_cpu_seconds_total", mode="idle"), name
+        assert "eth0" in metrics.network_bytes(snapshot), name
+        assert snapshot.select("node_disk_read_bytes_total") or snapshot.has("node_load1")
+        listening = on(up, name, "ss", "-Hltn", f"sport = :{METRICS_PORT}").split()
+        assert f"{ip}:{METRICS_PORT}" in listening, listening  # not 0.0.0.0 or [::]
+        assert on(up, name, "ps", "-C", "prometheus-node-exporter", "-o", "user=").split() == [
+            "prometheus"
+        ]
+        assert "llama_rpc_metrics" in on(up, name, "nft", "list", "tables")
+
+
+def test_the_metrics_port_is_closed_outside_the_vpc(up) -> None:
+    """Hosts outside the cluster's network reach the nodes (a route back is added for the test),
+    yet not their metrics port: the host over its link to the main node, and a namespace on the
+    bridge with an address outside the VPC. Controls: the API port, and a listener on a worker."""
+    network: VpcNetwork = up["network"]
+    main_ip, w1 = network.node_ips[0], network.node_ips[1]
+    host = subprocess.run(
+        ["curl", "-sf", "--max-time", "5", f"http://{main_ip}:{METRICS_PORT}/metrics"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    assert host.returncode != 0  # the host's link address is not the cluster's
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL])[1]  # ... while the API answers
+    outsider = network.add_outsider("mout", "192.168.214.7", 24)
+    routes = [network.namespace(n) for n in ("main", "w1")]
+    listener = ["timeout", "60", "python3", "-m", "http.server", "--bind", w1, "9999"]
+    control = subprocess.Popen(
+        cluster.exec_argv(up["spec"], "w1", listener),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for ns in routes:
+            subprocess.run(
+                ["ip", "-n", ns, "route", "add", "192.168.214.0/24", "dev", "eth0"], check=True
+            )
+        wait_for(lambda: port_answers(exec_prefix(outsider), w1, 9999), 30, "the control")
+        assert port_answers(exec_prefix(outsider), main_ip, 8080)
+        for ip in (main_ip, w1):
+            assert not port_answers(exec_prefix(outsider), ip, METRICS_PORT), ip
+        # Inside the VPC it answers, from a worker as from the main node.
+        assert port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
+    finally:
+        control.kill()
+        control.wait()
+        for ns in routes:
+            subprocess.run(["ip", "-n", ns, "route", "del", "192.168.214.0/24"], check=False)
+
+
+def test_llama_server_serves_its_metrics_on_the_main_node(up) -> None:
+    url = up["contract"][outputs.LLAMA_SERVER_URL]
+    main_ip = up["network"].node_ips[0]
+
+    def read() -> metrics.Snapshot:
+        text = metrics_text(up, "w1", f"http://{main_ip}:8080/metrics")
+        return metrics.Snapshot.parse(text, time.monotonic())
+
+    before = read()
+    complete(url)
+    after = read()
+    generated = metrics.tokens_generated(before, after)
+    assert generated is not None and generated > 0
+    assert metrics.requests(after) == metrics.Requests(0, 0)
+    slots = json.loads(metrics_text(up, "main", f"http://{main_ip}:8080/slots"))
+    usage = metrics.kv_cache_usage(after, slots)
+    assert usage is not None and 0 < usage <= 1
+
+
+def test_top_shows_every_machine_with_its_figures(up) -> None:
+    """`top --once` while the main node generates: every node's traffic from its exporter, its
+    CPU and memory from its processes, the main node's tokens/s and KV cache from llama-server."""
+    shown = top_once_while_generating(up["spec"], up["contract"][outputs.LLAMA_SERVER_URL])
+    rows = frame_rows(shown, ["main", "w1", "w2"])
+    assert "(machines, 3 nodes)" in shown.splitlines()[0]
+    for words in rows.values():
+        assert words[2] == "serving", shown
+        assert 0 <= float(words[3]) <= 100, shown  # CPU %
+        assert "of" in words, shown  # memory: the machine's processes, of the host's
+        assert "n/a" not in words, shown
+    main = rows["main"]
+    assert float(main[3]) > 0 and float(main[-2]) > 0, shown  # CPU %, tokens/s
+    assert "node-exporter in a machine reads the host's CPU and memory" in shown
+
+
 def test_greedy_completion_through_machines_equals_one_node(up) -> None:
     through_machines = complete(up["contract"][outputs.LLAMA_SERVER_URL])
     bin_dir = cluster.build_prefix(up["options"].cache) / up["spec"]["commit"] / "bin"
@@ -270,6 +371,21 @@ def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(
     assert on(up, "main", "ls", "/var/lib/cloud/instances").split() == instances
     assert on(up, "main", "journalctl", "--list-boots", "--no-pager").count("\n") >= 2
     assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+
+
+def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
+    """The rebooted nodes (the test before) start their exporter again, its table first."""
+    network: VpcNetwork = up["network"]
+    for name in ("main", "w1"):
+        ip = network.node_ips[network.node_names.index(name)]
+        wait_for(
+            lambda ip=ip: port_answers(cluster.exec_argv(up["spec"], "w2", []), ip, METRICS_PORT),
+            120,
+            f"{name}'s exporter after its reboot",
+        )
+        assert "llama_rpc_metrics" in on(up, name, "nft", "list", "tables")
+        journal = on(up, name, "journalctl", "-b", "-u", "prometheus-node-exporter", "-o", "cat")
+        assert "Listening on" in journal and f"address={ip}:{METRICS_PORT}" in journal, journal
 
 
 # Each bad boot input that tests/test_scripts.py covers and that a node's settings can carry,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main node's service: wait for every worker, then serve the model with llama-server on this
-# node's private address, its layers placed as planned. Marks the node serving once /health
-# answers, with the placement llama-server reports in the status file.
+# node's private address (or on SERVER_LISTEN: 0.0.0.0 behind a balancer that delivers packets
+# addressed to its own IP), its layers placed as planned, with Prometheus metrics on /metrics.
+# Marks the node serving once /health answers on the node's address, with the placement
+# llama-server reports in the status file.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=SCRIPTDIR/supervise.sh
@@ -54,7 +56,7 @@ run_until_ready llama-server load_seconds LOAD_TIMEOUT_SECONDS \
   --model "$model" \
   "${rpc_args[@]}" \
   --fit off \
-  --host "$LLAMA_NODE_IP" \
+  --host "${SERVER_LISTEN:-$LLAMA_NODE_IP}" \
   --port "$server_port" \
   --ctx-size "$((context * slots))" \
   --parallel "$slots" \

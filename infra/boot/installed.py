@@ -21,7 +21,8 @@ def installed_text(path: Path) -> str:
     """The file as a node installs it."""
     text = path.read_text()
     first = text.split("\n", 1)[0]
-    if path.suffix in {".service", ".target", ".timer"}:
+    # .conf: a unit's drop-in.
+    if path.suffix in {".service", ".target", ".timer", ".conf"}:
         return _without_lines(text, lambda line: line.lstrip().startswith(("#", ";")))
     if first.startswith("#!") and "python" in first:
         return _python_without_comments(text)

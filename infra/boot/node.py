@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from infra.models.parts import saved_name
 from infra.outputs import rpc_servers
 from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
-from infra.types import ROLES, RPC_PORT, SERVER_PORT, Role
+from infra.types import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl: S3,
@@ -57,8 +57,9 @@ VM_PATHS = NodePaths(
 class NodeBoot:
     """Everything one node needs to boot into its role.
 
-    Workers need ``rpc_allowed_sources`` (who may reach the RPC port: the main node) and may
-    give ``cluster_cidr`` (the only network they reach once serving); the main
+    Workers need ``rpc_allowed_sources`` (who may reach the RPC port: the main node). Every node
+    should give ``cluster_cidr``: the only network that reaches its metrics port (without it, the
+    node alone does) and, for a worker, the only one it reaches once serving. The main
     node needs ``rpc_workers`` (worker IPs, in order), ``model_urls``, and with workers the
     placement flags ``gpu_layers`` and ``tensor_split``.
     """
@@ -69,8 +70,9 @@ class NodeBoot:
     llama_cpp_source: str = LLAMA_CPP_REPO
     rpc_port: int = RPC_PORT
     rpc_allowed_sources: tuple[str, ...] = ()
-    # A worker's egress once serving: this network (and the cloud's link-local services) only.
-    # Empty: egress is left alone.
+    # Who reaches the metrics port (node-exporter), on every node; and a worker's egress once
+    # serving: this network (and the cloud's link-local services) only. Empty: the metrics port
+    # is the node's own, and egress is left alone.
     cluster_cidr: str = ""
     # The cloud's own IPv4 endpoints a worker still reaches then (DNS, agent), outside both the
     # cluster and link-local 169.254.0.0/16.
@@ -79,6 +81,9 @@ class NodeBoot:
     model_urls: tuple[str, ...] = ()
     model_sha256: tuple[str, ...] = ()
     server_port: int = SERVER_PORT
+    # The address llama-server listens on; None: the node's own. "0.0.0.0" behind a balancer
+    # that delivers packets still addressed to itself (GCP's passthrough balancer).
+    server_listen: str | None = None
     context_size: int = 4096
     slots: int = 1
     # The layer placement as llama-server's flags (``infra.placement``): --n-gpu-layers and
@@ -123,6 +128,7 @@ class NodeBoot:
             "LLAMA_DATA_DIR": paths.data_dir,
             "LLAMA_STATUS_FILE": f"{paths.data_dir}/status.json",
             "RPC_PORT": str(self.rpc_port),
+            "METRICS_PORT": str(METRICS_PORT),
         }
         if service_user:
             env["LLAMA_SERVICE_USER"] = service_user
@@ -145,6 +151,8 @@ class NodeBoot:
                 "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
                 "LOAD_TIMEOUT_SECONDS": str(self.load_timeout_seconds),
             }
+            if self.server_listen:
+                env["SERVER_LISTEN"] = self.server_listen
             if self.staged:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
@@ -178,6 +186,7 @@ _ENV_FIELDS = {
     "MODEL_URLS": "model_urls",
     "MODEL_SHA256": "model_sha256",
     "SERVER_PORT": "server_port",
+    "SERVER_LISTEN": "server_listen",
     "CONTEXT_SIZE": "context_size",
     "SLOTS": "slots",
     "LLAMA_GPU_LAYERS": "gpu_layers",
@@ -211,10 +220,28 @@ def _validate(boot: NodeBoot) -> None:
         value = getattr(boot, name)
         if value < 1:
             raise BootConfigError(f"{name} {value} must be at least 1", setting=name)
+    if boot.cluster_cidr:
+        _validate_cluster_cidr(boot)
     if boot.role == "worker":
         _validate_worker(boot)
     else:
         _validate_main(boot)
+
+
+def _validate_cluster_cidr(boot: NodeBoot) -> None:
+    try:
+        cluster = ipaddress.IPv4Network(boot.cluster_cidr)
+    except ValueError:
+        raise BootConfigError(
+            f"cluster_cidr {boot.cluster_cidr!r} is not an IPv4 network",
+            setting="cluster_cidr",
+        ) from None
+    if not cluster.is_private or ipaddress.ip_address(boot.node_ip) not in cluster:
+        raise BootConfigError(
+            f"cluster_cidr {boot.cluster_cidr} must be the private network that holds "
+            f"the node ({boot.node_ip})",
+            setting="cluster_cidr",
+        )
 
 
 def _validate_worker(boot: NodeBoot) -> None:
@@ -246,23 +273,17 @@ def _validate_worker(boot: NodeBoot) -> None:
                 f"platform_addresses entry {address!r} is not an IPv4 address",
                 setting="platform_addresses",
             ) from None
-    if boot.cluster_cidr:
-        try:
-            cluster = ipaddress.IPv4Network(boot.cluster_cidr)
-        except ValueError:
-            raise BootConfigError(
-                f"cluster_cidr {boot.cluster_cidr!r} is not an IPv4 network",
-                setting="cluster_cidr",
-            ) from None
-        if not cluster.is_private or ipaddress.ip_address(boot.node_ip) not in cluster:
-            raise BootConfigError(
-                f"cluster_cidr {boot.cluster_cidr} must be the private network that holds "
-                f"the node ({boot.node_ip})",
-                setting="cluster_cidr",
-            )
+    if boot.server_listen is not None:
+        raise BootConfigError(
+            f"server_listen {boot.server_listen!r} is for the main node: a worker runs no "
+            "llama-server, and its RPC port listens on its own address only",
+            setting="server_listen",
+        )
 
 
 def _validate_main(boot: NodeBoot) -> None:
+    if boot.server_listen is not None:
+        _listen_address(boot.server_listen)
     # No workers: the model fits on the main node, which serves it alone without RPC.
     for ip in boot.rpc_workers:
         _private_host("rpc_workers", ip)
@@ -352,6 +373,25 @@ def _private_host(name: str, text: str) -> None:
             f"{name} {text!r} must be a private address of the cluster network: the RPC port "
             "has no authentication and must never listen publicly or on every interface",
             setting=name,
+        )
+
+
+def _listen_address(text: str) -> None:
+    """llama-server's --host: a private address, or 0.0.0.0 (every interface of a node that has
+    only private ones: behind a balancer that delivers packets addressed to its own IP)."""
+    try:
+        ip = ipaddress.IPv4Address(text)
+    except ValueError:
+        raise BootConfigError(
+            f"server_listen {text!r} is not an IPv4 address; give 0.0.0.0 or a private "
+            "address of the node, or leave it unset for the node's own",
+            setting="server_listen",
+        ) from None
+    if not (ip.is_unspecified or ip.is_private):
+        raise BootConfigError(
+            f"server_listen {text!r} is a public address; the API port is private: give "
+            "0.0.0.0 or a private address of the node",
+            setting="server_listen",
         )
 
 

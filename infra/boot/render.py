@@ -2,7 +2,8 @@
 become ``write_files`` entries and the node's settings one environment file. ``runcmd`` only
 enables and starts two units: ``llama-rpc-boot.service`` (the build and, on the main node, the
 model download; retried with a growing delay until it succeeds, and run again on every boot) and
-the role's service, which starts after it.
+the role's service, which starts after it; and (re)starts the package's node-exporter with the
+drop-in that binds it to the node's private address.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import yaml
 
 from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
-from infra.types import Role
+from infra.types import METRICS_PORT, Role
 
 CLOUD_INIT_DIR = Path(__file__).resolve().parents[2] / "cloud-init"
 SCRIPTS_DIR = CLOUD_INIT_DIR / "scripts"
@@ -23,13 +24,25 @@ UNITS_DIR = CLOUD_INIT_DIR / "systemd"
 ROLE_UNIT: dict[Role, str] = {"worker": "llama-rpc-worker.service", "main": "llama-server.service"}
 # Every node's boot (node-boot.sh) as a unit that retries; each role unit Requires= it.
 BOOT_UNIT = "llama-rpc-boot.service"
+# The exporter's own unit (the package's), and the drop-in that binds it to the node's private
+# address behind the host firewall.
+EXPORTER_UNIT = "prometheus-node-exporter.service"
+EXPORTER_DROP_IN = "node-exporter.conf"
+EXPORTER_DROP_IN_PATH = f"/etc/systemd/system/{EXPORTER_UNIT}.d/llama-rpc.conf"
+# The metrics port's host firewall, applied by the exporter's unit before it listens (its own
+# table: a packet must pass every table's input chain, so it adds to the workers' RPC rules).
+METRICS_RULESET_PATH = "/etc/llama-rpc/metrics.nft"
+METRICS_TABLE = "llama_rpc_metrics"
 SERVICE_USER = "llama"
 DATA_LABEL = "llama-data"
 
-# What a fresh Ubuntu 24.04 image needs to fetch and build llama.cpp; nftables for the workers'
-# host firewall. python3 is always there: cloud-init itself runs on it.
+# What a fresh Ubuntu 24.04 image needs to fetch and build llama.cpp. python3 is always there:
+# cloud-init itself runs on it.
 BUILD_PACKAGES = ("ca-certificates", "cmake", "curl", "g++", "git", "ninja-build")
-ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": ("nftables",), "main": ()}
+# Every node: nftables for its host firewall, and the node metrics exporter (CPU per core,
+# memory, network bytes per interface, disks) with the package's default collectors.
+NODE_PACKAGES = ("nftables", "prometheus-node-exporter")
+ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": NODE_PACKAGES, "main": NODE_PACKAGES}
 # A staged model is read from the object store with rclone (many ranged reads at once).
 STAGED_PACKAGES = ("rclone",)
 
@@ -91,6 +104,14 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
         }
         for name in (BOOT_UNIT, unit)
     ]
+    files += [
+        {
+            "path": EXPORTER_DROP_IN_PATH,
+            "permissions": "0644",
+            "content": installed_text(UNITS_DIR / EXPORTER_DROP_IN),
+        },
+        {"path": METRICS_RULESET_PATH, "permissions": "0644", "content": metrics_ruleset(boot)},
+    ]
     # Root's alone: systemd reads it (EnvironmentFile=) as root, and the services, which run as
     # the service user, get their settings from systemd and do not read it (lib.sh sources it
     # only when readable).
@@ -122,10 +143,13 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
         # The boot and the service run under systemd, which retries the boot until it succeeds
         # and starts the service after it, now and on every boot. --no-block: runcmd runs inside
         # cloud-final.service, and waiting here for a boot that takes hours (or for units
-        # ordered after cloud-final) would hold cloud-init, or deadlock it.
+        # ordered after cloud-final) would hold cloud-init, or deadlock it. The exporter is
+        # restarted: on an image that had the package, it started before its drop-in was written.
         "runcmd": [
             ["systemctl", "daemon-reload"],
             ["systemctl", "enable", "--now", "--no-block", BOOT_UNIT, unit],
+            ["systemctl", "enable", EXPORTER_UNIT],
+            ["systemctl", "restart", "--no-block", EXPORTER_UNIT],
         ],
     }
     if boot.data_device:
@@ -141,6 +165,26 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
             [f"LABEL={DATA_LABEL}", paths.data_dir, "ext4", "defaults,nofail,noatime", "0", "2"]
         ]
     return config
+
+
+def metrics_ruleset(boot: NodeBoot) -> str:
+    """The nftables table that admits the metrics port from the cluster's network (and the node
+    itself) only; without ``cluster_cidr``, from the node itself only. Replaced whole each time."""
+    rules = ['iif "lo" accept']
+    if boot.cluster_cidr:
+        rules.append(f"tcp dport {METRICS_PORT} ip saddr {boot.cluster_cidr} accept")
+    rules.append(f"tcp dport {METRICS_PORT} drop")
+    chain = "".join(f"    {rule}\n" for rule in rules)
+    return (
+        f"table inet {METRICS_TABLE}\n"
+        f"delete table inet {METRICS_TABLE}\n"
+        f"table inet {METRICS_TABLE} {{\n"
+        "  chain input {\n"
+        "    type filter hook input priority filter; policy accept;\n"
+        f"{chain}"
+        "  }\n"
+        "}\n"
+    )
 
 
 class _LiteralDumper(yaml.SafeDumper):
