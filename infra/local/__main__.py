@@ -1,7 +1,9 @@
 """python -m infra.local: a llama.cpp RPC cluster on this machine.
 
-python -m infra.local up [--machines] [--workers N] [--model PATH] [--context N] [--json]
+python -m infra.local up [--machines] [--workers N] [--replicas N] [--model PATH] [--context N]
+                        [--json]
 python -m infra.local status [--json]
+python -m infra.local top [--interval S] [--once]   (each node's CPU, memory, traffic, tokens/s)
 python -m infra.local exec NODE -- COMMAND...     (a shell on a node: the local SSM or IAP)
 python -m infra.local journal NODE [JOURNALCTL ARGS...]
 python -m infra.local reboot NODE
@@ -22,14 +24,16 @@ from typing import Any
 from infra import outputs
 from infra.boot import BootConfigError
 from infra.clouds import FACTS
-from infra.local import cluster
+from infra.local import cluster, top
 from infra.local import image as node_image
+from infra.local.balancer import BalancerError
 from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.supervisor import supervise
 from infra.pins import LLAMA_CPP_COMMIT
 from infra.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
+from infra.types import MAX_REPLICAS
 
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
@@ -38,8 +42,23 @@ def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
         return
     width = max(len(k) for k in contract)
     for key, value in contract.items():
-        shown = ", ".join(value) if isinstance(value, list) else value
+        if key == outputs.GROUPS:
+            for number, group in enumerate(value, 1):
+                print(f"{key if number == 1 else '':<{width}}  {_group_line(number, group)}")
+            continue
+        if value is None:
+            shown = "none (one serving group)" if key == outputs.BALANCER_URL else "none"
+        else:
+            shown = ", ".join(value) if isinstance(value, list) else value
         print(f"{key:<{width}}  {shown}")
+
+
+def _group_line(number: int, group: dict[str, Any]) -> str:
+    workers = ", ".join(group[outputs.WORKER_PRIVATE_IPS]) or "none"
+    return (
+        f"group {number}: main {group[outputs.MAIN_PRIVATE_IP]}, workers {workers}, "
+        f"{group[outputs.LLAMA_SERVER_URL]}"
+    )
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -77,6 +96,7 @@ def _up(args: argparse.Namespace) -> int:
         netns=netns,
         machines=machines,
         deliveries=tuple(args.delivery),
+        replicas=args.replicas,
     )
     contract = cluster.up(
         options,
@@ -85,11 +105,15 @@ def _up(args: argparse.Namespace) -> int:
     )
     _print_contract(contract, args.json)
     if not args.json:
-        print(
-            f"\ntry:  curl -s {contract[outputs.LLAMA_SERVER_URL]}/completion "
-            """-d '{"prompt": "Hello", "n_predict": 16}'"""
-        )
+        print(f"\ntry:  {_try_command(cluster.load_spec(cache, args.id))}")
     return 0
+
+
+def _try_command(spec: dict[str, Any]) -> str:
+    """A completion through the cluster's entry point: the balancer when there is one."""
+    url = cluster.entry_url(spec)
+    request = f"""curl -s {url}/completion -d '{{"prompt": "Hello", "n_predict": 16}}'"""
+    return cluster.from_entry(spec, request)
 
 
 def _machines_possible(netns: bool, cache: Path) -> bool:
@@ -137,14 +161,36 @@ def _reboot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _balancer_checks(spec: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Each group's state as the balancer's health checks see it (None: no balancer)."""
+    balancer = cluster.balancer_of(spec)
+    if balancer is None:
+        return None
+    try:
+        rows = balancer.stats()
+    except BalancerError as error:
+        return {"error": {"status": str(error)}}
+    return {
+        row["svname"]: {
+            "status": row["status"],
+            "check": row["check_status"],
+            "requests": int(row["stot"] or 0),
+            "open": int(row["scur"] or 0),
+        }
+        for row in rows
+    }
+
+
 def _status(args: argparse.Namespace) -> int:
     spec = cluster.load_spec(args.cache, args.id)
     statuses = cluster.read_status(spec)
+    checks = _balancer_checks(spec)
     if args.json:
         document = {
             "outputs": cluster.contract(spec),
             "placement": spec.get("placement", []),
             "nodes": statuses,
+            "balancer": checks,
         }
         print(json.dumps(document, indent=2))
         return 0
@@ -158,13 +204,30 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {planned['node']:<9} planned {planned['layers']:>3}, {seen}")
     print()
     stopped = set(cluster.stopped_machines(spec))
-    for name, status in statuses.items():
-        phase = "machine stopped" if name in stopped else status.get("phase", "starting")
-        line = f"{name:<6} {phase:<20}"
-        if status.get("last_error"):
-            line += f" last error: {status['last_error']}"
-        print(line)
+    groups = cluster.group_nodes(spec)
+    for number, nodes in enumerate(groups, 1):
+        indent = ""
+        if checks is not None:
+            check = checks.get(f"group{number}") or checks.get("error") or {}
+            seen = check.get("status", "not checked")
+            if check.get("check"):
+                seen += f", check {check['check']}, requests: {check['requests']}"
+            print(f"group {number} (balancer: {seen})")
+            indent = "  "
+        for node in nodes:
+            status = statuses[node["name"]]
+            phase = (
+                "machine stopped" if node["name"] in stopped else status.get("phase", "starting")
+            )
+            line = f"{indent}{node['name']:<6} {phase:<20}"
+            if status.get("last_error"):
+                line += f" last error: {status['last_error']}"
+            print(line)
     return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    return top.run(cluster.load_spec(args.cache, args.id), args.interval, once=args.once)
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -189,7 +252,14 @@ def _parser() -> argparse.ArgumentParser:
     start = sub.add_parser(
         "up", parents=[common], help="build, boot and wait until the main node serves"
     )
-    start.add_argument("--workers", type=int, default=2)
+    start.add_argument("--workers", type=int, default=2, help="workers per serving group")
+    start.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="serving groups (each a main node and its workers) behind HAProxy on the VPC "
+        f"bridge (default 1: no balancer; at most {MAX_REPLICAS})",
+    )
     start.add_argument(
         "--model",
         type=Path,
@@ -245,10 +315,15 @@ def _parser() -> argparse.ArgumentParser:
         "status", parents=[common], help="the output contract and each node's phase"
     )
     show.add_argument("--json", action="store_true")
+    watch = sub.add_parser(
+        "top", parents=[common], help="each node's phase, CPU, memory, traffic and tokens/s, live"
+    )
+    watch.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
+    watch.add_argument("--once", action="store_true", help="print one frame and stop")
     run_on = sub.add_parser(
         "exec", parents=[common], help="run a command on a node, as root (the local SSM or IAP)"
     )
-    run_on.add_argument("node", help="main, w1, w2, ...")
+    run_on.add_argument("node", help="main, w1, w2, ... (other groups: r2main, r2w1, ...)")
     run_on.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND")
     journal = sub.add_parser(
         "journal", parents=[common], help="a machine's journal, read from this machine"
@@ -291,6 +366,7 @@ def _supervise(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": _up,
     "status": _status,
+    "top": _top,
     "exec": _run_on_node,
     "journal": _journal,
     "reboot": _reboot,

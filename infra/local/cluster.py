@@ -9,6 +9,10 @@ makes each node's settings from the same ``NodeBoot`` the cloud-config is render
 - processes (the fallback): a detached supervisor runs the boot scripts in each namespace and
   keeps the services running, reading the same unit files (``infra.local.supervisor``).
 
+With ``replicas`` above 1 there are that many serving groups, each a main node and its workers
+at the group's addresses (``infra.layout.node_ips``), each group's workers taking RPC from their
+own main only, behind HAProxy at the balancer's address (``infra.local.balancer``).
+
 Without root the nodes share loopback (127.0.0.10, .11, …) and no firewall is applied; ``up``
 says so.
 """
@@ -44,15 +48,17 @@ from infra.boot import (
     render_env_file,
 )
 from infra.local import image as node_image
+from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine, MachineError
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from infra.models import ModelError
 from infra.models.parts import part_paths
 from infra.pins import LLAMA_CPP_COMMIT
-from infra.types import MAX_WORKERS, RPC_PORT, SERVER_PORT, Cloud, Role
+from infra.types import MAX_REPLICAS, MAX_WORKERS, RPC_PORT, SERVER_PORT, Cloud, Role
 
 DEFAULT_CIDR = "10.213.77.0/24"
 LOOPBACK_CIDR = "127.0.0.0/24"
+BALANCER_NODE = "lb"  # the balancer's namespace and link name (``lrc-<id>-lb``)
 
 
 class LocalClusterError(RuntimeError):
@@ -61,7 +67,7 @@ class LocalClusterError(RuntimeError):
 
 @dataclass(frozen=True)
 class UpOptions:
-    workers: int
+    workers: int  # per serving group
     model: Path
     source: Path
     cache: Path
@@ -83,6 +89,8 @@ class UpOptions:
     # Machines: whose delivery of the user data each node gets (main first, repeated over the
     # workers), decoded as that cloud's datasource decodes it.
     deliveries: tuple[Cloud, ...] = ("aws",)
+    # Serving groups (each a main node and ``workers`` workers) behind one balancer.
+    replicas: int = 1
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -111,6 +119,12 @@ def _validate(options: UpOptions) -> ipaddress.IPv4Network:
         raise LocalClusterError(
             f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger"
         )
+    if not 1 <= options.replicas <= MAX_REPLICAS:
+        raise LocalClusterError(
+            f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups"
+        )
+    if options.netns:
+        _check_groups_fit(options, cidr)
     for part in part_paths(options.model):
         if not part.is_file():
             raise LocalClusterError(f"--model: {part} does not exist")
@@ -120,6 +134,20 @@ def _validate(options: UpOptions) -> ipaddress.IPv4Network:
             f"and 1 to {sizing.MAX_SLOTS} slots"
         )
     return cidr
+
+
+def _check_groups_fit(options: UpOptions, cidr: ipaddress.IPv4Network) -> None:
+    """Every group's nodes get an address of the private subnet (the broadcast address aside)."""
+    subnet = layout.private_subnet(cidr)
+    last = layout.node_ips(subnet, options.workers, group=options.replicas - 1)[-1]
+    needed = int(ipaddress.IPv4Address(last)) - int(subnet.network_address) + 2
+    if needed > subnet.num_addresses:
+        prefix = 32 - (needed - 1).bit_length()
+        raise LocalClusterError(
+            f"--cidr {options.cidr} --replicas {options.replicas}: the last group's nodes reach "
+            f"{last}, beyond the private subnet {subnet}; give a /{prefix} or larger --cidr, or "
+            "fewer --replicas or --workers"
+        )
 
 
 def machine_memory_bytes() -> int:
@@ -140,7 +168,8 @@ def plan_placement(options: UpOptions) -> placement.Placement:
         reason = str(error).removeprefix(f"{error.setting}: ")
         raise LocalClusterError(f"--model: {reason}") from None
     nodes = options.workers + 1
-    memory = options.node_memory_bytes or machine_memory_bytes() // nodes
+    # By default every node of every group gets an equal share of this machine.
+    memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
     shares = placement.place(
         model, options.context_size, options.slots, [sizing.usable_of(memory)] * nodes
     )
@@ -150,16 +179,61 @@ def plan_placement(options: UpOptions) -> placement.Placement:
             f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
             f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
             f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, raise --node-memory-gib, "
-            "or lower --context or --slots"
+            f"or lower --context or --slots{_fewer_replicas(options)}"
         )
     return shares
 
 
-def _node_layout(cidr: ipaddress.IPv4Network, workers: int) -> tuple[list[str], list[str]]:
-    """Node names (short: they name network namespaces) and addresses, as the stacks lay
-    them out (``infra.layout``)."""
-    names = ["main", *(f"w{i}" for i in range(1, workers + 1))]
-    return names, layout.node_ips(layout.private_subnet(cidr), workers)
+def _fewer_replicas(options: UpOptions) -> str:
+    if options.replicas > 1 and options.node_memory_bytes is None:
+        return " (or fewer --replicas: every group's nodes share this machine's memory)"
+    return ""
+
+
+def node_short_name(index: int, group: int) -> str:
+    """A node's short name (it names the node's namespace and its link on the bridge, at most 15
+    characters): ``main``, ``w1``, ``w2``, … in the first group, ``r2main``, ``r2w1``, … in the
+    second, and so on."""
+    prefix = "" if group == 0 else f"r{group + 1}"
+    return prefix + ("main" if index == 0 else f"w{index}")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a node goes: its serving group, short name and address, and its group's addresses
+    (main first)."""
+
+    group: int
+    name: str
+    ip: str
+    group_ips: list[str]
+
+    @property
+    def role(self) -> Role:
+        return "main" if self.ip == self.group_ips[0] else "worker"
+
+
+def _node_layout(cidr: ipaddress.IPv4Network, workers: int, replicas: int = 1) -> list[_Slot]:
+    """Every node of every serving group, group by group, main first, as the stacks lay them
+    out (``infra.layout``)."""
+    subnet = layout.private_subnet(cidr)
+    slots = []
+    for group in range(replicas):
+        ips = layout.node_ips(subnet, workers, group=group)
+        slots += [_Slot(group, node_short_name(i, group), ip, ips) for i, ip in enumerate(ips)]
+    return slots
+
+
+def _balancer_entry(
+    cidr: ipaddress.IPv4Network, network: VpcNetwork | None, state: Path
+) -> dict[str, Any]:
+    """The balancer's place: its namespace (None on loopback), its address, its directory."""
+    return {
+        "name": BALANCER_NODE,
+        "ip": layout.balancer_ip(layout.private_subnet(cidr)),
+        "namespace": network.namespace(BALANCER_NODE) if network else None,
+        "directory": str(state / "balancer"),
+    }
 
 
 def up(
@@ -168,7 +242,8 @@ def up(
     timeout: float = 1800,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Bring the cluster up and wait until the main node serves; return the output contract.
+    """Bring the cluster up and wait until every group's main node serves (and, with replicas,
+    the balancer sees them all); return the output contract.
 
     On any failure everything started is taken down again and the node's error is raised.
     """
@@ -176,6 +251,8 @@ def up(
     if not options.netns:
         cidr = ipaddress.IPv4Network(LOOPBACK_CIDR)
     image = _machine_image(options) if options.machines else None
+    if options.replicas > 1:
+        _find_haproxy()  # before anything is made: its absence is an install step
     state = state_dir(options.cache, options.cluster_id)
     if (state / "cluster.json").exists():
         if _running(state, load_spec(options.cache, options.cluster_id)):
@@ -185,49 +262,27 @@ def up(
             )
         down(options.cache, options.cluster_id)
     shares = plan_placement(options)
-    names, ips = _node_layout(cidr, options.workers)
+    slots = _node_layout(cidr, options.workers, options.replicas)
+    on_bridge = [(s.name, s.ip) for s in slots]
+    if options.replicas > 1:
+        on_bridge.append((BALANCER_NODE, layout.balancer_ip(layout.private_subnet(cidr))))
     network = (
-        VpcNetwork(options.cluster_id, cidr, tuple(names), tuple(ips)) if options.netns else None
+        VpcNetwork(
+            options.cluster_id,
+            cidr,
+            tuple(name for name, _ in on_bridge),
+            tuple(ip for _, ip in on_bridge),
+        )
+        if options.netns
+        else None
     )
+    balancer = _balancer_entry(cidr, network, state) if options.replicas > 1 else None
     state.mkdir(parents=True, exist_ok=True)
-    nodes = []
-    for index, (name, ip) in enumerate(zip(names, ips, strict=True)):
-        role: Role = "main" if name == "main" else "worker"
-        node_dir = state / "nodes" / name
-        node_dir.mkdir(parents=True, exist_ok=True)
-        node = {
-            "name": name,
-            "role": role,
-            "ip": ip,
-            "namespace": network.namespace(name) if network else None,
-        }
-        where = _Where(ip, cidr, ips, shares)
-        if image and network:
-            # The machine's own view: the host's source and model appear at fixed paths.
-            boot = _node_boot(
-                options,
-                role,
-                where,
-                source=SOURCE_MOUNT,
-                model_urls=tuple(
-                    f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)
-                ),
-            )
-            node |= _machine_node(
-                options, node, image_root=image.root, network=network, boot=boot, index=index
-            )
-        else:
-            boot = _node_boot(options, role, where)
-            env_file = node_dir / "node.env"
-            paths = NodePaths(
-                bin_dir=str(SCRIPTS_DIR),
-                env_file=str(env_file),
-                data_dir=str(node_dir),
-                prefix=str(build_prefix(options.cache)),
-            )
-            env_file.write_text(render_env_file(boot.env(paths)))
-            node |= {"env_file": str(env_file), "status_file": str(node_dir / "status.json")}
-        nodes.append(node)
+    nodes = [
+        _node_entry(options, slot, _Where(slot.ip, cidr, slot.group_ips, shares), state=state,
+                    network=network, image=image, index=index)
+        for index, slot in enumerate(slots)
+    ]  # fmt: skip
     spec = {
         "id": options.cluster_id,
         "netns": options.netns,
@@ -240,11 +295,15 @@ def up(
         "slots": options.slots,
         "placement": shares.to_json(),
         "nodes": nodes,
+        "replicas": options.replicas,
+        "balancer": balancer,
     }
     (state / "cluster.json").write_text(json.dumps(spec, indent=2))
     try:
         if network:
             network.create()
+        if balancer:
+            _start_balancer(spec)
         if image:
             _build_on_host(options, state, progress)
             for node in nodes:
@@ -260,9 +319,98 @@ def up(
     return contract(spec)
 
 
+def _find_haproxy() -> str:
+    try:
+        return find_haproxy()
+    except BalancerError as error:
+        raise LocalClusterError(str(error)) from None
+
+
+def balancer_of(spec: dict[str, Any]) -> Balancer | None:
+    """The cluster's balancer (None with one serving group)."""
+    entry = spec.get("balancer")
+    if not entry:
+        return None
+    return Balancer(namespace=entry["namespace"], directory=Path(entry["directory"]))
+
+
+def _start_balancer(spec: dict[str, Any]) -> None:
+    balancer = balancer_of(spec)
+    if balancer is None:
+        return
+    try:
+        balancer.write_config(
+            listen_ip=spec["balancer"]["ip"],
+            port=spec["server_port"],
+            mains=[main["ip"] for main in main_nodes(spec)],
+            server_port=spec["server_port"],
+        )
+        balancer.start()
+    except BalancerError as error:
+        raise LocalClusterError(str(error)) from None
+
+
+def main_nodes(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each serving group's main node, in group order."""
+    return [n for n in spec["nodes"] if n["role"] == "main"]
+
+
+def group_nodes(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Each serving group's nodes (its main first), in group order."""
+    groups: list[list[dict[str, Any]]] = [[] for _ in range(spec.get("replicas", 1))]
+    for node in spec["nodes"]:
+        groups[node.get("group", 0)].append(node)
+    return groups
+
+
+def _node_entry(
+    options: UpOptions,
+    slot: _Slot,
+    where: _Where,
+    *,
+    state: Path,
+    network: VpcNetwork | None,
+    image: node_image.Image | None,
+    index: int,
+) -> dict[str, Any]:
+    """A node's entry in the cluster's spec, its boot settings written where it reads them."""
+    node_dir = state / "nodes" / slot.name
+    node_dir.mkdir(parents=True, exist_ok=True)
+    node: dict[str, Any] = {
+        "name": slot.name,
+        "role": slot.role,
+        "ip": slot.ip,
+        "namespace": network.namespace(slot.name) if network else None,
+        "group": slot.group,
+    }
+    if image and network:
+        # The machine's own view: the host's source and model appear at fixed paths.
+        boot = _node_boot(
+            options,
+            slot.role,
+            where,
+            source=SOURCE_MOUNT,
+            model_urls=tuple(f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)),
+        )
+        return node | _machine_node(
+            options, node, image_root=image.root, network=network, boot=boot, index=index
+        )
+    boot = _node_boot(options, slot.role, where)
+    env_file = node_dir / "node.env"
+    paths = NodePaths(
+        bin_dir=str(SCRIPTS_DIR),
+        env_file=str(env_file),
+        data_dir=str(node_dir),
+        prefix=str(build_prefix(options.cache)),
+    )
+    env_file.write_text(render_env_file(boot.env(paths)))
+    return node | {"env_file": str(env_file), "status_file": str(node_dir / "status.json")}
+
+
 @dataclass(frozen=True)
 class _Where:
-    """A node's place in the cluster: its address, the network, every address, the layers."""
+    """A node's place in the cluster: its address, the network, its serving group's addresses
+    (main first), the layers."""
 
     ip: str
     cidr: ipaddress.IPv4Network
@@ -471,7 +619,10 @@ def _wait_until_serving(
             raise LocalClusterError(
                 f"node {name} failed: {status.get('last_error')}{_log_tail(state, spec, name)}"
             )
-        if statuses["main"].get("phase") == "serving":
+        waiting = [
+            m["name"] for m in main_nodes(spec) if statuses[m["name"]].get("phase") != "serving"
+        ]
+        if not waiting and _balancer_sees_every_group(spec):
             return
         if spec.get("machines"):
             if stopped := stopped_machines(spec):
@@ -485,11 +636,41 @@ def _wait_until_serving(
                 f"the supervisor stopped; see {state / 'supervisor.log'}"
                 f"{_log_tail(state, spec, 'main')}"
             )
+        balancer = balancer_of(spec)
+        if balancer and not balancer.alive():
+            tail = balancer.log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise LocalClusterError(f"the balancer stopped: {' / '.join(tail)}; see {balancer.log}")
         if time.monotonic() > deadline:
+            if not waiting and balancer:
+                raise LocalClusterError(
+                    f"every group serves, but the balancer's health checks do not pass after "
+                    f"{timeout:.0f}s ({_balancer_states(balancer)}); see {balancer.log}"
+                )
             raise LocalClusterError(
-                f"not serving after {timeout:.0f}s ({phases}){_log_tail(state, spec, 'main')}"
+                f"not serving after {timeout:.0f}s ({phases})"
+                f"{_log_tail(state, spec, (waiting or ['main'])[0])}"
             )
         time.sleep(0.5)
+
+
+def _balancer_sees_every_group(spec: dict[str, Any]) -> bool:
+    """True with one group; else once every group passes the balancer's health check, so that
+    requests through it reach every group."""
+    balancer = balancer_of(spec)
+    if balancer is None:
+        return True
+    try:
+        states = balancer.group_states()
+    except BalancerError:
+        return False
+    return bool(states) and all(state == "UP" for state in states.values())
+
+
+def _balancer_states(balancer: Balancer) -> str:
+    try:
+        return ", ".join(f"{name}: {state}" for name, state in balancer.group_states().items())
+    except BalancerError as error:
+        return str(error)
 
 
 def _log_tail(state: Path, spec: dict[str, Any], node: str, lines: int = 15) -> str:
@@ -525,32 +706,61 @@ def load_spec(cache: Path, cluster_id: str) -> dict[str, Any]:
 
 
 def contract(spec: dict[str, Any]) -> dict[str, Any]:
-    """The same output contract as a cloud stack."""
-    main, *workers = spec["nodes"]
-    worker_ips = [w["ip"] for w in workers]
-    url = f"http://{main['ip']}:{spec['server_port']}"
+    """The same output contract as a cloud stack: the top-level node keys are the first serving
+    group's, ``groups`` holds every group's, in order."""
+    groups = [_group_outputs(spec, nodes) for nodes in group_nodes(spec)]
+    first = groups[0]
     machines = spec.get("machines", False)
+    balancer = spec.get("balancer")
+    balancer_url = f"http://{balancer['ip']}:{spec['server_port']}" if balancer else None
     return {
         outputs.CLOUD: "local",
         outputs.REGION: "netns" if spec["netns"] else "loopback",
         outputs.INSTANCE_TYPE: "machine" if machines else "process",
-        outputs.WORKER_COUNT: len(workers),
+        outputs.WORKER_COUNT: len(first[outputs.WORKER_PRIVATE_IPS]),
+        **first,
+        outputs.CONNECT_COMMAND: from_entry(spec, f"curl {entry_url(spec)}/v1/models"),
+        outputs.HOURLY_COST_USD: 0.0,
+        outputs.LLAMA_CPP_COMMIT: spec["commit"],
+        outputs.REPLICAS: len(groups),
+        outputs.BALANCER_URL: balancer_url,
+        outputs.GROUPS: groups,
+    }
+
+
+def _group_outputs(spec: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    main, *workers = nodes
+    worker_ips = [w["ip"] for w in workers]
+    return {
         outputs.MAIN_PRIVATE_IP: main["ip"],
         outputs.WORKER_PRIVATE_IPS: worker_ips,
         outputs.RPC_SERVERS: outputs.rpc_servers(worker_ips, spec["rpc_port"]),
-        outputs.LLAMA_SERVER_URL: url,
-        outputs.MAIN_INSTANCE_ID: main["namespace"] or "main",
+        outputs.LLAMA_SERVER_URL: f"http://{main['ip']}:{spec['server_port']}",
+        outputs.MAIN_INSTANCE_ID: main["namespace"] or main["name"],
         outputs.WORKER_INSTANCE_IDS: [w["namespace"] or w["name"] for w in workers],
-        outputs.CONNECT_COMMAND: f"curl {url}/v1/models",
-        outputs.HOURLY_COST_USD: 0.0,
-        outputs.LLAMA_CPP_COMMIT: spec["commit"],
     }
+
+
+def entry_url(spec: dict[str, Any]) -> str:
+    """Where requests go: the balancer with replicas, else the (first) main node."""
+    entry = spec.get("balancer") or main_nodes(spec)[0]
+    return f"http://{entry['ip']}:{spec['server_port']}"
+
+
+def from_entry(spec: dict[str, Any], command: str) -> str:
+    """``command`` as run from where the cluster's entry point is reachable. This machine has a
+    route to the first group's main node only; the balancer, like a cloud's internal one, is
+    reached from inside the VPC: from the first main node, as a cloud's tunnel reaches it."""
+    if not spec.get("balancer") or not spec["netns"]:
+        return command
+    on = "" if spec["id"] == "local" else f" --id {spec['id']}"
+    return f"python -m infra.local exec{on} main -- {command}"
 
 
 def network_of(spec: dict[str, Any]) -> VpcNetwork | None:
     if not spec["netns"]:
         return None
-    nodes = spec["nodes"]
+    nodes = [*spec["nodes"], *([spec["balancer"]] if spec.get("balancer") else [])]
     return VpcNetwork(
         spec["id"],
         ipaddress.IPv4Network(spec["cidr"]),
@@ -582,6 +792,9 @@ def stop(spec: dict[str, Any], state: Path) -> None:
     if spec.get("machines"):
         for node in spec["nodes"]:
             machine_of(spec, node).stop()
+    balancer = balancer_of(spec)
+    if balancer:
+        balancer.stop()
     pid = _supervisor_pid(state)
     if pid is not None and _supervisor_alive(state):
         os.kill(pid, signal.SIGTERM)

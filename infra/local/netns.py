@@ -5,9 +5,11 @@
           worker 1 ─────┤
           worker 2 ─────┘
 
-The nodes get the VPC's fixed addresses (.10 main, .11, .12, … workers) and no default route, so
-nothing they send can leave the namespaces. The host reaches the main node alone, over its own
-link (as a laptop reaches the main node through a cloud tunnel), never the workers.
+The nodes get the VPC's fixed addresses (.10 main, .11, .12, … workers; with replicas each
+further serving group's main at .30, .50, …, and the balancer's namespace at .5) and no default
+route, so nothing they send can leave the namespaces. The host reaches the first group's main
+node alone, over its own link (as a laptop reaches the main node through a cloud tunnel), never
+the workers; the balancer is reached from inside the VPC, as a cloud's internal one is.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 from dataclasses import dataclass
+
+# Linux's limit on an interface's name (IFNAMSIZ less its terminating zero): each node's end of
+# its link on the bridge is named after the node.
+MAX_INTERFACE_NAME = 15
 
 
 class NetnsError(RuntimeError):
@@ -39,8 +45,16 @@ class VpcNetwork:
 
     cluster_id: str
     cidr: ipaddress.IPv4Network
-    node_names: tuple[str, ...]  # "main" first, then the workers
+    node_names: tuple[str, ...]  # "main" first (the host's link goes to it), then the others
     node_ips: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        too_long = [n for n in self.node_names if len(n) > MAX_INTERFACE_NAME]
+        if too_long:
+            raise NetnsError(
+                f"node names {too_long} name interfaces: keep them to {MAX_INTERFACE_NAME} "
+                "characters"
+            )
 
     @property
     def vpc_namespace(self) -> str:

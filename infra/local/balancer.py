@@ -1,0 +1,271 @@
+"""The local cluster's private load balancer: HAProxy (Debian's package) in front of the serving
+groups, as the clouds' internal load balancers are in front of theirs.
+
+It runs in its own network namespace on the VPC bridge at the balancer's address (``.5``) and
+listens on the server port. It sends a request only to a group whose main node answers
+llama-server's ``GET /health`` with 200: a group that is loading (503) or dead gets none. The
+configuration is rendered here, checked with ``haproxy -c`` before it starts, and HAProxy runs
+in the foreground as a tracked process (its pid in the cluster's state directory) that ``down``
+stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.local.netns import exec_prefix
+
+HAPROXY = "haproxy"
+# The response header naming the group that answered (HAProxy's server name, "group1", …).
+SERVED_BY_HEADER = "X-Served-By"
+BACKEND = "groups"
+# Health checks. llama-server answers /health from its HTTP threads without touching the model,
+# so checking every second costs nothing. Two failures take a group out (within about 2 s of its
+# death; a request that meets the dead group before then is retried on another); two passes in
+# a row bring it back once its model is loaded. The clouds' balancers check every 5-10 s; here the
+# failover test waits for these intervals, so they are short.
+CHECK_INTERVAL = "1s"
+CHECK_TIMEOUT = "2s"
+CHECKS_TO_FALL = 2
+CHECKS_TO_RISE = 2
+# A generation answers only when it is done (unless streamed): the server timeout is
+# llama-server's own default request timeout (--timeout 600).
+SERVER_TIMEOUT = "600s"
+# A unix socket's path has room for 107 bytes (sun_path).
+MAX_SOCKET_PATH = 107
+
+
+class BalancerError(RuntimeError):
+    """The balancer could not be configured, started or read."""
+
+
+def find_haproxy() -> str:
+    path = shutil.which(HAPROXY)
+    if path is None:
+        raise BalancerError(
+            "--replicas: more than one serving group needs HAProxy as the balancer, and it is not "
+            "installed; run scripts/install-deps (it installs Debian's haproxy package), or give "
+            "--replicas 1"
+        )
+    return path
+
+
+def group_server_name(group: int) -> str:
+    """HAProxy's name for a serving group (0-based): ``group1``, ``group2``, … (the contract's
+    ``groups`` order)."""
+    return f"group{group + 1}"
+
+
+def render_config(
+    *,
+    listen_ip: str,
+    port: int,
+    mains: list[str],
+    server_port: int,
+    stats_socket: Path,
+    run_as: str | None = None,
+) -> str:
+    """HAProxy's configuration: one frontend on ``listen_ip:port``, one backend server per
+    serving group's main node, health-checked on ``/health``."""
+    servers = "\n".join(
+        f"    server {group_server_name(g)} {ip}:{server_port}" for g, ip in enumerate(mains)
+    )
+    user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
+    return f"""\
+# Rendered by infra/local/balancer.py; checked with `haproxy -c -f` before it runs.
+global
+    log stdout format raw daemon
+    stats socket {stats_socket} mode 600 level admin
+{user}
+defaults
+    mode http
+    log global
+    option httplog
+    timeout connect 2s
+    timeout client {SERVER_TIMEOUT}
+    timeout server {SERVER_TIMEOUT}
+    timeout check {CHECK_TIMEOUT}
+    # A request that meets a group that has just died (connection refused, or closed before any
+    # answer) or one still loading (503) is sent again, to another group. One whose connection
+    # the dying server reset gets 502: HAProxy retries a reset only for refused TLS early data.
+    retries 3
+    option redispatch 1
+    retry-on conn-failure empty-response 503
+
+frontend api
+    bind {listen_ip}:{port}
+    default_backend {BACKEND}
+
+backend {BACKEND}
+    # Requests run for seconds: the group with the fewest open requests gets the next one
+    # (turn by turn among equals).
+    balance leastconn
+    option httpchk GET /health
+    http-check expect status 200
+    default-server check inter {CHECK_INTERVAL} fall {CHECKS_TO_FALL} rise {CHECKS_TO_RISE}
+    http-response set-header {SERVED_BY_HEADER} %[srv_name]
+{servers}
+"""
+
+
+def unprivileged_user() -> str | None:
+    """The user HAProxy drops to after binding, when it starts as root: Debian's package's own."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(HAPROXY).pw_name
+    except KeyError:
+        return None
+
+
+def check_config(haproxy: str, config: Path) -> None:
+    """``haproxy -c``: HAProxy's own verdict on the configuration, before anything runs."""
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(config)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise BalancerError(
+            f"the balancer's configuration {config} is invalid:\n"
+            f"{(result.stdout + result.stderr).strip()}"
+        )
+
+
+@dataclass(frozen=True)
+class Balancer:
+    """One HAProxy process, in ``namespace`` (None: on this machine's loopback)."""
+
+    namespace: str | None
+    directory: Path  # config, pid file, stats socket, log
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "haproxy.cfg"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "haproxy.pid"
+
+    @property
+    def stats_socket(self) -> Path:
+        return self.directory / "haproxy.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "haproxy.log"
+
+    def write_config(
+        self, *, listen_ip: str, port: int, mains: list[str], server_port: int
+    ) -> None:
+        if len(str(self.stats_socket)) > MAX_SOCKET_PATH:
+            raise BalancerError(
+                f"--cache: the balancer's socket {self.stats_socket} is longer than a unix "
+                f"socket's {MAX_SOCKET_PATH} bytes; give a shorter --cache"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            render_config(
+                listen_ip=listen_ip,
+                port=port,
+                mains=mains,
+                server_port=server_port,
+                stats_socket=self.stats_socket,
+                run_as=unprivileged_user(),
+            )
+        )
+
+    def start(self) -> None:
+        """Check the configuration, then start HAProxy in the foreground, detached."""
+        haproxy = find_haproxy()
+        check_config(haproxy, self.config)
+        self.stats_socket.unlink(missing_ok=True)  # one left by a HAProxy killed hard
+        with self.log.open("a") as log:
+            process = subprocess.Popen(
+                [*exec_prefix(self.namespace), haproxy, "-db", "-f", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(process.pid))
+        # Running once its stats socket is there (HAProxy makes it after binding its address).
+        deadline = time.monotonic() + 10
+        while not self.stats_socket.is_socket():
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+                raise BalancerError(f"HAProxy did not start: {' / '.join(tail)}; see {self.log}")
+            time.sleep(0.05)
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def alive(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        stat = Path(f"/proc/{pid}/stat")
+        try:
+            # A zombie (exited, not yet reaped by whoever started it) is not alive.
+            return stat.read_text().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM (HAProxy stops at once), then SIGKILL after 10 s."""
+        pid = self.pid()
+        if pid is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + 10
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+
+    def stats(self, timeout: float = 2) -> list[dict[str, str]]:
+        """HAProxy's ``show stat`` for the groups: one row per group's server (``svname``,
+        ``status`` UP / DOWN / …, ``scur`` open requests, ``stot`` requests so far,
+        ``check_status``)."""
+        if not self.alive():
+            raise BalancerError(f"the balancer is not running; see {self.log}")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(timeout)
+                client.connect(str(self.stats_socket))
+                client.sendall(b"show stat\n")
+                chunks = []
+                while chunk := client.recv(65536):
+                    chunks.append(chunk)
+        except OSError as error:
+            raise BalancerError(f"cannot read the balancer's state: {error}") from None
+        text = b"".join(chunks).decode().removeprefix("# ")
+        rows = [
+            row
+            for row in csv.DictReader(io.StringIO(text))
+            if row.get("pxname") == BACKEND and row.get("svname") not in ("BACKEND", "FRONTEND")
+        ]
+        for row in rows:
+            # "* L7OK": the last check's result while the next one runs.
+            row["check_status"] = row["check_status"].removeprefix("* ")
+        return rows
+
+    def group_states(self) -> dict[str, str]:
+        """Each group's check state, e.g. ``{"group1": "UP", "group2": "DOWN"}``."""
+        return {row["svname"]: row["status"] for row in self.stats()}

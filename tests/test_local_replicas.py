@@ -1,0 +1,520 @@
+"""Replicas on the local cluster: serving groups behind HAProxy, health-checked on /health.
+
+The fast tests check the settings, the balancer's configuration (HAProxy's own ``-c``) and its
+health checks against stand-in servers on loopback. The netns tier brings up two groups of a
+main node and one worker serving the generated model, and sends requests from a namespace of its
+own on the VPC bridge: both groups answer; one group's main node is killed and every request is
+still answered while it comes back; each group's workers take RPC from their own main only.
+Traffic goes only to loopback and to the namespaces these tests create.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import layout, outputs, sizing
+from infra.local import balancer as lb
+from infra.local import cluster
+from infra.local.__main__ import main
+from infra.local.model import cached_model
+from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
+from infra.local.source import cache_dir
+from infra.types import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
+from tests.conftest import free_port, require_netns, require_tool
+from tests.test_models import write_gguf
+
+# Sends completions to URL one after another, from wherever it runs (a namespace of the test's),
+# until STOP exists or COUNT requests are done; one JSON line per request: when it started and
+# ended (CLOCK_MONOTONIC, the test's clock too), the HTTP status, the group that answered (the
+# balancer's header), the text and token count, or the error.
+CLIENT = r"""
+import json, os, sys, time, urllib.error, urllib.request
+url, stop, count, n_predict = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+body = json.dumps({"prompt": "Hello world, this is", "n_predict": n_predict, "temperature": 0,
+                   "cache_prompt": False}).encode()
+done = 0
+while done != count and not os.path.exists(stop):
+    row = {"start": time.monotonic(), "status": None, "group": None}
+    try:
+        request = urllib.request.Request(url + "/completion", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            reply = json.load(response)
+            row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
+                    "content": reply["content"], "tokens": reply["tokens_predicted"]}
+    except urllib.error.HTTPError as error:
+        row |= {"status": error.code, "error": error.read().decode(errors="replace")[:300]}
+    except Exception as error:
+        row["error"] = repr(error)
+    row["end"] = time.monotonic()
+    print(json.dumps(row), flush=True)
+    done += 1
+"""
+
+
+# --- settings: refused before anything starts ---------------------------------------------
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("replicas", [0, MAX_REPLICAS + 1])
+def test_replicas_out_of_range_are_refused(capsys, tmp_path: Path, model: Path, replicas) -> None:
+    cache = tmp_path / "cache"
+    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
+                 "--loopback", "--id", "cli", "--replicas", str(replicas)])  # fmt: skip
+    assert code == 1
+    assert f"--replicas {replicas}: give 1 to {MAX_REPLICAS} serving groups" in (
+        capsys.readouterr().err
+    )
+    assert not cluster.state_dir(cache, "cli").exists()
+
+
+def test_a_cidr_too_small_for_the_groups_names_both_flags(tmp_path: Path, model: Path) -> None:
+    """Two groups of a main and two workers reach .32: a /27 ends at .31."""
+    options = cluster.UpOptions(
+        workers=2, model=model, source=tmp_path, cache=tmp_path / "cache", cidr="10.9.8.0/27",
+        replicas=2,
+    )  # fmt: skip
+    with pytest.raises(cluster.LocalClusterError) as refused:
+        cluster.up(options)
+    assert str(refused.value) == (
+        "--cidr 10.9.8.0/27 --replicas 2: the last group's nodes reach 10.9.8.32, beyond the "
+        "private subnet 10.9.8.0/27; give a /26 or larger --cidr, or fewer --replicas or --workers"
+    )
+    assert not cluster.state_dir(options.cache, options.cluster_id).exists()
+    # The same groups with one worker each end at .31, the broadcast address: still refused.
+    with pytest.raises(cluster.LocalClusterError, match="give a /26 or larger"):
+        cluster.up(dataclasses.replace(options, workers=1))
+
+
+def test_without_haproxy_replicas_name_the_install_step(
+    monkeypatch, tmp_path: Path, model: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    options = cluster.UpOptions(
+        workers=1, model=model, source=tmp_path, cache=tmp_path / "cache", netns=False, replicas=2
+    )
+    with pytest.raises(cluster.LocalClusterError) as refused:
+        cluster.up(options)
+    assert "run scripts/install-deps (it installs Debian's haproxy package)" in str(refused.value)
+    assert not cluster.state_dir(options.cache, options.cluster_id).exists()
+
+
+def test_every_node_name_fits_an_interface_name() -> None:
+    names = [
+        cluster.node_short_name(i, g) for g in range(MAX_REPLICAS) for i in range(MAX_WORKERS + 1)
+    ]
+    assert len(set(names)) == len(names)
+    assert max(len(n) for n in [*names, cluster.BALANCER_NODE]) <= MAX_INTERFACE_NAME
+    assert names[:2] == ["main", "w1"] and "r2main" in names and "r10w15" in names
+
+
+def test_every_node_of_every_group_gets_an_equal_share_of_memory(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """48 GiB: two nodes get 24 GiB each; three groups of two nodes 8 GiB each."""
+    monkeypatch.setattr(cluster, "machine_memory_bytes", lambda: 48 * 1024**3)
+    gguf = write_gguf(tmp_path / "m.gguf", layers=6)
+    one = cluster.UpOptions(workers=1, model=gguf, source=tmp_path, cache=tmp_path)
+    for replicas, share in ((1, 24), (3, 8)):
+        options = dataclasses.replace(one, replicas=replicas)
+        usable = {s.usable_bytes for s in cluster.plan_placement(options).shares}
+        assert usable == {sizing.usable_of(share * 1024**3)}
+
+
+# --- the balancer against stand-in servers on loopback ---------------------------------------
+
+
+def test_the_rendered_configuration_passes_haproxys_check(tmp_path: Path) -> None:
+    haproxy = require_tool("haproxy")
+    balancer = lb.Balancer(namespace=None, directory=tmp_path / "lb")
+    balancer.write_config(
+        listen_ip="10.9.8.5", port=8080, mains=["10.9.8.10", "10.9.8.30"], server_port=8080
+    )
+    lb.check_config(haproxy, balancer.config)
+    text = balancer.config.read_text()
+    assert "option httpchk GET /health" in text and "http-check expect status 200" in text
+    assert "server group1 10.9.8.10:8080" in text and "server group2 10.9.8.30:8080" in text
+    assert "bind 10.9.8.5:8080" in text
+    broken = tmp_path / "broken.cfg"
+    broken.write_text(text.replace("balance leastconn", "balance fewestconn"))
+    with pytest.raises(lb.BalancerError, match="is invalid"):
+        lb.check_config(haproxy, broken)
+
+
+@dataclass
+class StandIn:
+    """A loopback HTTP server playing a group's llama-server: /health answers ``health``; every
+    other request is counted and answered with the server's name."""
+
+    name: str
+    health: int = 200
+    served: list[str] = field(default_factory=list)
+
+
+def _stand_in(ip: str, port: int, state: StandIn) -> http.server.ThreadingHTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _answer(self, code: int, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._answer(state.health, b"{}")
+                return
+            state.served.append(self.path)
+            self._answer(200, state.name.encode())
+
+    server = http.server.ThreadingHTTPServer((ip, port), Handler)
+    # HAProxy closes a health check's connection as soon as it has the status line.
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
+def _wait_for(states: dict[str, str], balancer: lb.Balancer, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while balancer.group_states() != states:
+        assert time.monotonic() < deadline, balancer.group_states()
+        time.sleep(0.1)
+
+
+def test_only_groups_that_pass_the_health_check_get_requests(tmp_path: Path) -> None:
+    """HAProxy in front of two stand-in groups on loopback: both healthy, both get requests; one
+    answering /health with 503 (as llama-server does while it loads) gets none; one gone gets
+    none, and a request that meets it before its checks fail is sent to the other."""
+    require_tool("haproxy")
+    port = free_port()
+    groups = [StandIn("group1"), StandIn("group2")]
+    mains = ["127.0.0.10", "127.0.0.30"]
+    servers = [_stand_in(ip, port, g) for ip, g in zip(mains, groups, strict=True)]
+    balancer = lb.Balancer(namespace=None, directory=tmp_path / "lb")
+    balancer.write_config(listen_ip="127.0.0.5", port=port, mains=mains, server_port=port)
+    balancer.start()
+    url = f"http://127.0.0.5:{port}/v1/models"
+
+    def ask(times: int) -> list[str]:
+        answers = []
+        for _ in range(times):
+            with urllib.request.urlopen(url, timeout=10) as response:
+                answers.append(response.read().decode())
+                assert response.headers[lb.SERVED_BY_HEADER] == answers[-1]
+        return answers
+
+    try:
+        _wait_for({"group1": "UP", "group2": "UP"}, balancer)
+        assert sorted(set(ask(6))) == ["group1", "group2"]
+        groups[0].health = 503
+        _wait_for({"group1": "DOWN", "group2": "UP"}, balancer)
+        before = len(groups[0].served)
+        assert set(ask(6)) == {"group2"} and len(groups[0].served) == before
+        groups[0].health = 200
+        _wait_for({"group1": "UP", "group2": "UP"}, balancer)
+        assert "group1" in ask(6)
+        servers[1].shutdown()
+        servers[1].server_close()
+        # Before the checks notice, a refused connection is retried on the other group.
+        assert set(ask(6)) == {"group1"}
+        _wait_for({"group1": "UP", "group2": "DOWN"}, balancer)
+    finally:
+        balancer.stop()
+        for server in servers:
+            server.server_close()
+    assert not balancer.alive()
+
+
+# --- two groups on the VPC bridge --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def up(llama_source: Path) -> Iterator[dict[str, Any]]:
+    require_netns()
+    require_tool("haproxy")
+    cache = cache_dir()
+    options = cluster.UpOptions(
+        workers=1,
+        replicas=2,
+        model=cached_model(llama_source, cache),
+        source=llama_source,
+        cache=cache,
+        cluster_id=f"rep{os.getpid() % 100000}",
+        cidr=f"10.217.{random.randint(100, 199)}.0/24",
+        threads=1,
+        worker_wait_seconds=300,
+    )
+    started = time.monotonic()
+    contract = cluster.up(options, timeout=1200)
+    print(f"two groups up in {time.monotonic() - started:.1f} s")
+    spec = cluster.load_spec(cache, options.cluster_id)
+    network = cluster.network_of(spec)
+    assert network is not None
+    base = str(network.cidr.network_address).rsplit(".", 1)[0]
+    client = network.add_outsider("cl", f"{base}.200", network.cidr.prefixlen)
+    balancer = cluster.balancer_of(spec)
+    assert balancer is not None
+    yield {
+        "contract": contract,
+        "spec": spec,
+        "network": network,
+        "options": options,
+        "client": client,
+        "balancer": balancer,
+    }
+    assert cluster.down(cache, options.cluster_id)
+    assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
+    assert not Path(f"/run/netns/{client}").exists()
+    assert not balancer.alive()
+
+
+def run_client(up: dict[str, Any], count: int, n_predict: int = 8) -> list[dict[str, Any]]:
+    """``count`` requests, one after another, through the balancer from the test's namespace."""
+    result = subprocess.run(
+        [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
+         up["contract"][outputs.BALANCER_URL], "/nonexistent", str(count), str(n_predict)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def start_client(up: dict[str, Any], stop: Path, log: Path) -> subprocess.Popen[bytes]:
+    """Requests through the balancer, one after another, until ``stop`` exists."""
+    return subprocess.Popen(
+        [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
+         up["contract"][outputs.BALANCER_URL], str(stop), "-1", "32"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def predicted_tokens(up: dict[str, Any], main_ip: str) -> int:
+    """llama-server's own count of tokens generated, read from its /metrics."""
+    result = subprocess.run(
+        [*exec_prefix(up["client"]), "curl", "-s", "--max-time", "5",
+         f"http://{main_ip}:{SERVER_PORT}/metrics"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for line in result.stdout.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"no tokens_predicted_total in {main_ip}'s metrics")
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_the_contract_lists_each_group_and_the_balancer(up) -> None:
+    contract, network = up["contract"], up["network"]
+    subnet = layout.private_subnet(network.cidr)
+    base = str(subnet.network_address).rsplit(".", 1)[0]
+    assert set(contract) == set(outputs.ALL_KEYS)
+    assert contract[outputs.REPLICAS] == 2
+    assert contract[outputs.BALANCER_URL] == f"http://{base}.5:{SERVER_PORT}"
+    groups = contract[outputs.GROUPS]
+    assert [set(g) for g in groups] == [set(outputs.GROUP_KEYS)] * 2
+    for number, group in enumerate(groups):
+        main_ip, *worker_ips = layout.node_ips(subnet, 1, group=number)
+        assert group[outputs.MAIN_PRIVATE_IP] == main_ip
+        assert group[outputs.WORKER_PRIVATE_IPS] == worker_ips
+        assert group[outputs.RPC_SERVERS] == f"{worker_ips[0]}:50052"
+        assert group[outputs.LLAMA_SERVER_URL] == f"http://{main_ip}:{SERVER_PORT}"
+    assert groups[1][outputs.MAIN_PRIVATE_IP] == f"{base}.30"
+    assert groups[1][outputs.MAIN_INSTANCE_ID] == network.namespace("r2main")
+    # The top-level node keys are the first group's.
+    assert {k: contract[k] for k in outputs.GROUP_KEYS} == groups[0]
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_requests_through_the_balancer_reach_both_groups(up, capsys) -> None:
+    """Eight requests through the balancer: every one answered with the same greedy text, both
+    groups answering; each main node's own token count grows by exactly what it answered."""
+    mains = {g[outputs.MAIN_PRIVATE_IP] for g in up["contract"][outputs.GROUPS]}
+    assert len(mains) == 2
+    by_group = {
+        lb.group_server_name(i): g[outputs.MAIN_PRIVATE_IP]
+        for i, g in enumerate(up["contract"][outputs.GROUPS])
+    }
+    before = {name: predicted_tokens(up, ip) for name, ip in by_group.items()}
+    rows = run_client(up, 8)
+    assert [r["status"] for r in rows] == [200] * 8, rows
+    assert len({r["content"] for r in rows}) == 1
+    assert {r["group"] for r in rows} == {"group1", "group2"}
+    for name, ip in by_group.items():
+        answered = sum(r["tokens"] for r in rows if r["group"] == name)
+        assert predicted_tokens(up, ip) - before[name] == answered, name
+    # `status` shows each group as the balancer's checks see it.
+    capsys.readouterr()
+    assert main(["status", "--id", up["options"].cluster_id]) == 0
+    shown = capsys.readouterr().out
+    assert "group 1 (balancer: UP, check L7OK" in shown
+    assert "group 2 (balancer: UP, check L7OK" in shown
+    assert "  r2main serving" in shown
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_each_groups_workers_take_rpc_from_their_own_main_only(up) -> None:
+    network: VpcNetwork = up["network"]
+    groups = up["contract"][outputs.GROUPS]
+    worker_1 = groups[0][outputs.WORKER_PRIVATE_IPS][0]
+    worker_2 = groups[1][outputs.WORKER_PRIVATE_IPS][0]
+    main_1, main_2 = network.namespace("main"), network.namespace("r2main")
+    assert port_answers(main_1, worker_1, 50052)  # the controls
+    assert port_answers(main_2, worker_2, 50052)
+    assert not port_answers(main_2, worker_1, 50052)
+    assert not port_answers(main_1, worker_2, 50052)
+    assert not port_answers(network.namespace(cluster.BALANCER_NODE), worker_1, 50052)
+    # Both groups' workers serve, and each main node's API is open inside the VPC (the
+    # balancer's checks reach it).
+    assert port_answers(up["client"], groups[1][outputs.MAIN_PRIVATE_IP], SERVER_PORT)
+
+
+def port_answers(namespace: str, host: str, port: int) -> bool:
+    # A connection over the local bridge takes well under a millisecond; a dropped one hangs.
+    probe = ["timeout", "1", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
+    return subprocess.run([*exec_prefix(namespace), *probe], capture_output=True).returncode == 0
+
+
+def llama_servers(namespace: str) -> list[int]:
+    return [
+        pid
+        for pid in namespace_pids(namespace)
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "llama-server"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_killing_one_groups_main_keeps_every_request_answered(up, tmp_path: Path) -> None:
+    """Two clients send requests through the balancer without pause. While group 1 answers one,
+    its main node's llama-server is killed (SIGKILL). Every request is still answered: those
+    that meet the dead group (the one in flight, and any sent before the health checks take it
+    out) are sent again to group 2 by the balancer; group 1's supervisor restarts it, it loads,
+    passes its checks again and answers again.
+
+    Tolerated: one failed request, open on group 1 while it was being killed, answered 502
+    by the balancer. HAProxy sends a request again when its server closed the connection without
+    answering (``retry-on empty-response``), but not when the connection was reset (it retries a
+    read error only for refused TLS early data), and the killed server's connection is sometimes
+    reset rather than closed: in about half the runs here. Nothing else may fail."""
+    network: VpcNetwork = up["network"]
+    balancer: lb.Balancer = up["balancer"]
+    main_ns = network.namespace("main")
+    stop = tmp_path / "stop"
+    logs = [tmp_path / f"client{i}.jsonl" for i in range(2)]
+    clients = [start_client(up, stop, log) for log in logs]
+
+    def rows() -> list[dict[str, Any]]:
+        lines = [line for log in logs for line in log.read_text().splitlines()]
+        return [json.loads(line) for line in lines]
+
+    def wait(what: str, done: Any, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"{what} after {timeout} s: {rows()[-5:]}"
+            assert all(c.poll() is None for c in clients), "a client stopped"
+            time.sleep(0.05)
+        return time.monotonic()
+
+    try:
+        both = {"group1", "group2"}
+        wait("both groups answering", lambda: {r["group"] for r in rows()} >= both, 60)
+        (killed,) = llama_servers(main_ns)
+        # Kill while group 1 has a request open.
+        wait("a request open on group 1", lambda: _open_on(balancer, "group1") > 0, 30)
+        killed_at = time.monotonic()
+        os.kill(killed, signal.SIGKILL)
+        # The process dies, and its sockets close, a little after the signal is sent.
+        gone_at = wait("the killed server gone", lambda: not _alive(killed), 10)
+        down_at = wait("group 1 checked down", lambda: _state(balancer, "group1") == "DOWN", 30)
+        back_at = wait("group 1 checked up", lambda: _state(balancer, "group1") == "UP", 180)
+        wait(
+            "group 1 answering again",
+            lambda: any(r["group"] == "group1" and r["start"] > back_at for r in rows()),
+            60,
+        )
+    finally:
+        stop.touch()
+        for client in clients:
+            client.wait(timeout=150)
+    answered = rows()
+    # The balancer's log marks a request it sent again to another group with "+" before its
+    # retry count: at least the one group 1 had open at the kill.
+    redispatched = REDISPATCHED.findall(balancer.log.read_text())
+    failed = [r for r in answered if r["status"] != 200]
+    # Requests the balancer answered with an error of its own, and why (HAProxy's log).
+    error_lines = [
+        line for line in balancer.log.read_text().splitlines() if BALANCER_ERROR.search(line)
+    ]
+    in_flight = [r for r in answered if r["start"] < gone_at and r["end"] > killed_at]
+    outage = [r for r in answered if gone_at < r["start"] and r["end"] < back_at]
+    outage_groups = {str(r["group"]) for r in outage}
+    died_ms = (gone_at - killed_at) * 1000
+    print(
+        f"{len(answered)} requests, {len(failed)} failed; {len(in_flight)} open while the server "
+        f"died ({died_ms:.0f} ms after the signal), answered by "
+        f"{[r['group'] for r in in_flight]}; group 1 checked down {down_at - killed_at:.1f} s "
+        f"after the kill, up again after {back_at - killed_at:.1f} s; {len(outage)} requests "
+        f"meanwhile, answered by {sorted(outage_groups)}; {len(redispatched)} sent again by the "
+        f"balancer; failed: {failed}, in the balancer's log: {error_lines}"
+    )
+    assert in_flight  # two clients: one request or two are always open
+    assert redispatched
+    assert len(failed) <= 1, failed
+    assert all(r in in_flight and r["status"] == 502 for r in failed), failed
+    # ... and the balancer says why: group 1's connection ended before any answer ("SH").
+    assert len(error_lines) == len(failed), error_lines
+    assert all(
+        " groups/group1 " in line and " 502 " in line and " SH" in line for line in error_lines
+    )
+    assert all(r["content"] for r in answered if r["status"] == 200)
+    assert outage and outage_groups == {"group2"}
+    # The supervisor started a new llama-server in group 1's main node, which serves.
+    (restarted,) = llama_servers(main_ns)
+    assert restarted != killed
+    assert cluster.read_status(up["spec"])["main"]["phase"] == "serving"
+
+
+# An HTTP log line's connection counts: actconn/feconn/beconn/srv_conn/retries, "+" marking a
+# request sent again to another server.
+REDISPATCHED = re.compile(r" \d+/\d+/\d+/\d+/\+\d+ ")
+# An HTTP log line of a request answered with an error status (HAProxy's own or a server's).
+BALANCER_ERROR = re.compile(r'api \S+ [-\d/]+ [45]\d\d .*"(?:GET|POST) ')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _state(balancer: lb.Balancer, group: str) -> str:
+    return balancer.group_states()[group]
+
+
+def _open_on(balancer: lb.Balancer, group: str) -> int:
+    return next(int(r["scur"] or 0) for r in balancer.stats() if r["svname"] == group)
