@@ -10,6 +10,8 @@ Writes bench/results/plan.json:
   model is fitted to, the checks (AFM-4.5B on Graviton4 and Axion; one of them sets Axion's
   bandwidth) and one reported only (Llama-2-7B Q4_0 on r7g.16xlarge, llama.cpp PR #5780, 2024).
 - picks: each provider's recommendation for every preset.
+- targets: replicas sized for a target (``--streams``, ``--aggregate-tps``) on every provider:
+  wall time (best of N), each provider's pick and the verdict between replicas and one group.
 """
 
 from __future__ import annotations
@@ -27,13 +29,42 @@ sys.path.insert(0, str(REPO))
 
 from infra import catalog, planner  # noqa: E402
 from infra.models import PRESETS, Model  # noqa: E402
-from infra.planner import perf  # noqa: E402
+from infra.planner import perf, search, target, verdict  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
 
 
 def plan_everything() -> dict[str, planner.Plan]:
     return {name: planner.plan(model) for name, model in PRESETS.items()}
+
+
+# Targets a user might ask for: many chats on a small model, a rate on a mid-size one.
+TARGETS = (
+    ("llama-3.1-8b-q4_0", target.Target(streams=32, min_stream_tps=15)),
+    ("llama-3.1-70b-q4_0", target.Target(aggregate_tps=60)),
+)
+
+
+def plan_targets() -> list[planner.Plan]:
+    where = [(p, r) for p in catalog.providers() for r in search.regions(p)]
+    return [target.plan(PRESETS[name], 4096, where, goal) for name, goal in TARGETS]
+
+
+def target_rows(plans: list[planner.Plan]) -> list[dict[str, object]]:
+    rows = []
+    for (name, goal), result in zip(TARGETS, plans, strict=True):
+        for found in verdict.verdicts(result):
+            pick = result.recommendation(found.provider)
+            rows.append({
+                "model": name,
+                "target": goal.describe(),
+                "provider": found.provider,
+                "pick": verdict.to_json(pick),
+                "cheaperPerHour": found.per_hour,
+                "cheaperPerMtok": found.per_mtok,
+                "why": found.why,
+            })  # fmt: skip
+    return rows
 
 
 def predicted_tps(
@@ -61,11 +92,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repetitions", type=int, default=5)
     args = parser.parse_args()
-    timings = []
+    timings, target_timings = [], []
     for _ in range(args.repetitions):
         started = time.perf_counter()
         plans = plan_everything()
         timings.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        targeted = plan_targets()
+        target_timings.append(time.perf_counter() - started)
     picks = {
         name: {
             provider: {
@@ -97,12 +131,29 @@ def main() -> int:
         },
         "anchors": anchors(),
         "picks": picks,
+        "plan_targets_seconds": round(min(target_timings), 4),
+        "plan_targets_seconds_runs": [round(t, 4) for t in target_timings],
+        "compute": {
+            "anchor": perf.AXION_PROMPT.label,
+            "prompt_tps": perf.AXION_PROMPT.prompt_tps,
+            "threads_scaling_exponent": round(perf.AXION_PROMPT.scaling_exponent, 4),
+            "basis": perf.COMPUTE_BASIS,
+        },
+        "targets": target_rows(targeted),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(
         json.dumps(
-            {k: results[k] for k in ("plan_all_presets_seconds", "calibration", "anchors")},
+            {
+                k: results[k]
+                for k in (
+                    "plan_all_presets_seconds",
+                    "plan_targets_seconds",
+                    "calibration",
+                    "anchors",
+                )
+            },
             indent=2,
         )
     )

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from infra import catalog, models, sizing
 from infra.models import Model, ModelError
-from infra.planner import report, search, serve
+from infra.planner import report, search, serve, target
 from infra.planner.search import PlanError
+from infra.planner.target import Target, TargetUnmet
 from infra.stack import config, files
+from infra.types import MAX_REPLICAS
 
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -51,9 +53,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--slots",
         type=int,
-        default=sizing.DEFAULT_SLOTS,
-        help="requests served at once, each with --context tokens of KV cache "
-        "(default %(default)s)",
+        help="requests served at once by a group, each with --context tokens of KV cache "
+        f"(default {sizing.DEFAULT_SLOTS}; with --streams or --aggregate-tps the planner "
+        "chooses unless given)",
     )
     p.add_argument(
         "--provider",
@@ -65,26 +67,41 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--instance-type",
         help="evaluate this type instead of searching (the fewest nodes that hold the model, "
-        "or --count)",
+        "or --count; with a target, replicas of that group)",
     )
     p.add_argument("--count", type=int, help="with --instance-type: the number of nodes")
     p.add_argument(
         "--stack",
         metavar="NAME",
         help="evaluate the cluster that stacks/Pulumi.NAME.yaml deploys (its model, types, "
-        "disks and context)",
+        "disks, context, slots and replicas); with --streams or --aggregate-tps, the replicas "
+        "of its group that meet the target",
     )
     p.add_argument(
         "--sort",
         choices=search.SORTS,
-        default=search.SORTS[0],
         help="rank by $ per million tokens (where a speed is known), $ per hour or tokens/s; "
-        "each provider's pick is its first (default %(default)s)",
+        f"each provider's pick is its first (default {search.SORTS[0]}; {search.SORTS[1]} "
+        "with --aggregate-tps: the cheapest set that meets it)",
     )
     p.add_argument(
         "--min-tps",
         type=float,
-        help="only clusters predicted to decode at least this many tokens/s",
+        help="only clusters predicted to decode at least this many tokens/s (with a target: "
+        "each stream, when every stream is served at once)",
+    )
+    p.add_argument(
+        "--streams",
+        type=int,
+        help="target: serve this many streams at once; each option becomes the replicas "
+        f"(serving groups behind a private balancer, at most {MAX_REPLICAS}) that do",
+    )
+    p.add_argument(
+        "--aggregate-tps",
+        type=float,
+        metavar="TPS",
+        help="target: generate this many tokens/s across all streams; each option becomes "
+        "the replicas that do",
     )
     p.add_argument(
         "--download-gbps",
@@ -183,12 +200,28 @@ def _instance_type(args: argparse.Namespace) -> catalog.InstanceType:
     return matches[0]
 
 
-def _single(args: argparse.Namespace, model: Model) -> search.Plan:
+def _target(args: argparse.Namespace) -> Target | None:
+    if args.streams is None and args.aggregate_tps is None:
+        return None
+    if args.streams is not None and args.aggregate_tps is not None:
+        raise PlanError("--streams", "give one target: --streams or --aggregate-tps, not both")
+    return Target(args.streams, args.aggregate_tps, args.min_tps)
+
+
+def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> search.Plan:
     """Evaluate the one cluster that --instance-type (and --count, or the fewest nodes that
-    hold the model) names."""
+    hold the model) names; with a target, the replicas of it that meet it."""
     instance = _instance_type(args)
     search.check_context(model, args.context)
-    search.check_slots(args.slots)
+    if args.slots is not None:
+        search.check_slots(args.slots)
+    if goal is not None:
+        shape = target.Shape(count=args.count, slots=args.slots)
+        if args.count is not None:
+            search.check_count(args.count)
+        return target.sized(model, args.context, instance, goal, shape,
+                            download_gbps=args.download_gbps, sort=args.sort)  # fmt: skip
+    args.slots = sizing.DEFAULT_SLOTS if args.slots is None else args.slots
     count = args.count
     if count is None:
         count = search.fewest_nodes(model, args.context, args.slots, instance)
@@ -209,15 +242,16 @@ def _single(args: argparse.Namespace, model: Model) -> search.Plan:
     return search.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
 
 
-def _stack(args: argparse.Namespace) -> search.Plan:
-    """Evaluate the cluster a stack file deploys, as the program reads it."""
+def _stack(args: argparse.Namespace, goal: Target | None) -> search.Plan:
+    """Evaluate the cluster a stack file deploys, as the program reads it (every serving group
+    of it, all slots busy); with a target, the replicas of its group that meet it."""
     given = [flag for flag, value in (
         ("a model", args.model), ("--gguf", args.gguf), ("--size-gb", args.size_gb),
         ("--layers", args.layers), ("--kv-bytes-per-token", args.kv_bytes_per_token),
         ("--instance-type", args.instance_type), ("--count", args.count),
         ("--provider", args.provider), ("--region", args.region),
         ("--context", args.context != sizing.DEFAULT_CONTEXT),
-        ("--slots", args.slots != sizing.DEFAULT_SLOTS),
+        ("--slots", args.slots is not None),
     ) if value]  # fmt: skip
     if given:
         raise PlanError("--stack", f"the stack file says what {given[0]} would; leave it out")
@@ -228,6 +262,17 @@ def _stack(args: argparse.Namespace) -> search.Plan:
     except config.ConfigError as error:
         raise PlanError("--stack", f"stacks/Pulumi.{args.stack}.yaml: {error}") from None
     instance, main = cfg.instance_type, cfg.main_instance_type
+    shape = target.Shape(
+        count=cfg.worker_count + 1,
+        slots=cfg.slots,
+        main=main,
+        main_disk_gb=cfg.main_disk_gb,
+        worker_disk_gb=cfg.worker_disk_gb,
+        disk_throughput_mibps=cfg.disk_throughput_mibps,
+    )
+    if goal is not None:
+        return target.sized(cfg.model, cfg.context_size, instance, goal, shape,
+                            download_gbps=args.download_gbps, sort=args.sort)  # fmt: skip
     option = search.evaluate(
         cfg.model,
         instance,
@@ -240,6 +285,9 @@ def _stack(args: argparse.Namespace) -> search.Plan:
         worker_disk_gb=cfg.worker_disk_gb,
         disk_throughput_mibps=cfg.disk_throughput_mibps,
     )
+    if cfg.replicas > 1:  # priced as the stack prices it; its speed with every slot busy
+        loads = (cfg.slots,) * cfg.replicas
+        option = search.with_replicas(option, cfg.model, cfg.context_size, cfg.replicas, loads)
     return search.Plan(
         cfg.model, cfg.context_size, cfg.slots, [option], download_gbps=args.download_gbps
     )
@@ -280,20 +328,35 @@ def run(argv: Sequence[str] | None = None) -> int:
         raise PlanError("--count", "--count goes with --instance-type")
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+    goal = _target(args)
+    args.sort = args.sort or (target.default_sort(goal) if goal else search.SORTS[0])
     if args.stack:
-        result = _stack(args)
+        result = _stack(args, goal)
     elif args.instance_type:
-        result = _single(args, describe_model(args))
+        result = _single(args, describe_model(args), goal)
+    elif goal is not None:
+        result = target.plan(describe_model(args), args.context, _where(args), goal,
+                             slots=args.slots, download_gbps=args.download_gbps,
+                             sort=args.sort)  # fmt: skip
+        if not result.options:
+            raise TargetUnmet(goal.flag, target.unmet(result))
     else:
         result = search.plan(
-            describe_model(args), args.context, _where(args), args.download_gbps, args.slots
+            describe_model(args),
+            args.context,
+            _where(args),
+            args.download_gbps,
+            sizing.DEFAULT_SLOTS if args.slots is None else args.slots,
         )
     result = result.sorted_by(args.sort)
     shown = result.only(
         [
             o
             for o in result.options
-            if args.min_tps is None or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
+            # With a target, --min-tps is each stream's speed and the sizing met it already.
+            if goal is not None
+            or args.min_tps is None
+            or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
         ]
     )
     if args.json:
@@ -328,6 +391,9 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(argv)
+    except TargetUnmet as error:  # a question with no answer, as when nothing meets --min-tps
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import yaml
 
 from infra.clouds import FACTS
 from infra.models import PRESETS, Model
-from infra.planner import perf, serve
+from infra.planner import perf, serve, target, verdict
 from infra.planner.search import Option, Plan, fewest_nodes
 from infra.stack.settings import PROJECT
 
@@ -24,6 +24,11 @@ SORT_MEANINGS = {
     "usd-per-hour": "by $ per hour; a partial price follows a full one, an unknown price "
     "follows both",
     "tps": "by predicted decode tokens/s; rows without a predicted speed follow",
+}
+TARGET_SORT_MEANINGS = {
+    "usd-per-mtok": "by $ per million tokens at the target's load",
+    "usd-per-hour": "by $ per hour: the cheapest set that meets the target first",
+    "tps": "by tokens/s at the target's load, all streams together",
 }
 
 
@@ -52,6 +57,11 @@ def option_json(option: Option) -> dict[str, Any]:
         "count": option.count,
         "workers": option.workers,
         "rpcNeeded": option.needs_rpc,
+        # Serving groups of ``count`` nodes each, behind a private balancer when more than one;
+        # every figure of money and speed below is the whole set's.
+        "replicas": option.replicas,
+        "nodes": option.nodes,
+        "slots": option.slots,
         "vcpus": instance.vcpus,
         "memoryGib": instance.memory_gib,
         "perNodeNeedGib": round(option.need_bytes / GIB, 2),
@@ -63,7 +73,9 @@ def option_json(option: Option) -> dict[str, Any]:
             "instances": option.cost.instances,
             "nat": option.cost.nat,
             "disks": option.cost.disks,
+            "balancer": option.cost.balancer,
         },
+        "groupHourlyUsd": option.group_cost.total,
         "unpriced": list(option.cost.unpriced),
         "pricePartial": option.price_is_partial,
         "downloadUsd": option.download_usd,
@@ -71,6 +83,7 @@ def option_json(option: Option) -> dict[str, Any]:
         "spotInstancesHourlyUsd": option.spot_instances_usd,
         "spotPriceDate": option.spot_price_date or None,
         "predictedDecodeTps": None if option.decode_tps is None else round(option.decode_tps, 3),
+        **load_json(option),
         "usdPerMillionTokens": option.usd_per_million_tokens,
         "speedUnknownReason": option.speed_unknown_reason(),
         "speedNote": perf.extrapolation_note(option.instance) if option.decode_tps else None,
@@ -83,11 +96,25 @@ def option_json(option: Option) -> dict[str, Any]:
     }
 
 
+def load_json(option: Option) -> dict[str, Any]:
+    """The set at its target's load (every stream of every group): None without a target or a
+    speed. ``predictedDecodeTps`` stays one stream alone on one group."""
+    load = option.load
+    return {
+        "streams": None if load is None else load.streams,
+        "streamsPerGroup": None if load is None else [g.streams for g in load.groups],
+        "aggregateTps": None if load is None else round(load.aggregate_tps, 3),
+        "streamTps": None if load is None else round(load.stream_tps, 3),
+        "batchBound": None if load is None else load.bound,
+    }
+
+
 def assumptions(plan: Plan) -> dict[str, Any]:
     cal = perf.calibration()
+    slots = f"{plan.slots} slot(s)" if plan.target is None else "each group's slots"
     return {
         "memory": (
-            f"{plan.slots} slot(s) of {plan.context} tokens: every node holds the KV cache of "
+            f"{slots} of {plan.context} tokens: every node holds the KV cache of "
             "its layers for every slot, its compute buffers and OS headroom; the layers are "
             "shared in proportion to each node's free memory, the main node included"
         ),
@@ -111,9 +138,20 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             "layers, then each worker's sent to it in turn; each phase in timeToServe names "
             "its basis"
         ),
-        "cost": "on-demand instances, NAT for egress and disks; a price the catalog lacks is "
-        "named in `unpriced` and left out of hourlyUsd",
-    }
+        "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
+        "group's nodes behind one NAT and the private balancer's hourly price; a price the "
+        "catalog lacks is named in `unpriced` and left out of hourlyUsd",
+    } | (
+        {}
+        if plan.target is None
+        else {
+            "target": f"{plan.target.describe()}: each option is the fewest replicas of a group "
+            "that meet it (the group's slots chosen unless --slots or the stack says); tok/s "
+            "and $/Mtok at the target's load (--streams: those streams; --aggregate-tps: every "
+            "slot busy)",
+            "throughput": target.batching_basis(),
+        }
+    )
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
@@ -124,6 +162,10 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "sort": plan.sort,
         "picks": {o.provider: plan.options.index(o) for o in plan.picks()},
         "options": [option_json(o) for o in plan.options],
+        "target": None if plan.target is None else plan.target.to_json(),
+        # Per provider: the best set of replicas against the best single group, both meeting
+        # the target, which is cheaper per hour and per Mtok, and why.
+        "replicasVerdict": {v.provider: verdict.verdict_json(v) for v in verdict.verdicts(plan)},
         "rejected": [
             {"provider": r.instance.provider, "instanceType": r.instance.name, "reason": r.reason}
             for r in plan.rejected
@@ -143,6 +185,11 @@ def _duration(seconds: float) -> str:
 
 def _serve_times(option: Option) -> str:
     return " / ".join(_duration(option.serve[path].total_seconds) for path in serve.PATHS)
+
+
+def _per_mtok(value: float) -> str:
+    """Whole dollars, or cents below $10 (a shared set of streams can cost that little)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2f}"
 
 
 def _price(option: Option) -> str:
@@ -191,30 +238,51 @@ def table(plan: Plan, verbose: bool = False) -> str:
         + (f" x {plan.slots} slots" if plan.slots > 1 else "")
         + (f", {model.active_bytes / 1e9:.1f} GB active per token" if model.active_bytes else "")
     ]
-    header = (
-        "  provider  region       instance type      nodes  mem GiB      $/h  tok/s  $/Mtok"
-        "  to serve (internet/staged)  price date  spot $/h (date)        layers (main + workers)"
+    goal = plan.target
+    if goal is None:
+        sort, sets = f"sorted {SORT_MEANINGS[plan.sort]}", ""
+        header = "  provider  region       instance type      nodes  mem GiB      $/h  tok/s"
+    else:
+        sort = f"for {goal.describe()}; sorted {TARGET_SORT_MEANINGS[plan.sort]}"
+        sets = "groups x nodes, slots; $/h, tok/s and $/Mtok of the whole set"
+        header = (
+            "  provider  region       instance type      groups x nodes  slots  mem GiB      $/h"
+            "    tok/s  each"
+        )
+    header += (
+        "  $/Mtok  to serve (internet/staged)  price date  spot $/h (date)        layers (main + "
+        "workers)"
     )
-    lines += ["", f"sorted {SORT_MEANINGS[plan.sort]}", "", header]
+    lines += ["", sort, *([sets] if sets else []), "", header]
     picked = set(map(id, plan.picks()))
     for option in plan.options:
-        tps = "n/a" if option.decode_tps is None else f"{option.decode_tps:.2f}"
+        tps = "n/a" if option.tps is None else f"{option.tps:,.2f}"
         per_mtok = option.usd_per_million_tokens
         partial = "+" if option.price_is_partial else ""
         mark = "*" if id(option) in picked else " "
         extra = [*notes(option), *filter(None, [_unranked(plan, option)])]
         tail = f"  ({'; '.join(extra)})" if extra else ""
+        if goal is None:
+            size = f"{option.count:>5}  {option.instance.memory_gib:>7g}  {_price(option):>8}  "
+            size += f"{tps:>5}"
+        else:
+            each = "n/a" if option.stream_tps is None else f"{option.stream_tps:.2f}"
+            groups = f"{option.replicas} x {option.count}"
+            size = f"{groups:>14}  {option.slots:>5}  {option.instance.memory_gib:>7g}  "
+            size += f"{_price(option):>8}  {tps:>7}  {each:>5}"
         lines.append(
             f"{mark} {option.provider:<8}  {option.instance.region:<11}  "
-            f"{option.name:<17}  {option.count:>5}  {option.instance.memory_gib:>7g}  "
-            f"{_price(option):>8}  {tps:>5}  "
-            f"{'n/a' if per_mtok is None else f'{per_mtok:,.0f}' + partial:>6}  "
+            f"{option.name:<17}  {size}  "
+            f"{'n/a' if per_mtok is None else _per_mtok(per_mtok) + partial:>6}  "
             f"{_serve_times(option):>26}  {option.instance.price_date or '-':<10}"
             f"  {_spot(option):<21}  {option.placement.describe()}{tail}"
         )
     lines.append("")
     for best in sorted(plan.picks(), key=lambda o: o.provider):
         lines.append(f"* {best.provider}: {summary(plan, best)}")
+    if goal is not None:
+        lines += ["", "replicas or one bigger group (each the best that meets the target):"]
+        lines += [f"  {found.provider}: {found.line()}" for found in verdict.verdicts(plan)]
     if verbose and plan.rejected:
         lines += ["", "rejected:"]
         lines += [
@@ -233,6 +301,16 @@ def summary(plan: Plan, best: Option) -> str:
         if not best.needs_rpc
         else f"a main node and {best.workers} RPC worker{'s' if best.workers > 1 else ''}"
     )
+    if best.replicas > 1:
+        how = f"each {how}, behind a private balancer"
+    if best.load is not None:
+        load = best.load
+        how += (
+            f"; {best.slots} slot{'s' if best.slots > 1 else ''}"
+            + (" each" if best.replicas > 1 else "")
+            + f", {load.streams} streams "
+            f"at {load.stream_tps:.2f} tok/s each ({load.bound})"
+        )
     if best.hourly_usd is None:
         price = (
             "price unknown: run `python -m infra.catalog refresh --provider "
@@ -240,8 +318,9 @@ def summary(plan: Plan, best: Option) -> str:
         )
         return f"{best.shape}, {how}; {price}"
     price = f"{_price(best)}/h"
-    if best.usd_per_million_tokens is not None:
-        price += f", {best.usd_per_million_tokens:,.0f} $/Mtok at {best.decode_tps:.2f} tok/s"
+    if best.usd_per_million_tokens is not None and best.tps is not None:
+        price += f", {_per_mtok(best.usd_per_million_tokens)} $/Mtok at {best.tps:,.2f} tok/s"
+        price += " in all" if best.load is not None else ""
     rivals = sum(o.provider == best.provider for o in plan.options)
     if rivals > 1:  # one cluster evaluated (--instance-type, --stack) won nothing
         why = {"usd-per-mtok": "the lowest $/Mtok", "usd-per-hour": "the lowest $/h",
@@ -304,12 +383,14 @@ def chart_panels(plan: Plan) -> tuple[list[Option], list[Panel]]:
     picks = sorted(plan.picks(), key=lambda o: o.provider)
     # A "+" marks a total that leaves out an unpriced part (the table names it).
     partial = ["+" if o.price_is_partial else "" for o in picks]
+    streams = "one stream" if plan.target is None else "all streams"
+    per_mtok = [o.usd_per_million_tokens for o in picks]
     return picks, [
         Panel("Cost", "$ per hour", [o.hourly_usd for o in picks], partial, "{:.2f}"),
-        Panel("Cost per output", "$ per million generated tokens",
-              [o.usd_per_million_tokens for o in picks], partial, "{:,.0f}"),
-        Panel("Predicted decode", "tokens per second (one stream)",
-              [o.decode_tps for o in picks], [""] * len(picks), "{:.2f}"),
+        Panel("Cost per output", "$ per million generated tokens", per_mtok, partial,
+              "{:,.0f}" if all(v is None or v >= 10 for v in per_mtok) else "{:,.2f}"),
+        Panel("Predicted decode", f"tokens per second ({streams})",
+              [o.tps for o in picks], [""] * len(picks), "{:.2f}"),
     ]  # fmt: skip
 
 
@@ -378,8 +459,10 @@ def stack_settings(
         "instanceType": option.instance.name,
         "workerCount": option.workers,
         "contextSize": plan.context,
-        "slots": plan.slots,
+        "slots": option.slots,
         "model": described,
+        # With a target, the set it was sized to (one group without: the key is left out).
+        **({"replicas": option.replicas} if plan.target is not None else {}),
     }
 
 
@@ -388,13 +471,20 @@ def stack_yaml(option: Option, plan: Plan, settings: dict[str, Any], command: st
     config = {region_key: option.instance.region} | {
         f"{PROJECT}:{key}": value for key, value in settings.items()
     }
-    tps = "unknown" if option.decode_tps is None else f"{option.decode_tps:.2f}"
+    tps = "unknown" if option.tps is None else f"{option.tps:.2f}"
+    groups = f"{option.replicas} groups of " if option.replicas > 1 else ""
+    load = option.load
     header = [
-        f"# {plan.model.name} on {option.count} x {option.instance.name} "
-        f"({'one node, no RPC' if not option.needs_rpc else f'{option.workers} RPC workers'}).",
+        f"# {plan.model.name} on {groups}{option.count} x {option.instance.name} "
+        f"({'one node, no RPC' if not option.needs_rpc else f'{option.workers} RPC workers'}"
+        + (" each, behind a private balancer" if option.replicas > 1 else "")
+        + (f"; {option.slots} slots each" if plan.target is not None else "")
+        + ").",
         f"# Planned {datetime.date.today().isoformat()} by `{command}`:",
         f"# {_money(option.hourly_usd)}/h ({option.instance.price_source}, "
-        f"{option.instance.price_date or 'no date'}), predicted {tps} tok/s.",
+        f"{option.instance.price_date or 'no date'}), predicted {tps} tok/s"
+        + (f" in all for {load.streams} streams" if load is not None else "")
+        + ".",
     ]
     body = yaml.safe_dump({"config": config}, sort_keys=False, width=200)
     return "\n".join(header) + "\n" + body

@@ -4,13 +4,15 @@ with its predicted decode speed, time to serve and cost, ranked as the user asks
 Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
 is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers, all holding layers
 (``infra.placement``), or, when the model fits on one node, that node alone (no RPC, which would
-only add latency).
+only add latency). With a target of streams or tokens/s (``infra.planner.target``), an option is
+a set of such clusters, replicas behind one private balancer, priced and measured as a whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from infra import catalog, costs, placement, sizing
 from infra.catalog import InstanceType
@@ -19,7 +21,10 @@ from infra.models import Model, ModelError
 from infra.placement import Placement
 from infra.planner import perf
 from infra.planner.serve import INTERNET_GBPS, PATHS, ServeTime, time_to_serve
-from infra.types import MAX_NODES, MAX_WORKERS
+from infra.types import MAX_NODES, MAX_REPLICAS, MAX_WORKERS
+
+if TYPE_CHECKING:
+    from infra.planner.target import Target
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
 
@@ -34,7 +39,8 @@ class PlanError(ModelError):
 @dataclass(frozen=True)
 class Option:
     """One cluster: ``count`` nodes of ``instance`` (the main node may be another type,
-    ``main``), evaluated for a model and context."""
+    ``main``), evaluated for a model and context; or, with ``replicas`` > 1, that many such
+    serving groups behind a private balancer. ``cost`` and ``tps`` are the whole set's."""
 
     instance: InstanceType
     count: int
@@ -46,6 +52,13 @@ class Option:
     main_disk_gb: int
     worker_disk_gb: int
     main: InstanceType | None = None  # None: the main node is an ``instance`` too
+    slots: int = sizing.DEFAULT_SLOTS  # requests each group serves at once
+    replicas: int = 1  # serving groups, each ``count`` nodes
+    # Each group's streams at a target load (None: no target; ``decode_tps`` is the speed).
+    load: perf.Load | None = None
+    # One group as billed (its nodes and disks); ``cost`` is every group's, one NAT and the
+    # balancer.
+    priced: tuple[costs.PricedNode, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def main_instance(self) -> InstanceType:
@@ -64,11 +77,47 @@ class Option:
         return f"{self.main.name} + {self.instance.name}"
 
     @property
-    def shape(self) -> str:
+    def group_shape(self) -> str:
         """``3 x r8g.8xlarge``, or ``1 x r8g.4xlarge + 2 x r8g.8xlarge`` with another main."""
         if self.main is None or self.main == self.instance:
             return f"{self.count} x {self.instance.name}"
         return f"1 x {self.main.name} + {self.workers} x {self.instance.name}"
+
+    @property
+    def shape(self) -> str:
+        """The group's shape, or ``2 groups of 3 x r8g.8xlarge`` with replicas."""
+        if self.replicas == 1:
+            return self.group_shape
+        return f"{self.replicas} groups of {self.group_shape}"
+
+    @property
+    def nodes(self) -> int:
+        """Every node of every group."""
+        return self.count * self.replicas
+
+    @property
+    def tps(self) -> float | None:
+        """What the option generates: every stream of every group at the target load, or one
+        stream's decode speed without a target."""
+        if self.load is not None:
+            return self.load.aggregate_tps
+        return self.decode_tps
+
+    @property
+    def stream_tps(self) -> float | None:
+        """Each stream's speed: at the target load when there is one."""
+        if self.load is not None:
+            return self.load.stream_tps
+        return self.decode_tps
+
+    @property
+    def group_cost(self) -> costs.HourlyCost:
+        """One serving group alone: its nodes, its own NAT and no balancer."""
+        return costs.hourly_cost(self.provider, self.priced)
+
+    @property
+    def balancer_usd(self) -> float | None:
+        return self.cost.balancer
 
     @property
     def fits(self) -> bool:
@@ -108,7 +157,7 @@ class Option:
         prices = [n.spot_hourly_usd for n in nodes]
         if any(p is None for p in prices):
             return None
-        return round(sum(p for p in prices if p is not None), 5)
+        return round(sum(p for p in prices if p is not None) * self.replicas, 5)
 
     @property
     def spot_price_date(self) -> str:
@@ -117,9 +166,9 @@ class Option:
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        if self.hourly_usd is None or not self.decode_tps:
+        if self.hourly_usd is None or not self.tps:
             return None
-        return round(self.hourly_usd / (self.decode_tps * 3600) * 1e6, 2)
+        return round(self.hourly_usd / (self.tps * 3600) * 1e6, 2)
 
     def speed_unknown_reason(self) -> str | None:
         """Why no speed is predicted, or None when one is."""
@@ -133,10 +182,10 @@ class Option:
         """Options that can be compared on ``by`` come first, fully priced before partially
         priced; those that cannot (an unknown speed or price) follow, ranked by what is known."""
         price = self.hourly_usd
-        size = self.count * self.instance.vcpus
+        size = self.nodes * self.instance.vcpus
         if by == "tps":
-            if self.decode_tps is not None:
-                return (0, -self.decode_tps, size)
+            if self.tps is not None:
+                return (0, -self.tps, size)
             # Without a speed: after every row with one, the cheapest first.
             return (1, price if price is not None else float("inf"), size)
         if by == "usd-per-hour" or self.usd_per_million_tokens is None:
@@ -163,6 +212,11 @@ class Plan:
     rejected: list[Rejection] = field(default_factory=list)
     download_gbps: float = INTERNET_GBPS  # the internet path's download rate
     sort: str = SORTS[0]
+    # A target of streams or tokens/s (``infra.planner.target.Target``): each option is then
+    # sized to meet it. ``alternatives``: per type, the best option of the other kind (one
+    # group where the option has replicas, replicas where it has one group), for the verdict.
+    target: Target | None = None
+    alternatives: list[Option] = field(default_factory=list)
 
     def recommendation(self, provider: str) -> Option | None:
         return next((o for o in self.options if o.provider == provider), None)
@@ -195,16 +249,14 @@ def evaluate(
     main_disk_gb: int | None = None,
     worker_disk_gb: int = sizing.WORKER_DISK_GB,
     disk_throughput_mibps: int | None = None,
+    replicas: int = 1,
+    loads: Sequence[int] = (),
 ) -> Option:
     """One cluster of ``count`` nodes (a ``main`` node, by default an ``instance`` too, and
     ``count - 1`` workers of ``instance``): where the layers go, whether they fit, what it
-    costs, its speed. The disks default to what a stack gets by default."""
-    if not 1 <= count <= MAX_NODES:
-        raise PlanError(
-            "--count",
-            f"{count} is outside 1-{MAX_NODES} (a main node and up to {MAX_WORKERS} "
-            "RPC workers, llama.cpp's limit)",
-        )
+    costs, its speed. The disks default to what a stack gets by default. With ``replicas`` and
+    ``loads`` (each group's streams at once), the set of groups (``with_replicas``)."""
+    check_count(count)
     main_type = main or instance
     workers = count - 1
     nodes = [main_type] + [instance] * workers
@@ -221,7 +273,7 @@ def evaluate(
     )
     disk_mibps = FACTS[instance.provider].disk.read_mibps(main_disk, throughput)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
-    return Option(
+    option = Option(
         instance=instance,
         count=count,
         placement=layout,
@@ -237,6 +289,66 @@ def evaluate(
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk_gb,
         main=main if main is not None and main != instance else None,
+        slots=slots,
+        priced=tuple(priced),
+    )
+    if replicas == 1 and not loads:
+        return option
+    return with_replicas(option, model, context, replicas, loads)
+
+
+def group_load(
+    option: Option,
+    model: Model,
+    context: int,
+    loads: Sequence[int],
+    batches: dict[int, perf.Batch | None] | None = None,
+) -> perf.Load | None:
+    """``option``'s group, copied once per entry of ``loads``, each decoding that many streams
+    at once; None when its speed is unknown. ``batches`` keeps each batch size's step for the
+    next call on the same group."""
+    if any(not 1 <= b <= option.slots for b in loads):
+        raise ValueError(f"a group's load {list(loads)} exceeds its {option.slots} slots")
+    batches = {} if batches is None else batches
+    nodes = [option.main_instance] + [option.instance] * option.workers
+    kv_tokens = int(context * perf.KV_FILL_FRACTION)
+    for b in set(loads) - set(batches):
+        batches[b] = perf.batch_step(model, nodes, option.placement, kv_tokens, b)
+    known = [batches[b] for b in loads]
+    if not known or any(b is None for b in known):
+        return None
+    return perf.Load(tuple(b for b in known if b is not None))
+
+
+def with_replicas(
+    option: Option,
+    model: Model,
+    context: int,
+    replicas: int,
+    loads: Sequence[int],
+    *,
+    load: perf.Load | None = None,
+) -> Option:
+    """``option``'s group ``replicas`` times behind a private balancer: priced as the stack
+    prices it (every group's nodes, one NAT, the balancer when there is more than one group),
+    with each group decoding ``loads[g]`` streams at once (none: no ``load``; ``load``: already
+    worked out by ``group_load``)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise PlanError("replicas", f"{replicas} is outside 1-{MAX_REPLICAS} serving groups")
+    if loads and len(loads) != replicas:
+        raise ValueError(f"{len(loads)} loads for {replicas} groups")
+    if load is None and loads:
+        load = group_load(option, model, context, loads)
+    download = option.download_usd
+    return replace(
+        option,
+        replicas=replicas,
+        load=load,
+        cost=costs.hourly_cost(
+            option.provider, list(option.priced) * replicas, balancer=replicas > 1
+        ),
+        # Every group's main node downloads the model.
+        download_usd=None if download is None else round(download * replicas, 2),
     )
 
 
@@ -258,6 +370,15 @@ def rejection_reason(model: Model, context: int, slots: int, instance: InstanceT
         f"{worst.need_bytes / 1024**3:.1f} GiB on the busiest and one has "
         f"{usable / 1024**3:.1f} GiB usable"
     )
+
+
+def check_count(count: int) -> None:
+    if not 1 <= count <= MAX_NODES:
+        raise PlanError(
+            "--count",
+            f"{count} is outside 1-{MAX_NODES} (a main node and up to {MAX_WORKERS} "
+            "RPC workers, llama.cpp's limit)",
+        )
 
 
 def check_context(model: Model, context: int) -> None:
