@@ -15,7 +15,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from infra import outputs
-from infra.costrun import cli, report
+from infra.costrun import cli, report, rpc_bytes
 from infra.costrun.cloud import (
     IapChannel,
     PulumiTarget,
@@ -28,7 +28,9 @@ from infra.costrun.cloud import (
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import Prediction, StepError
+from infra.costrun.usage import UsageUnavailable
 from tests.conftest import REPO
+from tests.test_usage import SimulatedCluster
 
 COMMAND_ID = "0b6c1f3e-2d4a-4c5b-9e8f-7a6b5c4d3e2f"  # SSM's ids are UUIDs
 BENCH = {
@@ -56,6 +58,8 @@ class FakeTarget:
         self.calls: list[str] = []
         self.statuses = [{"phase": "building"}, {"phase": "loading"}, {"phase": "serving"}]
         self.destroyed = False
+        self.cluster = SimulatedCluster(workers=2, hidden_bytes=2560, vocab=262144)
+        self.cluster_traffic_at_bench: int | None = None
 
     def _step(self, name: str) -> None:
         self.calls.append(name)
@@ -91,8 +95,19 @@ class FakeTarget:
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
         self._step("bench")
+        self.cluster_traffic_at_bench = self.cluster.counters["main"][2]
         assert command[: len(BENCH_COMMAND)] == list(BENCH_COMMAND)
         return "Traceback: nothing useful" if self.fail == "garbage" else json.dumps(BENCH)
+
+    def usage_probe(self) -> SimulatedCluster:
+        if self.fail == "usage":
+            raise UsageUnavailable("no way to read these nodes")
+        if self.fail == "usage:crash":
+            raise FileNotFoundError("no cluster.json")
+        return self.cluster
+
+    def activation_shape(self) -> rpc_bytes.ActivationShape:
+        return rpc_bytes.ActivationShape("gemma3", self.cluster.hidden // 4, self.cluster.vocab)
 
     def destroy(self) -> None:
         self._step("destroy")
@@ -210,6 +225,73 @@ def test_keep_leaves_the_stack_up_and_says_so(tmp_path: Path) -> None:
     ok, events = run(target, tmp_path, keep=True)
     assert ok and not target.destroyed and "destroy" not in target.calls
     assert "kept" in names(events)
+
+
+def test_the_benchmark_reads_every_node_and_measures_bytes_per_token_first(
+    tmp_path: Path,
+) -> None:
+    target = FakeTarget()
+    ok, events = run(target, tmp_path)
+    assert ok
+    order = names(events)
+    assert order.index("bench") < order.index("rpc_bytes") < order.index("usage")
+    assert order.index("usage") < order.index("bench_done")
+    # The requests that measure bytes per token went before the benchmark script.
+    assert target.cluster_traffic_at_bench == target.cluster.counters["main"][2] > 0
+    stack = report.stack_report("fake", events)
+    measured = stack["rpc_bytes"]["measured"]
+    # The simulated cluster's own figures: two hidden states and control bytes into w1, one
+    # back; one into w2 and the logits back.
+    w1, w2 = 2 * 2560 + 3000 + 2560, 2560 + 3000 + 262144 * 4
+    assert measured["total_bytes_per_token"]["mean"] == w1 + w2
+    model = stack["rpc_bytes"]["model"]
+    assert model["hidden_state_bytes"] == 2560 and model["hidden_state_crossings"] == 4
+    assert model["ratio_to_hidden_state"] == round((w1 + w2) / 2560, 2)
+    usage = stack["usage"]
+    assert set(usage["nodes"]) == {"main", "w1", "w2"} and usage["readings"] >= 2
+    assert usage["nodes"]["w2"]["sent_bytes"] > 262144 * 4 * (40 - 8)
+    assert usage["how"] == {"bytes": "simulated"} and stack["unmeasured"] == []
+    assert "- read from: bytes, simulated" in report.usage_lines(stack)
+    markdown = report.markdown({**report.build(tmp_path), "stacks": [stack]})
+    assert "| node | role | CPU mean % | CPU peak % | peak memory |" in markdown
+    assert f"| {report._size(w1 + w2)} |" in markdown  # the summary table's column
+    assert f"{model['ratio_to_hidden_state']:.1f} x its hidden state of 2.5 KiB" in markdown
+    assert "crosses 4 times, and its logits, 1.00 MiB of 262144 x f32, once" in markdown
+
+
+@pytest.mark.parametrize(
+    ("fail", "reason"),
+    [
+        ("usage", "no way to read these nodes"),
+        ("usage:crash", "FileNotFoundError: no cluster.json"),
+    ],
+)
+def test_usage_that_cannot_be_measured_is_reported_with_the_reason(
+    tmp_path: Path, fail: str, reason: str
+) -> None:
+    target = FakeTarget(fail=fail)
+    ok, events = run(target, tmp_path)
+    assert ok and "bench" in target.calls
+    stack = report.stack_report("fake", events)
+    assert stack["usage"] is None and stack["rpc_bytes"] is None
+    assert stack["unmeasured"] == [{"what": "usage and bytes per token", "reason": reason}]
+    assert report.usage_lines(stack) == [f"- usage and bytes per token: {reason}", ""]
+
+
+def test_a_failed_bytes_measurement_leaves_the_benchmark_and_the_usage(tmp_path: Path) -> None:
+    target = FakeTarget()
+
+    def refused(body: Any, timeout: float) -> dict[str, Any]:
+        raise ConnectionRefusedError("llama-server is not answering")
+
+    target.cluster.complete = refused  # type: ignore[method-assign]
+    ok, events = run(target, tmp_path)
+    assert ok and "bench" in target.calls
+    stack = report.stack_report("fake", events)
+    assert stack["rpc_bytes"] is None and stack["usage"]["nodes"]["main"]["role"] == "main"
+    (unmeasured,) = stack["unmeasured"]
+    assert unmeasured["what"] == "bytes per token"
+    assert "ConnectionRefusedError: llama-server is not answering" in unmeasured["reason"]
 
 
 def test_the_predicted_cost_counts_serve_bench_destroy_and_one_off() -> None:
@@ -380,6 +462,9 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
     assert automation.calls == ["select aws-c8g in the project", "up", "destroy"]
     described = target.describe()
     assert described["nodes"]["main"] == "c8g.16xlarge" and described["provider"] == "aws"
+    with pytest.raises(UsageUnavailable, match="SSM returns 24,000 characters"):
+        target.usage_probe()
+    assert target.activation_shape() is None
     prediction = target.predict()
     assert prediction.hourly_usd == target.config.hourly_cost.total
     assert set(prediction.serve_seconds) == {"boot", "build", "download", "load", "total"}

@@ -1,9 +1,11 @@
 """A cost run of the local cluster, for real: machines up, serving, the benchmark script on the
-main node (requests and llama-bench through the workers), down, the audit, and the report."""
+main node (requests and llama-bench through the workers) while every node is read, the bytes
+per generated token between the main node and its workers, down, the audit, and the report."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,8 +45,27 @@ def test_a_local_cost_run_measures_destroys_audits_and_reports(
     assert measured["prompt_tps"]["mean"] > measured["decode_tps"]["mean"]
     assert 0 < measured["serve_seconds"]["total"] < 1200
     assert stack["llama_cpp_commit"] and stack["nodes"]["workers"] == 2
+    # Every machine was read through the benchmark: its cgroup's CPU, its processes' memory,
+    # its VPC interface (llama-bench sends the weights to the workers again).
+    usage = stack["usage"]
+    cores = os.cpu_count() or 1
+    assert set(usage["nodes"]) == {"main", "w1", "w2"} and usage["failed_readings"] == 0
+    for name, node in usage["nodes"].items():
+        # At most every core of this machine (the readings' times are a few ms apart).
+        assert 0 < node["cpu_mean_percent"] <= node["cpu_peak_percent"] <= cores * 125, name
+        assert node["memory_peak_bytes"] > 10 << 20, name
+        assert node["received_bytes"] > 0 and node["sent_bytes"] > 0, name
+    assert usage["how"]["cpu"].startswith("the machine's cgroup")
+    assert 0 < usage["kv_cache"]["peak_ratio"] < 1
+    # Bytes per token within what ggml-rpc must send (tests/test_usage.py explains the band).
+    figures = stack["rpc_bytes"]["model"]
+    assert figures["in_band"], figures
+    assert figures["n_embd"] == 256 and figures["hidden_state_crossings"] == 4
+    assert stack["unmeasured"] == []
     # The same report again from the events alone.
     written = (run_dir / "report.md").read_text()
     assert cli.main(["report", run_dir.name, "--out", str(tmp_path)]) == 0
     assert (run_dir / "report.md").read_text().splitlines()[4:] == written.splitlines()[4:]
     assert "| nothing | ok |" in written
+    assert "| node | role | CPU mean % | CPU peak % | peak memory |" in written
+    assert "x its hidden state of 1.0 KiB (n_embd 256 x f32)" in written

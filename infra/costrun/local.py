@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from infra.boot import VM_PATHS
+from infra.costrun.rpc_bytes import ActivationShape, activation_shape
 from infra.costrun.target import Prediction, StepError
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.machines import unavailable_reason
+from infra.local.usage import LocalProbe
 
 
 class LocalTarget:
@@ -81,6 +83,14 @@ class LocalTarget:
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
         return self._exec(command, timeout)
+
+    def usage_probe(self) -> LocalProbe:
+        return LocalProbe(
+            self._spec or cluster.load_spec(self.options.cache, self.options.cluster_id)
+        )
+
+    def activation_shape(self) -> ActivationShape:
+        return activation_shape(self.options.model)
 
     def destroy(self) -> None:
         try:

@@ -6,12 +6,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infra.boot import VM_PATHS
+from infra.costrun import rpc_bytes
 from infra.costrun.events import EventLog
 from infra.costrun.target import Prediction, StepError, Target
+from infra.costrun.usage import (
+    DEFAULT_INTERVAL_SECONDS,
+    Sampler,
+    UsageProbe,
+    UsageUnavailable,
+    summarize,
+)
 
 BENCH_COMMAND = (f"{VM_PATHS.bin_dir}/llama-rpc-bench",)
 # For the predicted cost of a run: the benchmark and the destroy, beyond the time to serve.
@@ -27,6 +35,10 @@ class RunOptions:
     keep: bool = False
     poll_seconds: float = 10
     bench_timeout_seconds: float = 7200
+    # Every node is read at this interval while the benchmark runs (CPU, memory, KV cache).
+    usage_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    # The requests that measure the bytes between the main node and its workers per token.
+    rpc_bytes_lengths: rpc_bytes.Lengths = field(default_factory=rpc_bytes.Lengths)
 
 
 def predicted_usd(prediction: Prediction) -> float | None:
@@ -96,8 +108,7 @@ def run_stack(
         status = _wait_serving(target, log, options, spend=spend, sleep=sleep, clock=clock)
         log.emit("serving", status=status, seconds=round(spend.seconds, 1))
         log.emit("bench")
-        command = [*BENCH_COMMAND, *options.bench_args]
-        output = target.run_on_main(command, options.bench_timeout_seconds)
+        output = _benchmark(target, log, options)
         try:
             result = json.loads(output)
         except json.JSONDecodeError:
@@ -121,6 +132,63 @@ def run_stack(
             seconds=round(spend.seconds, 1) if spend else 0.0,
         )
     return measured and clean
+
+
+def _benchmark(target: Target, log: EventLog, options: RunOptions) -> str:
+    """The bytes per token between the main node and its workers, then the benchmark script on
+    the main node, every node read at a fixed interval throughout; the script's output."""
+    probe = _usage_probe(target, log)
+    sampler = Sampler(probe, options.usage_interval_seconds).start() if probe else None
+    try:
+        if probe is not None:
+            _measure_rpc_bytes(target, probe, log, options)
+        command = [*BENCH_COMMAND, *options.bench_args]
+        return target.run_on_main(command, options.bench_timeout_seconds)
+    finally:
+        if probe is not None and sampler is not None:
+            readings = sampler.stop()
+            log.emit(
+                "usage",
+                how=probe.describe(),
+                **summarize(
+                    readings,
+                    probe.roles,
+                    interval=sampler.interval,
+                    failures=sampler.failures,
+                    last_error=sampler.last_error,
+                ),
+            )
+
+
+def _usage_probe(target: Target, log: EventLog) -> UsageProbe | None:
+    try:
+        return target.usage_probe()
+    except UsageUnavailable as error:
+        reason = str(error)
+    except Exception as error:  # a figure of the report, not a step: the benchmark goes on
+        reason = f"{type(error).__name__}: {error}"
+    log.emit("usage_unmeasured", what="usage and bytes per token", reason=reason)
+    return None
+
+
+def _measure_rpc_bytes(
+    target: Target, probe: UsageProbe, log: EventLog, options: RunOptions
+) -> None:
+    """A figure of the report, not a step: when it cannot be measured, the report says why and
+    the benchmark goes on."""
+    if "worker" not in probe.roles.values():
+        log.emit("usage_unmeasured", what="bytes per token", reason="the stack has no workers")
+        return
+    try:
+        measured = rpc_bytes.measure(probe, options.rpc_bytes_lengths)
+        shape = target.activation_shape()
+    except Exception as error:
+        log.emit(
+            "usage_unmeasured", what="bytes per token", reason=f"{type(error).__name__}: {error}"
+        )
+        return
+    model = rpc_bytes.compare(measured, shape) if shape else None
+    log.emit("rpc_bytes", measured=measured, model=model)
 
 
 def _wait_serving(

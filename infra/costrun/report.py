@@ -10,7 +10,9 @@ from typing import Any
 
 from infra.costrun.events import last, phase_of, read_events, stack_dirs
 
-SCHEMA_VERSION = 1
+# 2: each stack gains "usage" (per node CPU, memory, bytes; the KV cache), "rpc_bytes" (bytes
+# per generated token between the main node and its workers) and "unmeasured".
+SCHEMA_VERSION = 2
 
 
 def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -54,7 +56,21 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "leftovers": audited["leftovers"] if audited else None,
         "kept": last(events, "kept") is not None,
+        "usage": _payload(last(events, "usage")),
+        "rpc_bytes": _payload(last(events, "rpc_bytes")),
+        "unmeasured": [
+            {"what": e["what"], "reason": e["reason"]}
+            for e in events
+            if e["event"] == "usage_unmeasured"
+        ],
     }
+
+
+def _payload(event: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An event's figures, without its name and time."""
+    if event is None:
+        return None
+    return {k: v for k, v in event.items() if k not in ("at", "event")}
 
 
 def build(run_dir: Path) -> dict[str, Any]:
@@ -86,8 +102,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['generated_at']} (report schema {report['schema_version']}).",
         "",
         "| stack | nodes | time to serve (s): measured / predicted | prompt tok/s | decode tok/s: "
-        "measured / predicted | $/h | $ spent | $/Mtok | left behind | result |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "measured / predicted | main<->workers per token | $/h | $ spent | $/Mtok | left behind "
+        "| result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in report["stacks"]:
         measured, predicted = s["measured"], s["predicted"]
@@ -99,6 +116,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_figure(predicted.get('serve_seconds', {}).get('total'))} "
             f"| {_figure(measured['prompt_tps'])} "
             f"| {_figure(measured['decode_tps'])} / {_figure(predicted.get('decode_tps'))} "
+            f"| {_per_token(s.get('rpc_bytes'))} "
             f"| {_figure(s['hourly_usd'], 4)} | {_figure(s['spent_usd'], 4)} "
             f"| {_figure(s['usd_per_million_tokens'], 2)} "
             f"| {'kept (--keep)' if s['kept'] else behind} "
@@ -134,8 +152,108 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {predicted['note']}")
         for error in s["errors"]:
             lines.append(f"- error: {error}")
-        lines.append("")
+        lines += ["", *usage_lines(s)]
     return "\n".join(lines)
+
+
+# The order the report says how each figure was read in (the events store keys sorted).
+HOW_ORDER = ["cpu", "memory", "bytes", "kv_cache"]
+HOW_NAMES = {"cpu": "CPU", "kv_cache": "KV cache"}
+
+
+def _size(count: float | None) -> str:
+    """Bytes in the unit that reads best: 812 B, 10.6 KiB, 1.02 MiB, 1.20 GiB."""
+    if count is None:
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= scale:
+            return f"{count / scale:.{1 if unit == 'KiB' else 2}f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _per_token(rpc: dict[str, Any] | None) -> str:
+    if not rpc:
+        return "n/a"
+    return _size(rpc["measured"]["total_bytes_per_token"]["mean"])
+
+
+def usage_lines(stack: dict[str, Any]) -> list[str]:
+    """The stack's usage during its benchmark: a table per node, the KV cache, and the bytes per
+    generated token between the main node and its workers, set against the hidden state."""
+    lines: list[str] = []
+    usage, rpc = stack.get("usage"), stack.get("rpc_bytes")
+    if usage:
+        per_token = (rpc or {}).get("measured", {}).get("nodes", {})
+        lines += [
+            f"Usage during the benchmark ({usage['seconds']:.0f} s, every node read each "
+            f"{usage['interval_seconds']:g} s; CPU in % of one core, peak over one interval):",
+            "",
+            "| node | role | CPU mean % | CPU peak % | peak memory | received | sent "
+            "| bytes per generated token |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, node in usage["nodes"].items():
+            if "not_measured" in node:
+                lines.append(f"| {name} | {node['role']} | {node['not_measured']} {'| ' * 5}|")
+                continue
+            token = per_token.get(name, {}).get("bytes_per_token")
+            lines.append(
+                f"| {name} | {node['role']} | {node['cpu_mean_percent']:.0f} "
+                f"| {node['cpu_peak_percent']:.0f} | {_size(node['memory_peak_bytes'])} "
+                f"| {_size(node['received_bytes'])} | {_size(node['sent_bytes'])} "
+                f"| {_size(token['mean']) if token else 'n/a'} |"
+            )
+        lines.append("")
+        kv = usage.get("kv_cache")
+        lines.append(
+            f"- KV cache, peak: {100 * kv['peak_ratio']:.1f} % ({kv['peak_tokens']} of "
+            f"{kv['capacity_tokens']} tokens)"
+            if kv
+            else "- KV cache: not read"
+        )
+        if usage.get("failed_readings"):
+            lines.append(
+                f"- {usage['failed_readings']} readings failed (last: {usage['last_error']})"
+            )
+        how = usage.get("how", {})
+        if how:
+            order = [k for k in HOW_ORDER if k in how] + [k for k in how if k not in HOW_ORDER]
+            read = "; ".join(f"{HOW_NAMES.get(k, k)}, {how[k]}" for k in order)
+            lines.append(f"- read from: {read}")
+    if rpc:
+        lines += rpc_lines(rpc)
+    for item in stack.get("unmeasured", []):
+        lines.append(f"- {item['what']}: {item['reason']}")
+    return [*lines, ""] if lines else []
+
+
+def rpc_lines(rpc: dict[str, Any]) -> list[str]:
+    measured, model = rpc["measured"], rpc.get("model")
+    total = measured["total_bytes_per_token"]
+    workers = [
+        f"{name} {_size(node['bytes_per_token']['mean'])}"
+        for name, node in measured["nodes"].items()
+        if node["role"] == "worker"
+    ]
+    lines = [
+        f"- between the main node and its workers: {_size(total['mean'])} ± "
+        f"{_size(total['stdev'])} per generated token ({', '.join(workers)}; "
+        f"{measured['method']}, {measured['short_tokens']} and {measured['long_tokens']} "
+        f"tokens after a {measured['prompt_tokens']}-token prompt, {measured['repeats']} times)"
+    ]
+    if model:
+        lines.append(
+            f"- against the model ({model['architecture']}): "
+            f"{model['ratio_to_hidden_state']:.1f} x its hidden state of "
+            f"{_size(model['hidden_state_bytes'])} (n_embd {model['n_embd']} x f32), "
+            f"{model['ratio_per_crossing']:.1f} x per crossing (with "
+            f"{measured['workers']} workers a token's hidden state crosses "
+            f"{model['hidden_state_crossings']} times, and its logits, "
+            f"{_size(model['logits_bytes'])} of {model['n_vocab']} x f32, once); "
+            f"{model['ratio_to_expected_payload']:.3f} x the payload ggml-rpc must carry "
+            f"({_size(model['expected_payload_bytes'])})"
+        )
+    return lines
 
 
 def _nodes(stack: dict[str, Any]) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from infra.costrun.rpc_bytes import ActivationShape
+from infra.costrun.usage import UsageProbe
+
 
 class StepError(RuntimeError):
     """A step of a stack's cost run failed; the message says what and what to do."""
@@ -60,6 +63,15 @@ class Target(Protocol):
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
         """Run a command as root on the main node; its standard output."""
+        ...
+
+    def usage_probe(self) -> UsageProbe:
+        """Reads every node while the benchmark runs; raises ``UsageUnavailable`` saying why
+        the stack's usage cannot be measured."""
+        ...
+
+    def activation_shape(self) -> ActivationShape | None:
+        """The model's hidden-state and vocabulary sizes, when its GGUF is at hand."""
         ...
 
     def destroy(self) -> None: ...
