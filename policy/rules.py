@@ -254,7 +254,7 @@ def internet_sources(sources: Iterable[Any]) -> list[str]:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
             continue  # another service tag, or a name: not an address range
-        if not _internal(network) and network not in GOOGLE_HEALTH_CHECK_SOURCES:
+        if not _internal(network):
             public[network.version].append((text, _span(network)))
     found = words
     for version, bits, widest in (
@@ -327,7 +327,16 @@ def _open_gcp_firewall(label: str, props: Mapping[str, Any]) -> list[str]:
             f"{label}: this ingress rule names no source, and GCP then admits 0.0.0.0/0 (the "
             "internet); set source_tags (or source_ranges) to the sources that need the port"
         ]
+    # Google's probers reach a GCP firewall's targets only: exempt there, nowhere else.
+    ranges = [r for r in ranges if not _is_google_health_check(r)]
     return _open(label, "this ingress rule", ranges)
+
+
+def _is_google_health_check(source: Any) -> bool:
+    try:
+        return ipaddress.ip_network(str(source).strip()) in GOOGLE_HEALTH_CHECK_SOURCES
+    except ValueError:
+        return False
 
 
 def _open_azure_rule(label: str, props: Mapping[str, Any]) -> list[str]:

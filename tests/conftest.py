@@ -294,6 +294,30 @@ def fake_bin(tmp_path: Path) -> tuple[Path, Callable[[str, str], Path]]:
     return directory, write
 
 
+def fake_llama_server(announce: str) -> str:
+    """A stand-in for llama-server: records its arguments in $FAKE_ARGS, runs ``announce`` (a
+    line of bash: what it prints while loading), then answers /health on --host:--port."""
+    return (
+        "#!/usr/bin/env bash\n"
+        'printf \'%s\\n\' "$@" >"$FAKE_ARGS"\n'
+        f"{announce}\n"
+        + r"""while [[ $# -gt 0 ]]; do
+  case "$1" in --host) host="$2" ;; --port) port="$2" ;; esac
+  shift
+done
+exec python3 -c '
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
+' "$host" "$port"
+"""
+    )
+
+
 def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> Any:
     """POST JSON to a llama-server (on loopback or in a namespace this test made); the reply."""
     request = urllib.request.Request(

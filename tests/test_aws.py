@@ -91,9 +91,6 @@ def test_only_rpc_from_the_main_group_and_metrics_from_inside_are_open(stack: st
         cidr = egress.inputs.get("cidrIpv4")
         if cidr == "0.0.0.0/0":
             assert egress.inputs["fromPort"] in (80, 443)
-        elif cidr == vpc:
-            assert egress.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
-            assert egress.inputs["fromPort"] == egress.inputs["toPort"] == METRICS_PORT
         else:
             assert egress.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-worker-sg-id"
             assert egress.inputs["fromPort"] == 50052
@@ -576,6 +573,8 @@ def test_the_balancer_is_internal_at_its_address_and_checks_health() -> None:
     assert targets == sorted(config.main_ips)
     [listener] = d.of_type(LISTENER)
     assert (listener.inputs["protocol"], listener.inputs["port"]) == ("TCP", 8080)
+    # Longer than llama-server's own 600 s: a completion without streaming is silent until done.
+    assert listener.inputs["tcpIdleTimeoutSeconds"] > 600
     assert d.outputs[outputs.BALANCER_URL] == f"http://{config.balancer_ip}:8080"
     assert d.outputs[outputs.REPLICAS] == 2
     groups = d.outputs[outputs.GROUPS]
@@ -589,9 +588,9 @@ def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:
     d = _replicas({f"{P}apiAllowedCidrs": ["192.168.10.0/24"]})
     balancer_sg = "llama-rpc-cluster-balancer-sg-id"
     into = [r for r in d.of_type(INGRESS) if r.inputs["securityGroupId"] == balancer_sg]
+    # The tunnel's main node (the first group's) and apiAllowedCidrs; no other main node.
     assert {r.inputs.get("referencedSecurityGroupId") or r.inputs["cidrIpv4"] for r in into} == {
         "llama-rpc-cluster-main-sg-id",
-        "llama-rpc-cluster-replica2-main-sg-id",
         "192.168.10.0/24",
     }
     assert all(r.inputs["fromPort"] == r.inputs["toPort"] == 8080 for r in into)
@@ -649,3 +648,9 @@ def test_replicas_cost_every_group_and_the_balancer() -> None:
 def test_replicas_out_of_range_are_refused(replicas) -> None:
     text = refused("aws-small", {f"{P}replicas": replicas}, "replicas")
     assert "replicas" in text
+
+
+def test_adding_replicas_leaves_the_first_groups_nodes_as_they_are() -> None:
+    one = {r.name: r.inputs for r in deployed("aws-small").of_type(INSTANCE)}
+    two = {r.name: r.inputs for r in _replicas().of_type(INSTANCE)}
+    assert one and all(two[name] == inputs for name, inputs in one.items())

@@ -494,3 +494,13 @@ def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
     assert names <= {
         r.name for r in replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)).resources
     }
+
+
+def test_adding_replicas_leaves_the_first_groups_vms_as_they_are() -> None:
+    vm = "azure-native:compute:VirtualMachine"
+    one = {r.name: r.inputs for r in deploy("azure-cobalt").of_type(vm)}
+    two = {
+        r.name: r.inputs
+        for r in deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2}).of_type(vm)
+    }
+    assert one and all(two[name] == inputs for name, inputs in one.items())

@@ -34,6 +34,7 @@ from tests.conftest import (
     REPO,
     SCRIPTS,
     assert_valid_cloud_config,
+    fake_llama_server,
     free_port,
     require_tool,
     unavailable,
@@ -669,24 +670,10 @@ def test_bad_listen_addresses_are_refused(role: str, listen: str, message: str) 
     assert refused.value.setting == "server_listen"
 
 
-FAKE_LLAMA_SERVER = r"""#!/usr/bin/env bash
 # Records its arguments and answers /health on --host:--port, as llama-server does.
-printf '%s\n' "$@" >"$FAKE_ARGS"
-echo "main: server is listening on http://$2 - starting the main loop"
-while [[ $# -gt 0 ]]; do
-  case "$1" in --host) host="$2" ;; --port) port="$2" ;; esac
-  shift
-done
-exec python3 -c '
-import http.server, sys
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
-' "$host" "$port"
-"""
+FAKE_LLAMA_SERVER = fake_llama_server(
+    'echo "main: server is listening on http://$2 - starting the main loop"'
+)
 
 
 @pytest.mark.parametrize("listen", [None, "0.0.0.0"])

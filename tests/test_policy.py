@@ -1108,3 +1108,19 @@ def test_the_pack_takes_the_rpc_port_from_the_policy_config_first() -> None:
         assert "on-50070" in message and "port 50070" in message
     finally:
         running.close()
+
+
+def test_googles_probe_ranges_pass_only_in_a_gcp_firewall() -> None:
+    probes = ["35.191.0.0/16", "130.211.0.0/22"]
+    gcp_rule = {"direction": "INGRESS", "allows": [{"protocol": "tcp"}], "sourceRanges": probes}
+    assert not rules.no_internet_ingress(rules.GCP_FIREWALL, gcp_rule, "probes")
+    aws_rule = {"cidrIpv4": "35.191.0.0/16"}
+    assert not rules.no_internet_ingress(rules.AWS_INGRESS_RULE, aws_rule, "one")  # one /16
+    azure_rule = {
+        "direction": "Inbound",
+        "access": "Allow",
+        "sourceAddressPrefixes": probes,
+    }
+    assert rules.no_internet_ingress(rules.AZURE_SECURITY_RULE, azure_rule, "probes")
+    wider = {**gcp_rule, "sourceRanges": ["35.191.0.0/15"]}
+    assert rules.no_internet_ingress(rules.GCP_FIREWALL, wider, "wider")

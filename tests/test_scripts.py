@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from infra.pins import LLAMA_CPP_COMMIT
-from tests.conftest import SCRIPTS, free_port
+from tests.conftest import SCRIPTS, fake_llama_server, free_port
 
 
 def sha256(data: bytes) -> str:
@@ -325,24 +325,8 @@ def test_debug_lines_stay_out_of_the_journal(tmp_path: Path) -> None:
     assert kept == GEMMA_LOAD_LOG.read_text()  # up to and with "listening on", debug included
 
 
-FAKE_SERVER = r"""#!/usr/bin/env bash
 # Stands in for llama-server: records its arguments, prints a real load log, answers /health.
-printf '%s\n' "$@" >"$FAKE_ARGS"
-cat "$FAKE_LOG"
-while [[ $# -gt 0 ]]; do
-  case "$1" in --host) host="$2" ;; --port) port="$2" ;; esac
-  shift
-done
-exec python3 -c '
-import http.server, sys
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
-' "$host" "$port"
-"""
+FAKE_SERVER = fake_llama_server('cat "$FAKE_LOG"')
 
 
 def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:

@@ -24,6 +24,10 @@ _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 # Google's IAP TCP forwarding range: the only source the main node's API port admits
 # (https://cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule).
 IAP_RANGE = "35.235.240.0/20"
+# Where Google's health checkers probe from: an ingress rule must admit them to a balancer's
+# backends (https://cloud.google.com/load-balancing/docs/firewall-rules, and "Probe IP ranges"
+# in https://cloud.google.com/load-balancing/docs/health-check-concepts).
+HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 
 
 def label_problem(labels: Mapping[str, str]) -> str | None:

@@ -46,6 +46,13 @@ RPC_HOP_SECONDS = 1.22e-3
 KV_FILL_FRACTION = 0.5
 
 
+def _anchor_instance(provider: str, region: str, name: str) -> InstanceType:
+    found = catalog.find(provider, region, name)
+    if found is None:
+        raise LookupError(f"anchor instance {name} is not in the catalog")
+    return found
+
+
 @dataclass(frozen=True)
 class Anchor:
     """A published decode measurement the model is calibrated to."""
@@ -67,10 +74,7 @@ class Anchor:
 
     @property
     def instance(self) -> InstanceType:
-        found = catalog.find(self.provider, self.region, self.instance_type)
-        if found is None:
-            raise LookupError(f"anchor instance {self.instance_type} is not in the catalog")
-        return found
+        return _anchor_instance(self.provider, self.region, self.instance_type)
 
 
 RPC_ANCHOR = Anchor(
@@ -275,10 +279,7 @@ class PromptAnchor:
 
     @property
     def instance(self) -> InstanceType:
-        found = catalog.find(self.provider, self.region, self.instance_type)
-        if found is None:
-            raise LookupError(f"anchor instance {self.instance_type} is not in the catalog")
-        return found
+        return _anchor_instance(self.provider, self.region, self.instance_type)
 
     @property
     def flops(self) -> float:

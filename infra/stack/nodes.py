@@ -35,10 +35,10 @@ def node_boots(config: ClusterConfig, group: int = 0) -> list[NodeBoot]:
     facts = FACTS[config.cloud]
     platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
     main_ip, *worker_ips = config.group_ips(group)
-    # Behind a passthrough balancer requests arrive addressed to the balancer's IP. The node's
-    # one interface is private, and the cloud firewall admits the API as before.
-    keeps_destination = config.replicas > 1 and facts.balancer_keeps_destination
-    listen = "0.0.0.0" if keeps_destination else None  # noqa: S104
+    # Behind a passthrough balancer requests arrive addressed to the balancer's IP. Set with or
+    # without replicas, so that adding groups later leaves the first group's boot data (and its
+    # nodes) as they are. The node's one interface is private; the cloud firewall decides.
+    listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
     workers = [
         NodeBoot(
             role="worker",

@@ -25,7 +25,17 @@ from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.network_rules import s3_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.stack.providers.base import (
+    BALANCER_IDLE_TIMEOUT_SECONDS,
+    HEALTH_INTERVAL_SECONDS,
+    HEALTH_PATH,
+    HEALTH_THRESHOLD,
+    CloudBackend,
+    GroupSpec,
+    Node,
+    NodeSpec,
+    node_options,
+)
 from infra.types import METRICS_PORT
 
 UBUNTU_AMI_PARAMETER = (
@@ -44,11 +54,6 @@ PORT_FORWARD_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
 BOOT_EGRESS_PORTS = (80, 443)
 # Remote administration ports the default network ACL refuses from anywhere (EC2.21).
 ADMIN_PORTS = (22, 3389)
-# The balancer's health check: llama-server answers /health with 200 only once the model is
-# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
-HEALTH_PATH = "/health"
-HEALTH_INTERVAL_SECONDS = 10
-HEALTH_THRESHOLD = 2  # checks in a row to change a target's state
 
 
 def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequence[str]) -> str:
@@ -423,16 +428,6 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 "node metrics from inside the cluster's network",
                 cidr_ipv4=str(config.vpc_cidr),
             )
-        # The first group's main node is where connectCommand's tunnel ends, and reads every
-        # node's metrics for a live view.
-        rule(
-            egress,
-            "main-metrics-to-nodes",
-            "main",
-            METRICS_PORT,
-            "node metrics of the cluster's nodes",
-            cidr_ipv4=str(config.vpc_cidr),
-        )
         if network.balancer_group is not None:
             rule(
                 ingress,
@@ -442,14 +437,15 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 "requests and health checks from the internal balancer",
                 referenced_security_group_id=network.balancer_group.id,
             )
-            rule(
-                egress,
-                "main-api-to-balancer",
-                "main",
-                config.server_port,
-                "the tunnel (connectCommand) to the internal balancer",
-                referenced_security_group_id=network.balancer_group.id,
-            )
+            if spec.index == 0:  # where connectCommand's tunnel ends
+                rule(
+                    egress,
+                    "main-api-to-balancer",
+                    "main",
+                    config.server_port,
+                    "the tunnel (connectCommand) to the internal balancer",
+                    referenced_security_group_id=network.balancer_group.id,
+                )
         for port in model_ports(config):
             rule(
                 egress,
@@ -484,18 +480,18 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         if balancer_group is None or config.balancer_ip is None:
             raise ValueError("the balancer is made only for replicas > 1")
         port = config.server_port
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-balancer-api-from-tunnel",
+            security_group_id=balancer_group.id,
+            ip_protocol="tcp",
+            from_port=port,
+            to_port=port,
+            referenced_security_group_id=groups[0].main.id,
+            description="the tunnel through the first group's main node (connectCommand)",
+            tags=tags,
+            opts=opts,
+        )
         for i, group in enumerate(groups):
-            aws.vpc.SecurityGroupIngressRule(
-                f"{name}-balancer-api-from-main-{i + 1}",
-                security_group_id=balancer_group.id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
-                referenced_security_group_id=group.main.id,
-                description="the tunnel through a main node (connectCommand)",
-                tags=tags,
-                opts=opts,
-            )
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-balancer-to-main-{i + 1}",
                 security_group_id=balancer_group.id,
@@ -566,6 +562,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             protocol="TCP",
             port=port,
             default_actions=[{"type": "forward", "target_group_arn": servers.arn}],
+            tcp_idle_timeout_seconds=BALANCER_IDLE_TIMEOUT_SECONDS,
             tags=tags,
             opts=opts,
         )

@@ -26,7 +26,17 @@ from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.network_rules import blob_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.stack.providers.base import (
+    BALANCER_IDLE_TIMEOUT_SECONDS,
+    HEALTH_INTERVAL_SECONDS,
+    HEALTH_PATH,
+    HEALTH_THRESHOLD,
+    CloudBackend,
+    GroupSpec,
+    Node,
+    NodeSpec,
+    node_options,
+)
 from infra.types import METRICS_PORT
 
 IMAGE: azure.compute.ImageReferenceArgsDict = {
@@ -67,15 +77,9 @@ PROBE_PRIORITY = 140
 # The service tag of the platform address (168.63.129.16) that load balancer probes come from:
 # https://learn.microsoft.com/azure/virtual-network/service-tags-overview
 LOAD_BALANCER_TAG = "AzureLoadBalancer"
-# The balancer's health probe: llama-server answers /health with 200 only once the model is
-# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
-HEALTH_PATH = "/health"
-HEALTH_INTERVAL_SECONDS = 10
-HEALTH_THRESHOLD = 2  # probes in a row to change a backend's state
-# A long completion can send nothing for minutes (no streaming); the default idle timeout is 4
-# minutes, 30 the most a load-balancing rule takes everywhere:
+# The default idle timeout is 4 minutes, 30 the most a load-balancing rule takes:
 # https://learn.microsoft.com/azure/load-balancer/load-balancer-tcp-reset
-IDLE_TIMEOUT_MINUTES = 30
+IDLE_TIMEOUT_MINUTES = BALANCER_IDLE_TIMEOUT_SECONDS // 60
 BALANCER_FRONTEND = "private"
 BALANCER_POOL = "main-nodes"
 BALANCER_PROBE = "health"

@@ -20,6 +20,16 @@ from infra.clouds import CloudFacts
 from infra.stack.config import ClusterConfig
 from infra.types import Role
 
+# The balancer's health check, on every cloud: llama-server answers /health with 200 only once
+# its model is loaded (503 while loading), so a group that is booting, loading or down gets no
+# requests.
+HEALTH_PATH = "/health"
+HEALTH_INTERVAL_SECONDS = 10
+HEALTH_THRESHOLD = 2  # checks in a row to change a group's state
+# A completion without streaming sends nothing until it ends, which can take minutes; a
+# balancer's idle timeout must outlast llama-server's own (600 s) or it cuts the answer off.
+BALANCER_IDLE_TIMEOUT_SECONDS = 1800
+
 NetworkT = TypeVar("NetworkT")
 GroupT = TypeVar("GroupT")
 

@@ -19,10 +19,20 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.clouds import gcp as gcp_facts
-from infra.clouds.gcp import IAP_RANGE
+from infra.clouds.gcp import HEALTH_CHECK_RANGES, IAP_RANGE
 from infra.network_rules import gcs_object
 from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import CloudBackend, GroupSpec, Node, NodeSpec, node_options
+from infra.stack.providers.base import (
+    BALANCER_IDLE_TIMEOUT_SECONDS,
+    HEALTH_INTERVAL_SECONDS,
+    HEALTH_PATH,
+    HEALTH_THRESHOLD,
+    CloudBackend,
+    GroupSpec,
+    Node,
+    NodeSpec,
+    node_options,
+)
 from infra.types import METRICS_PORT
 
 # The family resolves when a disk is created; the provider does not diff a node whose image
@@ -38,16 +48,7 @@ NAMES_PER_CONDITION = 12
 # The prefix an objects.list request asks for (a Cloud Storage API attribute of IAM Conditions);
 # "" for any other request.
 LIST_PREFIX = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
-# Where Google's health checkers probe from: an ingress rule must admit them to the backends
-# (https://cloud.google.com/load-balancing/docs/firewall-rules, and "Probe IP ranges" in
-# https://cloud.google.com/load-balancing/docs/health-check-concepts).
-HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
-# The balancer's health check: llama-server answers /health with 200 only once the model is
-# loaded (503 while loading), so a group that is booting, loading or down gets no requests.
-HEALTH_PATH = "/health"
-HEALTH_INTERVAL_SECONDS = 10
 HEALTH_TIMEOUT_SECONDS = 5
-HEALTH_THRESHOLD = 2  # checks in a row to change a backend's state
 
 
 def _chunks(names: Sequence[str], size: int) -> list[list[str]]:
@@ -375,6 +376,8 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             network=network.network.id,
             health_checks=health.id,
             backends=[{"group": network.mains.self_link, "balancing_mode": "CONNECTION"}],
+            # Connections idle for longer are forgotten (10 minutes by default).
+            connection_tracking_policy={"idle_timeout_sec": BALANCER_IDLE_TIMEOUT_SECONDS},
             description="every serving group's llama-server",
             opts=opts,
         )
