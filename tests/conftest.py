@@ -403,14 +403,14 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
     from infra.local.model import cached_model
 
     cache = cache_dir()
-    return cluster.UpOptions(
-        workers=2,
-        model=cached_model(llama_source, cache),
-        source=llama_source,
-        cache=cache,
-        cluster_id=f"{prefix}{os.getpid() % 100000}",
-        cidr=f"10.{second_octet}.{random.randint(100, 199)}.0/24",
-        threads=1,
-        worker_wait_seconds=300,
-        **changes,
-    )
+    defaults: dict[str, Any] = {
+        "workers": 2,
+        "model": cached_model(llama_source, cache),
+        "source": llama_source,
+        "cache": cache,
+        "cluster_id": f"{prefix}{os.getpid() % 100000}",
+        "cidr": f"10.{second_octet}.{random.randint(100, 199)}.0/24",
+        "threads": 1,
+        "worker_wait_seconds": 300,
+    }
+    return cluster.UpOptions(**{**defaults, **changes})

@@ -14,7 +14,6 @@ import dataclasses
 import http.server
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -33,11 +32,9 @@ from infra import layout, outputs, sizing
 from infra.local import balancer as lb
 from infra.local import cluster
 from infra.local.__main__ import main
-from infra.local.model import cached_model
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
-from infra.local.source import cache_dir
 from infra.types import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
-from tests.conftest import free_port, require_netns, require_tool
+from tests.conftest import free_port, one_plus_two, require_netns, require_tool
 from tests.test_models import write_gguf
 
 # Sends completions to URL one after another, from wherever it runs (a namespace of the test's),
@@ -255,22 +252,11 @@ def test_only_groups_that_pass_the_health_check_get_requests(tmp_path: Path) -> 
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     require_netns()
     require_tool("haproxy")
-    cache = cache_dir()
-    options = cluster.UpOptions(
-        workers=1,
-        replicas=2,
-        model=cached_model(llama_source, cache),
-        source=llama_source,
-        cache=cache,
-        cluster_id=f"rep{os.getpid() % 100000}",
-        cidr=f"10.217.{random.randint(100, 199)}.0/24",
-        threads=1,
-        worker_wait_seconds=300,
-    )
+    options = one_plus_two(llama_source, "rep", 217, workers=1, replicas=2)
     started = time.monotonic()
     contract = cluster.up(options, timeout=1200)
     print(f"two groups up in {time.monotonic() - started:.1f} s")
-    spec = cluster.load_spec(cache, options.cluster_id)
+    spec = cluster.load_spec(options.cache, options.cluster_id)
     network = cluster.network_of(spec)
     assert network is not None
     base = str(network.cidr.network_address).rsplit(".", 1)[0]
@@ -285,7 +271,7 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
         "client": client,
         "balancer": balancer,
     }
-    assert cluster.down(cache, options.cluster_id)
+    assert cluster.down(options.cache, options.cluster_id)
     assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
     assert not Path(f"/run/netns/{client}").exists()
     assert not balancer.alive()
