@@ -12,6 +12,7 @@ API
   Two snapshots of the same source (node-exporter, or llama-server) make an interval.
 - Node-exporter, from one snapshot: ``memory(s) -> Memory | None`` (used = MemTotal -
   MemAvailable), ``network_bytes(s) -> {device: NetworkBytes}`` (lo excluded).
+- Node-exporter, from one: ``cpu_busy_seconds(s)``, every core's busy seconds together.
 - Node-exporter, from two: ``cpu_use(a, b) -> CpuUse | None`` (busy % of each core and their
   mean), ``network_use(a, b) -> {device: NetworkUse}`` (bytes in the interval and per second),
   ``disk_use(a, b) -> {device: DiskUse}``.
@@ -210,6 +211,13 @@ def cpu_use(before: Snapshot, after: Snapshot) -> CpuUse | None:
         return None
     ordered = dict(sorted(per_core.items(), key=lambda item: _core_order(item[0])))
     return CpuUse(sum(ordered.values()) / len(ordered), ordered)
+
+
+def cpu_busy_seconds(snapshot: Snapshot) -> float | None:
+    """CPU seconds every core together spent busy since boot (100 % of one core for one second
+    is one); None when the exporter reports no CPU."""
+    busy, total = _cpu_seconds(snapshot)
+    return sum(busy.values()) if total else None
 
 
 def _core_order(cpu: str) -> tuple[int, str]:

@@ -87,13 +87,18 @@ def test_only_rpc_from_the_main_group_and_metrics_from_inside_are_open(stack: st
         assert (r.inputs["toPort"], r.inputs["cidrIpv4"]) == (METRICS_PORT, vpc)
     for group in d.of_type("aws:ec2/securityGroup:SecurityGroup"):
         assert not group.inputs.get("ingress"), "no inline rules: every rule is its own resource"
+    to_workers = set()
     for egress in d.of_type(EGRESS):
         cidr = egress.inputs.get("cidrIpv4")
         if cidr == "0.0.0.0/0":
             assert egress.inputs["fromPort"] in (80, 443)
         else:
+            # The main node reaches its own workers only: RPC, and their metrics for
+            # llama-rpc-metrics (infra.top), nowhere else in the VPC.
+            assert egress.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
             assert egress.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-worker-sg-id"
-            assert egress.inputs["fromPort"] == 50052
+            to_workers.add(egress.inputs["fromPort"])
+    assert to_workers == {50052, METRICS_PORT}
     workers = [r for r in d.of_type(INSTANCE) if "worker" in r.name]
     main = d.named("llama-rpc-cluster-main")
     assert all(

@@ -15,16 +15,10 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from infra import outputs
+from infra.channels import ChannelError, IapChannel, RunCommandChannel, SsmChannel
 from infra.costrun import cli, report, rpc_bytes
-from infra.costrun.cloud import (
-    IapChannel,
-    PulumiTarget,
-    RunCommandChannel,
-    SsmChannel,
-    aws_leftovers,
-    azure_leftovers,
-    gcp_leftovers,
-)
+from infra.costrun.channel_probe import ChannelProbe
+from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import Prediction, StepError
@@ -97,6 +91,8 @@ class FakeTarget:
         self._step("bench")
         self.cluster_traffic_at_bench = self.cluster.counters["main"][2]
         assert command[: len(BENCH_COMMAND)] == list(BENCH_COMMAND)
+        with self.cluster.lock:  # the benchmark's own requests, whatever else is refused
+            self.cluster._complete(40)
         return "Traceback: nothing useful" if self.fail == "garbage" else json.dumps(BENCH)
 
     def usage_probe(self) -> SimulatedCluster:
@@ -236,8 +232,9 @@ def test_the_benchmark_reads_every_node_and_measures_bytes_per_token_first(
     order = names(events)
     assert order.index("bench") < order.index("rpc_bytes") < order.index("usage")
     assert order.index("usage") < order.index("bench_done")
-    # The requests that measure bytes per token went before the benchmark script.
-    assert target.cluster_traffic_at_bench == target.cluster.counters["main"][2] > 0
+    # The requests that measure bytes per token went before the benchmark script, and the
+    # usage is the benchmark's alone.
+    assert 0 < target.cluster_traffic_at_bench < target.cluster.counters["main"][2]
     stack = report.stack_report("fake", events)
     measured = stack["rpc_bytes"]["measured"]
     # The simulated cluster's own figures: two hidden states and control bytes into w1, one
@@ -387,6 +384,9 @@ class FakeStack:
         class Result:
             def __init__(self) -> None:
                 self.outputs = {
+                    outputs.CLOUD: Output("aws"),
+                    outputs.MAIN_PRIVATE_IP: Output("10.0.0.10"),
+                    outputs.WORKER_PRIVATE_IPS: Output(["10.0.0.11", "10.0.0.12"]),
                     outputs.MAIN_INSTANCE_ID: Output("i-0main"),
                     outputs.CONNECT_COMMAND: Output("aws ssm start-session --target i-0main"),
                 }
@@ -462,8 +462,9 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
     assert automation.calls == ["select aws-c8g in the project", "up", "destroy"]
     described = target.describe()
     assert described["nodes"]["main"] == "c8g.16xlarge" and described["provider"] == "aws"
-    with pytest.raises(UsageUnavailable, match="SSM returns 24,000 characters"):
-        target.usage_probe()
+    probe = target.usage_probe()  # the first group, through the same channel
+    assert isinstance(probe, ChannelProbe) and probe.channel is channel
+    assert probe.roles == {"main": "main", "worker-1": "worker", "worker-2": "worker"}
     assert target.activation_shape() is None
     prediction = target.predict()
     assert prediction.hourly_usd == target.config.hourly_cost.total
@@ -476,7 +477,7 @@ def test_a_failed_ssm_command_is_an_error_with_its_output() -> None:
     stubs["ssm"].add_response(
         "get_command_invocation", {"Status": "Failed", "StandardErrorContent": "no such file"}
     )
-    with stubs["ssm"], pytest.raises(StepError, match="SSM Failed on i-1: no such file"):
+    with stubs["ssm"], pytest.raises(ChannelError, match="SSM Failed on i-1: no such file"):
         SsmChannel(clients["ssm"], "i-1", sleep=lambda _: None).run(["cat", "x"], 60)
 
 
@@ -550,7 +551,7 @@ def test_azure_runs_the_command_through_run_command_and_audits_by_tag() -> None:
     assert json.loads(channel.run(["cat", "status.json"], 60)) == {"phase": "loading"}
     assert azure_leftovers("azure-cobalt", runner) == ["group rg1"]
     failed = recorded({"az vm": (1, "ERROR: (AuthorizationFailed) no access")})
-    with pytest.raises(StepError, match="AuthorizationFailed"):
+    with pytest.raises(ChannelError, match="AuthorizationFailed"):
         RunCommandChannel("vm", "rg", failed).run(["true"], 60)
 
 

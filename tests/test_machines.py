@@ -10,11 +10,14 @@ settings on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
+import io
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +26,12 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import metrics, outputs
+from infra import group_metrics, metrics, outputs
+from infra import top as stack_top
 from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
+from infra.channels import LocalChannel
+from infra.costrun import usage
+from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.machines import Machine, unavailable_reason
@@ -324,6 +331,70 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
     main = rows["main"]
     assert float(main[3]) > 0 and float(main[-2]) > 0, shown  # CPU %, tokens/s
     assert "node-exporter in a machine reads the host's CPU and memory" in shown
+
+
+@contextlib.contextmanager
+def generating(url: str) -> Iterator[None]:
+    """The main node keeps generating, from a thread, for the block."""
+    stop = threading.Event()
+
+    def generate() -> None:
+        while not stop.is_set():
+            complete(url)
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(120)
+
+
+def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up) -> None:
+    """`python -m infra.top`'s path on a stack, over the local command channel: the command
+    installs llama-rpc-metrics in the main machine, which reads each machine's exporter inside
+    the VPC (the main node's egress to its workers' metrics port) and its own llama-server."""
+    channel = LocalChannel(up["spec"], "main")
+    groups = stack_top.stack_groups(up["contract"], [channel])
+    out = io.StringIO()
+    with generating(up["contract"][outputs.LLAMA_SERVER_URL]):
+        assert stack_top.run("local", groups, interval=3.0, once=True, out=out) == 0
+    shown = out.getvalue()
+    rows = frame_rows(shown, ["main", "worker-1", "worker-2"])
+    assert rows["main"][1:3] == ["main", "serving"], shown
+    for name in ("worker-1", "worker-2"):
+        assert rows[name][1:3] == ["worker", group_metrics.WORKER_ANSWERING], shown
+    for words in rows.values():
+        assert "n/a" not in words[:11], shown  # CPU, memory, traffic: every node's exporter
+        assert float(words[3]) > 0, shown
+    assert float(rows["main"][-2]) > 0, shown  # tokens/s
+    installed = on(up, "main", "sh", "-c", "ls /run | grep llama-rpc-metrics")
+    assert installed.strip().startswith(group_metrics.NAME), installed
+
+
+def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -> None:
+    """The cost run's channel probe: a transient unit records a reading each half second while
+    the main node generates; the readings come back through the channel, and a request sent
+    through it is answered."""
+    channel = LocalChannel(up["spec"], "main")
+    probe = ChannelProbe(channel, up["contract"])
+    recorder = probe.recorder(0.5).start()
+    try:
+        with generating(up["contract"][outputs.LLAMA_SERVER_URL]):
+            time.sleep(4)
+    finally:
+        readings = recorder.stop()
+    state = on(up, "main", "sh", "-c", f"systemctl is-active {RECORD_UNIT} || true").strip()
+    assert state in ("inactive", "unknown"), state  # stopped, and collected
+    assert len(readings) >= 6 and recorder.failures == 0
+    summary = usage.summarize(readings, probe.roles, interval=0.5)
+    for name, figures in summary["nodes"].items():
+        assert figures["cpu_peak_percent"] > 0 and figures["memory_peak_bytes"] > 0, name
+        assert figures["received_bytes"] > 0 and figures["sent_bytes"] > 0, name
+    assert summary["kv_cache"] is not None and summary["kv_cache"]["peak_ratio"] > 0
+    reply = probe.complete({"prompt": "Hello", "n_predict": 4, "ignore_eos": True}, 120)
+    assert reply["timings"]["predicted_n"] == 4
 
 
 def test_greedy_completion_through_machines_equals_one_node(up) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import metrics, outputs
+from infra import metrics, outputs, topview
 from infra.local import cluster, top
 from infra.metrics import MetricsError, Snapshot
 from tests.conftest import REPO, complete, one_plus_two, require_netns
@@ -283,8 +283,8 @@ def test_proc_net_dev_reads_as_node_exporters_counters() -> None:
 # --- python -m infra.local top: figures and frame, from readings made here ---
 
 
-def reading(n: int, **fields) -> top.NodeReading:
-    return top.NodeReading(taken_at=100.0 + INTERVAL * (n - 1), **fields)
+def reading(n: int, **fields) -> topview.NodeReading:
+    return topview.NodeReading(taken_at=100.0 + INTERVAL * (n - 1), **fields)
 
 
 def test_a_machines_main_node_row_has_every_figure(node, server) -> None:
@@ -296,7 +296,7 @@ def test_a_machines_main_node_row_has_every_figure(node, server) -> None:
         2, name="main", role="main", phase="serving", exporter=node[1], server=server[1],
         slots=slots(2),
     )  # fmt: skip
-    row = top.row(before, after, cpus=2)
+    row = topview.row(before, after, cpus=2)
     cpu = metrics.cpu_use(node[0], node[1])
     assert cpu is not None and row.cpu_percent == pytest.approx(cpu.mean_percent)
     assert (row.memory_bytes, row.memory_total_bytes) == (877_891_584, 25_276_063_744)
@@ -310,13 +310,13 @@ def test_a_machines_main_node_row_has_every_figure(node, server) -> None:
 def test_processes_count_their_cpu_time_over_this_machines_cores() -> None:
     """In processes mode a node's CPU is its processes' time; a process that started in the
     interval counts whole, one that ended does not make the figure negative."""
-    start = top.ProcessUse({1: 10.0, 2: 5.0, 3: 1.0}, 1000)
-    end = top.ProcessUse({1: 12.0, 2: 5.5, 4: 0.5}, 3000)  # 3 ended, 4 started
-    assert top.process_cpu_percent(start, end, elapsed=2.0, cpus=2) == pytest.approx(75.0)
-    assert top.process_cpu_percent(start, start, elapsed=2.0, cpus=2) == 0.0
+    start = topview.ProcessUse({1: 10.0, 2: 5.0, 3: 1.0}, 1000)
+    end = topview.ProcessUse({1: 12.0, 2: 5.5, 4: 0.5}, 3000)  # 3 ended, 4 started
+    assert topview.process_cpu_percent(start, end, elapsed=2.0, cpus=2) == pytest.approx(75.0)
+    assert topview.process_cpu_percent(start, start, elapsed=2.0, cpus=2) == 0.0
     dev = Snapshot.of(metrics.proc_net_dev_samples(PROC_NET_DEV), 0)
     busier = PROC_NET_DEV.replace("5067248", "5077248")
-    row = top.row(
+    row = topview.row(
         reading(1, name="w1", role="worker", phase="serving", processes=start, network=dev),
         reading(2, name="w1", role="worker", phase="serving", processes=end,
                 network=Snapshot.of(metrics.proc_net_dev_samples(busier), INTERVAL)),
@@ -330,21 +330,21 @@ def test_processes_count_their_cpu_time_over_this_machines_cores() -> None:
 
 def test_the_frame_has_a_line_per_node_and_says_why_a_figure_is_missing(node, server) -> None:
     rows = [
-        top.row(
+        topview.row(
             reading(1, name="main", role="main", phase="serving", exporter=node[0],
                     server=server[0], slots=slots(1)),
             reading(2, name="main", role="main", phase="serving", exporter=node[1],
                     server=server[1], slots=slots(2)),
             cpus=2,
         ),
-        top.row(
+        topview.row(
             reading(1, name="w1", role="worker", phase="building"),
             reading(2, name="w1", role="worker", phase="building",
                     notes=("node-exporter on port 9100 did not answer (refused)",)),
             cpus=2,
         ),
     ]  # fmt: skip
-    text = top.render(rows, "local cluster 't'", ["legend"])
+    text = topview.render(rows, "local cluster 't'", ["legend"])
     lines = text.splitlines()
     assert lines[0] == "local cluster 't'"
     assert lines[1].split()[:4] == ["NODE", "ROLE", "PHASE", "CPU"]
@@ -358,11 +358,11 @@ def test_the_frame_has_a_line_per_node_and_says_why_a_figure_is_missing(node, se
 
 
 def test_human_bytes() -> None:
-    assert [top.human_bytes(n) for n in (0, 1023, 1024, 5 * 1024**2, 3 * 1024**4)] == [
+    assert [topview.human_bytes(n) for n in (0, 1023, 1024, 5 * 1024**2, 3 * 1024**4)] == [
         "0 B", "1023 B", "1.0 KiB", "5.0 MiB", "3072.0 GiB",
     ]  # fmt: skip
-    assert top.human_bytes(2048, per_second=True) == "2.0 KiB/s"
-    assert top.human_bytes(None) == "n/a"
+    assert topview.human_bytes(2048, per_second=True) == "2.0 KiB/s"
+    assert topview.human_bytes(None) == "n/a"
 
 
 # --- top --once on a running local cluster (processes: the host's view of each node) ---
@@ -437,10 +437,10 @@ def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatc
     --once prints one plain frame."""
     readings = iter(range(10))
 
-    def read(spec) -> list[top.NodeReading]:
+    def read(spec) -> list[topview.NodeReading]:
         n = next(readings)
         exporter = Snapshot.of(node[n % 2].samples, 100.0 + n)
-        return [top.NodeReading("w1", "worker", "serving", 100.0 + n, exporter=exporter)]
+        return [topview.NodeReading("w1", "worker", "serving", 100.0 + n, exporter=exporter)]
 
     monkeypatch.setattr(top, "read_cluster", read)
     spec = {"id": "t", "nodes": [{"name": "w1"}], "machines": True, "netns": True}

@@ -154,6 +154,9 @@ class SimulatedCluster:
     def describe(self) -> dict[str, str]:
         return {"bytes": "simulated"}
 
+    def recorder(self, interval: float) -> Sampler:
+        return Sampler(self, interval)
+
     def _send(self, source: str, target: str, count: int) -> None:
         self.counters[source][3] += count
         self.counters[target][2] += count

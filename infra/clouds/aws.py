@@ -78,6 +78,8 @@ FACTS = CloudFacts(
     image_example="ami-0123456789abcdef0",
     # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html: 16 KB, before the
     # API's base64; user_data_base64 takes gzip (cloud-init unpacks it).
+    # SSM GetCommandInvocation returns the first 24,000 characters of stdout.
+    command_output_chars=24_000,
     user_data=UserDataChannel("user_data", 16 * 1024, gzip_field="user_data_base64"),
     disk=DiskModel("gp3", included_mibps=125, included_iops=3000, iops_per_mibps=4),
     nat=NatModel("NAT gateway"),

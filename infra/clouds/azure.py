@@ -62,6 +62,8 @@ FACTS = CloudFacts(
     image_example="24.04.202510010",
     # https://learn.microsoft.com/azure/virtual-machines/custom-data: at most 64 KB of base64;
     # cloud-init unpacks gzip inside it.
+    # Run Command (az vm run-command invoke) returns the last 4,096 bytes of the output.
+    command_output_chars=4_096,
     user_data=UserDataChannel("custom_data", 65_535, base64=True, gzip_field="custom_data"),
     # Premium SSD throughput by size tier (GiB, MB/s): Azure's managed disk sizes table.
     disk=DiskModel(

@@ -150,6 +150,9 @@ class CloudFacts:
     # agent routes that IP locally), so llama-server must listen on every address, not the
     # node's own.
     balancer_keeps_destination: bool = False
+    # The most of a command's output its command channel brings back (``infra.channels``);
+    # None: all of it.
+    command_output_chars: int | None = None
 
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""

@@ -7,115 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import shutil
-import subprocess
-import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from infra import outputs
 from infra.boot import VM_PATHS
+from infra.channels import Channel, ChannelError, Runner, run_cli, stack_channels
+from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
 from infra.costrun.target import Prediction, StepError
-from infra.costrun.usage import UsageProbe, UsageUnavailable
 from infra.stack.config import ClusterConfig
 from infra.stack.files import REPO, stack_config, stack_values
 from infra.stack.settings import PROJECT
-
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-
-# Why a cloud stack's per-node usage is not measured: every reading would go through the command
-# channel, which takes seconds a command and caps what comes back.
-CLOUD_USAGE_UNMEASURED = (
-    "not measured on cloud stacks: every node would be read at a fixed interval through the "
-    "command channel, which takes seconds a command and caps its output (SSM returns 24,000 "
-    "characters of it, Azure Run Command 4,096 bytes and runs one command at a time per VM), "
-    "while one node-exporter reading of a 64-vCPU node passes 30 kB with its per-CPU counters "
-    "alone; the local cost run (--local) measures them"
-)
-
-
-def run_cli(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=3600)
-
-
-class Channel(Protocol):
-    def run(self, command: list[str], timeout: float) -> str: ...
-
-
-class SsmChannel:
-    """AWS: ``AWS-RunShellScript`` through SSM, as root, polled until it ends."""
-
-    def __init__(self, ssm: Any, instance_id: str, sleep: Callable[[float], None] = time.sleep):
-        self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
-
-    def run(self, command: list[str], timeout: float) -> str:
-        sent = self.ssm.send_command(
-            InstanceIds=[self.instance_id],
-            DocumentName="AWS-RunShellScript",
-            Parameters={"commands": [shlex.join(command)], "executionTimeout": [str(int(timeout))]},
-        )
-        command_id = sent["Command"]["CommandId"]
-        deadline = time.monotonic() + timeout + 60
-        while True:
-            self.sleep(2)
-            try:
-                result = self.ssm.get_command_invocation(
-                    CommandId=command_id, InstanceId=self.instance_id
-                )
-            except self.ssm.exceptions.InvocationDoesNotExist:
-                continue  # not registered yet
-            if result["Status"] == "Success":
-                return str(result["StandardOutputContent"])
-            if result["Status"] in {"Failed", "Cancelled", "TimedOut", "Cancelling"}:
-                raise StepError(
-                    f"SSM {result['Status']} on {self.instance_id}: "
-                    f"{result.get('StandardErrorContent', '').strip()[-500:]}"
-                )
-            if time.monotonic() > deadline:
-                raise StepError(f"SSM command {command_id} still {result['Status']}")
-
-
-class IapChannel:
-    """GCP: SSH through Identity-Aware Proxy with gcloud, the command run with sudo."""
-
-    def __init__(self, instance: str, zone: str, project: str, runner: Runner = run_cli):
-        self.instance, self.zone, self.project, self.runner = instance, zone, project, runner
-
-    def run(self, command: list[str], timeout: float) -> str:
-        result = self.runner([
-            "gcloud", "compute", "ssh", self.instance, "--zone", self.zone,
-            "--project", self.project, "--tunnel-through-iap", "--quiet",
-            "--command", f"sudo {shlex.join(command)}",
-        ])  # fmt: skip
-        if result.returncode != 0:
-            raise StepError(f"gcloud compute ssh {self.instance}: {result.stderr.strip()[-500:]}")
-        return result.stdout
-
-
-class RunCommandChannel:
-    """Azure: Run Command (``RunShellScript``, as root); its message holds stdout and stderr."""
-
-    def __init__(self, vm: str, resource_group: str, runner: Runner = run_cli):
-        self.vm, self.resource_group, self.runner = vm, resource_group, runner
-
-    def run(self, command: list[str], timeout: float) -> str:
-        result = self.runner([
-            "az", "vm", "run-command", "invoke", "--resource-group", self.resource_group,
-            "--name", self.vm, "--command-id", "RunShellScript",
-            "--scripts", shlex.join(command), "--output", "json",
-        ])  # fmt: skip
-        if result.returncode != 0:
-            raise StepError(f"az vm run-command on {self.vm}: {result.stderr.strip()[-500:]}")
-        message = json.loads(result.stdout)["value"][0]["message"]
-        stdout, _, stderr = message.partition("[stderr]")
-        if "[stdout]" not in stdout:
-            raise StepError(f"Run Command on {self.vm} said: {message[-500:]}")
-        if stderr.strip() and not stdout.split("[stdout]", 1)[1].strip():
-            raise StepError(f"Run Command on {self.vm}: {stderr.strip()[-500:]}")
-        return str(stdout.split("[stdout]", 1)[1].strip("\n"))
 
 
 def aws_leftovers(tagging: Any, ec2: Any, stack: str) -> list[str]:
@@ -322,15 +225,22 @@ class PulumiTarget:
         return self.outputs
 
     def channel(self) -> Channel:
-        main = str(self.outputs[outputs.MAIN_INSTANCE_ID])
-        connect = str(self.outputs.get(outputs.CONNECT_COMMAND, ""))
-        if self.provider == "aws":
-            return SsmChannel(self._client("ssm"), main)
-        if self.provider == "gcp":
-            zone = re.search(r"--zone[ =](\S+)", connect)
-            return IapChannel(main, zone.group(1) if zone else "", self.gcp_project, self.runner)
-        group = re.search(r"--resource-group[ =](\S+)", connect)
-        return RunCommandChannel(main, group.group(1) if group else "", self.runner)
+        """The first serving group's main node, where the benchmark runs."""
+        try:
+            return stack_channels(
+                self.outputs,
+                aws_ssm=lambda: self._client("ssm"),
+                gcp_project=self.gcp_project,
+                runner=self.runner,
+            )[0]
+        except ChannelError as error:
+            raise StepError(str(error)) from None
+
+    def _run(self, command: list[str], timeout: float) -> str:
+        try:
+            return self.channel().run(command, timeout)
+        except ChannelError as error:
+            raise StepError(str(error)) from None
 
     def _client(self, service: str) -> Any:
         if self._aws_clients is not None:
@@ -340,7 +250,7 @@ class PulumiTarget:
         return boto3.client(service, region_name=self.config.region)  # type: ignore[call-overload]
 
     def node_status(self) -> dict[str, Any]:
-        text = self.channel().run(["cat", f"{VM_PATHS.data_dir}/status.json"], timeout=120)
+        text = self._run(["cat", f"{VM_PATHS.data_dir}/status.json"], timeout=120)
         try:
             status: dict[str, Any] = json.loads(text)
         except json.JSONDecodeError:
@@ -348,10 +258,11 @@ class PulumiTarget:
         return status
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
-        return self.channel().run(command, timeout)
+        return self._run(command, timeout)
 
-    def usage_probe(self) -> UsageProbe:
-        raise UsageUnavailable(CLOUD_USAGE_UNMEASURED)
+    def usage_probe(self) -> ChannelProbe:
+        """The first serving group, read by its main node through the command channel."""
+        return ChannelProbe(self.channel(), self.outputs)
 
     def activation_shape(self) -> ActivationShape | None:
         return None

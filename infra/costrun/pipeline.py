@@ -15,7 +15,7 @@ from infra.costrun.events import EventLog
 from infra.costrun.target import Prediction, StepError, Target
 from infra.costrun.usage import (
     DEFAULT_INTERVAL_SECONDS,
-    Sampler,
+    Recorder,
     UsageProbe,
     UsageUnavailable,
     summarize,
@@ -136,28 +136,44 @@ def run_stack(
 
 def _benchmark(target: Target, log: EventLog, options: RunOptions) -> str:
     """The bytes per token between the main node and its workers, then the benchmark script on
-    the main node, every node read at a fixed interval throughout; the script's output."""
+    the main node, every node read at a fixed interval while it runs; the script's output."""
     probe = _usage_probe(target, log)
-    sampler = Sampler(probe, options.usage_interval_seconds).start() if probe else None
+    if probe is not None:
+        _measure_rpc_bytes(target, probe, log, options)
+    recorder = _start_recorder(probe, log, options) if probe is not None else None
     try:
-        if probe is not None:
-            _measure_rpc_bytes(target, probe, log, options)
         command = [*BENCH_COMMAND, *options.bench_args]
         return target.run_on_main(command, options.bench_timeout_seconds)
     finally:
-        if probe is not None and sampler is not None:
-            readings = sampler.stop()
-            log.emit(
-                "usage",
-                how=probe.describe(),
-                **summarize(
-                    readings,
-                    probe.roles,
-                    interval=sampler.interval,
-                    failures=sampler.failures,
-                    last_error=sampler.last_error,
-                ),
-            )
+        if probe is not None and recorder is not None:
+            _stop_recorder(probe, recorder, log)
+
+
+def _start_recorder(probe: UsageProbe, log: EventLog, options: RunOptions) -> Recorder | None:
+    try:
+        return probe.recorder(options.usage_interval_seconds).start()
+    except Exception as error:  # a figure of the report, not a step: the benchmark goes on
+        log.emit("usage_unmeasured", what="usage", reason=f"{type(error).__name__}: {error}")
+        return None
+
+
+def _stop_recorder(probe: UsageProbe, recorder: Recorder, log: EventLog) -> None:
+    try:
+        readings = recorder.stop()
+    except Exception as error:
+        log.emit("usage_unmeasured", what="usage", reason=f"{type(error).__name__}: {error}")
+        return
+    log.emit(
+        "usage",
+        how=probe.describe(),
+        **summarize(
+            readings,
+            probe.roles,
+            interval=recorder.interval,
+            failures=recorder.failures,
+            last_error=recorder.last_error,
+        ),
+    )
 
 
 def _usage_probe(target: Target, log: EventLog) -> UsageProbe | None:

@@ -80,6 +80,22 @@ class UsageProbe(Protocol):
         """How each figure is read, for the report."""
         ...
 
+    def recorder(self, interval: float) -> Recorder:
+        """What reads every node each ``interval`` seconds while the benchmark runs."""
+        ...
+
+
+class Recorder(Protocol):
+    """Readings at a fixed interval from ``start`` until ``stop``, which returns them."""
+
+    interval: float
+    failures: int  # readings that failed
+    last_error: str
+
+    def start(self) -> Recorder: ...
+
+    def stop(self) -> list[Reading]: ...
+
 
 @dataclass
 class Sampler:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import metrics
-from infra.costrun.usage import KvCacheReading, NodeReading, Reading, UsageUnavailable
+from infra.costrun.usage import KvCacheReading, NodeReading, Reading, Sampler, UsageUnavailable
 from infra.local import cluster
 from infra.local.machines import CGROUP_ROOT
 
@@ -226,6 +226,10 @@ class LocalProbe:
         if ratio is None:
             return None
         return KvCacheReading(ratio, sum(int(slot["n_ctx"]) for slot in slots))
+
+    def recorder(self, interval: float) -> Sampler:
+        """Read from this machine in a thread: the reading itself crosses no network."""
+        return Sampler(self, interval)
 
     def complete(self, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         reply: dict[str, Any] = self._http("/completion", body, timeout)

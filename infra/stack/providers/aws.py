@@ -401,6 +401,14 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             "llama.cpp RPC to the workers",
             referenced_security_group_id=worker.id,
         )
+        rule(
+            egress,
+            "main-metrics-to-workers",
+            "main",
+            METRICS_PORT,
+            "its workers' node metrics, read by llama-rpc-metrics (infra.top)",
+            referenced_security_group_id=worker.id,
+        )
         for i, cidr in enumerate(config.api_allowed_cidrs):
             rule(
                 ingress,

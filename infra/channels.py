@@ -1,0 +1,181 @@
+"""The command channels that run a command as root on a stack's node and bring its output back:
+AWS SSM ``send_command``, GCP SSH through Identity-Aware Proxy, Azure Run Command, and on the
+local cluster ``python -m infra.local exec``'s path. None opens a port: each goes through the
+provider's own agent or tunnel, as ``connectCommand`` does.
+
+``stack_channels(outputs, ...)`` gives one channel per serving group, to its main node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from infra import outputs as keys
+from infra.clouds import FACTS
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+class ChannelError(RuntimeError):
+    """The command did not run, or failed; the message says where and why."""
+
+
+def run_cli(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=3600)
+
+
+class Channel(Protocol):
+    # The most output it brings back (characters); None: all of it.
+    max_output: int | None
+
+    def run(self, command: list[str], timeout: float) -> str: ...
+
+
+class SsmChannel:
+    """AWS: ``AWS-RunShellScript`` through SSM, as root, polled until it ends."""
+
+    max_output = FACTS["aws"].command_output_chars
+
+    def __init__(self, ssm: Any, instance_id: str, sleep: Callable[[float], None] = time.sleep):
+        self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
+
+    def run(self, command: list[str], timeout: float) -> str:
+        sent = self.ssm.send_command(
+            InstanceIds=[self.instance_id],
+            DocumentName="AWS-RunShellScript",
+            Parameters={"commands": [shlex.join(command)], "executionTimeout": [str(int(timeout))]},
+        )
+        command_id = sent["Command"]["CommandId"]
+        deadline = time.monotonic() + timeout + 60
+        while True:
+            self.sleep(2)
+            try:
+                result = self.ssm.get_command_invocation(
+                    CommandId=command_id, InstanceId=self.instance_id
+                )
+            except self.ssm.exceptions.InvocationDoesNotExist:
+                continue  # not registered yet
+            if result["Status"] == "Success":
+                return str(result["StandardOutputContent"])
+            if result["Status"] in {"Failed", "Cancelled", "TimedOut", "Cancelling"}:
+                raise ChannelError(
+                    f"SSM {result['Status']} on {self.instance_id}: "
+                    f"{result.get('StandardErrorContent', '').strip()[-500:]}"
+                )
+            if time.monotonic() > deadline:
+                raise ChannelError(f"SSM command {command_id} still {result['Status']}")
+
+
+class IapChannel:
+    """GCP: SSH through Identity-Aware Proxy with gcloud, the command run with sudo."""
+
+    max_output = FACTS["gcp"].command_output_chars
+
+    def __init__(self, instance: str, zone: str, project: str, runner: Runner = run_cli):
+        self.instance, self.zone, self.project, self.runner = instance, zone, project, runner
+
+    def run(self, command: list[str], timeout: float) -> str:
+        result = self.runner([
+            "gcloud", "compute", "ssh", self.instance, "--zone", self.zone,
+            "--project", self.project, "--tunnel-through-iap", "--quiet",
+            "--command", f"sudo {shlex.join(command)}",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise ChannelError(
+                f"gcloud compute ssh {self.instance}: {result.stderr.strip()[-500:]}"
+            )
+        return result.stdout
+
+
+class RunCommandChannel:
+    """Azure: Run Command (``RunShellScript``, as root); its message holds stdout and stderr.
+    A VM runs one such command at a time."""
+
+    max_output = FACTS["azure"].command_output_chars
+
+    def __init__(self, vm: str, resource_group: str, runner: Runner = run_cli):
+        self.vm, self.resource_group, self.runner = vm, resource_group, runner
+
+    def run(self, command: list[str], timeout: float) -> str:
+        result = self.runner([
+            "az", "vm", "run-command", "invoke", "--resource-group", self.resource_group,
+            "--name", self.vm, "--command-id", "RunShellScript",
+            "--scripts", shlex.join(command), "--output", "json",
+        ])  # fmt: skip
+        if result.returncode != 0:
+            raise ChannelError(f"az vm run-command on {self.vm}: {result.stderr.strip()[-500:]}")
+        message = json.loads(result.stdout)["value"][0]["message"]
+        stdout, _, stderr = message.partition("[stderr]")
+        if "[stdout]" not in stdout:
+            raise ChannelError(f"Run Command on {self.vm} said: {message[-500:]}")
+        if stderr.strip() and not stdout.split("[stdout]", 1)[1].strip():
+            raise ChannelError(f"Run Command on {self.vm}: {stderr.strip()[-500:]}")
+        return str(stdout.split("[stdout]", 1)[1].strip("\n"))
+
+
+class LocalChannel:
+    """The local cluster: the command runs in the node's machine or namespace, as root."""
+
+    max_output: int | None = None
+
+    def __init__(self, spec: Mapping[str, Any], node: str):
+        self.spec, self.node = spec, node
+
+    def run(self, command: list[str], timeout: float) -> str:
+        from infra.local import cluster  # noqa: PLC0415
+
+        try:
+            argv = cluster.exec_argv(dict(self.spec), self.node, command)
+        except cluster.LocalClusterError as error:
+            raise ChannelError(str(error)) from None
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise ChannelError(
+                f"{shlex.join(command)} on {self.node}: {result.stderr.strip()[-500:]}"
+            )
+        return result.stdout
+
+
+def group_outputs(stack_outputs: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Each serving group's outputs, in order (a stack from before replicas: the top level)."""
+    groups = stack_outputs.get(keys.GROUPS)
+    return list(groups) if groups else [stack_outputs]
+
+
+def stack_channels(
+    stack_outputs: Mapping[str, Any],
+    *,
+    aws_ssm: Callable[[], Any] | None = None,
+    gcp_project: str = "",
+    runner: Runner = run_cli,
+) -> list[Channel]:
+    """A channel to each serving group's main node, from the stack's outputs. The zone (GCP)
+    and resource group (Azure) are read from ``connectCommand``, which names them."""
+    provider = stack_outputs[keys.CLOUD]
+    connect = str(stack_outputs.get(keys.CONNECT_COMMAND, ""))
+    mains = [str(group[keys.MAIN_INSTANCE_ID]) for group in group_outputs(stack_outputs)]
+    if provider == "aws":
+        if aws_ssm is None:
+            raise ChannelError("an SSM client is needed for an AWS stack")
+        ssm = aws_ssm()
+        return [SsmChannel(ssm, main) for main in mains]
+    if provider == "gcp":
+        zone = re.search(r"--zone[ =](\S+)", connect)
+        if zone is None or not gcp_project:
+            raise ChannelError(
+                "a GCP stack's channel needs its zone (from connectCommand) and project "
+                "(gcp:project or GOOGLE_CLOUD_PROJECT)"
+            )
+        return [IapChannel(main, zone.group(1), gcp_project, runner) for main in mains]
+    if provider == "azure":
+        group = re.search(r"--resource-group[ =](\S+)", connect)
+        if group is None:
+            raise ChannelError("connectCommand names no --resource-group")
+        return [RunCommandChannel(main, group.group(1), runner) for main in mains]
+    raise ChannelError(f"no command channel for cloud {provider!r}")

@@ -1,0 +1,188 @@
+"""``python -m infra.top STACK``: what every node of a deployed stack is doing, refreshed live.
+
+The view of ``python -m infra.local top`` (``infra.topview``), read through the provider's
+command channel (``infra.channels``: SSM, IAP SSH, Run Command): each serving group's main node
+runs ``llama-rpc-metrics``, which reads every node of its group inside the private network
+(node-exporter on each, and its own llama-server), and the groups are asked at once. Nothing is
+opened for it: the metrics port stays closed to everything outside the cluster's network.
+
+A channel command takes seconds (Azure's Run Command tens of them), so a frame is drawn from two
+readings at least ``--interval`` apart, each timed by the nodes' own clocks.
+
+    python -m infra.top STACK [--interval S] [--once]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from infra import group_metrics
+from infra import outputs as keys
+from infra.channels import Channel, ChannelError, group_outputs, stack_channels
+from infra.metrics import MetricsError
+from infra.topview import NodeReading, Row, render, row
+
+READ_TIMEOUT_SECONDS = 120
+DEFAULT_INTERVAL_SECONDS = 10.0
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+FOOTER = (
+    "RX, TX: bytes on every interface but loopback (since boot), and per second; a main node's "
+    "also carry the requests, the command channel and these readings. KV %: KV cache cells in "
+    "use; TOK/s: tokens generated; REQ: requests processing+deferred.",
+    "CPU %: the node's cores, busy; MEMORY: MemTotal - MemAvailable (node-exporter). A worker's "
+    "phase is not known to its main node: 'answering' says its exporter answered.",
+)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A serving group: the channel to its main node, and its nodes' addresses (main first)."""
+
+    channel: Channel
+    ips: tuple[str, ...]
+
+
+def stack_groups(stack_outputs: Mapping[str, Any], channels: Sequence[Channel]) -> list[Group]:
+    found = group_outputs(stack_outputs)
+    if len(found) != len(channels):
+        raise ValueError(f"{len(found)} serving groups but {len(channels)} channels")
+    return [
+        Group(channel, (str(g[keys.MAIN_PRIVATE_IP]), *map(str, g[keys.WORKER_PRIVATE_IPS])))
+        for g, channel in zip(found, channels, strict=True)
+    ]
+
+
+def read_group(group: Group, names: Mapping[str, str]) -> list[NodeReading]:
+    """Every node of the group, in order; a group that could not be read says why."""
+    try:
+        text = group.channel.run(group_metrics.read_command(), READ_TIMEOUT_SECONDS)
+        read = {r.name: r for r in group_metrics.view_readings(group_metrics.parse(text), names)}
+        why = "the main node did not list it (is its node.env this stack's?)"
+    except (ChannelError, MetricsError, OSError) as error:
+        read, why = {}, f"the main node could not be read: {error}"
+    now = time.time()
+    return [
+        read.get(names[ip])
+        or NodeReading(names[ip], "main" if i == 0 else "worker", "unknown", now, notes=(why,))
+        for i, ip in enumerate(group.ips)
+    ]
+
+
+def read_stack(groups: Sequence[Group], names: Mapping[str, str]) -> list[NodeReading]:
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        return [r for found in pool.map(lambda g: read_group(g, names), groups) for r in found]
+
+
+def safe_row(before: NodeReading, after: NodeReading) -> Row:
+    try:
+        return row(before, after, cpus=1)  # cpus: only for processes, which a stack has not
+    except MetricsError as error:
+        return Row(after.name, after.role, after.phase, notes=(*after.notes, str(error)))
+
+
+def frame(title: str, before: Sequence[NodeReading], after: Sequence[NodeReading]) -> str:
+    rows = [safe_row(b, a) for b, a in zip(before, after, strict=True)]
+    return render(rows, title, FOOTER)
+
+
+def run(
+    stack: str,
+    groups: Sequence[Group],
+    *,
+    interval: float,
+    once: bool,
+    out: TextIO = sys.stdout,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Print a frame at most every ``interval`` seconds until interrupted; with ``once``, one
+    frame from two readings ``interval`` apart."""
+    if interval <= 0:
+        raise ValueError(f"--interval {interval}: give a positive number of seconds")
+    names = group_metrics.node_names([g.ips for g in groups])
+    nodes = sum(len(g.ips) for g in groups)
+    shown_groups = f", {len(groups)} serving groups" if len(groups) > 1 else ""
+    started = clock()
+    before = read_stack(groups, names)
+    try:
+        while True:
+            sleep(max(0.0, started + interval - clock()))
+            started = clock()
+            after = read_stack(groups, names)
+            title = (
+                f"stack {stack!r} ({nodes} nodes{shown_groups}) · every {interval:g} s or as "
+                f"fast as the channel answers · {time.strftime('%H:%M:%S')}"
+            )
+            shown = frame(title, before, after)
+            out.write(shown if once else CLEAR_SCREEN + shown)
+            out.flush()
+            if once:
+                return 0
+            before = after
+    except KeyboardInterrupt:
+        return 0
+
+
+def stack_outputs(stack: str) -> dict[str, Any]:
+    """The deployed stack's outputs, from its Pulumi state (the CLI must be logged in)."""
+    from pulumi import automation  # noqa: PLC0415
+
+    from infra.stack.files import REPO  # noqa: PLC0415
+
+    selected = automation.select_stack(stack_name=stack, work_dir=str(REPO))
+    return {key: item.value for key, item in selected.outputs().items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.top", description=__doc__.split("\n")[0])
+    parser.add_argument("stack", help="a deployed stack, as `pulumi up --stack` named it")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_SECONDS)
+    parser.add_argument("--once", action="store_true", help="print one frame and stop")
+    args = parser.parse_args(argv)
+    if args.interval <= 0:
+        parser.error(f"--interval {args.interval}: give a positive number of seconds")
+    try:
+        found = stack_outputs(args.stack)
+    except Exception as error:
+        print(f"cannot read stack {args.stack!r}'s outputs: {error}", file=sys.stderr)
+        return 2
+    if not found:
+        print(f"stack {args.stack!r} has no outputs: deploy it with `pulumi up`", file=sys.stderr)
+        return 2
+    try:
+        channels = stack_channels(
+            found,
+            aws_ssm=lambda: _ssm_client(str(found[keys.REGION])),
+            gcp_project=_gcp_project(args.stack),
+        )
+    except ChannelError as error:
+        print(f"stack {args.stack!r}: {error}", file=sys.stderr)
+        return 2
+    return run(args.stack, stack_groups(found, channels), interval=args.interval, once=args.once)
+
+
+def _ssm_client(region: str) -> Any:
+    import boto3  # noqa: PLC0415
+
+    return boto3.client("ssm", region_name=region)
+
+
+def _gcp_project(stack: str) -> str:
+    from infra.stack.files import stack_values  # noqa: PLC0415
+
+    try:
+        configured = stack_values(stack).get("gcp:project")
+    except Exception:  # a stack without a file here: the environment may name the project
+        configured = None
+    return str(configured or os.environ.get("GOOGLE_CLOUD_PROJECT", ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

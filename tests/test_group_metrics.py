@@ -1,0 +1,333 @@
+"""A serving group read by its main node (cloud-init/scripts/llama-rpc-metrics) and brought back
+through a command channel: the script runs here against exporters and a llama-server that serve
+the recorded fixtures on loopback addresses, the way it runs on a main node; what it prints is
+read by infra.group_metrics, the stack's `top` (infra.top) and the cost run's channel probe."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import group_metrics, metrics, outputs, top
+from infra.boot.installed import installed_text
+from infra.channels import ChannelError
+from infra.clouds import FACTS
+from infra.costrun import channel_probe, usage
+from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
+from infra.metrics import Snapshot
+from tests.conftest import free_port
+
+SCRIPT = group_metrics.SCRIPT
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+MAIN, WORKER_1, WORKER_2 = "127.0.0.10", "127.0.0.11", "127.0.0.12"
+
+
+def exporter_text(cores: int = 0, devices: int = 0) -> str:
+    """The recorded node-exporter answer; with ``cores``, its CPU counters for that many cores,
+    and with ``devices``, that many more network interfaces (a large node's answer)."""
+    text = (FIXTURES / "node-exporter-1.prom").read_text()
+    if not cores and not devices:
+        return text
+    lines = [line for line in text.splitlines() if not line.startswith("node_cpu_seconds_total")]
+    for core in range(cores):
+        for mode in ("idle", "iowait", "irq", "nice", "softirq", "steal", "system", "user"):
+            lines.append(f'node_cpu_seconds_total{{cpu="{core}",mode="{mode}"}} {1000 + core}.37')
+    for device in range(devices):
+        lines.append(f'node_network_receive_bytes_total{{device="ens{device}"}} 123456789')
+        lines.append(f'node_network_transmit_bytes_total{{device="ens{device}"}} 987654321')
+    return "\n".join(lines) + "\n"
+
+
+Handler = type[http.server.BaseHTTPRequestHandler]
+
+
+def handler(routes: Mapping[str, str], posts: list[Any]) -> Handler:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            body = routes.get(path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write((body or "").encode())
+
+        def do_POST(self) -> None:
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            reply = {"content": "x" * 3000, "tokens_predicted": 4, "timings": {"predicted_n": 4}}
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(reply).encode())
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serving(ip: str, port: int, routes: Mapping[str, str], posts: list[Any]) -> Iterator[None]:
+    server = http.server.ThreadingHTTPServer((ip, port), handler(routes, posts))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Group:
+    """A main node's node.env and status file, its exporters and llama-server on loopback."""
+
+    def __init__(self, tmp: Path, workers: list[str], exporters: Mapping[str, str]):
+        self.metrics_port, self.server_port = free_port(), free_port()
+        self.status = tmp / "status.json"
+        self.status.write_text(json.dumps({"phase": "serving"}))
+        self.env_file = tmp / "node.env"
+        self.env_file.write_text(
+            "\n".join([
+                "LLAMA_ROLE=main",
+                f"LLAMA_NODE_IP={MAIN}",
+                f"RPC_WORKERS={','.join(f'{w}:50052' for w in workers)}",
+                f"METRICS_PORT={self.metrics_port}",
+                f"SERVER_PORT={self.server_port}",
+                f"LLAMA_STATUS_FILE={self.status}",
+            ])
+            + "\n"
+        )  # fmt: skip
+        self.ips = (MAIN, *workers)
+        self.exporters = exporters
+        self.posts: list[Any] = []
+
+    @contextlib.contextmanager
+    def up(self) -> Iterator[Group]:
+        server = {
+            "/metrics": (FIXTURES / "llama-server-2.prom").read_text(),
+            "/slots": (FIXTURES / "llama-server-slots-2.json").read_text(),
+        }
+        with contextlib.ExitStack() as stack:
+            for ip, text in self.exporters.items():
+                stack.enter_context(serving(ip, self.metrics_port, {"/metrics": text}, []))
+            stack.enter_context(serving(MAIN, self.server_port, server, self.posts))
+            yield self
+
+
+class ScriptChannel:
+    """A command channel to the loopback main node: llama-rpc-metrics runs from the source tree;
+    systemd-run and systemctl stop, which the recorder uses on a node, start and stop it here."""
+
+    def __init__(self, group: Group, max_output: int | None = None):
+        self.group, self.max_output = group, max_output
+        self.env = {"LLAMA_RPC_ENV_FILE": str(group.env_file), "PATH": "/usr/bin:/bin"}
+        self.units: dict[str, subprocess.Popen[str]] = {}
+        self.commands: list[list[str]] = []
+
+    def argv(self, command: list[str]) -> list[str]:
+        """The script from the source tree; what installs it on a node is tested on its own."""
+        assert command[:4] == group_metrics.command(), command
+        return [sys.executable, str(SCRIPT), *command[4:]]
+
+    def run(self, command: list[str], timeout: float) -> str:
+        self.commands.append(command)
+        if command[0] == "systemd-run":
+            unit = command[1].removeprefix("--unit=")
+            self.units[unit] = subprocess.Popen(
+                self.argv(command[4:]), env=self.env, text=True, stderr=subprocess.PIPE
+            )
+            return ""
+        if command[:2] == ["systemctl", "stop"]:
+            process = self.units.pop(command[2])
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0, process.stderr
+            return ""
+        result = subprocess.run(
+            self.argv(command), env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise ChannelError(result.stderr)
+        if self.max_output is not None:
+            assert len(result.stdout) <= self.max_output, "over the channel's cap"
+        return result.stdout
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    """A main node and two workers; the second worker's exporter does not answer."""
+    exporters = {MAIN: exporter_text(), WORKER_1: exporter_text()}
+    with Group(tmp_path, [WORKER_1, WORKER_2], exporters).up() as running:
+        yield running
+
+
+def stack_outputs(ips: tuple[str, ...]) -> dict[str, Any]:
+    main, *workers = ips
+    return {
+        outputs.CLOUD: "aws",
+        outputs.MAIN_PRIVATE_IP: main,
+        outputs.WORKER_PRIVATE_IPS: workers,
+        outputs.GROUPS: [{outputs.MAIN_PRIVATE_IP: main, outputs.WORKER_PRIVATE_IPS: workers}],
+    }
+
+
+def test_a_reading_keeps_every_figure_the_exporters_and_llama_server_give(group) -> None:
+    text = ScriptChannel(group).run(group_metrics.read_command(), 60)
+    assert text.startswith(group_metrics.PACKED)
+    read = group_metrics.parse(text)
+    assert read.phase == "serving"
+    assert [(n.ip, n.role) for n in read.nodes] == [
+        (MAIN, "main"), (WORKER_1, "worker"), (WORKER_2, "worker"),
+    ]  # fmt: skip
+    assert read.nodes[2].exporter is None and "refused" in read.nodes[2].error.lower()
+    whole = Snapshot.parse(exporter_text(), 0.0)
+    for node in read.nodes[:2]:
+        kept = node.exporter
+        assert kept is not None
+        # The CPU counters are summed over the cores, and every figure derived from them holds.
+        assert {s.labels.get("cpu") for s in kept.select("node_cpu_seconds_total")} == {"all"}
+        assert metrics.cpu_busy_seconds(kept) == pytest.approx(metrics.cpu_busy_seconds(whole))
+        assert metrics.memory(kept) == metrics.memory(whole)
+        assert metrics.network_bytes(kept) == metrics.network_bytes(whole)
+    server = Snapshot.parse((FIXTURES / "llama-server-2.prom").read_text(), 0.0)
+    slots = json.loads((FIXTURES / "llama-server-slots-2.json").read_text())
+    assert read.server is not None
+    assert read.server.value(metrics.TOKENS_PREDICTED) == server.value(metrics.TOKENS_PREDICTED)
+    assert metrics.kv_cache_usage(read.server, read.slots) == metrics.kv_cache_usage(server, slots)
+
+
+def test_a_reading_of_eleven_64_core_nodes_fits_azure_run_commands_cap(tmp_path: Path) -> None:
+    """The largest group (a main node and ten workers) of the largest nodes, each with four
+    interfaces: one reading fits the smallest channel's cap, so top and the cost run work on
+    every cloud."""
+    workers = [f"127.0.0.{20 + i}" for i in range(10)]
+    big = exporter_text(cores=64, devices=4)
+    assert len(big) > 30_000  # what a channel would otherwise have to carry, per node
+    exporters = {ip: big for ip in (MAIN, *workers)}
+    with Group(tmp_path, workers, exporters).up() as running:
+        cap = FACTS["azure"].command_output_chars
+        assert cap is not None
+        text = ScriptChannel(running, max_output=cap).run(group_metrics.read_command(), 60)
+    read = group_metrics.parse(text)
+    assert len(read.nodes) == 11 and all(n.exporter for n in read.nodes)
+    assert metrics.cpu_busy_seconds(read.nodes[5].exporter) == pytest.approx(  # type: ignore[arg-type]
+        metrics.cpu_busy_seconds(Snapshot.parse(big, 0.0))
+    )
+
+
+def test_top_for_a_stack_shows_every_node_and_says_which_did_not_answer(group) -> None:
+    channel = ScriptChannel(group)
+    groups = top.stack_groups(stack_outputs(group.ips), [channel])
+    out = io.StringIO()
+    assert top.run("aws-c8g", groups, interval=0.2, once=True, out=out) == 0
+    shown = out.getvalue()
+    lines = {line.split()[0]: line.split() for line in shown.splitlines()[2:] if line}
+    assert lines["main"][1:3] == ["main", "serving"], shown
+    assert lines["worker-1"][1:3] == ["worker", group_metrics.WORKER_ANSWERING], shown
+    assert "of" in lines["worker-1"], shown  # memory: used of total, from the exporter
+    assert lines["worker-2"][1:4] == ["worker", "no", "answer"], shown
+    assert "worker-2: node-exporter did not answer the main node" in shown
+    assert channel.commands == [group_metrics.read_command()] * 2
+
+
+def test_top_names_a_group_whose_main_node_cannot_be_reached(group) -> None:
+    class Broken:
+        max_output = None
+
+        def run(self, command: list[str], timeout: float) -> str:
+            raise ChannelError("SSM Failed on i-0main: agent offline")
+
+    found = top.read_stack(top.stack_groups(stack_outputs(group.ips), [Broken()]), {
+        MAIN: "main", WORKER_1: "worker-1", WORKER_2: "worker-2",
+    })  # fmt: skip
+    assert [r.phase for r in found] == ["unknown"] * 3
+    assert "agent offline" in found[0].notes[0]
+
+
+def test_the_cost_run_probe_reads_records_and_completes_through_the_channel(
+    group, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading, a request, and a recording brought back in pieces that fit the channel's cap
+    (a small one here, so that it takes several)."""
+    monkeypatch.setattr(channel_probe, "RECORD_FILE", str(tmp_path / "usage.jsonl"))
+    channel = ScriptChannel(group, max_output=FACTS["azure"].command_output_chars)
+    probe = ChannelProbe(channel, stack_outputs(group.ips))
+    assert probe.roles == {"main": "main", "worker-1": "worker", "worker-2": "worker"}
+    reading = probe.read()
+    assert set(reading.nodes) == {"main", "worker-1"}  # worker-2's exporter does not answer
+    assert reading.nodes["main"].cpu_seconds > 0 and reading.kv_cache is not None
+    reply = probe.complete({"prompt": "hello", "n_predict": 4}, timeout=30)
+    assert reply == {"tokens_predicted": 4, "timings": {"predicted_n": 4}}  # no content
+    assert group.posts == [{"prompt": "hello", "n_predict": 4}]
+
+    channel.max_output = 700
+    recorder = probe.recorder(0.1).start()
+    assert isinstance(recorder, NodeRecorder)
+    assert RECORD_UNIT in channel.units
+    threading.Event().wait(2.0)
+    readings = recorder.stop()
+    dumps = [c for c in channel.commands if c[4:5] == ["dump"]]
+    assert len(dumps) > 1, "a recording this long comes back in several pieces"
+    assert len(readings) >= 5 and recorder.failures == 0
+    assert [r.at for r in readings] == sorted(r.at for r in readings)
+    summary = usage.summarize(readings, probe.roles, interval=0.1)
+    assert summary["nodes"]["main"]["memory_peak_bytes"] > 0
+    assert summary["nodes"]["worker-2"]["not_measured"] == "fewer than two readings"
+    assert summary["kv_cache"]["capacity_tokens"] == 1024
+
+
+def test_the_script_refuses_a_worker_and_a_bad_interval(group, tmp_path: Path) -> None:
+    env = {"LLAMA_RPC_ENV_FILE": str(group.env_file)}
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "record", "--out", str(tmp_path / "r"), "--interval", "0"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--interval must be positive" in bad.stderr
+    group.env_file.write_text(group.env_file.read_text().replace("=main", "=worker"))
+    worker = subprocess.run(
+        [sys.executable, str(SCRIPT), "read"], env=env, capture_output=True, text=True, check=False
+    )
+    assert worker.returncode != 0 and "run it on a main node" in worker.stderr
+
+
+def test_a_reading_that_is_not_the_scripts_is_refused() -> None:
+    with pytest.raises(metrics.MetricsError, match="version 1"):
+        group_metrics.parse('{"version": 99}')
+    with pytest.raises(metrics.MetricsError, match="does not unpack"):
+        group_metrics.parse(group_metrics.PACKED + "not base64!")
+    with pytest.raises(metrics.MetricsError, match="not JSON"):
+        group_metrics.parse("Traceback (most recent call last):")
+
+
+def test_the_command_installs_the_script_once_per_version_and_runs_it(
+    group, tmp_path: Path
+) -> None:
+    """What a node runs: sh unpacks the script (without its comments) under its directory unless
+    that version is there, then runs it; the second time it only runs it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    command = group_metrics.command("read")
+    command[2] = command[2].replace("f=/run/", f"f={run_dir}/")
+    env = {
+        "LLAMA_RPC_ENV_FILE": str(group.env_file),
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+    }
+    first = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    installed = list(run_dir.iterdir())
+    assert [p.name[: len(group_metrics.NAME)] for p in installed] == [group_metrics.NAME]
+    assert installed[0].read_text() == installed_text(SCRIPT)
+    assert group_metrics.parse(first.stdout).phase == "serving"
+    installed[0].write_text(
+        installed[0]
+        .read_text()
+        .replace("def main():", "def main():\n    print('kept')\n    return\ndef _old():")
+    )
+    second = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert second.stdout == "kept\n"  # the installed copy of this version ran, not a new one
