@@ -98,7 +98,7 @@ def run(
     *,
     interval: float,
     once: bool,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
@@ -106,6 +106,7 @@ def run(
     frame from two readings ``interval`` apart."""
     if interval <= 0:
         raise ValueError(f"--interval {interval}: give a positive number of seconds")
+    out = out or sys.stdout
     names = group_metrics.node_names([g.ips for g in groups])
     nodes = sum(len(g.ips) for g in groups)
     shown_groups = f", {len(groups)} serving groups" if len(groups) > 1 else ""

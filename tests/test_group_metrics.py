@@ -21,7 +21,7 @@ import pytest
 
 from infra import group_metrics, metrics, outputs, top
 from infra.boot.installed import installed_text
-from infra.channels import ChannelError
+from infra.channels import ChannelError, stack_channels
 from infra.clouds import FACTS
 from infra.costrun import channel_probe, usage
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
@@ -174,7 +174,13 @@ def stack_outputs(ips: tuple[str, ...]) -> dict[str, Any]:
         outputs.CLOUD: "aws",
         outputs.MAIN_PRIVATE_IP: main,
         outputs.WORKER_PRIVATE_IPS: workers,
-        outputs.GROUPS: [{outputs.MAIN_PRIVATE_IP: main, outputs.WORKER_PRIVATE_IPS: workers}],
+        outputs.GROUPS: [
+            {
+                outputs.MAIN_PRIVATE_IP: main,
+                outputs.WORKER_PRIVATE_IPS: workers,
+                outputs.MAIN_INSTANCE_ID: "vm-main",
+            }
+        ],
     }
 
 
@@ -331,3 +337,37 @@ def test_the_command_installs_the_script_once_per_version_and_runs_it(
     )
     second = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert second.stdout == "kept\n"  # the installed copy of this version ran, not a new one
+
+
+def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
+    group, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: stack_outputs(group.ips))
+    asked: list[dict[str, Any]] = []
+
+    def channels(found: Mapping[str, Any], **options: Any) -> list[ScriptChannel]:
+        asked.append(dict(found))
+        return [ScriptChannel(group)]
+
+    monkeypatch.setattr(top, "stack_channels", channels)
+    assert top.main(["aws-c8g", "--once", "--interval", "0.2"]) == 0
+    shown = capsys.readouterr().out
+    assert "stack 'aws-c8g' (3 nodes)" in shown and "worker-2" in shown
+    assert asked == [stack_outputs(group.ips)]
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
+    assert top.main(["aws-c8g", "--once"]) == 2
+    assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
+
+
+def test_a_channel_that_cannot_be_built_says_what_is_missing() -> None:
+    base = stack_outputs((MAIN,)) | {outputs.MAIN_INSTANCE_ID: "vm-main"}
+    gcp = base | {outputs.CLOUD: "gcp", outputs.CONNECT_COMMAND: "gcloud ... --zone us-central1-a"}
+    with pytest.raises(ChannelError, match="GOOGLE_CLOUD_PROJECT"):
+        stack_channels(gcp)
+    azure = base | {outputs.CLOUD: "azure", outputs.CONNECT_COMMAND: "az network bastion tunnel"}
+    with pytest.raises(ChannelError, match="--resource-group"):
+        stack_channels(azure)
+    with pytest.raises(ChannelError, match="an SSM client"):
+        stack_channels(base)
+    [channel] = stack_channels(gcp, gcp_project="proj")
+    assert (channel.max_output, channel.zone) == (None, "us-central1-a")  # type: ignore[attr-defined]
