@@ -14,8 +14,8 @@ fetches nothing:
 - ``usage_reading(group, names) -> usage.Reading``: the cost run's counters of every node;
 - ``view_readings(group, names) -> [topview.NodeReading]``: the live view's.
 
-Snapshots are timed by the node's own clock (epoch seconds), so two readings of one node make an
-interval whatever the channel took to bring them.
+Snapshots are timed by the main node's clock (epoch seconds) when each answer came, so two
+readings of one node make an interval whatever the channel took to bring them.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def _installer() -> str:
     payload = base64.b64encode(gzip.compress(text, mtime=0)).decode()
     path = f"/run/{NAME}-{hashlib.sha256(text).hexdigest()[:12]}"
     return (
-        f'f={path}; [ -x "$f" ] || {{ printf %s {payload} | base64 -d | gunzip > "$f.$$" '
-        f'&& chmod 0755 "$f.$$" && mv "$f.$$" "$f"; }} && exec python3 "$f" "$@"'
+        # mktemp, not $$: systemd-run (the cost run's recorder) turns $$ into $.
+        f'f={path}; [ -x "$f" ] || {{ t=$(mktemp "$f.XXXXXX") && printf %s {payload} '
+        f'| base64 -d | gunzip > "$t" && chmod 0755 "$t" && mv "$t" "$f"; }} '
+        f'&& exec python3 "$f" "$@"'
     )
 
 
@@ -67,8 +69,9 @@ def command(*args: str) -> list[str]:
     return ["sh", "-c", _installer(), NAME, *args]
 
 
-def read_command() -> list[str]:
-    return command("read", "--pack")
+def read_command(max_chars: int | None = None) -> list[str]:
+    """One reading, packed; over ``max_chars`` (the channel's cap) it fails and says so."""
+    return command("read", "--pack", *(("--max-chars", str(max_chars)) if max_chars else ()))
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,10 @@ def usage_reading(group: GroupReading, names: Mapping[str, str]) -> Reading:
     ratio = metrics.kv_cache_usage(group.server, group.slots) if group.slots else None
     if ratio is not None and group.slots:
         kv_cache = KvCacheReading(ratio, sum(int(slot["n_ctx"]) for slot in group.slots))
-    return Reading(at=group.at, nodes=nodes, kv_cache=kv_cache)
+    # When the nodes answered (read at once), on the main node's clock.
+    times = [n.exporter.taken_at for n in group.nodes if n.exporter is not None]
+    at = sum(times) / len(times) if times else group.at
+    return Reading(at=at, nodes=nodes, kv_cache=kv_cache)
 
 
 def view_readings(group: GroupReading, names: Mapping[str, str]) -> list[ViewNode]:

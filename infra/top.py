@@ -4,10 +4,11 @@ The view of ``python -m infra.local top`` (``infra.topview``), read through the 
 command channel (``infra.channels``: SSM, IAP SSH, Run Command): each serving group's main node
 runs ``llama-rpc-metrics``, which reads every node of its group inside the private network
 (node-exporter on each, and its own llama-server), and the groups are asked at once. Nothing is
-opened for it: the metrics port stays closed to everything outside the cluster's network.
+opened to the outside for it: the metrics port stays closed to everything beyond the cluster's
+network.
 
 A channel command takes seconds (Azure's Run Command tens of them), so a frame is drawn from two
-readings at least ``--interval`` apart, each timed by the nodes' own clocks.
+readings at least ``--interval`` apart, timed by the main node's clock.
 
     python -m infra.top STACK [--interval S] [--once]
 """
@@ -36,7 +37,8 @@ FOOTER = (
     "RX, TX: bytes on every interface but loopback (since boot), and per second; a main node's "
     "also carry the requests, the command channel and these readings. KV %: KV cache cells in "
     "use; TOK/s: tokens generated; REQ: requests processing+deferred.",
-    "CPU %: the node's cores, busy; MEMORY: MemTotal - MemAvailable (node-exporter). A worker's "
+    "CPU %: the share of all the node's cores busy; MEMORY: MemTotal - MemAvailable "
+    "(node-exporter). A worker's "
     "phase is not known to its main node: 'answering' says its exporter answered.",
 )
 
@@ -62,7 +64,8 @@ def stack_groups(stack_outputs: Mapping[str, Any], channels: Sequence[Channel]) 
 def read_group(group: Group, names: Mapping[str, str]) -> list[NodeReading]:
     """Every node of the group, in order; a group that could not be read says why."""
     try:
-        text = group.channel.run(group_metrics.read_command(), READ_TIMEOUT_SECONDS)
+        command = group_metrics.read_command(group.channel.max_output)
+        text = group.channel.run(command, READ_TIMEOUT_SECONDS)
         read = {r.name: r for r in group_metrics.view_readings(group_metrics.parse(text), names)}
         why = "the main node did not list it (is its node.env this stack's?)"
     except (ChannelError, MetricsError, OSError) as error:

@@ -1,4 +1,4 @@
-"""A serving group read by its main node (cloud-init/scripts/llama-rpc-metrics) and brought back
+"""A serving group read by its main node (infra/channel_scripts/llama-rpc-metrics) and brought back
 through a command channel: the script runs here against exporters and a llama-server that serve
 the recorded fixtures on loopback addresses, the way it runs on a main node; what it prints is
 read by infra.group_metrics, the stack's `top` (infra.top) and the cost run's channel probe."""
@@ -9,6 +9,7 @@ import contextlib
 import http.server
 import io
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from infra.clouds import FACTS
 from infra.costrun import channel_probe, usage
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
 from infra.metrics import Snapshot
+from infra.types import MAX_WORKERS
 from tests.conftest import free_port
 
 SCRIPT = group_metrics.SCRIPT
@@ -33,19 +35,23 @@ FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 MAIN, WORKER_1, WORKER_2 = "127.0.0.10", "127.0.0.11", "127.0.0.12"
 
 
-def exporter_text(cores: int = 0, devices: int = 0) -> str:
-    """The recorded node-exporter answer; with ``cores``, its CPU counters for that many cores,
-    and with ``devices``, that many more network interfaces (a large node's answer)."""
+def exporter_text(cores: int = 0, devices: int = 0, seed: int | None = None) -> str:
+    """The recorded node-exporter answer; with ``cores``, CPU counters for that many cores, and
+    with ``devices``, that many more network interfaces (a large node's answer), each counter
+    drawn from ``seed`` (so that nodes differ, as real ones do, and compress as little)."""
     text = (FIXTURES / "node-exporter-1.prom").read_text()
     if not cores and not devices:
         return text
+    draw = random.Random(seed)
     lines = [line for line in text.splitlines() if not line.startswith("node_cpu_seconds_total")]
     for core in range(cores):
         for mode in ("idle", "iowait", "irq", "nice", "softirq", "steal", "system", "user"):
-            lines.append(f'node_cpu_seconds_total{{cpu="{core}",mode="{mode}"}} {1000 + core}.37')
+            seconds = draw.uniform(1e3, 1e7)
+            lines.append(f'node_cpu_seconds_total{{cpu="{core}",mode="{mode}"}} {seconds:.2f}')
     for device in range(devices):
-        lines.append(f'node_network_receive_bytes_total{{device="ens{device}"}} 123456789')
-        lines.append(f'node_network_transmit_bytes_total{{device="ens{device}"}} 987654321')
+        received, sent = draw.randrange(10**9, 10**13), draw.randrange(10**9, 10**13)
+        lines.append(f'node_network_receive_bytes_total{{device="ens{device}"}} {received}')
+        lines.append(f'node_network_transmit_bytes_total{{device="ens{device}"}} {sent}')
     return "\n".join(lines) + "\n"
 
 
@@ -139,14 +145,15 @@ class ScriptChannel:
 
     def run(self, command: list[str], timeout: float) -> str:
         self.commands.append(command)
-        if command[0] == "systemd-run":
-            unit = command[1].removeprefix("--unit=")
+        if "systemd-run" in command:
+            at = command.index("systemd-run")
+            unit = command[at + 1].removeprefix("--unit=")
             self.units[unit] = subprocess.Popen(
-                self.argv(command[4:]), env=self.env, text=True, stderr=subprocess.PIPE
+                self.argv(command[at + 4 :]), env=self.env, text=True, stderr=subprocess.PIPE
             )
             return ""
-        if command[:2] == ["systemctl", "stop"]:
-            process = self.units.pop(command[2])
+        if command[:2] == ["sh", "-c"] and command[2].startswith("systemctl stop "):
+            process = self.units.pop(command[2].split()[2])
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) == 0, process.stderr
             return ""
@@ -209,23 +216,32 @@ def test_a_reading_keeps_every_figure_the_exporters_and_llama_server_give(group)
     assert metrics.kv_cache_usage(read.server, read.slots) == metrics.kv_cache_usage(server, slots)
 
 
-def test_a_reading_of_eleven_64_core_nodes_fits_azure_run_commands_cap(tmp_path: Path) -> None:
-    """The largest group (a main node and ten workers) of the largest nodes, each with four
-    interfaces: one reading fits the smallest channel's cap, so top and the cost run work on
-    every cloud."""
-    workers = [f"127.0.0.{20 + i}" for i in range(10)]
-    big = exporter_text(cores=64, devices=4)
-    assert len(big) > 30_000  # what a channel would otherwise have to carry, per node
-    exporters = {ip: big for ip in (MAIN, *workers)}
+def test_a_reading_of_the_largest_group_fits_azure_run_commands_cap(tmp_path: Path) -> None:
+    """The largest group (a main node and MAX_WORKERS workers) of 64-core nodes with two
+    interfaces each, every counter different: one reading fits the smallest channel's cap, so
+    top and the cost run work on every cloud."""
+    workers = [f"127.0.0.{20 + i}" for i in range(MAX_WORKERS)]
+    exporters = {  # two interfaces: Azure's accelerated NIC and its virtual function
+        ip: exporter_text(cores=64, devices=2, seed=n) for n, ip in enumerate((MAIN, *workers))
+    }
+    assert min(map(len, exporters.values())) > 30_000  # what one node's full answer weighs
+    # A reading over a channel's cap fails with the reason, rather than coming back cut short.
+    small = Group(tmp_path, workers[:2], exporters)
+    with small.up(), pytest.raises(ChannelError, match="over the command channel's 500"):
+        ScriptChannel(small).run(group_metrics.read_command(500), 60)
     with Group(tmp_path, workers, exporters).up() as running:
         cap = FACTS["azure"].command_output_chars
         assert cap is not None
-        text = ScriptChannel(running, max_output=cap).run(group_metrics.read_command(), 60)
+        text = ScriptChannel(running, max_output=cap).run(group_metrics.read_command(cap), 60)
     read = group_metrics.parse(text)
-    assert len(read.nodes) == 11 and all(n.exporter for n in read.nodes)
-    assert metrics.cpu_busy_seconds(read.nodes[5].exporter) == pytest.approx(  # type: ignore[arg-type]
-        metrics.cpu_busy_seconds(Snapshot.parse(big, 0.0))
-    )
+    assert len(read.nodes) == MAX_WORKERS + 1 and all(n.exporter for n in read.nodes)
+    for node, ip in zip(read.nodes, (MAIN, *workers), strict=True):
+        assert node.exporter is not None and node.ip == ip
+        whole = Snapshot.parse(exporters[ip], 0.0)
+        assert metrics.cpu_busy_seconds(node.exporter) == pytest.approx(
+            metrics.cpu_busy_seconds(whole)
+        )
+        assert metrics.network_bytes(node.exporter) == metrics.network_bytes(whole)
 
 
 def test_top_for_a_stack_shows_every_node_and_says_which_did_not_answer(group) -> None:
@@ -240,7 +256,7 @@ def test_top_for_a_stack_shows_every_node_and_says_which_did_not_answer(group) -
     assert "of" in lines["worker-1"], shown  # memory: used of total, from the exporter
     assert lines["worker-2"][1:4] == ["worker", "no", "answer"], shown
     assert "worker-2: node-exporter did not answer the main node" in shown
-    assert channel.commands == [group_metrics.read_command()] * 2
+    assert channel.commands == [group_metrics.read_command(channel.max_output)] * 2
 
 
 def test_top_names_a_group_whose_main_node_cannot_be_reached(group) -> None:
@@ -273,9 +289,12 @@ def test_the_cost_run_probe_reads_records_and_completes_through_the_channel(
     assert reply == {"tokens_predicted": 4, "timings": {"predicted_n": 4}}  # no content
     assert group.posts == [{"prompt": "hello", "n_predict": 4}]
 
-    channel.max_output = 700
-    recorder = probe.recorder(0.1).start()
-    assert isinstance(recorder, NodeRecorder)
+    # A small cap (Azure's) reads less often, so that the recording comes back in few commands.
+    assert probe.recorder(0.1).interval == channel_probe.SMALL_CAP_INTERVAL_SECONDS
+    channel.max_output = None
+    assert probe.recorder(0.1).interval == 0.1
+    channel.max_output = 700  # here, to bring a short recording back in several pieces
+    recorder = NodeRecorder(probe, 0.1).start()
     assert RECORD_UNIT in channel.units
     threading.Event().wait(2.0)
     readings = recorder.stop()

@@ -379,6 +379,8 @@ def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -
     through it is answered."""
     channel = LocalChannel(up["spec"], "main")
     probe = ChannelProbe(channel, up["contract"])
+    # The recorder's unit installs the script itself (systemd-run expands $ in its command).
+    on(up, "main", "sh", "-c", f"rm -f /run/{group_metrics.NAME}-*")
     recorder = probe.recorder(0.5).start()
     try:
         with generating(up["contract"][outputs.LLAMA_SERVER_URL]):

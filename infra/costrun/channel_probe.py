@@ -17,16 +17,21 @@ from typing import Any
 
 from infra import group_metrics
 from infra import outputs as keys
-from infra.channels import Channel, group_outputs
+from infra.channels import Channel, ChannelError, group_outputs
 from infra.costrun.usage import Reading
 
 READ_TIMEOUT_SECONDS = 120
 RECORD_UNIT = "llama-rpc-usage"
-RECORD_FILE = "/var/tmp/llama-rpc-usage.jsonl"
+RECORD_FILE = "/run/llama-rpc-usage.jsonl"  # root's alone
 # A recording ends by itself after this long, should nothing stop it.
 RECORD_LIMIT_SECONDS = 4 * 3600
 # Room for the length line and a newline within a channel's cap.
 DUMP_MARGIN = 64
+# A channel that brings back this little (Azure Run Command, tens of seconds a command) reads at
+# least this far apart, so that the recording comes back in a few commands.
+SMALL_CAP_CHARS = 8192
+SMALL_CAP_INTERVAL_SECONDS = 10.0
+ATTEMPTS = 2  # each command that brings the recording back
 
 
 class ChannelProbe:
@@ -55,7 +60,8 @@ class ChannelProbe:
         }
 
     def read(self) -> Reading:
-        text = self.channel.run(group_metrics.read_command(), READ_TIMEOUT_SECONDS)
+        command = group_metrics.read_command(self.channel.max_output)
+        text = self.channel.run(command, READ_TIMEOUT_SECONDS)
         return group_metrics.usage_reading(group_metrics.parse(text), self.names)
 
     def complete(self, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
@@ -65,6 +71,9 @@ class ChannelProbe:
         return reply
 
     def recorder(self, interval: float) -> NodeRecorder:
+        cap = self.channel.max_output
+        if cap is not None and cap < SMALL_CAP_CHARS:
+            interval = max(interval, SMALL_CAP_INTERVAL_SECONDS)
         return NodeRecorder(self, interval)
 
 
@@ -80,8 +89,11 @@ class NodeRecorder:
         self.last_error = ""
 
     def start(self) -> NodeRecorder:
+        # A recorder an earlier run left (a failed start, a kept stack) goes first.
         self.probe.channel.run(
             [
+                "sh", "-c", 'systemctl stop "$1" 2>/dev/null; rm -f "$2"; shift 2; exec "$@"',
+                "sh", RECORD_UNIT, RECORD_FILE,
                 "systemd-run", f"--unit={RECORD_UNIT}", "--collect", "--quiet",
                 *group_metrics.command(
                     "record", "--out", RECORD_FILE, "--interval", str(self.interval),
@@ -94,19 +106,15 @@ class NodeRecorder:
 
     def stop(self) -> list[Reading]:
         channel = self.probe.channel
-        # systemctl stop waits for the recorder's last reading (it ends the window).
-        channel.run(["systemctl", "stop", RECORD_UNIT], READ_TIMEOUT_SECONDS)
+        # systemctl stop waits for the recorder's last reading (it ends the window); a recorder
+        # that already ended (its time limit) left its file all the same.
+        channel.run(["sh", "-c", f"systemctl stop {RECORD_UNIT} || true"], READ_TIMEOUT_SECONDS)
         limit = (channel.max_output or 1 << 30) - DUMP_MARGIN
         pieces: list[str] = []
         total = None
         while total is None or sum(map(len, pieces)) < total:
             offset = sum(map(len, pieces))
-            text = channel.run(
-                group_metrics.command(
-                    "dump", RECORD_FILE, "--offset", str(offset), "--limit", str(limit)
-                ),
-                READ_TIMEOUT_SECONDS,
-            )  # fmt: skip
+            text = self._piece(offset, limit)
             length, _, piece = text.strip("\n").partition("\n")
             total = int(length)
             if not piece and sum(map(len, pieces)) < total:
@@ -122,3 +130,15 @@ class NodeRecorder:
                 self.failures += 1
                 self.last_error = f"{type(error).__name__}: {error}"
         return readings
+
+    def _piece(self, offset: int, limit: int) -> str:
+        command = group_metrics.command(
+            "dump", RECORD_FILE, "--offset", str(offset), "--limit", str(limit)
+        )
+        for attempt in range(ATTEMPTS):
+            try:
+                return self.probe.channel.run(command, READ_TIMEOUT_SECONDS)
+            except ChannelError:
+                if attempt + 1 == ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")

@@ -108,13 +108,17 @@ def run_stack(
         status = _wait_serving(target, log, options, spend=spend, sleep=sleep, clock=clock)
         log.emit("serving", status=status, seconds=round(spend.seconds, 1))
         log.emit("bench")
-        output = _benchmark(target, log, options)
+        output, finish_usage = _benchmark(target, log, options)
         try:
-            result = json.loads(output)
-        except json.JSONDecodeError:
-            raise StepError(f"the benchmark printed no JSON: {output[-300:]!r}") from None
-        log.emit("bench_done", result=result, seconds=round(spend.seconds, 1))
-        measured = True
+            try:
+                result = json.loads(output)
+            except json.JSONDecodeError:
+                raise StepError(f"the benchmark printed no JSON: {output[-300:]!r}") from None
+            log.emit("bench_done", result=result, seconds=round(spend.seconds, 1))
+            measured = True
+        finally:
+            # After the result is recorded: bringing the usage back can take a while.
+            finish_usage()
     except KeyboardInterrupt:
         log.emit("interrupted")
         raise
@@ -134,19 +138,29 @@ def run_stack(
     return measured and clean
 
 
-def _benchmark(target: Target, log: EventLog, options: RunOptions) -> str:
+def _benchmark(
+    target: Target, log: EventLog, options: RunOptions
+) -> tuple[str, Callable[[], None]]:
     """The bytes per token between the main node and its workers, then the benchmark script on
-    the main node, every node read at a fixed interval while it runs; the script's output."""
+    the main node, every node read at a fixed interval while it runs: the script's output, and
+    what stops the readings and reports them."""
     probe = _usage_probe(target, log)
     if probe is not None:
         _measure_rpc_bytes(target, probe, log, options)
     recorder = _start_recorder(probe, log, options) if probe is not None else None
-    try:
-        command = [*BENCH_COMMAND, *options.bench_args]
-        return target.run_on_main(command, options.bench_timeout_seconds)
-    finally:
+
+    def finish() -> None:
         if probe is not None and recorder is not None:
             _stop_recorder(probe, recorder, log)
+
+    try:
+        output = target.run_on_main(
+            [*BENCH_COMMAND, *options.bench_args], options.bench_timeout_seconds
+        )
+    except BaseException:
+        finish()
+        raise
+    return output, finish
 
 
 def _start_recorder(probe: UsageProbe, log: EventLog, options: RunOptions) -> Recorder | None:

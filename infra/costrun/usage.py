@@ -55,7 +55,7 @@ class KvCacheReading:
 
 @dataclass(frozen=True)
 class Reading:
-    at: float  # time.monotonic() seconds
+    at: float  # seconds on one clock (the host's monotonic one, or a main node's epoch)
     nodes: Mapping[str, NodeReading]
     kv_cache: KvCacheReading | None = None
 
