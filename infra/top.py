@@ -28,11 +28,10 @@ from infra import group_metrics
 from infra import outputs as keys
 from infra.channels import Channel, ChannelError, group_outputs, stack_channels
 from infra.metrics import MetricsError
-from infra.topview import NodeReading, Row, render, row
+from infra.topview import NodeReading, Row, live, render, row
 
 READ_TIMEOUT_SECONDS = 120
 DEFAULT_INTERVAL_SECONDS = 10.0
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
 FOOTER = (
     "RX, TX: bytes on every interface but loopback (since boot), and per second; a main node's "
     "also carry the requests, the command channel and these readings. KV %: KV cache cells in "
@@ -109,29 +108,21 @@ def run(
     frame from two readings ``interval`` apart."""
     if interval <= 0:
         raise ValueError(f"--interval {interval}: give a positive number of seconds")
-    out = out or sys.stdout
     names = group_metrics.node_names([g.ips for g in groups])
     nodes = sum(len(g.ips) for g in groups)
     shown_groups = f", {len(groups)} serving groups" if len(groups) > 1 else ""
-    started = clock()
-    before = read_stack(groups, names)
-    try:
-        while True:
-            sleep(max(0.0, started + interval - clock()))
-            started = clock()
-            after = read_stack(groups, names)
-            title = (
-                f"stack {stack!r} ({nodes} nodes{shown_groups}) · every {interval:g} s or as "
-                f"fast as the channel answers · {time.strftime('%H:%M:%S')}"
-            )
-            shown = frame(title, before, after)
-            out.write(shown if once else CLEAR_SCREEN + shown)
-            out.flush()
-            if once:
-                return 0
-            before = after
-    except KeyboardInterrupt:
-        return 0
+
+    def draw(before: list[NodeReading], after: list[NodeReading]) -> str:
+        title = (
+            f"stack {stack!r} ({nodes} nodes{shown_groups}) · every {interval:g} s or as "
+            f"fast as the channel answers · {time.strftime('%H:%M:%S')}"
+        )
+        return frame(title, before, after)
+
+    return live(
+        lambda: read_stack(groups, names), draw,
+        interval=interval, once=once, out=out or sys.stdout, sleep=sleep, clock=clock,
+    )  # fmt: skip
 
 
 def stack_outputs(stack: str) -> dict[str, Any]:

@@ -6,12 +6,15 @@ the rows a frame (``render``). Pure: the readers fetch (``infra.local.top`` on t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO, TypeVar
 
 from infra import metrics
 from infra.metrics import MetricsError, Snapshot
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+Readings = TypeVar("Readings")
 
 # Interfaces that carry no traffic between nodes: loopback, and the local host's link to a main
 # node (``infra.local.netns.VpcNetwork``), which carries the user's requests.
@@ -202,3 +205,32 @@ FOOTER = (
     "RX, TX: bytes between nodes (since the node started), and per second; KV %: KV cache cells "
     "in use; TOK/s: tokens generated; REQ: requests processing+deferred."
 )
+
+
+def live(
+    read: Callable[[], Readings],
+    draw: Callable[[Readings, Readings], str],
+    *,
+    interval: float,
+    once: bool,
+    out: TextIO,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> int:
+    """Draw a frame from each two readings at least ``interval`` seconds apart, each over the
+    last, until Ctrl-C; with ``once``, one plain frame."""
+    started = clock()
+    before = read()
+    try:
+        while True:
+            sleep(max(0.0, started + interval - clock()))
+            started = clock()
+            after = read()
+            shown = draw(before, after)
+            out.write(shown if once else CLEAR_SCREEN + shown)
+            out.flush()
+            if once:
+                return 0
+            before = after
+    except KeyboardInterrupt:
+        return 0

@@ -414,3 +414,21 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
         "worker_wait_seconds": 300,
     }
     return cluster.UpOptions(**{**defaults, **changes})
+
+
+@contextlib.contextmanager
+def generating(url: str) -> Iterator[None]:
+    """The main node keeps generating, from a thread, for the block."""
+    stop = threading.Event()
+
+    def generate() -> None:
+        while not stop.is_set():
+            complete(url)
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(120)

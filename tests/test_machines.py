@@ -10,14 +10,12 @@ settings on purpose.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
 import io
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +36,14 @@ from infra.local.machines import Machine, unavailable_reason
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.source import cache_dir
 from infra.types import METRICS_PORT
-from tests.conftest import REPO, complete, one_node_completion, one_plus_two, unavailable
+from tests.conftest import (
+    REPO,
+    complete,
+    generating,
+    one_node_completion,
+    one_plus_two,
+    unavailable,
+)
 from tests.test_metrics import frame_rows, top_once_while_generating
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
@@ -331,24 +336,6 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
     main = rows["main"]
     assert float(main[3]) > 0 and float(main[-2]) > 0, shown  # CPU %, tokens/s
     assert "node-exporter in a machine reads the host's CPU and memory" in shown
-
-
-@contextlib.contextmanager
-def generating(url: str) -> Iterator[None]:
-    """The main node keeps generating, from a thread, for the block."""
-    stop = threading.Event()
-
-    def generate() -> None:
-        while not stop.is_set():
-            complete(url)
-
-    thread = threading.Thread(target=generate, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(120)
 
 
 def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up) -> None:

@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from infra import metrics, outputs, topview
 from infra.local import cluster, top
 from infra.metrics import MetricsError, Snapshot
-from tests.conftest import REPO, complete, one_plus_two, require_netns
+from tests.conftest import REPO, generating, one_plus_two, require_netns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 # The recorded scrapes were about this far apart.
@@ -384,23 +383,12 @@ def frame_rows(text: str, names: list[str]) -> dict[str, list[str]]:
 def top_once_while_generating(spec: dict, url: str, interval: float = 2.0) -> str:
     """`python -m infra.local top --once` while the main node generates, so that every column
     has something to show."""
-    stop = threading.Event()
-
-    def generate() -> None:
-        while not stop.is_set():
-            complete(url)
-
-    worker = threading.Thread(target=generate, daemon=True)
-    worker.start()
-    try:
+    with generating(url):
         result = subprocess.run(
             [sys.executable, "-m", "infra.local", "top", "--id", spec["id"], "--once",
              "--interval", str(interval)],
             capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
         )  # fmt: skip
-    finally:
-        stop.set()
-        worker.join(120)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -452,12 +440,12 @@ def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatc
             raise KeyboardInterrupt
 
     out = io.StringIO()
-    assert top.run(spec, 0.5, once=False, out=out, sleep=nap) == 0
-    frames = out.getvalue().split(top.CLEAR_SCREEN)
+    assert top.run(spec, 0.5, once=False, out=out, sleep=nap, clock=lambda: 0.0) == 0
+    frames = out.getvalue().split(topview.CLEAR_SCREEN)
     assert frames[0] == "" and len(frames) == 3 and naps == [0.5, 0.5, 0.5]
     assert all(f.splitlines()[2].startswith("w1 ") for f in frames[1:])
     once = io.StringIO()
     assert top.run(spec, 0.5, once=True, out=once, sleep=lambda _: None) == 0
-    assert top.CLEAR_SCREEN not in once.getvalue() and "every 0.5 s" in once.getvalue()
+    assert topview.CLEAR_SCREEN not in once.getvalue() and "every 0.5 s" in once.getvalue()
     with pytest.raises(cluster.LocalClusterError, match="--interval 0"):
         top.run(spec, 0, once=True, out=once)

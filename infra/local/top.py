@@ -44,13 +44,13 @@ from infra.topview import (
     FOOTER,
     NodeReading,
     ProcessUse,
+    live,
     render,
     row,
 )
 from infra.types import METRICS_PORT
 
 FETCH_TIMEOUT_SECONDS = 2.0
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
 def footer(spec: Mapping[str, Any], cpus: int) -> list[str]:
@@ -192,21 +192,14 @@ def run(
     once: bool,
     out: TextIO = sys.stdout,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Print a frame every ``interval`` seconds until interrupted; with ``once``, one frame after
     one interval."""
     if interval <= 0:
         raise cluster.LocalClusterError(f"--interval {interval}: give a positive number of seconds")
-    before = read_cluster(spec)
-    try:
-        while True:
-            sleep(interval)
-            after = read_cluster(spec)
-            shown = frame(spec, before, after, interval)
-            out.write(shown if once else CLEAR_SCREEN + shown)
-            out.flush()
-            if once:
-                return 0
-            before = after
-    except KeyboardInterrupt:
-        return 0
+    return live(
+        lambda: read_cluster(spec),
+        lambda before, after: frame(spec, before, after, interval),
+        interval=interval, once=once, out=out, sleep=sleep, clock=clock,
+    )  # fmt: skip
