@@ -428,21 +428,6 @@ def test_the_balancers_probes_are_admitted_only_with_replicas() -> None:
     assert not any("probes" in name for name in alone)
 
 
-def test_replica_outputs_name_the_balancer_and_every_group() -> None:
-    out = replicated().outputs
-    assert out[outputs.REPLICAS] == 2
-    assert out[outputs.BALANCER_URL] == "http://10.42.0.5:8080"
-    groups = out[outputs.GROUPS]
-    assert [set(g) for g in groups] == [set(outputs.GROUP_KEYS)] * 2
-    first, second = groups
-    assert {k: out[k] for k in outputs.GROUP_KEYS} == first
-    assert second[outputs.MAIN_PRIVATE_IP] == "10.42.0.30"
-    assert second[outputs.WORKER_PRIVATE_IPS] == ["10.42.0.31", "10.42.0.32"]
-    assert second[outputs.LLAMA_SERVER_URL] == "http://10.42.0.30:8080"
-    assert second[outputs.MAIN_INSTANCE_ID] == f"{REPLICA2}-main"
-    assert second[outputs.WORKER_INSTANCE_IDS] == [f"{REPLICA2}-worker-1", f"{REPLICA2}-worker-2"]
-
-
 def test_connect_command_reaches_the_first_main_node_and_says_why() -> None:
     """Run Command runs on a main node, a backend of the balancer, which cannot count on
     reaching the balancer's frontend; Bastion's IP-based tunnels take no custom ports."""

@@ -1,0 +1,39 @@
+"""The output contract of a stack with replicas, the same on every cloud: the component builds
+it, so one test pins it for the three presets under Pulumi mocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import outputs
+from tests.pulumi_mocks import deploy
+
+CLUSTER = "llama-rpc-cluster"
+REPLICA2 = f"{CLUSTER}-replica2"
+# How each cloud's mock names an instance: AWS's id is the mock's physical id, GCP's and Azure's
+# instance output is the VM's name.
+INSTANCE_ID = {"aws": "{}-id", "gcp": "{}", "azure": "{}"}
+
+
+@pytest.mark.parametrize(
+    ("stack", "cloud"), [("aws-c8g", "aws"), ("gcp-c4a", "gcp"), ("azure-cobalt", "azure")]
+)
+def test_replica_outputs_name_the_balancer_and_every_group(stack: str, cloud: str) -> None:
+    out = deploy(stack, {f"{CLUSTER}:replicas": 2, f"{CLUSTER}:workerCount": 2}).outputs
+    subnet = out[outputs.MAIN_PRIVATE_IP].rsplit(".", 1)[0]
+    assert out[outputs.CLOUD] == cloud and out[outputs.REPLICAS] == 2
+    assert out[outputs.BALANCER_URL] == f"http://{subnet}.5:8080"
+    groups = out[outputs.GROUPS]
+    assert [set(g) for g in groups] == [set(outputs.GROUP_KEYS)] * 2
+    first, second = groups
+    assert {k: out[k] for k in outputs.GROUP_KEYS} == first  # the top level: the first group
+    assert first[outputs.MAIN_PRIVATE_IP] == f"{subnet}.10"
+    assert second[outputs.MAIN_PRIVATE_IP] == f"{subnet}.30"
+    assert second[outputs.WORKER_PRIVATE_IPS] == [f"{subnet}.31", f"{subnet}.32"]
+    assert second[outputs.RPC_SERVERS] == f"{subnet}.31:50052,{subnet}.32:50052"
+    assert second[outputs.LLAMA_SERVER_URL] == f"http://{subnet}.30:8080"
+    name = INSTANCE_ID[cloud]
+    assert second[outputs.MAIN_INSTANCE_ID] == name.format(f"{REPLICA2}-main")
+    assert second[outputs.WORKER_INSTANCE_IDS] == [
+        name.format(f"{REPLICA2}-worker-{i}") for i in (1, 2)
+    ]
