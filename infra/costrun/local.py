@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.boot import VM_PATHS
+from infra.channels import ChannelError, LocalChannel
 from infra.costrun.rpc_bytes import ActivationShape, activation_shape
 from infra.costrun.target import Prediction, StepError
 from infra.local import cluster
@@ -67,13 +68,10 @@ class LocalTarget:
 
     def _exec(self, command: list[str], timeout: float) -> str:
         spec = self._spec or cluster.load_spec(self.options.cache, self.options.cluster_id)
-        result = subprocess.run(
-            cluster.exec_argv(spec, "main", command),
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise StepError(f"{' '.join(command)} on main: {result.stderr.strip()[-500:]}")
-        return result.stdout
+        try:
+            return LocalChannel(spec, "main").run(command, timeout)
+        except ChannelError as error:
+            raise StepError(str(error)) from None
 
     def node_status(self) -> dict[str, Any]:
         status: dict[str, Any] = json.loads(
