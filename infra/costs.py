@@ -129,6 +129,9 @@ def hourly_cost(
             for n in nodes
         }
     )
+    fast = facts.fast_network_min_vcpus
+    if fast is not None and any(node.instance.vcpus >= fast for node in nodes):
+        unpriced.append(facts.fast_network_name)  # billed on top; no price in the catalog
     balancer_usd = None
     if balancer:
         balancer_usd = service_price(provider, BALANCER_ITEM).usd

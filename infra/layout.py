@@ -50,6 +50,12 @@ def group_prefix(group: int) -> str:
     return "" if group == 0 else f"replica{group + 1}-"
 
 
+def group_name(cluster: str, group: int) -> str:
+    """The name a serving group's resources start with: the cluster's for the first group, then
+    ``<cluster>-replica2``, ``<cluster>-replica3``, …"""
+    return f"{cluster}-{group_prefix(group)}".rstrip("-")
+
+
 def node_name(index: int, group: int = 0) -> str:
     """``main`` for a group's first node, ``worker-1``, ``worker-2``, … after it (the ``--rpc``
     order), after the group's prefix."""

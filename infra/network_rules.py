@@ -127,6 +127,16 @@ def blob_object(url: str) -> tuple[str, str, str] | None:
     return match.group(1), match.group(2), match.group(3)
 
 
+def listed_prefixes(keys: list[str] | tuple[str, ...]) -> list[str]:
+    """The prefixes the nodes' rclone lists in a bucket to read these objects: each object's
+    "directory" (its key up to the last '/', with it; "" at the top), which it lists before it
+    reads a file, and the key itself as a directory (KEY/), which it lists when the object is
+    missing. Measured on rclone 1.60 (the nodes' Ubuntu package) against an S3 API
+    (tests/test_staged_download.py); a store's read-only grant allows listing these only."""
+    found = {key.rpartition("/")[0] + "/" if "/" in key else "" for key in keys}
+    return sorted(found | {f"{key}/" for key in keys})
+
+
 def _store_url_problem(url: str) -> str | None:
     """Why an object-store URL names no object its store could hold, or None."""
     if url.startswith("s3://") and s3_object(url) is None:

@@ -19,6 +19,7 @@ the property's dependencies, and reports a reference it cannot trace.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -540,6 +541,17 @@ def encrypted_disks(resource_type: str, props: Mapping[str, Any], name: str = ""
 _TAG_PROPERTY: Final = {AWS_INSTANCE: "tags", GCP_INSTANCE: "labels", AZURE_VM: "tags"}
 
 
+def gcp_label_value(text: str) -> str:
+    """The label value the program gives a text of its own (the stack's name) on GCP, whose
+    label values hold only lowercase letters, digits, '_' and '-' (the program's
+    ``infra.clouds.gcp.label_value``; a test keeps the two equal)."""
+    value = re.sub(r"[^a-z0-9_-]", "-", text.lower())
+    if value == text and len(value) <= 63:
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    return f"{value[:56]}-{digest}"
+
+
 def node_tags(
     resource_type: str,
     props: Mapping[str, Any],
@@ -557,6 +569,8 @@ def node_tags(
     for tag in REQUIRED_NODE_TAGS:
         value = _mapping(tags).get(tag)
         want = (expected or {}).get(tag)
+        if want and canonical_type(resource_type) == GCP_INSTANCE:
+            want = gcp_label_value(want)
         if not _known(value):
             continue
         if not isinstance(value, str) or not value:

@@ -5,16 +5,21 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import yaml
 
+from infra.clouds import rules
+from infra.preflight import Account, Needs, QuotaReading
 from infra.stack.files import config_of, stack_values
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
+# What Azure reports: the subscription a stack deploys to, and a VM identity's principal.
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+PRINCIPAL = "11111111-2222-3333-4444-555555555555"
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
 GCP_SELF_LINKS = "https://www.googleapis.com/compute/v1/projects/my-project/self"
@@ -81,14 +86,34 @@ def refused(stack: str, overrides: dict[str, Any], key: str) -> str:
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    def __init__(self, unavailable: dict[str, set[str]] | None = None) -> None:
+    """Record what the program registers. With ``prior`` (the deployment of an earlier ``up``),
+    answer as the engine does for a resource that exists: its id stays, and an input it ignores
+    (``ignore_changes``) keeps the value it was created with."""
+
+    def __init__(self, prior: Deployment | None = None, *, ignore_changes: bool = True) -> None:
         self.resources: list[pulumi.runtime.MockResourceArgs] = []
         self.calls: list[pulumi.runtime.MockCallArgs] = []
-        # zone -> instance types it does not offer
-        self.unavailable = unavailable or {}
+        self.states: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        self.prior = prior
+        self.ignore_changes = ignore_changes  # False: as if no resource ignored a change
+        # The run's resource options by (type, name), which deploy() records.
+        self.options: dict[tuple[str, str], pulumi.ResourceOptions] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.resources.append(args)
+        resource_id, state = self.answer(args)
+        kept = self.prior.states.get((args.typ, args.name)) if self.prior else None
+        if kept is not None:
+            resource_id, old = kept
+            options = self.options.get((args.typ, args.name))
+            ignored = (options.ignore_changes if options else None) or []
+            for prop in ignored if self.ignore_changes else []:
+                if prop in old:
+                    state[prop] = old[prop]
+        self.states[args.typ, args.name] = (resource_id, state)
+        return resource_id, state
+
+    def answer(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         state = dict(args.inputs)
         state.setdefault("name", args.name)
         if args.typ == "azure-native:compute:VirtualMachine":
@@ -103,6 +128,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             # Compute resources name each other by URL (an instance in its group, a group as a
             # backend).
             state.setdefault("selfLink", f"{GCP_SELF_LINKS}/{args.name}")
+        if args.typ == "azure-native:compute:VirtualMachine" and "identity" in state:
+            state["identity"] = {**state["identity"], "principalId": PRINCIPAL, "tenantId": "t"}
         if args.typ == "azure-native:resources:ResourceGroup":
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
         if args.typ == "azure-native:network:LoadBalancer":
@@ -114,62 +141,30 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append(args)
-        if args.token == "aws:ssm/getParameter:getParameter":
-            return {"name": args.args["name"], "type": "String", "value": "ami-0123456789abcdef0"}
-        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-            wanted = args.args["filters"][0]["values"]
-            rows = [
-                (zone, t)
-                for zone in ZONES
-                for t in wanted
-                if t not in self.unavailable.get(zone, set())
-            ]
-            return {
-                "id": "us-east-1",
-                "locations": [z for z, _ in rows],
-                "instanceTypes": [t for _, t in rows],
-                "locationTypes": ["availability-zone"] * len(rows),
-            }
-        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
-            return {"id": "c", "project": "my-project", "region": "", "zone": "", "accessToken": ""}
-        if args.token == "gcp:compute/getZones:getZones":
-            return {"id": args.args["region"], "names": GCP_ZONES, "project": "p"}
-        if args.token == "gcp:compute/getMachineTypes:getMachineTypes":
-            zone = args.args["zone"]
-            names = re.findall(r'name = "([^"]+)"', args.args["filter"])
-            offered = [n for n in names if n not in self.unavailable.get(zone, set())]
-            return {
-                "id": zone,
-                "zone": zone,
-                "project": "p",
-                "filter": args.args["filter"],
-                "machineTypes": [machine_type(n) for n in offered],
-            }
-        return {}
-
-
-def machine_type(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": name,
-        "guestCpus": 64,
-        "memoryMb": 131072,
-        "isSharedCpus": False,
-        "maximumPersistentDisks": 128,
-        "maximumPersistentDisksSizeGb": 262144,
-        "selfLink": name,
-        "accelerators": [],
-        "bundledLocalSsds": [],
-        "deprecateds": [],
-    }
+        answers = {
+            "aws:ssm/getParameter:getParameter": lambda a: {
+                "name": a["name"], "type": "String", "value": "ami-0123456789abcdef0"
+            },
+            "azure-native:authorization:getClientConfig": lambda a: {
+                "clientId": "c", "objectId": "o", "subscriptionId": SUBSCRIPTION, "tenantId": "t"
+            },
+            "gcp:organizations/getClientConfig:getClientConfig": lambda a: {
+                "id": "c", "project": "my-project", "region": "", "zone": "", "accessToken": ""
+            },
+        }  # fmt: skip
+        answer = answers.get(args.token)
+        return answer(args.args) if answer else {}
 
 
 @dataclass
 class Deployment:
     resources: list[pulumi.runtime.MockResourceArgs]
     outputs: dict[str, Any] = field(default_factory=dict)
-    # Each resource's options by name (mocks do not see them: a stack transformation does).
-    options: dict[str, pulumi.ResourceOptions] = field(default_factory=dict)
+    # Each resource's options by (type, name) (mocks do not see them: a stack transformation
+    # does).
+    options: dict[tuple[str, str], pulumi.ResourceOptions] = field(default_factory=dict)
+    # What the mocks answered for each resource: (type, name) -> (id, state).
+    states: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
@@ -177,35 +172,206 @@ class Deployment:
     def named(self, name: str) -> pulumi.runtime.MockResourceArgs:
         return next(r for r in self.resources if r.name == name)
 
+    def options_of(self, resource: pulumi.runtime.MockResourceArgs) -> pulumi.ResourceOptions:
+        return self.options[resource.typ, resource.name]
+
+    def identities(self) -> dict[str, str]:
+        """Each resource's id and the texts of its outputs (what its dependents' inputs hold of
+        it) -> its key."""
+        identities: dict[str, str] = {}
+        for (typ, name), (resource_id, state) in self.states.items():
+            if typ.startswith(rules.PROGRAM_TYPE_PREFIX):
+                continue
+            key = rules.key_of(typ, name)
+            identities[resource_id] = key
+            given = set(_texts(self.inputs_of(typ, name)))
+            for text in _texts(state):
+                if text not in given:
+                    identities.setdefault(text, key)
+        return identities
+
+    def stack(self) -> rules.Stack:
+        """The resources as the cloud rules see them: inputs, and what each waits for, given
+        by ``depends_on`` or through an input that holds another resource's id or output."""
+        identities = self.identities()
+        found = []
+        for r in self.resources:
+            texts = _texts(r.inputs)
+            waits = {identities[text] for text in texts if text in identities}
+            # An id inside a longer one (an Azure sub-resource's id, built from its parent's).
+            waits |= {
+                name
+                for text in texts
+                if "/" in text
+                for known, name in identities.items()
+                if known.endswith("-id") and known in text
+            }
+            options = self.options.get((r.typ, r.name))
+            for other in (options.depends_on if options else None) or []:
+                waits.add(rules.key_of(other.pulumi_resource_type, other.pulumi_resource_name))
+            waits.discard(rules.key_of(r.typ, r.name))
+            found.append(rules.Registered(r.typ, r.name, dict(r.inputs), frozenset(waits)))
+        return rules.Stack(found, identities)
+
+    def inputs_of(self, typ: str, name: str) -> dict[str, Any]:
+        return next(dict(r.inputs) for r in self.resources if (r.typ, r.name) == (typ, name))
+
+
+def _paths_of(value: Any, wanted: set[str], path: str = "") -> set[str]:
+    """The paths in an input tree whose text is one of ``wanted`` (or, for a path-like id, is
+    built from one: an Azure sub-resource's id from its parent's)."""
+    if isinstance(value, str):
+        built = "/" in value and any(t.endswith("-id") and t in value for t in wanted)
+        return {path} if value in wanted or built else set()
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return set()
+    found: set[str] = set()
+    for key, item in items:
+        found |= _paths_of(item, wanted, f"{path}.{key}".lstrip("."))
+    return found
+
+
+def plan_update(
+    before: Deployment,
+    after: Deployment,
+    forced: frozenset[str] = frozenset(),
+    *,
+    ignore_changes: bool = True,
+) -> dict[str, str]:
+    """What ``pulumi up`` does to each resource going from ``before`` to ``after`` (the program
+    run again under mocks that keep the prior state, ``RecordingMocks(prior=...)``): "create",
+    "replace", "update", "same" or "delete", by key. A resource is replaced when an input its
+    cloud's rules say replaces it changes (``ResourceRules.replaced_on``), or one of its
+    ``replace_on_changes``, or it is ``forced`` (``pulumi up --replace``), or one of its
+    ``replace_with`` is; a replaced resource has a new id and outputs, so every input holding
+    them changes too. Inputs under ``ignore_changes`` are not compared."""
+    from infra.clouds import RESOURCE_RULES
+
+    old = {rules.key_of(r.typ, r.name): r for r in before.resources}
+    new = {rules.key_of(r.typ, r.name): r for r in after.resources}
+    changed: dict[str, set[str]] = {}
+    for key, r in new.items():
+        if key in old and not r.typ.startswith(rules.PROGRAM_TYPE_PREFIX):
+            options = after.options.get((r.typ, r.name))
+            ignored = (options.ignore_changes or []) if options and ignore_changes else []
+            paths = rules.changed_paths(dict(old[key].inputs), dict(r.inputs))
+            changed[key] = {p for p in paths if not any(rules.covers(i, p) for i in ignored)}
+    by_key: dict[str, set[str]] = {}
+    for text, key in before.identities().items():
+        by_key.setdefault(key, set()).add(text)
+    replaced = set(forced)
+    while True:
+        size = len(replaced) + sum(map(len, changed.values()))
+        for key, paths in changed.items():
+            r = new[key]
+            options = after.options.get((r.typ, r.name))
+            patterns = (
+                *RESOURCE_RULES[r.typ].replaced_on,
+                *((options and options.replace_on_changes) or []),
+            )
+            if any(rules.covers(p, path) for p in patterns for path in paths):
+                replaced.add(key)
+            others = (options and options.replace_with) or []
+            if any(
+                rules.key_of(o.pulumi_resource_type, o.pulumi_resource_name) in replaced
+                for o in others
+            ):
+                replaced.add(key)
+        for key in replaced:
+            texts = by_key.get(key, set())
+            for other, r in new.items():
+                if other in changed and texts:
+                    changed[other] |= _paths_of(dict(r.inputs), texts)
+        if len(replaced) + sum(map(len, changed.values())) == size:
+            break
+    actions = {key: "delete" for key in old if key not in new}
+    for key in new:
+        if key not in old:
+            actions[key] = "create"
+        elif key in replaced:
+            actions[key] = "replace"
+        else:
+            actions[key] = "update" if changed.get(key) else "same"
+    return actions
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in an input tree."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _texts(item)]
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _texts(item)]
+    return []
+
+
+def ready_account(needs: Needs, unavailable: dict[str, set[str]] | None = None) -> Account:
+    """An account that offers the types in every zone (but those ``unavailable`` lists) and has
+    quota for them: what the preflight reads of a ready account."""
+    zones = {"aws": ZONES, "gcp": GCP_ZONES}.get(needs.cloud, [])
+    offers = {
+        zone: frozenset(set(needs.types) - (unavailable or {}).get(zone, set())) for zone in zones
+    }
+    quotas = tuple(QuotaReading(quota, limit=10_000.0, used=0.0) for quota in needs.quota_needs())
+    return Account(
+        needs.cloud,
+        needs.region,
+        zone_offers=offers or None,
+        quotas=quotas,
+        network_watcher=needs.network_watcher,
+        insights_registered=True,
+    )
+
 
 def deploy(
-    stack: str, overrides: dict[str, Any] | None = None, mocks: RecordingMocks | None = None
+    stack: str,
+    overrides: dict[str, Any] | None = None,
+    mocks: RecordingMocks | None = None,
+    *,
+    stack_name: str | None = None,
+    account: Callable[[Needs], Account] | None = None,
 ) -> Deployment:
-    """Run the program for a stack preset (with config overrides) and resolve its outputs."""
+    """Run the program for a stack preset (with config overrides) and resolve its outputs; as a
+    stack of another name, if given (Pulumi stack names may hold capitals, '.' and '_'). The
+    preflight reads ``account`` (``ready_account`` by default)."""
     from infra.stack import program
 
     mocks = mocks or RecordingMocks()
-    pulumi.runtime.set_mocks(mocks, project="llama-rpc-cluster", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(
+        mocks, project="llama-rpc-cluster", stack=stack_name or stack, preview=False
+    )
     config = {**stack_config(stack), **(overrides or {})}
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None}
     )
-    deployment = Deployment(mocks.resources)
+    deployment = Deployment(mocks.resources, options=mocks.options, states=mocks.states)
+    running = [True]
 
     def record(
         args: pulumi.ResourceTransformationArgs,
     ) -> pulumi.ResourceTransformationResult | None:
-        deployment.options[args.name] = args.opts
+        # A stack transformation outlives its run (the runtime keeps it), and must not record
+        # a later run's options.
+        if running[0]:
+            deployment.options[args.type_, args.name] = args.opts
         return None
 
     @pulumi.runtime.test
     def run() -> pulumi.Output[Any]:
         pulumi.runtime.register_stack_transformation(record)
-        cluster = program.run()
+        cluster = program.run(account or ready_account)
         everything = {**cluster.outputs, **cluster.details}
         return pulumi.Output.from_input(everything).apply(deployment.outputs.update)
 
-    run()
+    try:
+        run()
+    finally:
+        running[0] = False
     return deployment
 
 

@@ -17,6 +17,7 @@ from tests.pulumi_mocks import (
     deployed,
     env_of,
     parsed_config,
+    ready_account,
     refused,
     stack_config,
     stack_names,
@@ -173,7 +174,7 @@ def test_a_node_is_replaced_delete_first_when_its_boot_data_changes(stack: str) 
     in use (InvalidIPAddress.InUse)."""
     d = deployed(stack)
     for instance in d.of_type(INSTANCE):
-        options = d.options[instance.name]
+        options = d.options_of(instance)
         assert options.delete_before_replace is True
         assert instance.inputs["userDataReplaceOnChange"] is True
         # A new "current" Ubuntu AMI in SSM replaces no running node.
@@ -185,7 +186,7 @@ def test_a_pinned_image_is_used_as_is_and_changing_it_is_a_replacement() -> None
     d = deploy("aws-small", {"llama-rpc-cluster:image": "ami-0fedcba9876543210"}, mocks=mocks)
     for instance in d.of_type(INSTANCE):
         assert instance.inputs["ami"] == "ami-0fedcba9876543210"
-        assert not d.options[instance.name].ignore_changes
+        assert not d.options_of(instance).ignore_changes
     assert not [c for c in mocks.calls if c.token == "aws:ssm/getParameter:getParameter"]
 
 
@@ -287,10 +288,8 @@ def test_a_smaller_main_node_costs_less() -> None:
 
 
 def test_zone_is_one_that_offers_every_type() -> None:
-    mocks = RecordingMocks(
-        unavailable={"us-east-1a": {"r8g.8xlarge"}, "us-east-1b": {"r8g.4xlarge"}}
-    )
-    d = deploy("aws-r8g", mocks=mocks)
+    unavailable = {"us-east-1a": {"r8g.8xlarge"}, "us-east-1b": {"r8g.4xlarge"}}
+    d = deploy("aws-r8g", account=lambda needs: ready_account(needs, unavailable))
     assert d.named("llama-rpc-cluster-private").inputs["availabilityZone"] == "us-east-1c"
 
 
@@ -332,8 +331,10 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
     }
     assert statements[1]["Action"] == "s3:ListBucket"
     assert statements[1]["Resource"] == "arn:aws:s3:::my-models"
+    # The parts' directory, which rclone lists before it reads; each part as a directory,
+    # which it lists when the part is missing.
     assert statements[1]["Condition"]["StringEquals"]["s3:prefix"] == [
-        "llama/part-1.gguf", "llama/part-1.gguf/", "llama/part-2.gguf", "llama/part-2.gguf/",
+        "llama/", "llama/part-1.gguf/", "llama/part-2.gguf/",
     ]  # fmt: skip
     assert len(statements) == 2  # nothing else, in any bucket
     main = d.named("llama-rpc-cluster-main").inputs
@@ -341,6 +342,27 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
     assert env["MODEL_URLS"] == " ".join(urls) and env["MODEL_STORE_REGION"] == "us-east-1"
     assert "rclone" in yaml.safe_load(user_data_text(main))["packages"]
     assert not deployed("aws-small").of_type("aws:iam/rolePolicy:RolePolicy")
+
+
+def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    model = {
+        **stack_config("aws-small")["llama-rpc-cluster:model"],
+        "urls": ["s3://my-models/llama/part-1.gguf"],
+        "sha256": [],
+    }
+    d = deploy(
+        "aws-small",
+        {"llama-rpc-cluster:model": model, "llama-rpc-cluster:modelStoreKmsKey": key},
+    )
+    [read] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    *_, decrypt = json.loads(read.inputs["policy"])["Statement"]
+    assert decrypt == {
+        "Effect": "Allow",
+        "Action": "kms:Decrypt",
+        "Resource": key,
+        "Condition": {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}},
+    }
 
 
 @pytest.mark.parametrize(

@@ -33,12 +33,19 @@ AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:c
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"
+NSG = "azure-native:network:NetworkSecurityGroup"
 BALANCER = "azure-native:network:LoadBalancer"
 UNTAGGABLE = {RULE, "azure-native:network:Subnet", "azure-native:resources:TagAtScope"}
 CLUSTER = "llama-rpc-cluster"
 REPLICA2 = f"{CLUSTER}-replica2"
 GROUP_ID = "llama-rpc-cluster-rg-id"  # as the mocks give it
 BALANCER_ID = f"{GROUP_ID}/providers/Microsoft.Network/loadBalancers/llama-rpc-cluster-balancer"
+
+
+def rules_of(d: Deployment) -> dict[str, dict[str, Any]]:
+    """The stack's NSG rules by name: all of them declared by the NSG itself."""
+    [nsg] = d.of_type(NSG)
+    return {rule["name"]: rule for rule in nsg.inputs["securityRules"]}
 
 
 def test_there_is_an_azure_preset() -> None:
@@ -48,13 +55,15 @@ def test_there_is_an_azure_preset() -> None:
 @pytest.mark.parametrize("stack", AZURE_STACKS)
 def test_nsg_admits_rpc_from_main_asg_only_and_denies_the_rest(stack: str) -> None:
     d = deployed(stack)
-    rules = {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
+    rules = rules_of(d)
     assert set(rules) == {
-        "allow-rpc-from-main",
-        "allow-metrics-from-cluster",
-        "deny-all-other-inbound",
+        "g1-allow-rpc-from-main",
+        "g1-allow-metrics-from-cluster",
+        "deny-other-inbound",
     }
-    rpc = rules["allow-rpc-from-main"]
+    # Declared by the NSG in one write: Azure refuses parallel writes to one NSG (429/409).
+    assert not d.of_type(RULE)
+    rpc = rules["g1-allow-rpc-from-main"]
     assert (rpc["direction"], rpc["access"], rpc["protocol"]) == ("Inbound", "Allow", "Tcp")
     assert rpc["destinationPortRange"] == "50052"
     assert rpc["sourceApplicationSecurityGroups"] == [{"id": "llama-rpc-cluster-main-asg-id"}]
@@ -62,15 +71,13 @@ def test_nsg_admits_rpc_from_main_asg_only_and_denies_the_rest(stack: str) -> No
         {"id": "llama-rpc-cluster-worker-asg-id"}
     ]
     assert "sourceAddressPrefix" not in rpc
-    deny = rules["deny-all-other-inbound"]
+    deny = rules["deny-other-inbound"]
     assert (deny["direction"], deny["access"], deny["sourceAddressPrefix"]) == (
         "Inbound",
         "Deny",
         "*",
     )
     assert rpc["priority"] < deny["priority"] == DENY_PRIORITY < 65000  # above AllowVnetInBound
-    for rule in rules.values():
-        assert rule["networkSecurityGroupName"] == "llama-rpc-cluster-nsg"
     [subnet] = d.of_type("azure-native:network:Subnet")
     assert subnet.inputs["networkSecurityGroup"] == {"id": "llama-rpc-cluster-nsg-id"}
     assert subnet.inputs["natGateway"] == {"id": "llama-rpc-cluster-nat-id"}
@@ -210,11 +217,11 @@ def test_new_custom_data_replaces_the_vm_delete_first(stack: str) -> None:
     old VM (and NIC, which hold the fixed address) must go first."""
     d = deployed(stack)
     for vm in d.of_type(VM):
-        options = d.options[vm.name]
+        options = d.options_of(vm)
         assert options.replace_on_changes == ["osProfile.customData"]
         assert options.delete_before_replace is True
     for nic in d.of_type(NIC):
-        assert d.options[nic.name].delete_before_replace is True
+        assert d.options_of(nic).delete_before_replace is True
 
 
 @pytest.mark.parametrize("stack", AZURE_STACKS)
@@ -245,8 +252,7 @@ def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
     assert bastion.inputs["sku"] == {"name": "Standard"}
     [subnet] = [s for s in d.of_type("azure-native:network:Subnet") if "bastion" in s.name]
     assert subnet.inputs["subnetName"] == "AzureBastionSubnet"
-    rules = {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
-    api = rules["allow-api-from-bastion"]
+    api = rules_of(d)["g1-allow-api-from-bastion"]
     assert api["sourceAddressPrefix"] == subnet.inputs["addressPrefix"]
     assert api["destinationPortRange"] == "8080"
     assert api["destinationApplicationSecurityGroups"] == [{"id": "llama-rpc-cluster-main-asg-id"}]
@@ -283,10 +289,6 @@ def replicated(**options: Any) -> Deployment:
     return deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2, **overrides})
 
 
-def rules_of(d: Deployment) -> dict[str, dict[str, Any]]:
-    return {r.inputs["securityRuleName"]: r.inputs for r in d.of_type(RULE)}
-
-
 def network(prefix: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     """An address range, or None for a service tag or "*"."""
     try:
@@ -304,7 +306,7 @@ def test_node_metrics_are_open_from_the_cluster_network_only(replicas: int) -> N
     d = replicated() if replicas == 2 else deployed("azure-cobalt")
     vpc = str(parsed_config("azure-cobalt").vpc_cidr)
     rules = rules_of(d)
-    for prefix, group, priority in (("", CLUSTER, 130), ("replica2-", REPLICA2, 330))[:replicas]:
+    for prefix, group, priority in (("g1-", CLUSTER, 130), ("g2-", REPLICA2, 330))[:replicas]:
         metrics = rules[f"{prefix}allow-metrics-from-cluster"]
         assert (metrics["access"], metrics["protocol"]) == ("Allow", "Tcp")
         assert metrics["destinationPortRange"] == str(METRICS_PORT)
@@ -357,7 +359,7 @@ def test_replicas_are_groups_of_nodes_with_their_own_groups_and_placement() -> N
 
 def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
     rules = rules_of(replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)))
-    for prefix, group, priority in (("", CLUSTER, 100), ("replica2-", REPLICA2, 300)):
+    for prefix, group, priority in (("g1-", CLUSTER, 100), ("g2-", REPLICA2, 300)):
         rpc = rules[f"{prefix}allow-rpc-from-main"]
         assert rpc["destinationPortRange"] == "50052"
         assert rpc["sourceApplicationSecurityGroups"] == [asg(group, "main")]
@@ -417,7 +419,7 @@ def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
 
 def test_the_balancers_probes_are_admitted_only_with_replicas() -> None:
     rules = rules_of(replicated())
-    for prefix, group, priority in (("", CLUSTER, 140), ("replica2-", REPLICA2, 340)):
+    for prefix, group, priority in (("g1-", CLUSTER, 140), ("g2-", REPLICA2, 340)):
         probes = rules[f"{prefix}allow-probes-from-balancer"]
         assert (probes["access"], probes["protocol"]) == ("Allow", "Tcp")
         assert probes["sourceAddressPrefix"] == "AzureLoadBalancer"
@@ -458,20 +460,18 @@ def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
     assert not d.of_type(BALANCER)
     assert d.outputs[outputs.REPLICAS] == 1
     assert d.outputs[outputs.BALANCER_URL] is None
-    assert {r.inputs["securityRuleName"]: r.inputs["priority"] for r in d.of_type(RULE)} == {
-        "allow-rpc-from-main": 100,
-        "allow-api-from-allowed-cidrs": 110,
-        "allow-api-from-bastion": 120,
-        "allow-metrics-from-cluster": 130,
-        "deny-all-other-inbound": DENY_PRIORITY,
+    assert {name: rule["priority"] for name, rule in rules_of(d).items()} == {
+        "g1-allow-rpc-from-main": 100,
+        "g1-allow-api-from-allowed-cidrs": 110,
+        "g1-allow-api-from-bastion": 120,
+        "g1-allow-metrics-from-cluster": 130,
+        "deny-other-inbound": DENY_PRIORITY,
     }
     names = {r.name for r in d.resources}
     assert {
         f"{CLUSTER}-main-asg",
         f"{CLUSTER}-worker-asg",
         f"{CLUSTER}-ppg",
-        f"{CLUSTER}-allow-rpc-from-main",
-        f"{CLUSTER}-deny-all-other-inbound",
         f"{CLUSTER}-main-nic",
         f"{CLUSTER}-main",
     } <= names

@@ -19,11 +19,11 @@ from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     GCP_SELF_LINKS,
     Deployment,
-    RecordingMocks,
     deploy,
     deployed,
     env_of,
     parsed_config,
+    ready_account,
     refused,
     stack_config,
     stack_names,
@@ -145,8 +145,8 @@ def test_labels_and_outputs(stack: str) -> None:
 
 
 def test_zone_is_one_that_offers_both_types() -> None:
-    mocks = RecordingMocks(unavailable={"us-central1-a": {"c4a-highcpu-72"}})
-    d = deploy("gcp-c4a", mocks=mocks)
+    unavailable = {"us-central1-a": {"c4a-highcpu-72"}}
+    d = deploy("gcp-c4a", account=lambda needs: ready_account(needs, unavailable))
     assert {r.inputs["zone"] for r in d.of_type(INSTANCE)} == {"us-central1-b"}
 
 
@@ -197,7 +197,7 @@ def test_new_boot_data_replaces_a_node_delete_first(stack: str) -> None:
     changed user-data must replace the node, deleting first (its address is fixed)."""
     d = deployed(stack)
     for instance in d.of_type(INSTANCE):
-        options = d.options[instance.name]
+        options = d.options_of(instance)
         assert options.replace_on_changes == ["metadata"]
         assert options.delete_before_replace is True
 
@@ -377,7 +377,7 @@ def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
     for member in members:
         assert member.inputs["instanceGroup"] == group.name
         # A replaced main node joins again: the membership goes (first) and comes with it.
-        options = d.options[member.name]
+        options = d.options_of(member)
         assert options.delete_before_replace is True
         [vm] = options.replace_with or []
         assert isinstance(vm, gcp.compute.Instance)
@@ -413,7 +413,10 @@ def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
     """A stack without replicas sees nothing replaced: the first group's resources keep the
     names they had before there were groups."""
     d = deployed("gcp-c4a")
-    assert not [r.name for r in d.resources if r.typ in BALANCER_TYPES]
+    # The instance group keeps the stack's zone; it has no members without replicas.
+    assert not [r.name for r in d.resources if r.typ in BALANCER_TYPES - {INSTANCE_GROUP}]
+    [group] = d.of_type(INSTANCE_GROUP)
+    assert "instances" not in group.inputs
     assert d.outputs[outputs.REPLICAS] == 1
     assert d.outputs[outputs.BALANCER_URL] is None
     assert [set(g) for g in d.outputs[outputs.GROUPS]] == [set(outputs.GROUP_KEYS)]
@@ -428,3 +431,16 @@ def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
     # ... and the first group of a replicated stack is that same group.
     replicated_names = {r.name for r in replicated().resources}
     assert {r.name for r in d.resources} <= replicated_names
+
+
+def test_tier_1_networking_is_named_unpriced_in_the_hourly_cost() -> None:
+    """Tier_1 is billed on top of a node of 32 vCPUs or more; the catalog has no price for it,
+    so the figure says it is left out rather than quietly leaving it out."""
+    d = deployed("gcp-c4a")
+    tiers = {
+        r.inputs["networkPerformanceConfig"]["totalEgressBandwidthTier"]
+        for r in d.of_type(INSTANCE)
+    }
+    assert tiers == {"TIER_1"}
+    assert "without" in d.outputs["hourlyCostBasis"]
+    assert "Tier_1 networking" in d.outputs["hourlyCostBasis"].split("without", 1)[1]

@@ -127,7 +127,7 @@ def test_every_preset_passes_every_policy(stack: str) -> None:
     assert not problems, "\n".join(problems)
     # ... and not because nothing applied: each preset has nodes and firewall rules.
     nodes = {rules.AWS_INSTANCE, rules.GCP_INSTANCE, rules.AZURE_VM}
-    firewall = {rules.AWS_INGRESS_RULE, rules.GCP_FIREWALL, rules.AZURE_SECURITY_RULE}
+    firewall = {rules.AWS_INGRESS_RULE, rules.GCP_FIREWALL, rules.AZURE_NSG}
     assert any(r.type in nodes for r in found)
     assert any(r.type in firewall for r in found)
 
@@ -422,7 +422,18 @@ def test_gcp_a_worker_carrying_the_main_tag_is_reported() -> None:
     only(messages(stack, found), "rpc-only-from-main", name, f"{PROJECT}-main", "remove the tag")
 
 
-AZURE_RPC = f"{PROJECT}-allow-rpc-from-main"
+AZURE_NSG = f"{PROJECT}-nsg"
+AZURE_RPC = "g1-allow-rpc-from-main"  # a rule the NSG declares
+
+
+def nsg_rule(name: str, change: Callable[[dict[str, Any]], object]) -> Callable[[dict], None]:
+    """A change to one of the NSG's own rules."""
+
+    def apply(props: dict[str, Any]) -> None:
+        [rule] = [rule for rule in props["securityRules"] if rule["name"] == name]
+        change(rule)
+
+    return apply
 
 
 @pytest.mark.parametrize(
@@ -454,7 +465,7 @@ def test_azure_rpc_rule_from_anything_but_the_main_asg_is_reported(
     change: dict[str, Any], shown: str
 ) -> None:
     stack = preset("azure")
-    found = changed(resources(stack), AZURE_RPC, lambda p: p.update(change))
+    found = changed(resources(stack), AZURE_NSG, nsg_rule(AZURE_RPC, lambda r: r.update(change)))
     only(
         messages(stack, found),
         "rpc-only-from-main",

@@ -18,6 +18,7 @@ from infra.clouds.base import OPTIONAL_SETTINGS
 from tests.pulumi_mocks import RecordingMocks, deploy, refusal, refused, stack_config
 
 P = "llama-rpc-cluster:"
+KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 STACK = {"aws": "aws-small", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
 
 
@@ -160,9 +161,44 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("gcp", "tags", {f"{P}tags": {"stack": "mine"}}, "'stack' is set by the program"),
     ("azure", "tags", {f"{P}tags": {"microsoftOwner": "me"}}, "tag 'microsoftOwner': names"),
     ("azure", "tags", {f"{P}tags": {"Windows-team": "me"}}, "are reserved"),
-    ("azure", "tags", {f"{P}tags": tags(48)}, "48 tags; Azure allows 50"),
+    ("azure", "tags", {f"{P}tags": tags(47)}, "47 tags; Azure allows 50 per resource and"),
+    ("azure", "tags", {f"{P}tags": {"vm": "x"}}, "'vm' is set by the program"),
+    ("azure", "tags", {f"{P}tags": {"Stack": "x"}}, "tag 'Stack' collides"),
     ("azure", "tags", {f"{P}tags": {"cost/center": "42"}}, "tag 'cost/center': Azure tag names"),
     ("azure", "tags", {f"{P}tags": {"team": 42}}, "must be a map of tag names to string values"),
+    # Zones, Network Watchers and boot disks the image does not fit.
+    ("aws", "zone", {f"{P}zone": "us-east-1-bos-1a"}, "not a zone of us-east-1"),
+    ("aws", "zone", {f"{P}zone": "us-west-2a"}, "not a zone of us-east-1 (like us-east-1a)"),
+    ("gcp", "zone", {f"{P}zone": "us-central1a"}, "not a zone of us-central1 (like us-central1-a)"),
+    ("azure", "zone", {f"{P}zone": "1"}, "azure does not take this setting"),
+    ("aws", "networkWatcher", {f"{P}networkWatcher": "rg/nw"}, "aws does not take"),
+    ("azure", "networkWatcher", {f"{P}networkWatcher": "NetworkWatcher_eastus"}, "is not"),
+    (
+        "azure",
+        "networkWatcher",
+        {f"{P}networkWatcher": "rg/nw", f"{P}flowLogs": False},
+        "only the flow log uses it",
+    ),
+    ("aws", "workerDiskGb", {f"{P}workerDiskGb": 7}, "7 GB is outside what aws takes"),
+    ("gcp", "workerDiskGb", {f"{P}workerDiskGb": 9}, "9 GB is outside what gcp takes"),
+    # The KMS key of an SSE-KMS bucket.
+    ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": "alias/models"}, "is not a KMS key ARN"),
+    ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": KMS_KEY}, "only s3:// model URLs"),
+    ("gcp", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": KMS_KEY}, "gcp does not take"),
+    (
+        "aws",
+        "modelStoreKmsKey",
+        {
+            f"{P}modelStoreKmsKey": KMS_KEY.replace("us-east-1", "eu-west-1"),
+            f"{P}model": {
+                "sizeGb": 1.12,
+                "layers": 28,
+                "kvBytesPerToken": 28672,
+                "urls": ["s3://models/qwen.gguf"],
+            },
+        },
+        "the key is in eu-west-1, the stack in us-east-1",
+    ),
     # Regions that are not regions: the error names the provider's region key.
     ("aws", "aws:region", {"aws:region": "US East"}, "'US East' is not a aws region name"),
     ("aws", "aws:region", {"aws:region": "us-east-1a"}, "'us-east-1a' is not"),

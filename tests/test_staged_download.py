@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,33 @@ def ranged_gets(store: Store, key: str) -> int:
     """GETs of ``key`` that the server answered with part of the object (206)."""
     lines = re.sub(r"\x1b\[[0-9;]*m", "", store.log.read_text()).splitlines()
     return sum(1 for line in lines if f'"GET /{key} ' in line and '" 206 ' in line)
+
+
+def listed(store: Store, bucket: str) -> list[str]:
+    """The prefix of every listing of ``bucket`` the server answered (moto does not evaluate
+    ``s3:prefix`` conditions: the test compares them with the policy's)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", store.log.read_text()).splitlines()
+    found = []
+    for line in lines:
+        request = re.search(rf'"GET /{bucket}\?(\S*) HTTP', line)
+        if request:
+            query = urllib.parse.parse_qs(request.group(1), keep_blank_values=True)
+            found.append(query.get("prefix", [""])[0])
+    return found
+
+
+def test_every_listing_the_node_makes_is_one_its_policy_admits(store, tmp_path) -> None:
+    """rclone lists the object's directory before it reads it, and the key as a directory when
+    it is missing: the stack's policy must admit exactly those prefixes, or S3 denies them."""
+    before = len(listed(store, "models"))
+    assert fetch(store, tmp_path, "s3://models/llama/model.gguf")[0] == 0
+    assert fetch(store, tmp_path / "missing", "s3://models/llama/model.gguf.missing")[0] == 78
+    prefixes = listed(store, "models")[before:]
+    assert "llama/" in prefixes and "llama/model.gguf.missing/" in prefixes
+    [_, listing] = staged_model_policy(
+        [("models", "llama/model.gguf"), ("models", "llama/model.gguf.missing")]
+    )["Statement"]
+    assert set(prefixes) <= set(listing["Condition"]["StringEquals"]["s3:prefix"])
 
 
 def test_a_staged_model_is_read_in_parallel_ranges_and_verified(store, tmp_path) -> None:

@@ -19,6 +19,8 @@ from infra.stack.providers.azure import BLOB_DATA_READER
 from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
 from tests.pulumi_mocks import (
+    PRINCIPAL,
+    SUBSCRIPTION,
     RecordingMocks,
     custom_data_text,
     deploy,
@@ -39,8 +41,6 @@ BLOB_URLS = [
     "az://mymodels/models/llama/part-00001-of-00002.gguf",
     "az://mymodels/models/llama/part-00002-of-00002.gguf",
 ]
-SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
-PRINCIPAL = "11111111-2222-3333-4444-555555555555"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 AZURE_VM = "azure-native:compute:VirtualMachine"
@@ -55,23 +55,6 @@ def model_with(cloud: str, urls: list[str]) -> dict[str, Any]:
 
 def staged(cloud: str, urls: list[str], **settings: Any) -> dict[str, Any]:
     return {**model_with(cloud, urls), **{f"{P}{k}": v for k, v in settings.items()}}
-
-
-class StoreMocks(RecordingMocks):
-    """The recording mocks, and what Azure reports for a staged model: the subscription the
-    stack deploys to, and the principal of a VM's system-assigned identity."""
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        resource_id, state = super().new_resource(args)
-        if args.typ == AZURE_VM and "identity" in state:
-            state["identity"] = {**state["identity"], "principalId": PRINCIPAL, "tenantId": "t"}
-        return resource_id, state
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        if args.token == "azure-native:authorization:getClientConfig":
-            return {"clientId": "c", "objectId": "o", "subscriptionId": SUBSCRIPTION,
-                    "tenantId": "t"}  # fmt: skip
-        return super().call(args)
 
 
 # --- which cloud takes which URL --------------------------------------------------------------
@@ -149,7 +132,7 @@ def test_a_bad_gcs_url_is_refused_before_anything_is_created(url: str, says: str
 def test_a_bad_blob_url_is_refused_before_anything_is_created(url: str, says: str) -> None:
     overrides = staged("azure", [url], modelStoreResourceGroup="models-rg")
     assert says in refused(STACK["azure"], overrides, "model.urls")
-    mocks = StoreMocks()
+    mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError):
         deploy(STACK["azure"], overrides, mocks=mocks)
     assert mocks.resources == [], "nothing may be created"
@@ -255,7 +238,7 @@ def test_gcs_conditions_stay_within_iams_limits_and_name_only_the_objects() -> N
 def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_endpoint() -> None:
     urls = [*BLOB_URLS, "az://mymodels/other/extra.gguf"]
     d = deploy(
-        STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), StoreMocks()
+        STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), RecordingMocks()
     )
     [subnet] = d.of_type("azure-native:network:Subnet")
     assert subnet.inputs["serviceEndpoints"] == [{"service": "Microsoft.Storage"}]
@@ -304,7 +287,7 @@ def test_an_https_model_gets_none_of_it(
     cloud: str, overrides: dict[str, Any], added: set[str]
 ) -> None:
     plain = deployed(STACK[cloud])
-    with_store = deploy(STACK[cloud], overrides, StoreMocks())
+    with_store = deploy(STACK[cloud], overrides, RecordingMocks())
     plain_names = {r.name for r in plain.resources}
     extra = {r.name: r.typ for r in with_store.resources if r.name not in plain_names}
     assert extra and set(extra.values()) == added

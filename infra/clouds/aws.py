@@ -12,6 +12,7 @@ from infra.clouds.base import (
     NatModel,
     Range,
     UserDataChannel,
+    VcpuQuota,
     reserved_tag_problem,
 )
 
@@ -29,17 +30,11 @@ def _tag_text_ok(text: str) -> bool:
     return all(c.isalnum() or c in _TAG_PUNCTUATION for c in text)
 
 
-def _tag_problems(tags: Mapping[str, str]) -> Iterator[str | None]:
-    yield reserved_tag_problem(tags, (NAME_TAG,))
-    program = {key.lower() for key in (*PROGRAM_TAGS, NAME_TAG)}
-    for key in tags:
-        # IAM compares tag keys without case: "Project" collides with the program's "project".
-        if key.lower() in program:
-            yield f"tag {key!r} collides with the program's {key.lower()!r} (IAM ignores case)"
+def _set_problems(tags: Mapping[str, str]) -> Iterator[str]:
     if len({key.lower() for key in tags}) != len(tags):
         yield "two tag names differ only in case; IAM treats them as one"
-    if len(tags) > MAX_TAGS - 4:  # project, stack, role and Name
-        yield f"{len(tags)} tags; AWS allows {MAX_TAGS} per resource and the program sets 4"
+    if len(tags) > MAX_TAGS:
+        yield f"{len(tags)} tags; AWS allows {MAX_TAGS} per resource"
     for key, value in tags.items():
         if key.lower().startswith("aws:"):
             yield f"tag {key!r}: the aws: prefix is reserved for AWS"
@@ -52,9 +47,51 @@ def _tag_problems(tags: Mapping[str, str]) -> Iterator[str | None]:
             )
 
 
+def tag_set_problem(tags: Mapping[str, str]) -> str | None:
+    """Why a resource's whole tag set breaks AWS's rules (EC2 and IAM), or None."""
+    return next(_set_problems(tags), None)
+
+
+def _tag_problems(tags: Mapping[str, str]) -> Iterator[str | None]:
+    yield reserved_tag_problem(tags, (NAME_TAG,))
+    program = {key.lower() for key in (*PROGRAM_TAGS, NAME_TAG)}
+    for key in tags:
+        # IAM compares tag keys without case: "Project" collides with the program's "project".
+        if key.lower() in program:
+            yield f"tag {key!r} collides with the program's {key.lower()!r} (IAM ignores case)"
+    if len(tags) > MAX_TAGS - 4:  # project, stack, role and Name
+        yield f"{len(tags)} tags; AWS allows {MAX_TAGS} per resource and the program sets 4"
+    yield tag_set_problem(tags)
+
+
 def tag_problem(tags: Mapping[str, str]) -> str | None:
-    """Why these tags break AWS's rules (EC2 and IAM), or None."""
+    """Why the user's tags break AWS's rules (EC2 and IAM), beside the program's, or None."""
     return next((problem for problem in _tag_problems(tags) if problem), None)
+
+
+# On-Demand vCPU quotas per region, by the first letter of the instance family
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-on-demand-instances.html#ec2-on-demand-instances-limits):
+# Graviton's c, m and r count as Standard (5 vCPUs on a new account), x8g as X (0).
+_QUOTAS = (
+    (
+        "acdhimrtz",
+        VcpuQuota("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+    ),
+    ("x", VcpuQuota("L-7295265B", "Running On-Demand X instances")),
+)
+
+
+# A KMS key's ARN (a single-Region key, or a multi-Region one: mrk-…):
+# https://docs.aws.amazon.com/kms/latest/developerguide/concepts.html#key-id-key-ARN
+KMS_KEY_ARN = re.compile(
+    r"arn:aws(?:-[a-z]+)*:kms:([a-z0-9-]+):\d{12}:key/"
+    r"(?:[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|mrk-[0-9a-f]{32})"
+)
+
+
+def vcpu_quota(instance_type: str) -> VcpuQuota | None:
+    letter = instance_type[:1].lower()
+    return next((quota for letters, quota in _QUOTAS if letter in letters), None)
 
 
 FACTS = CloudFacts(
@@ -63,17 +100,23 @@ FACTS = CloudFacts(
     # us-east-1, ap-southeast-2, us-gov-west-1, eu-central-2, il-central-1
     region_pattern=re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d"),
     region_example="us-east-1",
+    # Availability zones only: Local and Wavelength Zones (us-east-1-bos-1a) need an opt-in and
+    # hold no cluster placement groups, and the program never picks them.
+    zone_suffix=re.compile(r"[a-z]"),
+    zone_example="a",
     # Graviton families carry a "g" after the generation digit: c8g, r7gd, c7gn, t4g, x2gd.
     arm_pattern=re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+"),
     arm_examples="Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g",
     # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
-    # 2025; throughput is held to the 1,000 MiB/s every region offers)
-    boot_disk_gb=Range(1, 65_536),
+    # 2025; throughput is held to the 1,000 MiB/s every region offers). A root volume is at
+    # least its AMI's snapshot: 8 GiB for Canonical's Ubuntu 24.04 AMIs.
+    boot_disk_gb=Range(8, 65_536),
     disk_throughput_mibps=Range(125, 1000),
     # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
     vpc_widest_prefix=16,
     tag_problem=tag_problem,
     tag_word="tag",
+    vcpu_quota=vcpu_quota,
     image_pattern=re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?"),
     image_example="ami-0123456789abcdef0",
     # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html: 16 KB, before the
@@ -93,5 +136,6 @@ FACTS = CloudFacts(
         "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",
         "bastion": "connectCommand forwards through SSM Session Manager already",
         "encryptionAtHost": "every EBS volume of the cluster is encrypted already",
+        "networkWatcher": "VPC flow logs need no watcher",
     },
 )

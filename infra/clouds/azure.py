@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from infra.clouds.base import (
+    PROGRAM_TAGS,
     CloudFacts,
     DiskModel,
     NatModel,
     Range,
     UserDataChannel,
+    VcpuQuota,
     reserved_tag_problem,
 )
 
@@ -19,27 +22,102 @@ from infra.clouds.base import (
 # logs use), values at most 256; names hold none of < > % & \ ? /; the prefixes microsoft,
 # azure and windows are reserved.
 MAX_TAGS = 50
+# An OS disk also carries its VM's id, so a replaced VM's new disk is tagged again.
+DISK_VM_TAG = "vm"
 MAX_TAG_NAME = 128
 _FORBIDDEN = set("<>%&\\?/")
 _RESERVED_PREFIXES = ("microsoft", "azure", "windows")
 
 
-def tag_problem(tags: Mapping[str, str]) -> str | None:
-    """Why these tags break Azure's rules, or None."""
-    reserved = reserved_tag_problem(tags)
-    if reserved:
-        return reserved
-    if len(tags) > MAX_TAGS - 3:
-        return f"{len(tags)} tags; Azure allows {MAX_TAGS} per resource and the program sets 3"
+# Azure enables a Network Watcher per region, in this group and by this name, when a VNet is
+# created or updated there, unless the subscription opted out; one watcher per region and
+# subscription: https://learn.microsoft.com/azure/network-watcher/network-watcher-create
+NETWORK_WATCHER_GROUP = "NetworkWatcherRG"
+
+
+@dataclass(frozen=True)
+class NetworkWatcher:
+    """The region's Network Watcher, which a VNet flow log is a child of."""
+
+    resource_group: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.resource_group}/{self.name}"
+
+
+def default_network_watcher(region: str) -> NetworkWatcher:
+    return NetworkWatcher(NETWORK_WATCHER_GROUP, f"NetworkWatcher_{region}")
+
+
+# https://learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules
+# Microsoft.Resources/resourceGroups: 1-90 letters, digits, _ ( ) - and ., not ending in '.';
+# Microsoft.Network/networkWatchers: 1-80 letters, digits, _ . -, starting with a letter or
+# digit and ending with a letter, digit or '_'.
+RESOURCE_GROUP_NAME = re.compile(r"[-\w().]{0,89}[-\w()]")
+NETWORK_WATCHER_NAME = re.compile(r"[A-Za-z0-9]([\w.-]{0,78}\w)?")
+
+
+def parse_network_watcher(text: str) -> NetworkWatcher | None:
+    """``RESOURCE_GROUP/NAME``, or None when it is not one."""
+    group, _, name = text.partition("/")
+    if RESOURCE_GROUP_NAME.fullmatch(group) and NETWORK_WATCHER_NAME.fullmatch(name):
+        return NetworkWatcher(group, name)
+    return None
+
+
+_SIZE = re.compile(r"Standard_([A-Z]+)\d+([a-z]*)_v(\d+)")
+
+
+def vcpu_quota(size: str) -> VcpuQuota | None:
+    """The family quota a size counts against, as the usages API names it
+    (``standardDpsv6Family`` for Standard_D64ps_v6; Azure's casing varies, so compare without
+    case), besides the region's total (``cores``): https://learn.microsoft.com/azure/virtual-machines/quotas"""
+    match = _SIZE.fullmatch(size)
+    if match is None:
+        return None
+    series, features, version = match.groups()
+    family = f"Standard {series}{features.upper()}v{version} Family vCPUs"
+    return VcpuQuota(f"standard{series}{features}v{version}Family", family)
+
+
+# The region's total of every family, which a stack must fit as well.
+REGIONAL_CORES = VcpuQuota("cores", "Total Regional vCPUs")
+
+
+def tag_set_problem(tags: Mapping[str, str], max_name: int = MAX_TAG_NAME) -> str | None:
+    """Why a resource's whole tag set breaks Azure's rules, or None. Names are at most 512
+    characters on most resources and 128 on storage accounts (the default here, for both)."""
+    if len(tags) > MAX_TAGS:
+        return f"{len(tags)} tags; Azure allows {MAX_TAGS} per resource"
+    if len({key.lower() for key in tags}) != len(tags):
+        return "two tag names differ only in case; Azure treats them as one"
     for key, value in tags.items():
         if key.lower().startswith(_RESERVED_PREFIXES):
             return f"tag {key!r}: names starting with {', '.join(_RESERVED_PREFIXES)} are reserved"
-        if not 1 <= len(key) <= MAX_TAG_NAME or len(value) > 256 or set(key) & _FORBIDDEN:
+        if not 1 <= len(key) <= max_name or len(value) > 256 or set(key) & _FORBIDDEN:
             return (
-                f"tag {key!r}: Azure tag names hold 1-{MAX_TAG_NAME} characters and none of "
+                f"tag {key!r}: Azure tag names hold 1-{max_name} characters and none of "
                 "< > % & \\ ? /, and values at most 256 characters"
             )
     return None
+
+
+def tag_problem(tags: Mapping[str, str]) -> str | None:
+    """Why the user's tags break Azure's rules, beside the program's, or None."""
+    reserved = reserved_tag_problem(tags, (DISK_VM_TAG,))
+    if reserved:
+        return reserved
+    lowered = {key.lower() for key in (*PROGRAM_TAGS, DISK_VM_TAG)}
+    for key in tags:
+        if key.lower() in lowered:
+            return f"tag {key!r} collides with the program's {key.lower()!r} (Azure ignores case)"
+    if len(tags) > MAX_TAGS - 4:
+        return (
+            f"{len(tags)} tags; Azure allows {MAX_TAGS} per resource and the program sets 3 "
+            f"(4 on OS disks, which also carry {DISK_VM_TAG!r})"
+        )
+    return tag_set_problem(tags)
 
 
 FACTS = CloudFacts(
@@ -58,6 +136,7 @@ FACTS = CloudFacts(
     vpc_widest_prefix=8,
     tag_problem=tag_problem,
     tag_word="tag",
+    vcpu_quota=vcpu_quota,
     image_pattern=re.compile(r"\d+\.\d+\.\d{6,12}"),
     image_example="24.04.202510010",
     # https://learn.microsoft.com/azure/virtual-machines/custom-data: at most 64 KB of base64;
@@ -90,7 +169,13 @@ FACTS = CloudFacts(
     # managed identity through the subnet's service endpoint.
     model_store_scheme="az://",
     image_meaning="a version of Canonical:ubuntu-24_04-lts:server-arm64",
-    refuses={"diskThroughputMibps": "Premium SSD throughput follows the disk's size"},
+    refuses={
+        "diskThroughputMibps": "Premium SSD throughput follows the disk's size",
+        "zone": "the nodes of a group share a proximity placement group, in no availability "
+        "zone, so no update moves them",
+        "modelStoreKmsKey": "Blob Storage decrypts a blob under a customer-managed key for any "
+        "reader it admits",
+    },
     limitations={
         "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
         "null until the catalog has one",

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 # Tag keys the program sets on every resource; a user tag of the same name would be overwritten.
 PROGRAM_TAGS = ("project", "stack", "role")
 # Settings that only some clouds honour (see CloudFacts.refuses).
-OPTIONAL_SETTINGS = ("sshPublicKey", "bastion", "encryptionAtHost", "diskThroughputMibps")
+OPTIONAL_SETTINGS = (
+    "sshPublicKey",
+    "bastion",
+    "encryptionAtHost",
+    "diskThroughputMibps",
+    "zone",
+    "networkWatcher",
+    "modelStoreKmsKey",
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,15 @@ class UserDataChannel:
 
 
 @dataclass(frozen=True)
+class VcpuQuota:
+    """The quota an instance type's vCPUs count against, per region: its id in the cloud's API
+    and its name as the cloud's console shows it."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
 class CloudFacts:
     name: str
     region_key: str  # the provider's own config key for the region
@@ -141,6 +158,18 @@ class CloudFacts:
     refuses: Mapping[str, str] = field(default_factory=dict)
     # What this cloud cannot do, in words (capability -> what happens instead).
     limitations: Mapping[str, str] = field(default_factory=dict)
+    # Nodes of this many vCPUs or more get the cloud's faster network tier, billed on top of
+    # the instance (GCP's Tier_1); None: no such tier.
+    fast_network_min_vcpus: int | None = None
+    fast_network_name: str = ""
+    # The vCPU quota an instance type counts against (None: a family the facts do not know).
+    vcpu_quota: Callable[[str], VcpuQuota | None] = lambda instance_type: None
+    # The value a tag of the program's (the stack's name) takes, valid on this cloud.
+    tag_value: Callable[[str], str] = str
+    # A zone is the region's name and this (AWS us-east-1a, GCP us-central1-a); None: the
+    # program places nodes in no zone (Azure), and the ``zone`` setting is refused.
+    zone_suffix: re.Pattern[str] | None = None
+    zone_example: str = ""
     # The URL scheme of the object store its nodes read a staged model from, with their own
     # identity over the private path; None: https model URLs only.
     model_store_scheme: str | None = None
@@ -153,6 +182,14 @@ class CloudFacts:
     # The most of a command's output its command channel brings back (``infra.channels``);
     # None: all of it.
     command_output_chars: int | None = None
+
+    def zone_problem(self, zone: str, region: str) -> str | None:
+        """Why ``zone`` is not one of the region's zones, or None."""
+        if self.zone_suffix is None:
+            return f"{self.name} places nodes in no zone"
+        if zone.startswith(region) and self.zone_suffix.fullmatch(zone[len(region) :]):
+            return None
+        return f"{zone!r} is not a zone of {region} (like {region}{self.zone_example})"
 
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""

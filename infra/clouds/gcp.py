@@ -12,6 +12,7 @@ from infra.clouds.base import (
     NatModel,
     Range,
     UserDataChannel,
+    VcpuQuota,
     reserved_tag_problem,
 )
 
@@ -28,15 +29,16 @@ IAP_RANGE = "35.235.240.0/20"
 # backends (https://cloud.google.com/load-balancing/docs/firewall-rules, and "Probe IP ranges"
 # in https://cloud.google.com/load-balancing/docs/health-check-concepts).
 HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+# An internal passthrough balancer forgets a connection idle this long. It is the default and
+# the least the API takes, and it can be set only with per-client affinity and PER_SESSION
+# tracking (BackendServiceConnectionTrackingPolicy.idleTimeoutSec in the Compute API reference).
+PASSTHROUGH_IDLE_TIMEOUT_SECONDS = 600
 
 
-def label_problem(labels: Mapping[str, str]) -> str | None:
-    """Why these labels break GCP's rules, or None."""
-    reserved = reserved_tag_problem(labels)
-    if reserved:
-        return reserved
-    if len(labels) > MAX_LABELS - 3:
-        return f"{len(labels)} labels; GCP allows {MAX_LABELS} and the program sets 3"
+def label_set_problem(labels: Mapping[str, str]) -> str | None:
+    """Why a resource's whole label set breaks GCP's rules, or None."""
+    if len(labels) > MAX_LABELS:
+        return f"{len(labels)} labels; GCP allows {MAX_LABELS}"
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             return (
@@ -49,6 +51,34 @@ def label_problem(labels: Mapping[str, str]) -> str | None:
                 "digits, '_' or '-'"
             )
     return None
+
+
+def label_problem(labels: Mapping[str, str]) -> str | None:
+    """Why the user's labels break GCP's rules, beside the program's, or None."""
+    reserved = reserved_tag_problem(labels)
+    if reserved:
+        return reserved
+    if len(labels) > MAX_LABELS - 3:
+        return f"{len(labels)} labels; GCP allows {MAX_LABELS} and the program sets 3"
+    return label_set_problem(labels)
+
+
+def vcpu_quota(instance_type: str) -> VcpuQuota:
+    """A family's regional CPU quota (the metric ``regions.get`` reports): C4A_CPUS for
+    c4a-standard-32 (https://cloud.google.com/compute/resource-usage#cpu_quota)."""
+    family = instance_type.split("-", 1)[0].upper()
+    return VcpuQuota(f"{family}_CPUS", f"{family} CPUs")
+
+
+def label_value(text: str) -> str:
+    """A text the program sets as a label value (the stack's name), made valid: Pulumi stack
+    names may hold capitals and '.', label values may not. A text that had to change gets a
+    digest of itself, so two stacks never share a value."""
+    value = re.sub(r"[^a-z0-9_-]", "-", text.lower())
+    if value == text and len(value) <= 63:
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    return f"{value[:56]}-{digest}"
 
 
 def service_account_id(project: str, stack: str) -> str:
@@ -66,22 +96,34 @@ FACTS = CloudFacts(
     # us-central1, europe-west4, northamerica-northeast1 (a zone adds "-a")
     region_pattern=re.compile(r"[a-z]+-[a-z]+\d+"),
     region_example="us-central1",
+    zone_suffix=re.compile(r"-[a-z]"),
+    zone_example="-a",
     # Axion (C4A, N4A) and Ampere Altra (T2A) are Google's Arm families.
     arm_pattern=re.compile(r"(c4a|n4a|t2a)-[a-z0-9-]+"),
     arm_examples="Axion: c4a-standard-*, c4a-highmem-*, c4a-highcpu-*",
-    # Hyperdisk Balanced: https://cloud.google.com/compute/docs/disks/hyperdisks#hd-size-limits
-    boot_disk_gb=Range(4, 65_536),
+    # Hyperdisk Balanced: https://cloud.google.com/compute/docs/disks/hyperdisks#hd-size-limits;
+    # a boot disk is at least its image: 10 GB for ubuntu-2404-lts-arm64.
+    boot_disk_gb=Range(10, 65_536),
     disk_throughput_mibps=Range(140, 2_400),
     vpc_widest_prefix=8,
     tag_problem=label_problem,
     tag_word="label",
+    tag_value=label_value,
+    vcpu_quota=vcpu_quota,
+    # Tier_1 networking, from 32 vCPUs on C4A:
+    # https://cloud.google.com/compute/docs/networking/configure-vm-with-high-bandwidth-configuration
+    fast_network_min_vcpus=32,
+    fast_network_name="Tier_1 networking",
     image_pattern=re.compile(r"projects/[a-z][-a-z0-9]*/global/images/(family/)?[a-z][-a-z0-9]*"),
     image_example="projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-arm64-v20251001",
     # https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations: one
     # value holds 256 KB, and metadata values are text, so gzip does not help.
     user_data=UserDataChannel("metadata.user-data", 256 * 1024),
-    # Hyperdisk Balanced (C4A takes no Persistent Disk) provisions 140 MiB/s at least.
-    disk=DiskModel("Hyperdisk Balanced", included_mibps=140),
+    # Hyperdisk Balanced (C4A takes no Persistent Disk) includes 3,000 IOPS and 140 MiB/s, and
+    # bills what is provisioned above them. Throughput is provisioned with 4 IOPS per MiB/s:
+    # Google's table of how much throughput a disk's IOPS carry could not be read, and 4 per
+    # MiB/s is gp3's rule, so a main disk is never refused for too few IOPS.
+    disk=DiskModel("Hyperdisk Balanced", included_mibps=140, included_iops=3000, iops_per_mibps=4),
     # https://cloud.google.com/nat/pricing: per VM behind the gateway, flat above 32 VMs.
     nat=NatModel("Cloud NAT", per_vm_cap=32),
     balancer_name="internal passthrough Network Load Balancer",
@@ -98,6 +140,9 @@ FACTS = CloudFacts(
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
         "bastion": "connectCommand forwards through IAP already",
         "encryptionAtHost": "Google encrypts every disk at rest already",
+        "networkWatcher": "subnet flow logs need no watcher",
+        "modelStoreKmsKey": "Cloud Storage decrypts an object under a customer-managed key for "
+        "any reader it admits",
     },
     limitations={
         "placement": "C4A has no compact placement policy; all nodes share one zone instead",

@@ -13,6 +13,7 @@ from typing import Any
 
 from infra.boot import VM_PATHS
 from infra.channels import Channel, ChannelError, Runner, run_cli, stack_channels
+from infra.clouds import gcp as gcp_facts
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
 from infra.costrun.target import Prediction, StepError
@@ -52,7 +53,8 @@ def gcp_leftovers(project: str, stack: str, runner: Runner = run_cli) -> list[st
     for kind in ("instances", "disks", "addresses"):
         result = runner([
             "gcloud", "compute", kind, "list", "--project", project,
-            f"--filter=labels.stack={stack} AND labels.project={PROJECT}", "--format=json",
+            f"--filter=labels.stack={gcp_facts.label_value(stack)} AND labels.project={PROJECT}",
+            "--format=json",
         ])  # fmt: skip
         if result.returncode != 0:
             raise StepError(f"gcloud compute {kind} list: {result.stderr.strip()[-300:]}")

@@ -24,11 +24,9 @@ from infra.stack.providers.base import GroupSpec, Node, NodeSpec
 @dataclass(frozen=True)
 class LlamaRpcClusterArgs:
     config: ClusterConfig
-
-
-def group_name(cluster: str, index: int) -> str:
-    """The name a serving group's resources start with (``infra.layout.group_prefix``)."""
-    return f"{cluster}-{layout.group_prefix(index)}".rstrip("-")
+    # The zone a new stack's nodes are created in (the preflight chooses it; None on Azure). An
+    # existing stack keeps the zone it was created in, unless the ``zone`` setting moves it.
+    zone: str | None = None
 
 
 class LlamaRpcCluster(pulumi.ComponentResource):
@@ -38,7 +36,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         super().__init__("llama-rpc-cluster:index:LlamaRpcCluster", name, None, opts)
         config = args.config
         backend = get_backend(config.cloud)
-        network = backend.network(name, config, self)
+        network = backend.network(name, config, self, zone=args.zone)
 
         def spec(plan: NodePlan) -> NodeSpec:
             main = plan.role == "main"
@@ -58,7 +56,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             group = backend.group(
                 GroupSpec(
                     index=index,
-                    name=group_name(name, index),
+                    name=layout.group_name(name, index),
                     main_ip=main_plan.boot.node_ip,
                     worker_ips=tuple(plan.boot.node_ip for plan in worker_plans),
                 ),

@@ -18,6 +18,8 @@ from infra import catalog, costs, layout, models, network_rules, placement, sizi
 from infra.boot import BootConfigError, checksums_problem
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts
+from infra.clouds import aws as aws_facts
+from infra.clouds import azure as azure_facts
 from infra.models import Model, ModelError
 from infra.placement import Placement
 from infra.stack import nodes
@@ -73,11 +75,18 @@ class ClusterConfig:
     # A pinned OS image (see CloudFacts.image_meaning); None: the provider's current Ubuntu
     # image when a node is created, kept for that node's life.
     image: str | None = None
+    # The zone every node is created in; None: the first that offers the types, kept (AWS and
+    # GCP; Azure places nodes in no zone).
+    zone: str | None = None
     flow_logs: bool = True
+    # Azure: the region's Network Watcher, which the VNet flow log belongs to.
+    network_watcher: azure_facts.NetworkWatcher | None = None
     bastion: bool = False  # Azure: a Bastion host the tunnel goes through
     encryption_at_host: bool = False  # Azure
     # Azure: the resource group of the storage account that az:// model URLs name.
     model_store_resource_group: str | None = None
+    # AWS: the KMS key of an SSE-KMS bucket that s3:// model URLs name.
+    model_store_kms_key: str | None = None
     # Serving groups behind a private balancer (one: no balancer).
     replicas: int = 1
     # Every node with its rendered user data, group by group, each group's main first (set by
@@ -342,6 +351,34 @@ def _tags(settings: Mapping[str, Any], facts: CloudFacts) -> dict[str, str]:
     return dict(raw)
 
 
+def _zone(settings: Mapping[str, Any], facts: CloudFacts, region: str) -> str | None:
+    zone: str | None = BY_KEY["zone"].read(settings)
+    if zone is None:
+        return None
+    problem = facts.zone_problem(zone, region)
+    if problem:
+        raise ConfigError("zone", f"{problem}; or remove the setting to let the program choose")
+    return zone
+
+
+def _network_watcher(
+    settings: Mapping[str, Any], facts: CloudFacts, region: str
+) -> azure_facts.NetworkWatcher | None:
+    if facts.name != azure_facts.FACTS.name:
+        return None
+    text = BY_KEY["networkWatcher"].read(settings)
+    if text is not None and not BY_KEY["flowLogs"].read(settings):
+        raise ConfigError(
+            "networkWatcher", "only the flow log uses it, and flowLogs is false; remove it"
+        )
+    if text is None:
+        return azure_facts.default_network_watcher(region)
+    watcher = azure_facts.parse_network_watcher(text)
+    if watcher is None:  # the setting's own check has refused it already
+        raise ConfigError("networkWatcher", f"{text!r} is not RESOURCE_GROUP/NAME")
+    return watcher
+
+
 def _placement(
     model: Model,
     context: int,
@@ -427,6 +464,23 @@ def _model_store(
     return group
 
 
+def _kms_key(settings: Mapping[str, Any], urls: tuple[str, ...], region: str) -> str | None:
+    key = "modelStoreKmsKey"
+    arn: str | None = BY_KEY[key].read(settings)
+    if arn is None:
+        return None
+    if not any(network_rules.s3_object(url) for url in urls):
+        raise ConfigError(key, "only s3:// model URLs are read with it; remove it")
+    match = aws_facts.KMS_KEY_ARN.fullmatch(arn)
+    if match is not None and match.group(1) != region:
+        raise ConfigError(
+            key,
+            f"the key is in {match.group(1)}, the stack in {region}: an SSE-KMS bucket's key is "
+            "in the bucket's region, and the stack reads buckets of its own region only",
+        )
+    return arn
+
+
 def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
     """Validate raw settings (the project's config keys without their namespace)."""
     unknown = sorted(set(settings) - set(BY_KEY))
@@ -497,10 +551,13 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         tags=_tags(settings, facts),
         ssh_public_key=BY_KEY["sshPublicKey"].read(settings),
         image=_image(settings, facts),
+        zone=_zone(settings, facts, region),
         flow_logs=BY_KEY["flowLogs"].read(settings),
+        network_watcher=_network_watcher(settings, facts, region),
         bastion=BY_KEY["bastion"].read(settings),
         encryption_at_host=BY_KEY["encryptionAtHost"].read(settings),
         model_store_resource_group=store_group,
+        model_store_kms_key=_kms_key(settings, model_setting.urls, region),
         replicas=replicas,
     )
     try:

@@ -1,20 +1,49 @@
-"""The Pulumi program: read the stack's config, build the cluster, export the output contract."""
+"""The Pulumi program: read the stack's config, ask the cloud account what the stack needs (the
+preflight), build the cluster, export the output contract. Nothing is created before both pass.
+"""
 
 from __future__ import annotations
 
 import pulumi
 
+from infra import preflight
+from infra.preflight.live import CredentialsError, Reader, program_reader
 from infra.stack import config as stack_config
 from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
 
+# The providers' own settings the preflight reads with (their credentials and profile).
+PROVIDER_SETTINGS = {"aws": ("profile",)}
 
-def run() -> LlamaRpcCluster:
+
+def run(read_account: Reader | None = None) -> LlamaRpcCluster:
+    """``read_account``: how the preflight reads the account (the provider's credentials by
+    default; tests give recorded answers)."""
     try:
         config = stack_config.load()
     except stack_config.ConfigError as error:
         # A RunError prints the message alone: nothing has been created at this point.
         raise pulumi.RunError(str(error)) from None
-    cluster = LlamaRpcCluster(pulumi.get_project(), LlamaRpcClusterArgs(config=config))
+    needs = preflight.needs_of(config, pulumi.get_stack())
+    if read_account is None:
+        settings = {
+            f"{config.cloud}:{key}": pulumi.Config(config.cloud).get(key)
+            for key in PROVIDER_SETTINGS.get(config.cloud, ())
+        }
+        read_account = program_reader(config.cloud, settings)
+    try:
+        account = read_account(needs)
+    except CredentialsError as error:
+        raise pulumi.RunError(f"preflight: {error}") from None
+    for unread in account.unread:
+        pulumi.log.warn(f"preflight: {unread}")
+    problems = preflight.problems(needs, account)
+    if problems:
+        raise pulumi.RunError(
+            "the cloud account is not ready for this stack, and nothing was created:\n"
+            + "\n".join(f"  - {problem}" for problem in problems)
+        )
+    args = LlamaRpcClusterArgs(config=config, zone=preflight.zone_for(needs, account))
+    cluster = LlamaRpcCluster(pulumi.get_project(), args)
     for key, value in {**cluster.outputs, **cluster.details}.items():
         pulumi.export(key, value)
     return cluster

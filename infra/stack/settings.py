@@ -24,6 +24,8 @@ import yaml
 
 from infra import sizing
 from infra.clouds import FACTS
+from infra.clouds import aws as aws_facts
+from infra.clouds import azure as azure_facts
 from infra.pins import LLAMA_CPP_COMMIT, is_full_commit
 from infra.types import (
     LOWEST_UNPRIVILEGED_PORT,
@@ -117,13 +119,12 @@ def decode(value: Any) -> Any:
     return value
 
 
-# https://learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules
-# (Microsoft.Resources): 1-90 letters, digits, '_', '(', ')', '-' and '.', not ending in '.'.
-_RESOURCE_GROUP = re.compile(r"[-\w().]{0,89}[-\w()]")
-
-
 def _is_resource_group(text: str) -> bool:
-    return _RESOURCE_GROUP.fullmatch(text) is not None
+    return azure_facts.RESOURCE_GROUP_NAME.fullmatch(text) is not None
+
+
+def _is_network_watcher(text: str) -> bool:
+    return azure_facts.parse_network_watcher(text) is not None
 
 
 _SSH_PUBLIC_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?")
@@ -261,7 +262,25 @@ SETTINGS: tuple[Setting, ...] = (
         "a pinned OS image; unset, each node keeps the Ubuntu 24.04 image current when it "
         "was created",
     ),
+    Setting(
+        "zone",
+        "string",
+        "the zone every node is created in (AWS us-east-1a, GCP us-central1-a); changing it "
+        "rebuilds the cluster",
+        default_text="the first zone (by name) that offers the instance types, chosen at the "
+        "first `up` and kept",
+    ),
     Setting("flowLogs", "boolean", "record the network's flow logs (kept 30 days)", default=True),
+    Setting(
+        "networkWatcher",
+        "string",
+        "Azure: the region's Network Watcher that the VNet flow log belongs to, as "
+        "RESOURCE_GROUP/NAME",
+        default_text=f"`{azure_facts.NETWORK_WATCHER_GROUP}/NetworkWatcher_<region>`",
+        valid=_is_network_watcher,
+        meaning="RESOURCE_GROUP/NAME of a Network Watcher (like "
+        f"{azure_facts.default_network_watcher('eastus')})",
+    ),
     Setting(
         "bastion",
         "boolean",
@@ -273,6 +292,14 @@ SETTINGS: tuple[Setting, ...] = (
         "boolean",
         "Azure encryption at host for the nodes' disks and caches",
         default=False,
+    ),
+    Setting(
+        "modelStoreKmsKey",
+        "string",
+        "AWS, with `s3://` model URLs in a bucket encrypted with a customer-managed KMS key "
+        "(SSE-KMS): the key's ARN, which the main node may decrypt with through S3 only",
+        valid=lambda text: aws_facts.KMS_KEY_ARN.fullmatch(text) is not None,
+        meaning="a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/KEY_ID)",
     ),
     Setting(
         "modelStoreResourceGroup",

@@ -23,7 +23,7 @@ import pulumi_aws as aws
 
 from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
-from infra.network_rules import s3_object
+from infra.network_rules import listed_prefixes, s3_object
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
     BALANCER_IDLE_TIMEOUT_SECONDS,
@@ -56,20 +56,6 @@ BOOT_EGRESS_PORTS = (80, 443)
 ADMIN_PORTS = (22, 3389)
 
 
-def choose_zone(locations: Sequence[str], offered: Sequence[str], needed: Sequence[str]) -> str:
-    """The first zone (by name) that offers every needed instance type."""
-    zones: dict[str, set[str]] = {}
-    for zone, instance_type in zip(locations, offered, strict=True):
-        zones.setdefault(zone, set()).add(instance_type)
-    for zone in sorted(zones):
-        if set(needed) <= zones[zone]:
-            return zone
-    raise ValueError(
-        f"no availability zone in this region offers {', '.join(sorted(set(needed)))}; "
-        "choose another instanceType or region"
-    )
-
-
 def is_s3_url(url: str) -> bool:
     if s3_object(url):
         return True
@@ -77,12 +63,14 @@ def is_s3_url(url: str) -> bool:
     return host.endswith(".amazonaws.com") and (".s3." in f".{host}" or host.startswith("s3."))
 
 
-def staged_model_policy(objects: list[tuple[str, str]]) -> dict[str, Any]:
-    """GetObject on each part, and ListBucket for exactly those keys (rclone lists a key before
-    it reads it); nothing else in any bucket."""
+def staged_model_policy(
+    objects: list[tuple[str, str]], kms_key: str | None = None, region: str = ""
+) -> dict[str, Any]:
+    """GetObject on each part, and ListBucket only for the prefixes rclone lists to read them
+    (``network_rules.listed_prefixes``); nothing else in any bucket. With the KMS key of an
+    SSE-KMS bucket, Decrypt with that key for requests S3 makes in the region, and no other."""
     buckets = sorted({bucket for bucket, _ in objects})
-    # A key, and the key as a "directory" (rclone looks for both).
-    prefixes = {b: [p for o, k in objects if o == b for p in (k, f"{k}/")] for b in buckets}
+    prefixes = {b: listed_prefixes([k for o, k in objects if o == b]) for b in buckets}
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -99,6 +87,20 @@ def staged_model_policy(objects: list[tuple[str, str]]) -> dict[str, Any]:
                     "Condition": {"StringEquals": {"s3:prefix": prefixes[bucket]}},
                 }
                 for bucket in buckets
+            ),
+            *(
+                [
+                    {
+                        "Effect": "Allow",
+                        "Action": "kms:Decrypt",
+                        "Resource": kms_key,
+                        "Condition": {
+                            "StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}
+                        },
+                    }
+                ]
+                if kms_key
+                else []
             ),
         ],
     }
@@ -131,18 +133,13 @@ def model_ports(config: ClusterConfig) -> list[int]:
 class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
     facts = aws_facts.FACTS
 
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AwsNetwork:
+    def network(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
+    ) -> AwsNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "network")
-        needed = sorted({config.instance_type.name, config.main_instance_type.name})
-        offerings = aws.ec2.get_instance_type_offerings_output(
-            location_type="availability-zone",
-            filters=[{"name": "instance-type", "values": needed}],
-            opts=pulumi.InvokeOutputOptions(parent=parent),
-        )
-        zone = pulumi.Output.all(offerings.locations, offerings.instance_types).apply(
-            lambda args: choose_zone(args[0], args[1], needed)
-        )
+        if zone is None:
+            raise ValueError("AWS subnets need a zone (the preflight chooses one)")
         vpc = aws.ec2.Vpc(
             f"{name}-vpc",
             cidr_block=str(config.vpc_cidr),
@@ -151,7 +148,15 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             tags={**tags, "Name": f"{name}-vpc"},
             opts=opts,
         )
-        # Nodes live in the private subnet; the public one holds only the NAT gateway.
+        # Nodes live in the private subnet; the public one holds only the NAT gateway. The
+        # subnets hold the stack's zone: without the setting, the one the stack was created in
+        # is kept when another zone comes first later (a zone change replaces a subnet, and with
+        # it every node). Replaced, a subnet goes first: its range can only be used once.
+        subnet_opts = pulumi.ResourceOptions(
+            parent=parent,
+            delete_before_replace=True,
+            ignore_changes=[] if config.zone else ["availabilityZone"],
+        )
         public, private = (
             aws.ec2.Subnet(
                 f"{name}-{kind}",
@@ -160,7 +165,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 availability_zone=zone,
                 map_public_ip_on_launch=False,
                 tags={**tags, "Name": f"{name}-{kind}"},
-                opts=opts,
+                opts=subnet_opts,
             )
             for kind, cidr in (("public", config.public_subnet), ("private", config.private_subnet))
         )
@@ -175,9 +180,17 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         aws.ec2.RouteTableAssociation(
             f"{name}-public-routes", subnet_id=public.id, route_table_id=public_routes.id, opts=opts
         )
-        nat_ip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=opts)
+        # A public NAT gateway fails ("has no Internet gateway attached") when it comes first,
+        # and a destroy that detaches the gateway before the NAT's public address is gone retries
+        # for minutes: both follow the gateway (the provider's own "Public NAT" example).
+        after_gateway = pulumi.ResourceOptions(parent=parent, depends_on=[gateway])
+        nat_ip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=after_gateway)
         nat = aws.ec2.NatGateway(
-            f"{name}-nat", allocation_id=nat_ip.id, subnet_id=public.id, tags=tags, opts=opts
+            f"{name}-nat",
+            allocation_id=nat_ip.id,
+            subnet_id=public.id,
+            tags=tags,
+            opts=after_gateway,
         )
         private_routes = aws.ec2.RouteTable(
             f"{name}-private-routes",
@@ -233,7 +246,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             aws.iam.RolePolicy(
                 f"{name}-main-model-read",
                 role=role.id,
-                policy=json.dumps(staged_model_policy(staged)),
+                policy=json.dumps(
+                    staged_model_policy(staged, config.model_store_kms_key, config.region)
+                ),
                 opts=opts,
             )
         profile = aws.iam.InstanceProfile(
@@ -406,7 +421,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             "main-metrics-to-workers",
             "main",
             METRICS_PORT,
-            "its workers' node metrics, read by llama-rpc-metrics (infra.top)",
+            "node metrics of its workers, read by llama-rpc-metrics (infra.top)",
             referenced_security_group_id=worker.id,
         )
         for i, cidr in enumerate(config.api_allowed_cidrs):
@@ -433,7 +448,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 f"{role}-metrics",
                 role,
                 METRICS_PORT,
-                "node metrics from inside the cluster's network",
+                "node metrics from inside the cluster network",
                 cidr_ipv4=str(config.vpc_cidr),
             )
         if network.balancer_group is not None:
@@ -495,7 +510,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             from_port=port,
             to_port=port,
             referenced_security_group_id=groups[0].main.id,
-            description="the tunnel through the first group's main node (connectCommand)",
+            description="the tunnel through the main node of the first group (connectCommand)",
             tags=tags,
             opts=opts,
         )
@@ -523,8 +538,11 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 tags=tags,
                 opts=opts,
             )
+        # ELBv2 names hold at most 32 characters, and Pulumi names these "<logical>-<7 random>":
+        # short logical names keep the project's within it (the conformance tier checks it), and
+        # the random part still lets a replacement be made before the old one goes.
         balancer = aws.lb.LoadBalancer(
-            f"{name}-balancer",
+            f"{name}-nlb",
             internal=True,
             load_balancer_type="network",
             subnet_mappings=[
@@ -538,7 +556,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             opts=opts,
         )
         servers = aws.lb.TargetGroup(
-            f"{name}-servers",
+            f"{name}-tg",
             vpc_id=network.vpc.id,
             target_type="ip",
             protocol="TCP",

@@ -16,7 +16,7 @@ import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 import pulumi_azure_native as azure
@@ -48,9 +48,6 @@ IMAGE: azure.compute.ImageReferenceArgsDict = {
 # Trusted Launch covers Dpsv6, Dplsv6 and Epsv6 (Arm64):
 # https://learn.microsoft.com/azure/virtual-machines/trusted-launch#virtual-machines-sizes
 SECURITY_TYPE = "TrustedLaunch"
-# Azure creates a Network Watcher per region in this group when a VNet is created there:
-# https://learn.microsoft.com/azure/network-watcher/network-watcher-create
-NETWORK_WATCHER_GROUP = "NetworkWatcherRG"
 BASTION_SUBNET = "AzureBastionSubnet"  # the name Azure requires
 ADMIN_USER = "azureuser"
 # Azure will not create a Linux VM with passwords off and no SSH key. Without sshPublicKey the
@@ -111,11 +108,21 @@ def role_definition(subscription: str, role: str) -> str:
 
 
 @dataclass(frozen=True)
+class GroupSecurity:
+    """A serving group's application security groups, which its NSG rules name."""
+
+    main: azure.network.ApplicationSecurityGroup
+    worker: azure.network.ApplicationSecurityGroup
+
+
+@dataclass(frozen=True)
 class AzureNetwork:
     resource_group: azure.resources.ResourceGroup
     subnet: azure.network.Subnet
     security_group: azure.network.NetworkSecurityGroup
     bastion: azure.network.BastionHost | None
+    # Each serving group's, made before the NSG, which declares every rule at once.
+    group_security: tuple[GroupSecurity, ...]
     # The balancer's backend pool (replicas > 1). A NIC joins a pool through its own IP
     # configuration, so the pool must exist before the main nodes' NICs: the balancer is made
     # with the network.
@@ -131,24 +138,87 @@ class AzureGroup:
     placement: azure.compute.ProximityPlacementGroup
 
 
-def security_rule(
-    logical_name: str,
-    rule_name: str,
-    network: AzureNetwork,
-    spec: dict[str, Any],
-    opts: pulumi.ResourceOptions,
-) -> azure.network.SecurityRule:
-    """One inbound rule of the stack's NSG."""
-    return azure.network.SecurityRule(
-        logical_name,
-        resource_group_name=network.resource_group.name,
-        network_security_group_name=network.security_group.name,
-        security_rule_name=rule_name,
-        direction="Inbound",
-        source_port_range="*",
-        **spec,
-        opts=opts,
-    )
+def inbound_rule(
+    name: str, priority: int, spec: dict[str, Any]
+) -> azure.network.SecurityRuleArgsDict:
+    """One inbound rule of the stack's NSG, as the NSG declares it."""
+    rule = {"name": name, "priority": priority, "direction": "Inbound", "source_port_range": "*"}
+    return cast(azure.network.SecurityRuleArgsDict, {**rule, **spec})
+
+
+def group_rule_name(index: int, rule: str) -> str:
+    """A serving group's rule: ``g1-allow-rpc-from-main``, ``g2-…``, in the one NSG."""
+    return f"g{index + 1}-{rule}"
+
+
+def group_rules(
+    config: ClusterConfig, index: int, main: pulumi.Input[str], worker: pulumi.Input[str]
+) -> list[azure.network.SecurityRuleArgsDict]:
+    """A serving group's inbound rules, by the ids of its application security groups: its
+    workers take RPC from its own main node only; node metrics from inside the cluster; the API
+    from Bastion, apiAllowedCidrs and (replicas > 1) the balancer's probes. The first group's
+    priorities are 100-140, each further group's GROUP_PRIORITY_STRIDE higher."""
+    api = {"destination_application_security_groups": [{"id": main}]}
+    api_port = {
+        "access": "Allow",
+        "protocol": "Tcp",
+        "destination_port_range": str(config.server_port),
+    }
+    rules: dict[str, tuple[int, dict[str, Any]]] = {
+        "allow-rpc-from-main": (
+            100,
+            {
+                "access": "Allow",
+                "protocol": "Tcp",
+                "source_application_security_groups": [{"id": main}],
+                "destination_application_security_groups": [{"id": worker}],
+                "destination_port_range": str(config.rpc_port),
+            },
+        ),
+        "allow-metrics-from-cluster": (
+            130,
+            {
+                "access": "Allow",
+                "protocol": "Tcp",
+                "source_address_prefix": str(config.vpc_cidr),
+                "destination_application_security_groups": [{"id": main}, {"id": worker}],
+                "destination_port_range": str(METRICS_PORT),
+            },
+        ),
+    }
+    if config.api_allowed_cidrs:
+        rules["allow-api-from-allowed-cidrs"] = (
+            110,
+            {**api_port, **api, "source_address_prefixes": list(config.api_allowed_cidrs)},
+        )
+    if config.bastion:
+        rules["allow-api-from-bastion"] = (
+            120,
+            {**api_port, **api, "source_address_prefix": str(config.public_subnet)},
+        )
+    if config.replicas > 1:
+        # The stack's deny rule also stops Azure's default AllowAzureLoadBalancerInBound (65001).
+        rules["allow-probes-from-balancer"] = (
+            PROBE_PRIORITY,
+            {**api_port, **api, "source_address_prefix": LOAD_BALANCER_TAG},
+        )
+    return [
+        inbound_rule(group_rule_name(index, rule), base + GROUP_PRIORITY_STRIDE * index, spec)
+        for rule, (base, spec) in sorted(rules.items(), key=lambda item: item[1][0])
+    ]
+
+
+DENY_RULE = inbound_rule(
+    "deny-other-inbound",
+    DENY_PRIORITY,
+    {
+        "access": "Deny",
+        "protocol": "*",
+        "source_address_prefix": "*",
+        "destination_address_prefix": "*",
+        "destination_port_range": "*",
+    },
+)
 
 
 def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) -> str:
@@ -178,7 +248,10 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             )
         return found
 
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> AzureNetwork:
+    def network(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
+    ) -> AzureNetwork:
+        """Nodes in no zone: a proximity placement group per serving group keeps them close."""
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "network")
         group = azure.resources.ResourceGroup(
@@ -208,8 +281,33 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             tags=tags,
             opts=opts,
         )
+        security = tuple(
+            GroupSecurity(
+                *(
+                    azure.network.ApplicationSecurityGroup(
+                        f"{layout.group_name(name, index)}-{role}-asg",
+                        resource_group_name=rg,
+                        tags=self.tags(config, role),
+                        opts=opts,
+                    )
+                    for role in ("main", "worker")
+                )
+            )
+            for index in range(config.replicas)
+        )
+        # Every rule in the NSG's one write: Azure serialises the writes to an NSG and answers
+        # parallel ones (a rule each) with 429 or 409, which the provider may not retry.
+        rules = [
+            rule
+            for index, group in enumerate(security)
+            for rule in group_rules(config, index, group.main.id, group.worker.id)
+        ]
         nsg = azure.network.NetworkSecurityGroup(
-            f"{name}-nsg", resource_group_name=rg, tags=tags, opts=opts
+            f"{name}-nsg",
+            resource_group_name=rg,
+            security_rules=[*rules, DENY_RULE],
+            tags=tags,
+            opts=opts,
         )
         subnet = azure.network.Subnet(
             f"{name}-private",
@@ -225,34 +323,29 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             ),
             opts=opts,
         )
+        subnets = [subnet]
+        bastion = None
+        if config.bastion:
+            bastion, bastion_subnet = self._bastion(
+                name=name, config=config, group=group, vnet=vnet, after=subnet, tags=tags, opts=opts
+            )
+            subnets.append(bastion_subnet)
         if config.flow_logs:
-            self._flow_logs(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
-        bastion = (
-            self._bastion(name=name, config=config, group=group, vnet=vnet, tags=tags, opts=opts)
-            if config.bastion
-            else None
-        )
+            self._flow_logs(
+                name=name,
+                config=config,
+                group=group,
+                vnet=vnet,
+                after=subnets,
+                tags=tags,
+                opts=opts,
+            )
         pool = (
             self._load_balancer(name=name, config=config, group=group, subnet=subnet, opts=opts)
             if config.replicas > 1
             else None
         )
-        network = AzureNetwork(group, subnet, nsg, bastion, pool)
-        security_rule(
-            f"{name}-deny-all-other-inbound",
-            "deny-all-other-inbound",
-            network,
-            {
-                "priority": DENY_PRIORITY,
-                "access": "Deny",
-                "protocol": "*",
-                "source_address_prefix": "*",
-                "destination_address_prefix": "*",
-                "destination_port_range": "*",
-            },
-            opts,
-        )
-        return network
+        return AzureNetwork(group, subnet, nsg, bastion, security, pool)
 
     def _load_balancer(
         self,
@@ -332,11 +425,14 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         config: ClusterConfig,
         group: azure.resources.ResourceGroup,
         vnet: azure.network.VirtualNetwork,
+        after: list[azure.network.Subnet],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions,
     ) -> None:
         """VNet flow logs (NSG flow logs are retired) into a storage account of the stack:
-        https://learn.microsoft.com/azure/network-watcher/vnet-flow-logs-overview"""
+        https://learn.microsoft.com/azure/network-watcher/vnet-flow-logs-overview. The region's
+        Network Watcher is the subscription's (one per region), not the stack's: the
+        ``networkWatcher`` setting names it and the preflight checks that it exists."""
         # Storage account names are global: derive one from the group's id (subscription and
         # stack), 3-24 lowercase letters and digits.
         account_name = group.id.apply(
@@ -356,17 +452,21 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             tags=tags,
             opts=opts,
         )
+        watcher = config.network_watcher
+        if watcher is None:  # the config check sets it on Azure
+            raise ValueError("networkWatcher is not set")
         azure.network.FlowLog(
             f"{name}-flow-logs",
-            resource_group_name=NETWORK_WATCHER_GROUP,
-            network_watcher_name=f"NetworkWatcher_{config.region}",
+            resource_group_name=watcher.resource_group,
+            network_watcher_name=watcher.name,
             location=config.region,
             target_resource_id=vnet.id,
             storage_id=account.id,
             enabled=True,
             retention_policy={"days": FLOW_LOG_RETENTION_DAYS, "enabled": True},
             tags=tags,
-            opts=opts,
+            # After the VNet's subnets: Azure enables a region's watcher when a VNet is written.
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=after)),
         )
 
     def _bastion(
@@ -376,9 +476,10 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         config: ClusterConfig,
         group: azure.resources.ResourceGroup,
         vnet: azure.network.VirtualNetwork,
+        after: azure.network.Subnet,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions,
-    ) -> azure.network.BastionHost:
+    ) -> tuple[azure.network.BastionHost, azure.network.Subnet]:
         """A Standard Bastion with native-client tunnelling, the only way in from outside:
         https://learn.microsoft.com/azure/bastion/connect-vm-native-client-linux"""
         subnet = azure.network.Subnet(
@@ -387,7 +488,8 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             resource_group_name=group.name,
             virtual_network_name=vnet.name,
             address_prefix=str(config.public_subnet),
-            opts=opts,
+            # One subnet of a VNet at a time: parallel writes get 409 AnotherOperationInProgress.
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[after])),
         )
         address = azure.network.PublicIPAddress(
             f"{name}-bastion-ip",
@@ -397,7 +499,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             tags=tags,
             opts=opts,
         )
-        return azure.network.BastionHost(
+        host = azure.network.BastionHost(
             f"{name}-bastion",
             resource_group_name=group.name,
             sku={"name": "Standard"},
@@ -412,72 +514,17 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             tags=tags,
             opts=opts,
         )
+        return host, subnet
 
     def group(
         self, spec: GroupSpec, config: ClusterConfig, network: AzureNetwork, parent: pulumi.Resource
     ) -> AzureGroup:
-        """Application security groups, NSG rules and a proximity placement group per serving
-        group: its workers take RPC from its own main node only. The NSG is the stack's: the
-        first group's rules keep their names and priorities, the others' names start with
-        their group's prefix and their priorities are GROUP_PRIORITY_STRIDE apart."""
+        """A serving group's application security groups (made with the NSG that names them,
+        ``group_rules``) and its proximity placement group."""
         opts = pulumi.ResourceOptions(parent=parent)
         name = spec.name
         rg = network.resource_group.name
-        main, worker = (
-            azure.network.ApplicationSecurityGroup(
-                f"{name}-{role}-asg",
-                resource_group_name=rg,
-                tags=self.tags(config, role),
-                opts=opts,
-            )
-            for role in ("main", "worker")
-        )
-        rules: dict[str, dict[str, Any]] = {
-            "allow-rpc-from-main": {
-                "priority": 100,
-                "access": "Allow",
-                "protocol": "Tcp",
-                "source_application_security_groups": [{"id": main.id}],
-                "destination_application_security_groups": [{"id": worker.id}],
-                "destination_port_range": str(config.rpc_port),
-            },
-            "allow-metrics-from-cluster": {
-                "priority": 130,
-                "access": "Allow",
-                "protocol": "Tcp",
-                "source_address_prefix": str(config.vpc_cidr),
-                "destination_application_security_groups": [{"id": main.id}, {"id": worker.id}],
-                "destination_port_range": str(METRICS_PORT),
-            },
-        }
-        if config.bastion:
-            rules["allow-api-from-bastion"] = {
-                "priority": 120,
-                "access": "Allow",
-                "protocol": "Tcp",
-                "source_address_prefix": str(config.public_subnet),
-                "destination_application_security_groups": [{"id": main.id}],
-                "destination_port_range": str(config.server_port),
-            }
-        if config.api_allowed_cidrs:
-            rules["allow-api-from-allowed-cidrs"] = {
-                "priority": 110,
-                "access": "Allow",
-                "protocol": "Tcp",
-                "source_address_prefixes": list(config.api_allowed_cidrs),
-                "destination_application_security_groups": [{"id": main.id}],
-                "destination_port_range": str(config.server_port),
-            }
-        prefix = layout.group_prefix(spec.index)
-        for rule_name, rule in rules.items():
-            priority = rule["priority"] + GROUP_PRIORITY_STRIDE * spec.index
-            security_rule(
-                f"{name}-{rule_name}",
-                f"{prefix}{rule_name}",
-                network,
-                {**rule, "priority": priority},
-                opts,
-            )
+        security = network.group_security[spec.index]
         placement = azure.compute.ProximityPlacementGroup(
             f"{name}-ppg",
             resource_group_name=rg,
@@ -488,7 +535,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             tags=self.tags(config, "network"),
             opts=opts,
         )
-        return AzureGroup(main=main, worker=worker, placement=placement)
+        return AzureGroup(main=security.main, worker=security.worker, placement=placement)
 
     def node(
         self,
@@ -562,7 +609,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                     {
                         "id": nic.id,
                         "primary": True,
-                        "delete_option": azure.compute.DeleteOptions.DELETE,
+                        # The NIC is a resource of its own, holding the node's fixed address:
+                        # deleted with the VM, a replacement VM would point at a NIC that is gone.
+                        "delete_option": azure.compute.DeleteOptions.DETACH,
                     }
                 ]
             },
@@ -587,7 +636,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         azure.resources.TagAtScope(
             f"{spec.name}-os-disk-tags",
             scope=vm.storage_profile.apply(_os_disk_id),
-            properties={"tags": {**tags, "vm": vm.vm_id}},
+            properties={"tags": {**tags, azure_facts.DISK_VM_TAG: vm.vm_id}},
             opts=opts,
         )
         if containers:
@@ -642,28 +691,10 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         mains: Sequence[Node],
         parent: pulumi.Resource,
     ) -> None:
-        """The balancer itself is made with the network (its pool must exist before the main
-        nodes' NICs join it): here, the NSG rules its probes need, one per serving group beside
-        that group's own rules. The stack's deny-all rule also stops Azure's default
-        AllowAzureLoadBalancerInBound (65001)."""
+        """Made with the network: its pool must exist before the main nodes' NICs join it, and
+        the NSG rules its probes need are each group's (``group_rules``)."""
         if network.balancer_pool_id is None:
             raise ValueError("the balancer is made only for replicas > 1")
-        for index, group in enumerate(groups):
-            prefix = layout.group_prefix(index)
-            security_rule(
-                f"{name}-{prefix}allow-probes-from-balancer",
-                f"{prefix}allow-probes-from-balancer",
-                network,
-                {
-                    "priority": PROBE_PRIORITY + GROUP_PRIORITY_STRIDE * index,
-                    "access": "Allow",
-                    "protocol": "Tcp",
-                    "source_address_prefix": LOAD_BALANCER_TAG,
-                    "destination_application_security_groups": [{"id": group.main.id}],
-                    "destination_port_range": str(config.server_port),
-                },
-                pulumi.ResourceOptions(parent=parent),
-            )
 
     def connect_command(
         self, config: ClusterConfig, network: AzureNetwork, main: Node

@@ -28,6 +28,9 @@ HEALTH_INTERVAL_SECONDS = 10
 HEALTH_THRESHOLD = 2  # checks in a row to change a group's state
 # A completion without streaming sends nothing until it ends, which can take minutes; a
 # balancer's idle timeout must outlast llama-server's own (600 s) or it cuts the answer off.
+# AWS's NLB listener and Azure's load-balancing rule take this; GCP's internal passthrough
+# balancer keeps its default of 600 s (``infra.clouds.gcp.PASSTHROUGH_IDLE_TIMEOUT_SECONDS``), since
+# setting it needs per-client affinity.
 BALANCER_IDLE_TIMEOUT_SECONDS = 1800
 
 NetworkT = TypeVar("NetworkT")
@@ -83,8 +86,12 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         return self.facts.limitations
 
     @abstractmethod
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> NetworkT:
-        """The private network, its egress path, and anything the nodes share."""
+    def network(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
+    ) -> NetworkT:
+        """The private network, its egress path, and anything the nodes share. ``zone``: where a
+        new stack's nodes go; a stack keeps the zone it was created in, unless ``zone`` is a
+        setting (``config.zone``), whose change moves (rebuilds) it."""
 
     @abstractmethod
     def group(
@@ -132,6 +139,6 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         return {
             **config.tags,
             "project": pulumi.get_project(),
-            "stack": pulumi.get_stack(),
+            "stack": self.facts.tag_value(pulumi.get_stack()),
             "role": role,
         }

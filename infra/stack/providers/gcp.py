@@ -12,7 +12,7 @@ workers run with none.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -20,10 +20,9 @@ import pulumi_gcp as gcp
 
 from infra.clouds import gcp as gcp_facts
 from infra.clouds.gcp import HEALTH_CHECK_RANGES, IAP_RANGE
-from infra.network_rules import gcs_object
+from infra.network_rules import gcs_object, listed_prefixes
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
-    BALANCER_IDLE_TIMEOUT_SECONDS,
     HEALTH_INTERVAL_SECONDS,
     HEALTH_PATH,
     HEALTH_THRESHOLD,
@@ -38,8 +37,6 @@ from infra.types import METRICS_PORT
 # The family resolves when a disk is created; the provider does not diff a node whose image
 # came from it when the family moves on, so a new Ubuntu image replaces nothing.
 IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-arm64"
-# C4A takes Tier_1 networking from 32 vCPUs up.
-TIER_1_MIN_VCPUS = 32
 # Read-only on objects (storage.objects.get and .list), narrowed by an IAM condition.
 OBJECT_VIEWER = "roles/storage.objectViewer"
 # IAM takes at most 12 logical operators in one condition expression (the limits in
@@ -59,10 +56,8 @@ def staged_model_conditions(objects: Sequence[tuple[str, str]]) -> list[tuple[st
     """(bucket, title, expression) of each IAM condition under which the main node's account
     may read a staged model's objects, and nothing else in any bucket.
 
-    rclone (fetch-model.sh) reads an object's metadata, lists the "directory" that holds it
-    (the prefix up to its last '/'), then reads it in ranges; for a missing object it lists the
-    key as a directory (KEY/), which lets the boot say "no such object". Reads are allowed on
-    exactly the objects' names, and listing on the bucket only with those prefixes."""
+    Reads are allowed on exactly the objects' names, and listing on the bucket only with the
+    prefixes rclone lists to read them (``network_rules.listed_prefixes``)."""
     conditions: list[tuple[str, str, str]] = []
     for bucket in sorted({bucket for bucket, _ in objects}):
         keys = sorted({key for b, key in objects if b == bucket})
@@ -72,23 +67,12 @@ def staged_model_conditions(objects: Sequence[tuple[str, str]]) -> list[tuple[st
                 for key in names
             )
             conditions.append((bucket, "read the staged model's objects", expression))
-        # A key's directory ("" at the bucket's top), and the key itself as one.
-        prefixes = sorted({key.rpartition("/")[0] + "/" if "/" in key else "" for key in keys})
-        prefixes += [f"{key}/" for key in keys]
-        for names in _chunks(prefixes, NAMES_PER_CONDITION - 1):  # and one &&
+        for names in _chunks(listed_prefixes(keys), NAMES_PER_CONDITION - 1):  # and one &&
             listed = " || ".join(f"{LIST_PREFIX} == {json.dumps(prefix)}" for prefix in names)
             bucket_name = json.dumps(f"projects/_/buckets/{bucket}")
             expression = f"resource.name == {bucket_name} && ({listed})"
             conditions.append((bucket, "list only where the staged model is", expression))
     return conditions
-
-
-def choose_zone(zones: Sequence[str], offers: Callable[[str], bool]) -> str:
-    """The first zone (by name) where ``offers(zone)`` holds."""
-    for zone in sorted(zones):
-        if offers(zone):
-            return zone
-    raise ValueError("no zone in this region offers the machine types; choose another region")
 
 
 @dataclass(frozen=True)
@@ -127,20 +111,12 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             "it and admitted by apiAllowedCidrs) use balancerUrl",
         }
 
-    def network(self, name: str, config: ClusterConfig, parent: pulumi.Resource) -> GcpNetwork:
+    def network(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
+    ) -> GcpNetwork:
         opts = pulumi.ResourceOptions(parent=parent)
-        needed = sorted({config.instance_type.name, config.main_instance_type.name})
-
-        def offers(zone: str) -> bool:
-            found = gcp.compute.get_machine_types(
-                zone=zone, filter=" OR ".join(f'name = "{t}"' for t in needed)
-            ).machine_types
-            return {m.name for m in found} >= set(needed)
-
-        zones = gcp.compute.get_zones_output(
-            region=config.region, status="UP", opts=pulumi.InvokeOutputOptions(parent=parent)
-        ).names
-        zone = zones.apply(lambda names: choose_zone(names, offers))
+        if zone is None:
+            raise ValueError("GCP VMs need a zone (the preflight chooses one)")
         network = gcp.compute.Network(
             f"{name}-vpc", auto_create_subnetworks=False, description="llama-rpc-cluster", opts=opts
         )
@@ -195,18 +171,23 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         project = gcp.organizations.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=parent)
         ).project
-        mains = (
-            gcp.compute.InstanceGroup(
-                f"{name}-mains",
-                zone=zone,
-                network=network.id,
-                description="every serving group's main node: the internal balancer's backends",
-                opts=opts,
-            )
-            if config.replicas > 1
-            else None
+        # The stack's zone, kept: every VM is created in this group's zone, which ignores
+        # later changes unless the zone is a setting (a zone that sorts first later, or one
+        # down for an update, must not move the cluster; a zone change replaces every VM). An
+        # unmanaged instance group costs nothing; with replicas it holds the main nodes, the
+        # balancer's backends.
+        mains = gcp.compute.InstanceGroup(
+            f"{name}-mains",
+            zone=zone,
+            network=network.id,
+            description="the stack's zone; with replicas, the balancer's backends",
+            opts=pulumi.ResourceOptions(
+                parent=parent, ignore_changes=[] if config.zone else ["zone"]
+            ),
         )
-        return GcpNetwork(network, subnet, zone, project, account, mains)
+        return GcpNetwork(
+            network, subnet, mains.zone, project, account, mains if config.replicas > 1 else None
+        )
 
     def group(
         self, spec: GroupSpec, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
@@ -260,7 +241,8 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         main = spec.role == "main"
         instance = config.main_instance_type if main else config.instance_type
         disk = self.facts.disk.provision(spec.disk_throughput_mibps)
-        tier = "TIER_1" if instance.vcpus >= TIER_1_MIN_VCPUS else "DEFAULT"
+        fast = self.facts.fast_network_min_vcpus
+        tier = "TIER_1" if fast is not None and instance.vcpus >= fast else "DEFAULT"
         vm = gcp.compute.Instance(
             spec.name,
             machine_type=spec.instance_type,
@@ -272,6 +254,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
                     "size": spec.disk_gb,
                     "type": "hyperdisk-balanced",  # C4A takes Hyperdisk only
                     "provisioned_throughput": disk.throughput_mibps,
+                    "provisioned_iops": disk.iops,
                     "labels": labels,
                 },
             },
@@ -376,8 +359,10 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             network=network.network.id,
             health_checks=health.id,
             backends=[{"group": network.mains.self_link, "balancing_mode": "CONNECTION"}],
-            # Connections idle for longer are forgotten (10 minutes by default).
-            connection_tracking_policy={"idle_timeout_sec": BALANCER_IDLE_TIMEOUT_SECONDS},
+            # No connection_tracking_policy: its idle timeout is refused unless every request
+            # of a client address goes to one group (CLIENT_IP affinity, PER_SESSION tracking),
+            # which defeats the balancer. Its default (PASSTHROUGH_IDLE_TIMEOUT_SECONDS) equals
+            # llama-server's own timeout.
             description="every serving group's llama-server",
             opts=opts,
         )

@@ -1,0 +1,442 @@
+"""The input rules of AWS's APIs for every resource type the program creates
+(``infra.clouds.rules``).
+
+Names, descriptions and tags as EC2, ELBv2, IAM and S3 take them; the values and combinations the
+program's inputs must keep; the order the APIs need; the inputs whose change replaces a resource
+(the Terraform AWS provider's ForceNew, under pulumi-aws 7).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from infra.clouds import aws
+from infra.clouds.rules import (
+    After,
+    AutoName,
+    Between,
+    Name,
+    OneOf,
+    Registered,
+    Requires,
+    ResourceRules,
+    Stack,
+    Tags,
+    Text,
+    by_type,
+)
+
+TF = "hashicorp/terraform-provider-aws internal/service/"
+PULUMI_AWS = "pulumi/pulumi-aws provider/resource_overrides.go and aliases.go"
+TAG_RULES = "https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html"
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html, and the
+# same set for rule descriptions (hashicorp/terraform-provider-aws#18874: "Invalid rule
+# description. Valid descriptions are strings less than 256 characters from the following set").
+SG_API = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html"
+SG_TEXT = re.compile(r"[A-Za-z0-9 ._\-:/()#,@\[\]+=&;{}!$*]*")
+SG_TEXT_MEANING = "security groups take only a-zA-Z0-9. _-:/()#,@[]+=&;{}!$*"
+IAM_NAME = re.compile(r"[\w+=,.@-]+")
+IAM_NAME_MEANING = "IAM names hold letters, digits and _+=,.@- only"
+ELB_NAME = re.compile(r"(?!internal-)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
+ELB_NAME_MEANING = (
+    "1-32 letters, digits and hyphens, not starting or ending with a hyphen or starting with "
+    "'internal-'"
+)
+ELB_API = "https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_CreateLoadBalancer.html"
+EBS = "https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html"
+USER_DATA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html"
+NLB_HEALTH = "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/target-group-health-checks.html"
+# gp3: a volume provisions at most 0.25 MiB/s per IOPS and 500 IOPS per GiB.
+GP3_MIBPS_PER_IOPS = 0.25
+GP3_IOPS_PER_GIB = 500
+
+
+def tags(path: str = "tags") -> Tags:
+    return Tags(path, aws.tag_set_problem, TAG_RULES)
+
+
+def sg_text(path: str, *, required: bool = False) -> Text:
+    return Text(path, 255, SG_API, SG_TEXT, SG_TEXT_MEANING, required=required)
+
+
+def _gp3(resource: Registered, stack: Stack) -> str | None:
+    disk = resource.inputs.get("rootBlockDevice") or {}
+    if disk.get("volumeType") != "gp3":
+        return None
+    size, iops, mibps = disk.get("volumeSize"), disk.get("iops"), disk.get("throughput")
+    if mibps is not None and iops is not None and mibps > iops * GP3_MIBPS_PER_IOPS:
+        return f"gp3 throughput {mibps} MiB/s needs at least {int(mibps / 0.25)} IOPS, not {iops}"
+    if iops is not None and size is not None and iops > size * GP3_IOPS_PER_GIB:
+        return f"gp3 takes at most {GP3_IOPS_PER_GIB} IOPS per GiB: {iops} on {size} GiB"
+    return None
+
+
+def _user_data(resource: Registered, stack: Stack) -> str | None:
+    text, packed = resource.inputs.get("userData"), resource.inputs.get("userDataBase64")
+    raw = len(text.encode()) if text else len(base64.b64decode(packed)) if packed else 0
+    if raw > aws.FACTS.user_data.limit_bytes:
+        return f"user data of {raw} bytes; EC2 takes {aws.FACTS.user_data.limit_bytes}"
+    if not resource.inputs.get("userDataReplaceOnChange"):
+        return "new user data must replace the node (cloud-init reads it on the first boot only)"
+    return None
+
+
+def _nlb_health_check(resource: Registered, stack: Stack) -> str | None:
+    check = resource.inputs.get("healthCheck") or {}
+    matcher = str(check.get("matcher", "200"))
+    codes = [int(c) for c in re.split(r"[,-]", matcher) if c.strip().isdigit()]
+    if check.get("protocol") == "HTTP" and not all(200 <= c <= 599 for c in codes):
+        return f"an NLB's HTTP health check matches 200-599 only, not {matcher}"
+    timeout, interval = check.get("timeout"), check.get("interval")
+    if timeout is not None and interval is not None and timeout > interval:
+        return f"health-check timeout {timeout} s exceeds its interval {interval} s"
+    return None
+
+
+RULES = by_type(
+    ResourceRules(
+        "aws:ec2/vpc:Vpc",
+        (tags(),),
+        replaced_on=("cidrBlock",),
+        source=f"{TF}ec2/vpc_.go",
+    ),
+    ResourceRules(
+        "aws:ec2/subnet:Subnet",
+        (tags(),),
+        replaced_on=("availabilityZone", "availabilityZoneId", "cidrBlock", "vpcId"),
+        source=f"{TF}ec2/vpc_subnet.go",
+    ),
+    ResourceRules("aws:ec2/internetGateway:InternetGateway", (tags(),)),
+    ResourceRules(
+        "aws:ec2/routeTable:RouteTable",
+        (tags(),),
+        replaced_on=("vpcId",),
+        source=f"{TF}ec2/vpc_route_table.go",
+    ),
+    ResourceRules(
+        "aws:ec2/routeTableAssociation:RouteTableAssociation",
+        (),
+        replaced_on=("subnetId", "gatewayId"),
+        source=f"{TF}ec2/vpc_route_table_association.go",
+    ),
+    ResourceRules(
+        "aws:ec2/eip:Eip",
+        (
+            tags(),
+            OneOf("domain", ("vpc",), "pulumi-aws 7: Eip(domain='vpc'); the vpc flag is gone"),
+            After(
+                ("aws:ec2/internetGateway:InternetGateway",),
+                "an EIP may need the VPC's internet gateway first",
+                "pulumi_aws.ec2.Eip docs: 'EIP may require IGW to exist prior to association'",
+            ),
+        ),
+        replaced_on=("domain",),
+        source=f"{TF}ec2/vpc_eip.go",
+    ),
+    ResourceRules(
+        "aws:ec2/natGateway:NatGateway",
+        (
+            tags(),
+            After(
+                ("aws:ec2/internetGateway:InternetGateway",),
+                "a public NAT gateway fails without an attached internet gateway, and a destroy "
+                "that detaches the gateway first retries for minutes",
+                "pulumi_aws.ec2.NatGateway 'Public NAT' example (depends_on the internet gateway)",
+            ),
+        ),
+        replaced_on=("allocationId", "subnetId", "connectivityType"),
+        source=f"{TF}ec2/vpc_nat_gateway.go",
+    ),
+    ResourceRules(
+        "aws:ec2/vpcEndpoint:VpcEndpoint",
+        (tags(), OneOf("vpcEndpointType", ("Gateway",), f"{TF}ec2/vpc_endpoint.go")),
+        replaced_on=("vpcId", "serviceName", "vpcEndpointType"),
+        source=f"{TF}ec2/vpc_endpoint.go",
+    ),
+    ResourceRules(
+        "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup",
+        (tags(), sg_text("ingress.*.description"), sg_text("egress.*.description")),
+        replaced_on=("vpcId",),
+        source=f"{TF}ec2/vpc_default_security_group.go",
+    ),
+    ResourceRules(
+        "aws:ec2/defaultNetworkAcl:DefaultNetworkAcl",
+        (
+            tags(),
+            Between(
+                "ingress.*.ruleNo",
+                1,
+                32766,
+                "https://docs.aws.amazon.com/vpc/latest/userguide/nacl-rules.html",
+            ),
+            OneOf("ingress.*.action", ("allow", "deny"), f"{TF}ec2/vpc_network_acl.go"),
+        ),
+        replaced_on=("defaultNetworkAclId",),
+        source=f"{TF}ec2/vpc_default_network_acl.go",
+    ),
+    ResourceRules(
+        "aws:s3/bucket:Bucket",
+        (
+            tags(),
+            Name(
+                "bucket",
+                re.compile(r"(?!xn--)[a-z0-9](?:[a-z0-9-]|\.(?!\.))*[a-z0-9]"),
+                3,
+                63,
+                "a bucket name: lowercase letters, digits, '-' and single '.'",
+                "https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html; "
+                f"{PULUMI_AWS} (AutoName 63, lowercased)",
+                AutoName(max_length=63, lowercase=True),
+            ),
+        ),
+        replaced_on=("bucket",),
+        source=f"{TF}s3/bucket.go",
+    ),
+    ResourceRules(
+        "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+        (),
+        replaced_on=("bucket",),
+        source=f"{TF}s3/bucket_public_access_block.go",
+    ),
+    ResourceRules(
+        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+        (
+            Between(
+                "rules.*.expiration.days",
+                1,
+                2**31 - 1,
+                "https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleExpiration.html",
+            ),
+        ),
+        replaced_on=("bucket",),
+        source=f"{TF}s3/bucket_lifecycle_configuration.go",
+    ),
+    ResourceRules(
+        "aws:ec2/flowLog:FlowLog",
+        (
+            tags(),
+            OneOf(
+                "maxAggregationInterval",
+                (60, 600),
+                "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateFlowLogs.html",
+            ),
+            OneOf("trafficType", ("ACCEPT", "REJECT", "ALL"), f"{TF}ec2/vpc_flow_log.go"),
+            OneOf(
+                "logDestinationType",
+                ("cloud-watch-logs", "s3", "kinesis-data-firehose"),
+                f"{TF}ec2/vpc_flow_log.go",
+            ),
+        ),
+        # Flow logs have no update call: every input but the tags replaces one.
+        replaced_on=(
+            "vpcId",
+            "trafficType",
+            "logDestination",
+            "logDestinationType",
+            "maxAggregationInterval",
+        ),
+        source=f"{TF}ec2/vpc_flow_log.go",
+    ),
+    ResourceRules(
+        "aws:iam/role:Role",
+        (
+            tags(),
+            Name(
+                "name",
+                IAM_NAME,
+                1,
+                64,
+                IAM_NAME_MEANING,
+                "https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateRole.html; "
+                f"{PULUMI_AWS} (AutoName 64)",
+                AutoName(max_length=64),
+            ),
+        ),
+        replaced_on=("name", "path"),
+        source=f"{TF}iam/role.go",
+    ),
+    ResourceRules(
+        "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+        (),
+        replaced_on=("role", "policyArn"),
+        source=f"{TF}iam/role_policy_attachment.go",
+    ),
+    ResourceRules(
+        "aws:iam/rolePolicy:RolePolicy",
+        (
+            Name(
+                "name",
+                IAM_NAME,
+                1,
+                128,
+                IAM_NAME_MEANING,
+                "https://docs.aws.amazon.com/IAM/latest/APIReference/API_PutRolePolicy.html",
+            ),
+            Requires(
+                lambda r, _: (
+                    f"an inline policy of {len(r.inputs.get('policy', ''))} characters; IAM "
+                    "takes 10,240 per role"
+                    if len(r.inputs.get("policy", "")) > 10_240
+                    else None
+                ),
+                "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html",
+            ),
+        ),
+        replaced_on=("name", "role"),
+        source=f"{TF}iam/role_policy.go",
+    ),
+    ResourceRules(
+        "aws:iam/instanceProfile:InstanceProfile",
+        (
+            tags(),
+            # Pulumi's auto-name stops at 255; IAM at 128.
+            Name(
+                "name",
+                IAM_NAME,
+                1,
+                128,
+                IAM_NAME_MEANING,
+                "https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateInstanceProfile.html",
+            ),
+        ),
+        replaced_on=("name", "path"),
+        source=f"{TF}iam/instance_profile.go",
+    ),
+    ResourceRules(
+        "aws:ec2/securityGroup:SecurityGroup",
+        (
+            tags(),
+            Name(
+                "name",
+                re.compile(r"(?!sg-)[A-Za-z0-9 ._\-:/()#,@\[\]+=&;{}!$*]+"),
+                1,
+                255,
+                f"{SG_TEXT_MEANING}, not starting with 'sg-'",
+                SG_API,
+            ),
+            sg_text("description", required=True),
+        ),
+        # A description cannot be changed: EC2 has no call for it.
+        replaced_on=("name", "description", "vpcId"),
+        source=f"{TF}ec2/vpc_security_group.go",
+    ),
+    *(
+        ResourceRules(
+            f"aws:vpc/securityGroup{kind}Rule:SecurityGroup{kind}Rule",
+            (
+                tags(),
+                sg_text("description"),
+                Between("fromPort", -1, 65535, f"{TF}vpc/security_group_{kind.lower()}_rule.go"),
+                Between("toPort", -1, 65535, f"{TF}vpc/security_group_{kind.lower()}_rule.go"),
+            ),
+            replaced_on=("securityGroupId",),
+            source=f"{TF}vpc/security_group_{kind.lower()}_rule.go",
+        )
+        for kind in ("Ingress", "Egress")
+    ),
+    ResourceRules(
+        "aws:ec2/placementGroup:PlacementGroup",
+        (
+            tags(),
+            Name(
+                "name",
+                re.compile(r"[\x20-\x7e]+"),
+                1,
+                255,
+                "printable ASCII",
+                "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html",
+            ),
+            OneOf(
+                "strategy", ("cluster", "partition", "spread"), f"{TF}ec2/ec2_placement_group.go"
+            ),
+        ),
+        replaced_on=("name", "strategy", "partitionCount", "spreadLevel"),
+        source=f"{TF}ec2/ec2_placement_group.go",
+    ),
+    ResourceRules(
+        "aws:ec2/instance:Instance",
+        (
+            tags(),
+            tags("rootBlockDevice.tags"),
+            Between("rootBlockDevice.throughput", 125, 1000, EBS),
+            Between("rootBlockDevice.iops", 3000, 16000, EBS),
+            Between("rootBlockDevice.volumeSize", 8, 65_536, EBS),
+            Between("metadataOptions.httpPutResponseHopLimit", 1, 64, f"{TF}ec2/ec2_instance.go"),
+            OneOf("metadataOptions.httpTokens", ("required", "optional"), USER_DATA),
+            Requires(_gp3, EBS),
+            Requires(_user_data, USER_DATA),
+        ),
+        replaced_on=(
+            "ami",
+            "availabilityZone",
+            "subnetId",
+            "privateIp",
+            "placementGroup",
+            "ebsOptimized",
+            "rootBlockDevice.encrypted",
+            "rootBlockDevice.kmsKeyId",
+            # With userDataReplaceOnChange, which the program always sets.
+            "userData",
+            "userDataBase64",
+        ),
+        source=f"{TF}ec2/ec2_instance.go",
+    ),
+    ResourceRules(
+        "aws:lb/loadBalancer:LoadBalancer",
+        (
+            tags(),
+            # Pulumi's auto-name stops at 255, ELBv2 at 32 (pulumi/pulumi-cdk#62).
+            Name("name", ELB_NAME, 1, 32, ELB_NAME_MEANING, ELB_API),
+            OneOf("loadBalancerType", ("network",), ELB_API),
+            Requires(
+                lambda r, _: None if r.inputs.get("internal") else "the balancer must be internal",
+                "the program's rule: llama-server has no authentication of its own",
+            ),
+        ),
+        replaced_on=("name", "internal", "loadBalancerType", "subnetMappings"),
+        source=f"{TF}elbv2/load_balancer.go",
+    ),
+    ResourceRules(
+        "aws:lb/targetGroup:TargetGroup",
+        (
+            tags(),
+            Name(
+                "name",
+                ELB_NAME,
+                1,
+                32,
+                ELB_NAME_MEANING,
+                f"{TF}elbv2/validate.go; {PULUMI_AWS} (AutoName 32)",
+                AutoName(max_length=32),
+            ),
+            Between("healthCheck.interval", 5, 300, f"{TF}elbv2/target_group.go"),
+            Between("healthCheck.timeout", 2, 120, f"{TF}elbv2/target_group.go"),
+            Between("healthCheck.healthyThreshold", 2, 10, f"{TF}elbv2/target_group.go"),
+            Between("healthCheck.unhealthyThreshold", 2, 10, f"{TF}elbv2/target_group.go"),
+            Requires(_nlb_health_check, NLB_HEALTH),
+        ),
+        replaced_on=("name", "port", "protocol", "targetType", "vpcId"),
+        source=f"{TF}elbv2/target_group.go",
+    ),
+    ResourceRules(
+        "aws:lb/targetGroupAttachment:TargetGroupAttachment",
+        (),
+        replaced_on=("targetGroupArn", "targetId", "port"),
+        source=f"{TF}elbv2/target_group_attachment.go",
+    ),
+    ResourceRules(
+        "aws:lb/listener:Listener",
+        (
+            tags(),
+            Between(
+                "tcpIdleTimeoutSeconds",
+                60,
+                6000,
+                "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/network-load-balancers.html#connection-idle-timeout",
+            ),
+        ),
+        replaced_on=("loadBalancerArn",),
+        source=f"{TF}elbv2/listener.go",
+    ),
+)

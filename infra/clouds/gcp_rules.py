@@ -1,0 +1,306 @@
+"""The input rules of Google Cloud's APIs for every resource type the program creates
+(``infra.clouds.rules``): Compute Engine names (RFC 1035, 63 characters, which pulumi-gcp
+lowercases for networks, subnets, routers and NAT but not for the rest), labels where a type
+takes them, the values and combinations the program's inputs must keep, and the inputs whose
+change replaces a resource (the Google provider's ForceNew, from magic-modules).
+"""
+
+from __future__ import annotations
+
+import re
+
+from infra.clouds import gcp
+from infra.clouds.rules import (
+    AutoName,
+    Between,
+    Name,
+    OneOf,
+    Registered,
+    Requires,
+    ResourceRules,
+    Stack,
+    Tags,
+    Text,
+    by_type,
+)
+
+MM = "GoogleCloudPlatform/magic-modules mmv1/products/compute/"
+PULUMI_GCP = "pulumi/pulumi-gcp provider/resources.go"
+# Compute Engine resource names (verify.ValidateGCEName): RFC 1035, 1-63 characters.
+GCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+GCE_NAME_MEANING = "a Compute Engine name: a lowercase letter, then lowercase letters, digits, '-'"
+NAMING = "https://cloud.google.com/compute/docs/naming-resources"
+LABELS = "https://cloud.google.com/compute/docs/labeling-resources#requirements"
+HYPERDISK = "https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced"
+# Hyperdisk Balanced provisions at most 500 IOPS per GiB, and at most a quarter of its IOPS in
+# MiB/s of throughput (the "Size and performance limits" of Hyperdisk Balanced).
+HYPERDISK_IOPS_PER_GIB = 500
+HYPERDISK_MIBPS_PER_IOPS = 0.25
+DESCRIPTION = Text("description", 2048, f"{NAMING} (a resource's description)")
+
+
+def gce_name(autoname: AutoName) -> Name:
+    return Name("name", GCE_NAME, 1, 63, GCE_NAME_MEANING, f"{NAMING}; {PULUMI_GCP}", autoname)
+
+
+# Networks, subnets, routers and NAT: lowercased, 63 at most (lowercaseAutoName); the others
+# take the generic auto-name, neither lowercased nor held to 63.
+LOWERCASED = gce_name(AutoName(max_length=63, lowercase=True))
+PLAIN = gce_name(AutoName())
+
+
+def _hyperdisk(resource: Registered, stack: Stack) -> str | None:
+    params = (resource.inputs.get("bootDisk") or {}).get("initializeParams") or {}
+    if params.get("type") != "hyperdisk-balanced":
+        return None
+    size, iops = params.get("size"), params.get("provisionedIops")
+    mibps = params.get("provisionedThroughput")
+    if mibps is not None and iops is None:
+        return "Hyperdisk Balanced throughput is set without IOPS to carry it"
+    if mibps is not None and iops is not None and mibps > iops * HYPERDISK_MIBPS_PER_IOPS:
+        return f"{mibps} MiB/s of Hyperdisk Balanced throughput needs {int(mibps * 4)} IOPS"
+    if iops is not None and size is not None and iops > size * HYPERDISK_IOPS_PER_GIB:
+        return f"Hyperdisk Balanced takes {HYPERDISK_IOPS_PER_GIB} IOPS per GiB: {iops} on {size}"
+    return None
+
+
+def _connection_tracking(resource: Registered, stack: Stack) -> str | None:
+    tracking = resource.inputs.get("connectionTrackingPolicy") or {}
+    if tracking.get("idleTimeoutSec") is None:
+        return None
+    affinity = resource.inputs.get("sessionAffinity", "NONE")
+    mode = tracking.get("trackingMode", "PER_CONNECTION")
+    if affinity.startswith("CLIENT_IP") and mode == "PER_SESSION":
+        return None
+    return (
+        "connectionTrackingPolicy.idleTimeoutSec is refused unless sessionAffinity is CLIENT_IP* "
+        f"and trackingMode PER_SESSION (here {affinity}, {mode})"
+    )
+
+
+def _health_timeout(resource: Registered, stack: Stack) -> str | None:
+    timeout = resource.inputs.get("timeoutSec", 5)
+    interval = resource.inputs.get("checkIntervalSec", 5)
+    if timeout > interval:
+        return f"timeoutSec {timeout} exceeds checkIntervalSec {interval}"
+    return None
+
+
+def _display_name(resource: Registered, stack: Stack) -> str | None:
+    name = resource.inputs.get("displayName", "")
+    if len(name.encode()) > 100:
+        return f"displayName of {len(name.encode())} bytes; IAM takes 100"
+    return None
+
+
+def labels(path: str = "labels") -> Tags:
+    return Tags(path, gcp.label_set_problem, LABELS)
+
+
+RULES = by_type(
+    ResourceRules(
+        "gcp:compute/network:Network",
+        (LOWERCASED, DESCRIPTION),
+        replaced_on=("name", "description", "autoCreateSubnetworks"),
+        source=f"{MM}Network.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/subnetwork:Subnetwork",
+        (
+            LOWERCASED,
+            DESCRIPTION,
+            OneOf(
+                "logConfig.aggregationInterval",
+                tuple(
+                    f"INTERVAL_{t}"
+                    for t in ("5_SEC", "30_SEC", "1_MIN", "5_MIN", "10_MIN", "15_MIN")
+                ),
+                f"{MM}Subnetwork.yaml",
+            ),
+            Between("logConfig.flowSampling", 0, 1, f"{MM}Subnetwork.yaml"),
+        ),
+        replaced_on=("name", "network", "region", "description"),
+        source=f"{MM}Subnetwork.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/router:Router",
+        (LOWERCASED, DESCRIPTION),
+        replaced_on=("name", "network", "region"),
+        source=f"{MM}Router.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/routerNat:RouterNat",
+        (
+            Name(
+                "name",
+                GCE_NAME,
+                2,
+                63,
+                GCE_NAME_MEANING,
+                f"{MM}RouterNat.yaml; {PULUMI_GCP}",
+                AutoName(max_length=63, lowercase=True),
+            ),
+        ),
+        replaced_on=("name", "router", "region"),
+        source=f"{MM}RouterNat.yaml",
+    ),
+    ResourceRules(
+        "gcp:serviceaccount/account:Account",
+        (
+            Name(
+                "accountId",
+                re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?"),
+                6,
+                30,
+                "a service account id: a lowercase letter, then lowercase letters, digits, '-'",
+                "https://cloud.google.com/iam/docs/service-accounts-create",
+                AutoName(max_length=30),
+            ),
+            Requires(_display_name, "https://cloud.google.com/iam/docs/service-accounts-create"),
+        ),
+        replaced_on=("accountId", "project"),
+        source="GoogleCloudPlatform/magic-modules resource_google_service_account.go",
+    ),
+    ResourceRules(
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
+        (
+            Requires(
+                lambda r, _: (
+                    "an IAM condition holds at most 12 logical operators"
+                    if str((r.inputs.get("condition") or {}).get("expression", "")).count("||")
+                    + str((r.inputs.get("condition") or {}).get("expression", "")).count("&&")
+                    > 12
+                    else None
+                ),
+                "https://cloud.google.com/iam/docs/conditions-overview#limits",
+            ),
+        ),
+        replaced_on=("bucket", "role", "member", "condition"),
+        source="GoogleCloudPlatform/magic-modules tpgiamresource/resource_iam_member.go",
+    ),
+    ResourceRules(
+        "gcp:compute/firewall:Firewall",
+        (
+            PLAIN,
+            DESCRIPTION,
+            OneOf("direction", ("INGRESS", "EGRESS"), f"{MM}Firewall.yaml"),
+            Requires(
+                lambda r, _: (
+                    None
+                    if r.inputs.get("direction") != "INGRESS"
+                    or any(r.inputs.get(k) for k in ("sourceRanges", "sourceTags"))
+                    else "an INGRESS rule needs sourceRanges or sourceTags"
+                ),
+                f"{MM}Firewall.yaml",
+            ),
+        ),
+        replaced_on=("name", "direction", "network"),
+        source=f"{MM}Firewall.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/instance:Instance",
+        (
+            PLAIN,
+            labels(),
+            labels("bootDisk.initializeParams.labels"),
+            Between("bootDisk.initializeParams.provisionedThroughput", 140, 2400, HYPERDISK),
+            Between("bootDisk.initializeParams.provisionedIops", 3000, 160_000, HYPERDISK),
+            Requires(_hyperdisk, HYPERDISK),
+            OneOf(
+                "networkPerformanceConfig.totalEgressBandwidthTier",
+                ("DEFAULT", "TIER_1"),
+                "https://cloud.google.com/compute/docs/networking/configure-vm-with-high-bandwidth-configuration",
+            ),
+            OneOf("networkInterfaces.*.nicType", ("GVNIC",), "C4A requires gVNIC"),
+            Requires(
+                lambda r, _: (
+                    None
+                    if len(str((r.inputs.get("metadata") or {}).get("user-data", ""))) <= 256 * 1024
+                    else "metadata user-data over 256 KB"
+                ),
+                "https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations",
+            ),
+        ),
+        replaced_on=(
+            "name",
+            "zone",
+            "hostname",
+            "bootDisk.initializeParams.type",
+            "bootDisk.initializeParams.image",
+            "bootDisk.initializeParams.provisionedIops",
+            "bootDisk.initializeParams.provisionedThroughput",
+            "networkInterfaces.*.networkIp",
+            "networkInterfaces.*.nicType",
+        ),
+        source="GoogleCloudPlatform/magic-modules resource_compute_instance.go.tmpl",
+    ),
+    ResourceRules(
+        "gcp:compute/instanceGroup:InstanceGroup",
+        (PLAIN, DESCRIPTION),
+        replaced_on=("name", "zone", "description", "network", "project"),
+        source="GoogleCloudPlatform/magic-modules resource_compute_instance_group.go.tmpl",
+    ),
+    ResourceRules(
+        "gcp:compute/instanceGroupMembership:InstanceGroupMembership",
+        (),
+        replaced_on=("instance", "instanceGroup", "zone"),
+        source=f"{MM}InstanceGroupMembership.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/regionHealthCheck:RegionHealthCheck",
+        (
+            PLAIN,
+            DESCRIPTION,
+            Between("checkIntervalSec", 1, 300, f"{MM}RegionHealthCheck.yaml"),
+            Between("healthyThreshold", 1, 10, f"{MM}RegionHealthCheck.yaml"),
+            Between("unhealthyThreshold", 1, 10, f"{MM}RegionHealthCheck.yaml"),
+            Requires(_health_timeout, f"{MM}RegionHealthCheck.yaml"),
+        ),
+        replaced_on=("name", "region"),
+        source=f"{MM}RegionHealthCheck.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/regionBackendService:RegionBackendService",
+        (
+            PLAIN,
+            DESCRIPTION,
+            Requires(
+                _connection_tracking,
+                "https://cloud.google.com/compute/docs/reference/rest/v1/regionBackendServices "
+                "(BackendServiceConnectionTrackingPolicy.idleTimeoutSec)",
+            ),
+        ),
+        replaced_on=("name", "loadBalancingScheme", "network"),
+        source=f"{MM}RegionBackendService.yaml",
+    ),
+    ResourceRules(
+        "gcp:compute/forwardingRule:ForwardingRule",
+        (
+            PLAIN,
+            DESCRIPTION,
+            labels(),
+            Requires(
+                lambda r, _: (
+                    "a forwarding rule takes at most 5 ports"
+                    if len(r.inputs.get("ports") or []) > 5
+                    else None
+                ),
+                f"{MM}ForwardingRule.yaml",
+            ),
+        ),
+        # Immutable but for its labels and allowGlobalAccess.
+        replaced_on=(
+            "name",
+            "description",
+            "ipAddress",
+            "ipProtocol",
+            "backendService",
+            "loadBalancingScheme",
+            "network",
+            "subnetwork",
+            "ports",
+            "region",
+        ),
+        source=f"{MM}ForwardingRule.yaml",
+    ),
+)

@@ -1,0 +1,5 @@
+import sys
+
+from infra.preflight.cli import main
+
+sys.exit(main())

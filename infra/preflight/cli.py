@@ -1,0 +1,78 @@
+"""python -m infra.preflight STACK: ask the cloud account, read-only, whether it has what the
+stack needs (quotas, the types offered in its zone or region, Azure's Network Watcher and
+Microsoft.Insights), with your own credentials, as ``pulumi up`` does before it creates anything.
+
+Exits 0 when the account is ready, 1 with each problem and its fix when it is not, 2 when the
+stack or its settings are wrong or no credentials are found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from infra import preflight
+from infra.preflight.account import Account
+from infra.preflight.live import CredentialsError, Reader, cli_reader
+from infra.stack.files import StackFileError, config_of, stack_values
+from infra.stack.settings import ConfigError
+
+ReaderFactory = Callable[[str, Mapping[str, Any]], Reader]
+
+
+def _report(needs: preflight.Needs, account: Account, found: list[preflight.Problem]) -> str:
+    lines = [f"{needs.stack}: {needs.cloud} {needs.region}"]
+    nodes = ", ".join(f"{count} x {name}" for name, count in sorted(needs.nodes.items()))
+    lines.append(f"  nodes: {nodes} ({needs.total_vcpus} vCPUs)")
+    zone = preflight.zone_for(needs, account)
+    if zone is not None:
+        how = "the zone setting" if needs.zone else "the first that offers every type"
+        lines.append(f"  zone: {zone} ({how}; a deployed stack keeps the zone it was created in)")
+    for reading in account.quotas:
+        limit = "unknown" if reading.limit is None else f"{reading.limit:g}"
+        used = "unknown" if reading.used is None else f"{reading.used:g}"
+        lines.append(
+            f"  quota {reading.quota.name} ({reading.quota.id}): {limit} vCPUs, {used} in use, "
+            f"{reading.own:g} of them this stack's"
+        )
+    lines += [f"  not checked: {unread}" for unread in account.unread]
+    if found:
+        lines.append("NOT READY:")
+        lines += [f"  - {problem}" for problem in found]
+    else:
+        lines.append("ready: the account has what the stack needs")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_reader) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.preflight",
+        description="Check, read-only, that the cloud account has what a stack needs.",
+    )
+    parser.add_argument("stack", help="a stack of stacks/, as `pulumi up --stack` names it")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        values = stack_values(args.stack)
+        config = config_of(values)
+        needs = preflight.needs_of(config, args.stack)
+        account = reader_for(config.cloud, values)(needs)
+    except (StackFileError, ConfigError, CredentialsError) as error:
+        print(f"preflight: {error}", file=sys.stderr)
+        return 2
+    found = preflight.problems(needs, account)
+    if args.json:
+        report = {
+            "stack": args.stack,
+            "ready": not found,
+            "zone": preflight.zone_for(needs, account),
+            "problems": [{"about": p.what, "message": p.message} for p in found],
+            "notChecked": [str(u) for u in account.unread],
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(_report(needs, account, found))
+    return 1 if found else 0

@@ -1,0 +1,65 @@
+"""What a stack asks of its cloud account, from its checked configuration."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from infra.clouds import FACTS
+from infra.clouds.azure import NetworkWatcher
+from infra.clouds.base import VcpuQuota
+from infra.stack.config import ClusterConfig
+from infra.stack.settings import PROJECT
+
+
+@dataclass(frozen=True)
+class Needs:
+    cloud: str
+    region: str
+    stack: str  # the stack's name, as Pulumi gives it
+    # Every node of every serving group: instance type -> how many.
+    nodes: Mapping[str, int]
+    vcpus: Mapping[str, int]  # instance type -> vCPUs of one
+    zone: str | None = None  # the ``zone`` setting
+    network_watcher: NetworkWatcher | None = None  # Azure, with flow logs on
+    project: str = PROJECT
+    # The tags (labels) every node of the stack carries, to tell its own nodes from others.
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(sorted(self.nodes))
+
+    def quota_needs(self) -> dict[VcpuQuota, int]:
+        """vCPUs the stack's nodes count against each quota, every group included."""
+        found: dict[VcpuQuota, int] = {}
+        for name, count in self.nodes.items():
+            quota = FACTS[self.cloud].vcpu_quota(name)
+            if quota is not None:
+                found[quota] = found.get(quota, 0) + count * self.vcpus[name]
+        return found
+
+    @property
+    def total_vcpus(self) -> int:
+        return sum(count * self.vcpus[name] for name, count in self.nodes.items())
+
+
+def needs_of(config: ClusterConfig, stack: str) -> Needs:
+    counts: Counter[str] = Counter()
+    vcpus: dict[str, int] = {}
+    for plan in config.nodes:
+        instance = config.main_instance_type if plan.role == "main" else config.instance_type
+        counts[instance.name] += 1
+        vcpus[instance.name] = instance.vcpus
+    facts = FACTS[config.cloud]
+    return Needs(
+        cloud=config.cloud,
+        region=config.region,
+        stack=stack,
+        nodes=dict(counts),
+        vcpus=vcpus,
+        zone=config.zone,
+        network_watcher=config.network_watcher if config.flow_logs else None,
+        tags={"project": PROJECT, "stack": facts.tag_value(stack)},
+    )
