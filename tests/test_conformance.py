@@ -28,6 +28,7 @@ STORE_URLS = {
     "azure": ["az://mymodels/models/llama/part-00001-of-00002.gguf"],
 }
 SMALL_MODEL = stack_config("aws-small")[f"{P}model"]
+KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 NODE_TYPES = {
     "aws:ec2/instance:Instance",
     "gcp:compute/instance:Instance",
@@ -65,6 +66,14 @@ VARIANTS: dict[str, Callable[[str], dict[str, Any] | None]] = {
     "many tags": lambda stack: {f"{P}tags": many_tags(cloud_of(stack))},
     "bastion": lambda stack: (
         {f"{P}bastion": True, f"{P}replicas": 2} if cloud_of(stack) == "azure" else None
+    ),
+    "zone or watcher set": lambda stack: {
+        "aws": {f"{P}zone": "us-east-1c"},
+        "gcp": {f"{P}zone": "us-central1-c"},
+        "azure": {f"{P}networkWatcher": "ops-rg/nw-eastus"},
+    }[cloud_of(stack)],
+    "SSE-KMS staged model": lambda stack: (
+        {**staged(stack), f"{P}modelStoreKmsKey": KMS_KEY} if cloud_of(stack) == "aws" else None
     ),
 }
 # The largest stacks, once per cloud: every group of the most workers llama.cpp takes.

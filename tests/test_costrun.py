@@ -588,3 +588,19 @@ def test_a_local_run_without_the_llama_cpp_source_says_how_to_fetch_it(
     model.write_bytes(b"GGUF")
     assert cli.main(["run", "--local", "--model", str(model), "--dry-run"]) == 2
     assert "run `python -m infra.local fetch-source`" in capsys.readouterr().err
+
+
+def test_the_one_off_download_is_paid_by_every_groups_main_node_unless_staged() -> None:
+    from infra import costs
+    from infra.stack.files import config_of, stack_values
+
+    target = PulumiTarget("aws-c8g", which=lambda tool: None)
+    once = costs.download_usd("aws", target.config.model.size_bytes)
+    assert once and target.predict().one_off_usd == once
+    values = stack_values("aws-c8g")
+    target.config = config_of({**values, "llama-rpc-cluster:replicas": 3})
+    assert target.predict().one_off_usd == pytest.approx(3 * once)
+    model = {**values["llama-rpc-cluster:model"], "sha256": []}
+    model["urls"] = [f"s3://models/part-{i}.gguf" for i in range(len(model["urls"]))]
+    target.config = config_of({**values, "llama-rpc-cluster:model": model})
+    assert target.predict().one_off_usd == 0.0

@@ -147,7 +147,10 @@ class PulumiTarget:
                 "total": round(timeline.total_seconds, 1),
             },
             decode_tps=perf.decode_tps(c.model, nodes, c.placement, kv_tokens),
-            one_off_usd=costs.download_usd(c.cloud, c.model.size_bytes) or 0.0,
+            # Each group's main node downloads the model through the NAT, unless it is staged.
+            one_off_usd=0.0
+            if staged
+            else (costs.download_usd(c.cloud, c.model.size_bytes) or 0.0) * c.replicas,
             price_source="; ".join(cost.sources),
             unpriced=tuple(cost.unpriced),
             note=cost.basis,

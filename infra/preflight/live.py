@@ -68,6 +68,10 @@ def program_reader(cloud: str, settings: Mapping[str, Any]) -> Reader:
             import pulumi_gcp  # noqa: PLC0415
 
             found = pulumi_gcp.organizations.get_client_config()
+            if not found.project:
+                raise CredentialsError(
+                    "no GCP project: set it with `pulumi config set gcp:project <project>`"
+                )
             return found.access_token, found.project
 
         return gcp_reader(google)
