@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
-from urllib.parse import urlsplit
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlsplit
 
 from infra.clouds import FACTS
 
@@ -75,19 +75,6 @@ def api_cidr_problem(text: str) -> str | None:
     return None
 
 
-def _host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address a URL host names literally, in any of the forms a resolver accepts
-    (dotted, decimal 2852039166, hex 0xa9fea9fe, IPv6), or None for a name."""
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(host))
-    except OSError:
-        return None
-
-
 # s3://bucket/key: a bucket name as S3 allows it, and a key that ends in a file name.
 _S3_URL = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(\S*[^/\s])")
 # gs://bucket/key: a bucket name as Cloud Storage allows it without a verified domain (3-63
@@ -138,70 +125,156 @@ def listed_prefixes(keys: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _store_url_problem(url: str) -> str | None:
-    """Why an object-store URL names no object its store could hold, or None."""
-    if url.startswith("s3://") and s3_object(url) is None:
+    """Why an object-store URL names no object its store could hold, or one whose key would
+    widen the node's read grant; None when it is fine."""
+    found = s3_object(url) or gcs_object(url)
+    blob = blob_object(url)
+    if found or blob:
+        return store_key_problem(url, found[1] if found else blob[2] if blob else "")
+    if url.startswith("s3://"):
         return (
             f"{url!r} is not s3://BUCKET/KEY with a bucket name S3 allows and a key that "
             "ends in the file name"
         )
-    if url.startswith("gs://") and gcs_object(url) is None:
+    if url.startswith("gs://"):
         return (
             f"{url!r} is not gs://BUCKET/KEY with a bucket name Cloud Storage allows (3-63 "
             "lowercase letters, digits, '-', '_' or '.', a letter or digit at each end) and a "
             "key that ends in the file name"
         )
-    if url.startswith("az://") and blob_object(url) is None:
-        match = _BLOB_URL.fullmatch(url)
-        if match and not _BLOB_ACCOUNT.fullmatch(match.group(1)):
-            return (
-                f"{url!r}: storage account {match.group(1)!r} is not 3-24 lowercase letters "
-                "and digits; give az://ACCOUNT/CONTAINER/KEY with the account's name, not its "
-                "host"
-            )
-        if match:
-            return (
-                f"{url!r}: container {match.group(2)!r} is not 3-63 lowercase letters, digits "
-                "and single hyphens with a letter or digit at each end"
-            )
-        return f"{url!r} is not az://ACCOUNT/CONTAINER/KEY with a key that ends in the file name"
+    return _blob_url_problem(url)
+
+
+def _blob_url_problem(url: str) -> str:
+    match = _BLOB_URL.fullmatch(url)
+    if match and not _BLOB_ACCOUNT.fullmatch(match.group(1)):
+        return (
+            f"{url!r}: storage account {match.group(1)!r} is not 3-24 lowercase letters "
+            "and digits; give az://ACCOUNT/CONTAINER/KEY with the account's name, not its "
+            "host"
+        )
+    if match:
+        return (
+            f"{url!r}: container {match.group(2)!r} is not 3-63 lowercase letters, digits "
+            "and single hyphens with a letter or digit at each end"
+        )
+    return f"{url!r} is not az://ACCOUNT/CONTAINER/KEY with a key that ends in the file name"
+
+
+# What a model URL may hold: printable ASCII from RFC 3986's sets, without curl's glob
+# characters ([ ] { }), quotes, backslashes or spaces. A host is a DNS name (letters, digits and
+# hyphens in dot-separated labels, a TLD that is not a number) or a dotted-decimal IPv4
+# address: no percent-encoding, full-width or other spellings of an address, no IPv6 literal.
+_URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#@!$&()*+,;=%]+")
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_DNS_NAME = re.compile(
+    r"(?=.{1,253}$)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?"
+)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# Query parameters that carry a credential: pre-signed S3 (X-Amz-Signature, or AWSAccessKeyId
+# with Signature), signed Cloud Storage (X-Goog-Signature, GoogleAccessId), Azure SAS (sig), and
+# the common token names. A model URL sits in user data, the stack's state and the journal.
+_SECRET_PARAMETER = re.compile(
+    r"(x-amz-|x-goog-|awsaccesskeyid|googleaccessid|signature|^sig$|^se$|token|secret|"
+    r"password|^key$|api[-_]?key|credential)",
+    re.IGNORECASE,
+)
+# Object keys as IAM, IAM conditions and rclone take them literally: AWS's "safe characters"
+# without '*' and the quote (no IAM wildcard or variable can widen a grant), no '.' or '..'
+# segment and no empty one.
+_STORE_KEY = re.compile(r"[A-Za-z0-9!\-_.()]+(?:/[A-Za-z0-9!\-_.()]+)*")
+
+
+def store_key_problem(url: str, key: str) -> str | None:
+    """Why an object key would widen or bend the node's read grant, or None."""
+    segments = key.split("/")
+    if not _STORE_KEY.fullmatch(key) or any(s in (".", "..") for s in segments):
+        return (
+            f"{url!r}: the object key may hold only letters, digits and ! - _ . ( ) between "
+            "single slashes, with no '.' or '..' segment: a '*', '?' or '$' would widen the "
+            "node's read grant beyond the model"
+        )
     return None
 
 
-def model_url_problem(url: str) -> str | None:
-    """Why a node must not download its model from this URL, or None."""
-    if url.startswith(STORE_SCHEMES):  # which cloud reads it: infra.stack.config
-        return _store_url_problem(url)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} is not an http(s) URL with a host"
-    if parts.username or parts.password:
-        return (
-            f"{url!r} carries credentials: user data is readable through the cloud's API; "
-            "use a pre-signed or public URL"
-        )
-    host = parts.hostname.lower().rstrip(".")
-    address = _host_address(host)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
-    if (
-        host in METADATA_HOSTS
-        or host.endswith(".localhost")
-        or (
-            address is not None
-            and (
-                address.is_loopback
-                or address.is_link_local
-                or address.is_unspecified
-                or address.is_multicast
-                or address in METADATA_ADDRESSES
+def _host_problem(url: str, host: str) -> str | None:
+    if _IPV4.fullmatch(host):
+        address = ipaddress.IPv4Address(host)
+        if (
+            address.is_loopback
+            or address.is_link_local
+            or address.is_unspecified
+            or address.is_multicast
+            or address.is_reserved
+            or address in METADATA_ADDRESSES
+        ):
+            return (
+                f"{url!r} points at the node itself or at the cloud's metadata service; "
+                "give the model host's address"
             )
-        )
-    ):
+        return None
+    if host in METADATA_HOSTS or host.endswith((".localhost", ".internal")):
         return (
             f"{url!r} points at the node itself or at the cloud's metadata service; "
             "give the model host's address"
         )
+    if not _DNS_NAME.fullmatch(host):
+        return (
+            f"{url!r}: the host must be a DNS name or a dotted-decimal IPv4 address (no IPv6, "
+            "percent-encoded, numeric or other spelling of an address)"
+        )
     return None
+
+
+def _http_problems(url: str) -> Iterator[str | None]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        yield f"{url!r} is not an http(s) URL with a host"
+        return
+    if parts.username or parts.password:
+        yield (
+            f"{url!r} carries credentials, which would sit in user data, the stack's state and "
+            "the node's journal; stage the model in the cloud's store (read with the node's "
+            "identity) or give a public URL"
+        )
+    if parts.fragment or url.endswith("#"):
+        yield f"{url!r} has a fragment (#…), which names nothing to download; remove it"
+    yield _host_problem(url, parts.hostname.lower().rstrip("."))
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    private = _IPV4.fullmatch(parts.hostname) and any(
+        ipaddress.IPv4Address(parts.hostname) in space for space in INTERNAL_SOURCES
+    )
+    if port is not None and port != DEFAULT_PORTS[parts.scheme] and not (private and port > 0):
+        yield (
+            f"{url!r} names port {parts.netloc.rpartition(':')[2]}: the nodes reach the internet "
+            f"on {DEFAULT_PORTS['http']} and {DEFAULT_PORTS['https']} only (another port only "
+            "for a mirror at a private IPv4 address); host the model on the scheme's own port"
+        )
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if _SECRET_PARAMETER.search(name):
+            yield (
+                f"{url!r} carries a credential in its query ({name}), which would sit in user "
+                "data, the stack's state and the node's journal; stage the model in the "
+                "cloud's store (read with the node's identity) or give a public URL"
+            )
+
+
+def model_url_problem(url: str) -> str | None:
+    """Why a node must not download its model from this URL, or None."""
+    if not _URL_CHARACTERS.fullmatch(url) or _PERCENT.search(url):
+        return (
+            f"{url!r} holds characters a model URL may not (controls, spaces, quotes, "
+            "backslashes, non-ASCII, curl's glob characters [ ] { }, or a bad %-escape); "
+            "give it percent-encoded"
+        )
+    if url.startswith(STORE_SCHEMES):  # which cloud reads it: infra.stack.config
+        return _store_url_problem(url)
+    return next((problem for problem in _http_problems(url) if problem), None)
 
 
 def unverified_download_problem(urls: tuple[str, ...], sha256: tuple[str, ...]) -> str | None:

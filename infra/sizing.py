@@ -83,3 +83,5 @@ def default_main_disk_gb(model_bytes: int) -> int:
 # A worker's disk holds the OS and the build: its weights come over the network into memory, and
 # it keeps no tensor cache (rpc-worker.sh says why).
 WORKER_DISK_GB = 30
+# The least room for the OS, the build tools and the llama.cpp build, on any node.
+SYSTEM_DISK_GB = 20

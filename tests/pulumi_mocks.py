@@ -145,6 +145,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             "aws:ssm/getParameter:getParameter": lambda a: {
                 "name": a["name"], "type": "String", "value": "ami-0123456789abcdef0"
             },
+            "aws:ec2/getAmi:getAmi": lambda a: {"id": "ami-0fedcba9876543210", **a},
             "azure-native:authorization:getClientConfig": lambda a: {
                 "clientId": "c", "objectId": "o", "subscriptionId": SUBSCRIPTION, "tenantId": "t"
             },
@@ -317,7 +318,7 @@ def ready_account(needs: Needs, unavailable: dict[str, set[str]] | None = None) 
     offers = {
         zone: frozenset(set(needs.types) - (unavailable or {}).get(zone, set())) for zone in zones
     }
-    quotas = tuple(QuotaReading(quota, limit=10_000.0, used=0.0) for quota in needs.quota_needs())
+    quotas = tuple(QuotaReading(quota, limit=100_000.0, used=0.0) for quota in needs.quota_needs())
     return Account(
         needs.cloud,
         needs.region,

@@ -181,13 +181,20 @@ def test_a_node_is_replaced_delete_first_when_its_boot_data_changes(stack: str) 
         assert options.ignore_changes == ["ami"]
 
 
-def test_a_pinned_image_is_used_as_is_and_changing_it_is_a_replacement() -> None:
+def test_a_pinned_image_is_canonicals_arm64_ami_of_that_name_and_changing_it_replaces() -> None:
     mocks = RecordingMocks()
-    d = deploy("aws-small", {"llama-rpc-cluster:image": "ami-0fedcba9876543210"}, mocks=mocks)
+    name = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20251001"
+    d = deploy("aws-small", {"llama-rpc-cluster:image": name}, mocks=mocks)
     for instance in d.of_type(INSTANCE):
         assert instance.inputs["ami"] == "ami-0fedcba9876543210"
         assert not d.options_of(instance).ignore_changes
     assert not [c for c in mocks.calls if c.token == "aws:ssm/getParameter:getParameter"]
+    [lookup] = [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]
+    assert lookup.args["owners"] == ["099720109477"]  # Canonical's, and no one else's
+    assert lookup.args["filters"] == [
+        {"name": "name", "values": [name]},
+        {"name": "architecture", "values": ["arm64"]},
+    ]
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -474,16 +481,24 @@ def test_a_model_that_fits_one_node_runs_without_workers() -> None:
             {"urls": ["ftp://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
             "is not an http(s) URL",
         ),
-        ("model.sizeGb", {"urls": ["https://x/m.gguf"], "kvBytesPerToken": 1}, "model's size"),
+        (
+            "model.sizeGb",
+            {"urls": ["https://x.example/m.gguf"], "kvBytesPerToken": 1},
+            "model's size",
+        ),
         (
             "model.layers",
-            {"urls": ["https://x/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
+            {"urls": ["https://x.example/m.gguf"], "sizeGb": 1, "kvBytesPerToken": 1},
             "give the model's number of layers",
         ),
-        ("model.preset", {"urls": ["https://x/m.gguf"], "preset": "llama-9"}, "unknown preset"),
+        (
+            "model.preset",
+            {"urls": ["https://x.example/m.gguf"], "preset": "llama-9"},
+            "unknown preset",
+        ),
         (
             "model.sha256",
-            {"urls": ["https://x/m.gguf"], "preset": "llama-3.1-8b-q4_0", "sha256": ["ab"]},
+            {"urls": ["https://x.example/m.gguf"], "preset": "llama-3.1-8b-q4_0", "sha256": ["ab"]},
             "'ab' is not a 64-character lowercase hex sha256",
         ),
     ],
@@ -500,15 +515,21 @@ def test_reference_user_data_passes_cloud_init_schema(node: str, tmp_path) -> No
     assert_valid_cloud_config(user_data_text(inputs), tmp_path)
 
 
-def test_a_model_host_on_another_port_is_reachable_from_the_main_node_only() -> None:
+def test_a_private_mirror_on_another_port_is_reachable_from_the_main_node_only() -> None:
+    """Another port is for a mirror at a private address only, and opens that address and
+    port alone (an internet host on any port would open the main node's egress to all)."""
     model = {
         **stack_config("aws-small")["llama-rpc-cluster:model"],
-        "urls": ["https://models.example.com:8443/qwen.gguf"],
+        "urls": ["https://10.8.0.5:8443/qwen.gguf"],
     }
     d = deploy("aws-small", {"llama-rpc-cluster:model": model})
     extra = [r for r in d.of_type(EGRESS) if r.inputs["fromPort"] == 8443]
-    assert [r.inputs["securityGroupId"] for r in extra] == ["llama-rpc-cluster-main-sg-id"]
+    assert [(r.inputs["securityGroupId"], r.inputs["cidrIpv4"]) for r in extra] == [
+        ("llama-rpc-cluster-main-sg-id", "10.8.0.5/32")
+    ]
     assert not [r for r in deployed("aws-small").of_type(EGRESS) if r.inputs["fromPort"] == 8443]
+    internet = {**model, "urls": ["https://models.example.com:8443/qwen.gguf"]}
+    assert "port 8443" in refused("aws-small", {"llama-rpc-cluster:model": internet}, "model.urls")
 
 
 # Replicas: serving groups behind an internal Network Load Balancer.

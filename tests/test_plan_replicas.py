@@ -22,6 +22,7 @@ from infra.planner import perf, report, search, target, verdict
 from infra.planner.cli import main
 from infra.planner.target import Shape, Target
 from infra.stack import config, files
+from infra.stack.settings import DEFAULT_MAX_HOURLY_USD
 from infra.types import MAX_REPLICAS
 
 EIGHT_B = PRESETS["llama-3.1-8b-q4_0"]
@@ -493,3 +494,17 @@ def test_with_fixed_slots_one_group_is_still_weighed_against_replicas() -> None:
     assert [g.streams for g in found.replicas.load.groups] == [2, 1]
     verdict_agrees_with_its_figures(found)
     assert found.per_hour == verdict.ONE_GROUP
+
+
+def test_a_set_that_costs_more_than_the_default_ceiling_carries_its_own() -> None:
+    """A stack costs at most maxHourlyUsd ($100/h by default); a set the planner sized past it
+    was chosen for its price, so the stack it writes raises the ceiling to just above it."""
+    plan = target.plan(SEVENTY_B, CONTEXT, AWS, Target(aggregate_tps=80))
+    option = plan.options[0]
+    assert (option.hourly_usd or 0) < DEFAULT_MAX_HOURLY_USD
+    assert "maxHourlyUsd" not in target_settings(option, plan)
+    dear = dataclasses.replace(option, cost=dataclasses.replace(option.cost, instances=150.0))
+    assert dear.hourly_usd is not None and dear.hourly_usd > DEFAULT_MAX_HOURLY_USD
+    settings = target_settings(dear, plan)
+    assert settings["maxHourlyUsd"] == math.ceil(dear.hourly_usd) + 1
+    config.from_settings(settings, region=option.instance.region)  # accepted

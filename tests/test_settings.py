@@ -6,18 +6,37 @@ that the program stops there, with no resource registered.
 
 from __future__ import annotations
 
+import base64
+import ipaddress
 import random
+import socket
+import urllib.parse
 from typing import Any
 
 import pulumi
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 
 from infra import network_rules
 from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
+from infra.stack.settings import BY_KEY
 from tests.pulumi_mocks import RecordingMocks, deploy, refusal, refused, stack_config
 
 P = "llama-rpc-cluster:"
+# An RSA public key of 1,032 bits (exponent 3): Azure takes 2,048 or more.
+SHORT_RSA_KEY = (
+    "ssh-rsa "
+    + base64.b64encode(
+        b"\x00\x00\x00\x07ssh-rsa\x00\x00\x00\x01\x03\x00\x00\x00\x81" + b"\xff" * 129
+    ).decode()
+)
+# The form of an Ed25519 public key (32 arbitrary bytes: no one holds its private half).
+ED25519_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGg4hEbHzZ+1Qe2TT2P0d6PMdDbaa1TuJz0hbz8uCMbG test"
+)
 KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 STACK = {"aws": "aws-small", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
 
@@ -40,9 +59,126 @@ def tags(count: int, prefix: str = "t") -> dict[str, str]:
 
 # (cloud, the setting the error names, overrides, what the error says)
 BAD: list[tuple[str, str, dict[str, Any], str]] = [
+    # Characters a URL may not hold: quotes, backslashes, controls, spaces, non-ASCII, globs.
+    *[
+        (cloud, "model.urls", with_urls(cloud, [url]), "holds characters a model URL may not")
+        for cloud, url in [
+            ("aws", "https://h.example.com/it's.gguf"),
+            ("gcp", "https://h.example.com/a\\b.gguf"),
+            ("aws", "https://h.example.com/m.gguf\x00.txt"),
+            ("azure", "https://h.example.com/m\r\n.gguf"),
+            ("aws", "https://h.example.com/part-[1-5].gguf"),
+            ("gcp", "https://h.example.com/{a,b}.gguf"),
+            ("aws", "https://h.example.com/m%zz.gguf"),
+            ("aws", "https://h.example.com/m odel.gguf"),
+            ("aws", "https://xn--h-example.com/\u00e9.gguf"),
+            ("aws", "https://\uff11\uff12\uff17.\uff10.\uff10.\uff11/m.gguf"),  # full-width
+            ("aws", "https://[::1]/m.gguf"),
+            ("aws", "https://[fd00:ec2::254]/m.gguf"),
+            ("aws", "https://[::ffff:169.254.169.254]/m.gguf"),
+            ("aws", "s3://models/${aws:username}/m.gguf"),  # an IAM policy variable
+        ]
+    ],
+    # Hosts that are an address by another spelling.
+    *[
+        (cloud, "model.urls", with_urls(cloud, [url]), "the host must be a DNS name")
+        for cloud, url in [
+            ("aws", "https://%31%32%37.0.0.1/m.gguf"),
+            ("aws", "https://2852039166/m.gguf"),  # 169.254.169.254
+            ("aws", "https://0x7f000001/m.gguf"),  # 127.0.0.1
+            ("gcp", "https://0177.0.0.1/m.gguf"),  # octal
+            ("aws", "https://127.1/m.gguf"),
+            ("azure", "https://h_example.com/m.gguf"),
+        ]
+    ],
+    # Credentials in the query, ports that open the internet, a fragment.
+    *[
+        ("aws", "model.urls", with_urls("aws", [url]), "carries a credential in its query")
+        for url in [
+            "https://b.s3.amazonaws.com/m.gguf?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=ab",
+            "https://storage.googleapis.com/b/m.gguf?X-Goog-Signature=ab&X-Goog-Expires=60",
+            "https://a.blob.core.windows.net/c/m.gguf?sv=2022-11-02&se=2026-12-01&sig=ab%3D",
+            "https://h.example.com/m.gguf?AWSAccessKeyId=AKID&Signature=ab&Expires=1",
+            "https://h.example.com/m.gguf?access_token=ab",
+        ]
+    ],
+    ("aws", "model.urls", with_urls("aws", ["https://h.example.com:8443/m.gguf"]), "port 8443"),
+    ("aws", "model.urls", with_urls("aws", ["https://10.1.2.3:99999/m.gguf"]), "port 99999"),
+    ("aws", "model.urls", with_urls("aws", ["https://h.example.com/m.gguf#x"]), "a fragment"),
+    # Object keys that would widen the read grant.
+    *[
+        (cloud, "model.urls", with_urls(cloud, [url]), "would widen the node's read grant")
+        for cloud, url in [
+            ("aws", "s3://models/llama/*.gguf"),
+            ("aws", "s3://models/llama/part-?.gguf"),
+            ("aws", "s3://models/llama//m.gguf"),
+            ("gcp", "gs://models/llama/../other/m.gguf"),
+            ("azure", "az://mymodels/models/llama/*.gguf"),
+        ]
+    ],
+    # Numbers a node cannot take.
+    (
+        "aws",
+        "model.sizeGb",
+        {
+            f"{P}model": {
+                "sizeGb": float("nan"),
+                "layers": 28,
+                "kvBytesPerToken": 28672,
+                "urls": ["https://h.example.com/m.gguf"],
+            }
+        },
+        "give the model's size in GB",
+    ),
+    (
+        "aws",
+        "model.sizeGb",
+        {
+            f"{P}model": {
+                "sizeGb": float("inf"),
+                "layers": 28,
+                "kvBytesPerToken": 28672,
+                "urls": ["https://h.example.com/m.gguf"],
+            }
+        },
+        "more than 0 and at most 100,000",
+    ),
+    (
+        "aws",
+        "model.layers",
+        {
+            f"{P}model": {
+                "sizeGb": 1.1,
+                "layers": 10**9,
+                "kvBytesPerToken": 28672,
+                "urls": ["https://h.example.com/m.gguf"],
+            }
+        },
+        "from 1 to 4096",
+    ),
+    ("aws", "contextSize", {f"{P}contextSize": 2**31}, "is outside 1-16777216"),
+    (
+        "aws",
+        "maxHourlyUsd",
+        {f"{P}replicas": 10, f"{P}workerCount": 15, f"{P}instanceType": "c8g.16xlarge"},
+        "more than maxHourlyUsd ($100/h)",
+    ),
+    ("aws", "maxHourlyUsd", {f"{P}maxHourlyUsd": 0}, "0 is outside at least 1"),
+    ("aws", "workerDiskGb", {f"{P}workerDiskGb": 12}, "cannot hold the OS, the build tools"),
+    # Ports that collide with the node metrics'.
+    ("aws", "rpcPort", {f"{P}rpcPort": 9100}, "9100 is the node metrics' port"),
+    ("gcp", "serverPort", {f"{P}serverPort": 9100}, "9100 is the node metrics' port"),
+    # SSH keys Azure does not take.
+    *[
+        ("azure", "sshPublicKey", {f"{P}sshPublicKey": key}, "is not an OpenSSH public key Azure")
+        for key in [
+            "ssh-ed25519 AAAA me",
+            SHORT_RSA_KEY,
+            "ssh-dss AAAAB3NzaC1kc3MAAACBAP",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN" + "A" * 10,
+        ]
+    ],
     # Boot data the renderer refuses, caught in the config step.
-    ("aws", "model.urls", with_urls("aws", ["https://h.example.com/it's.gguf"]), "MODEL_URLS="),
-    ("gcp", "model.urls", with_urls("gcp", ["https://h.example.com/a\\b.gguf"]), "MODEL_URLS="),
     ("aws", "model.urls", with_urls("aws", many_urls(400)), "the aws user data is"),
     ("azure", "model.urls", with_urls("azure", many_urls(1500)), "the azure user data is"),
     (
@@ -64,13 +200,8 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
             ("aws", "http://169.254.169.254/latest/meta-data/m.gguf"),
             ("gcp", "https://metadata.google.internal/m.gguf"),
             ("azure", "https://168.63.129.16/m.gguf"),
-            ("aws", "https://[fd00:ec2::254]/m.gguf"),
             ("aws", "https://127.0.0.1:8000/m.gguf"),
             ("aws", "https://localhost/m.gguf"),
-            ("aws", "https://[::1]/m.gguf"),
-            ("aws", "https://2852039166/m.gguf"),  # 169.254.169.254
-            ("aws", "https://0x7f000001/m.gguf"),  # 127.0.0.1
-            ("aws", "https://[::ffff:169.254.169.254]/m.gguf"),
         ]
     ],
     (
@@ -145,8 +276,33 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("azure", "bastion", {f"{P}bastion": "yes"}, "must be true or false"),
     ("aws", "flowLogs", {f"{P}flowLogs": "off"}, "must be true or false"),
     # Images.
-    ("aws", "image", {f"{P}image": "ubuntu-24.04"}, "'ubuntu-24.04' is not an arm64 Ubuntu"),
+    ("aws", "image", {f"{P}image": "ubuntu-24.04"}, "'ubuntu-24.04' is not the name of one"),
+    ("aws", "image", {f"{P}image": "ami-0123456789abcdef0"}, "of Canonical's arm64 Ubuntu"),
+    (
+        "aws",
+        "image",
+        {f"{P}image": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20251001"},
+        "is not the name of one of Canonical's arm64",
+    ),
     ("gcp", "image", {f"{P}image": "ubuntu-2404-lts-arm64"}, "'ubuntu-2404-lts-arm64' is not"),
+    (
+        "gcp",
+        "image",
+        {f"{P}image": "projects/stranger/global/images/family/ubuntu-2404-lts-arm64"},
+        "of the ubuntu-os-cloud project",
+    ),
+    (
+        "gcp",
+        "image",
+        {f"{P}image": "projects/windows-cloud/global/images/family/windows-2022"},
+        "of the ubuntu-os-cloud project",
+    ),
+    (
+        "gcp",
+        "image",
+        {f"{P}image": "projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20251001"},
+        "is not an arm64 Ubuntu 24.04 image",
+    ),
     ("azure", "image", {f"{P}image": "latest"}, "'latest' is not a version of Canonical"),
     # Tags and labels.
     ("aws", "tags", {f"{P}tags": {"aws:owner": "me"}}, "tag 'aws:owner': the aws: prefix"),
@@ -243,6 +399,19 @@ GOOD: list[tuple[str, dict[str, Any]]] = [
     ("gcp", {f"{P}apiAllowedCidrs": ["203.0.113.7/32"]}),
     ("aws", with_urls("aws", ["http://h.example.com/m.gguf"], ["0" * 64])),
     ("aws", with_urls("aws", ["https://10.1.2.3:8443/m.gguf"])),  # a mirror inside the network
+    ("aws", with_urls("aws", ["https://h.example.com:443/m.gguf?download=true"])),
+    ("aws", with_urls("aws", ["s3://models/llama-3.1/part_1(of 2).gguf".replace(" ", "-")])),
+    ("azure", {f"{P}sshPublicKey": ED25519_KEY}),
+    ("azure", {f"{P}tags": tags(46)}),
+    (
+        "aws",
+        {
+            f"{P}maxHourlyUsd": 1000,
+            f"{P}replicas": 10,
+            f"{P}workerCount": 15,
+            f"{P}instanceType": "c8g.16xlarge",
+        },
+    ),
     ("aws", {f"{P}rpcPort": 1024, f"{P}serverPort": 65535}),
     ("azure", {f"{P}tags": {"cost-center": "42", "Owner": "ml team"}}),
     ("aws", {f"{P}tags": {"cost-center": "42", "owner": "ml team@corp"}}),
@@ -278,3 +447,59 @@ def test_every_optional_setting_is_honoured_somewhere_and_refused_elsewhere() ->
 )
 def test_the_api_rule(cidr: str, allowed: bool) -> None:
     assert (network_rules.api_cidr_problem(cidr) is None) is allowed
+
+
+def test_the_longest_context_in_every_slot_fits_llama_servers_ctx_size() -> None:
+    """llama-server parses --ctx-size (contextSize x slots) as a 32-bit signed number."""
+    assert BY_KEY["contextSize"].high * BY_KEY["slots"].high < 2**31
+
+
+FORBIDDEN = ["127.0.0.1", "169.254.169.254", "168.63.129.16", "0.0.0.0", "224.0.0.1"]
+
+
+def spellings(address: str) -> list[str]:
+    """Ways to write an IPv4 address that resolvers or curl may turn back into it."""
+    number = int(ipaddress.IPv4Address(address))
+    octets = address.split(".")
+    return [
+        address,
+        str(number),
+        hex(number),
+        ".".join(f"0{int(o):o}" for o in octets),
+        ".".join(f"0x{int(o):x}" for o in octets),
+        ".".join(o.zfill(3) for o in octets),
+        f"{octets[0]}.{int(''.join(f'{int(o):08b}' for o in octets[1:]), 2)}",
+        "".join(f"%{ord(c):02x}" for c in address),
+        # Full-width digits and full stop (U+FF10-FF19, U+FF0E), which IDNA maps to ASCII.
+        address.translate({ord(c): 0xFF10 + int(c) for c in "0123456789"} | {ord("."): 0xFF0E}),
+        f"[::ffff:{address}]",
+        f"[::{address}]",
+        f"{address}.",
+        f"{address}\x00.example.com",
+    ]
+
+
+@settings_(max_examples=400, deadline=None)
+@given(
+    address=st.sampled_from(FORBIDDEN),
+    form=st.integers(0, 12),
+    scheme=st.sampled_from(["http", "https"]),
+    port=st.sampled_from(["", ":80", ":443", ":8080"]),
+    junk=st.text(max_size=4),
+)
+def test_no_spelling_of_a_forbidden_address_passes(
+    address: str, form: int, scheme: str, port: str, junk: str
+) -> None:
+    """The class, not the examples: whatever spelling or junk around it, an accepted URL names
+    a host that no resolver turns into loopback, link-local, the metadata services or
+    multicast, and holds only printable ASCII without quotes, spaces or curl's globs."""
+    url = f"{scheme}://{spellings(address)[form]}{port}/m{junk}.gguf"
+    if network_rules.model_url_problem(url) is not None:
+        return
+    assert url.isascii() and url.isprintable() and not set(url) & set(" '\"\\[]{}<>^`|")
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        resolved = ipaddress.IPv4Address(socket.inet_aton(host.rstrip(".")))
+    except OSError:
+        return  # a name, not an address
+    assert str(resolved) not in FORBIDDEN, url

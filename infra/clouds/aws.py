@@ -16,6 +16,8 @@ from infra.clouds.base import (
     reserved_tag_problem,
 )
 
+# The account Canonical publishes Ubuntu's AMIs from (https://ubuntu.com/server/docs/find-ubuntu-images-on-aws).
+CANONICAL_OWNER = "099720109477"
 # Tags the program sets on AWS resources besides project, stack and role.
 NAME_TAG = "Name"
 # https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html
@@ -117,8 +119,12 @@ FACTS = CloudFacts(
     tag_problem=tag_problem,
     tag_word="tag",
     vcpu_quota=vcpu_quota,
-    image_pattern=re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?"),
-    image_example="ami-0123456789abcdef0",
+    # Canonical's AMI names, which the program looks up among Canonical's own arm64 images
+    # only (CANONICAL_OWNER): an AMI id could be anyone's, of any architecture.
+    image_pattern=re.compile(
+        r"ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24\.04-arm64-server-\d{8}(\.\d{1,2})?"
+    ),
+    image_example="ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20251001",
     # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html: 16 KB, before the
     # API's base64; user_data_base64 takes gzip (cloud-init unpacks it).
     # SSM GetCommandInvocation returns the first 24,000 characters of stdout.
@@ -131,7 +137,7 @@ FACTS = CloudFacts(
     metadata_addresses=frozenset({"fd00:ec2::254", "fd00:ec2::23"}),
     chart_colour="#ff9900",
     model_store_scheme="s3://",
-    image_meaning="an arm64 Ubuntu 24.04 AMI id in the stack's region",
+    image_meaning="the name of one of Canonical's arm64 Ubuntu 24.04 AMIs",
     refuses={
         "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",
         "bastion": "connectCommand forwards through SSM Session Manager already",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,6 +81,46 @@ def vcpu_quota(size: str) -> VcpuQuota | None:
     series, features, version = match.groups()
     family = f"Standard {series}{features.upper()}v{version} Family vCPUs"
     return VcpuQuota(f"standard{series}{features}v{version}Family", family)
+
+
+# The admin user's SSH key (``sshPublicKey``): Azure takes RSA keys of at least 2048 bits and
+# Ed25519 keys for Linux VMs
+# (https://learn.microsoft.com/azure/virtual-machines/linux/mac-create-ssh-keys#supported-ssh-key-formats).
+SSH_KEY_TYPES = ("ssh-rsa", "ssh-ed25519")
+MIN_RSA_BITS = 2048
+
+
+def _ssh_fields(blob: bytes) -> list[bytes]:
+    """The length-prefixed fields of an OpenSSH public key blob (RFC 4253, 6.6)."""
+    fields, at = [], 0
+    while at < len(blob):
+        size = int.from_bytes(blob[at : at + 4], "big")
+        if at + 4 + size > len(blob):
+            raise ValueError("a field runs past the key")
+        fields.append(blob[at + 4 : at + 4 + size])
+        at += 4 + size
+    return fields
+
+
+def ssh_public_key_problem(text: str) -> str | None:
+    """Why an OpenSSH public key line is not one Azure takes, or None."""
+    kind, _, rest = text.strip().partition(" ")
+    encoded = rest.split(" ", 1)[0]
+    if kind not in SSH_KEY_TYPES:
+        return f"a {kind or 'key'} key; Azure takes {' and '.join(SSH_KEY_TYPES)} keys"
+    try:
+        fields = _ssh_fields(base64.b64decode(encoded, validate=True))
+    except (ValueError, binascii.Error):
+        return "the key's base64 is not an OpenSSH public key"
+    if not fields or fields[0].decode(errors="replace") != kind:
+        return f"the key's data says it is not {kind}"
+    if kind == "ssh-ed25519" and (len(fields) != 2 or len(fields[1]) != 32):
+        return "an ssh-ed25519 key holds 32 bytes"
+    if kind == "ssh-rsa":
+        modulus = int.from_bytes(fields[2], "big") if len(fields) == 3 else 0
+        if modulus.bit_length() < MIN_RSA_BITS:
+            return f"an RSA key of {modulus.bit_length()} bits; Azure takes {MIN_RSA_BITS} or more"
+    return None
 
 
 # The region's total of every family, which a stack must fit as well.

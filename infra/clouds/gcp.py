@@ -114,7 +114,11 @@ FACTS = CloudFacts(
     # https://cloud.google.com/compute/docs/networking/configure-vm-with-high-bandwidth-configuration
     fast_network_min_vcpus=32,
     fast_network_name="Tier_1 networking",
-    image_pattern=re.compile(r"projects/[a-z][-a-z0-9]*/global/images/(family/)?[a-z][-a-z0-9]*"),
+    # Canonical's project and arm64 Ubuntu 24.04 images only, by family or by version.
+    image_pattern=re.compile(
+        r"projects/ubuntu-os-cloud/global/images/"
+        r"(family/ubuntu-2404-lts-arm64|ubuntu-2404-noble-arm64-v\d{8}[a-z]?)"
+    ),
     image_example="projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-arm64-v20251001",
     # https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations: one
     # value holds 256 KB, and metadata values are text, so gzip does not help.
@@ -135,7 +139,7 @@ FACTS = CloudFacts(
     chart_colour="#4285f4",
     # Cloud Storage, read with the main node's service account through Private Google Access.
     model_store_scheme="gs://",
-    image_meaning="an arm64 Ubuntu 24.04 image (or image family) path",
+    image_meaning="an arm64 Ubuntu 24.04 image (or its family) of the ubuntu-os-cloud project",
     refuses={
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
         "bastion": "connectCommand forwards through IAP already",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from infra.clouds import FACTS
 from infra.models import PRESETS, Model
 from infra.planner import perf, serve, target, verdict
 from infra.planner.search import Option, Plan, fewest_nodes
-from infra.stack.settings import PROJECT
+from infra.stack.settings import DEFAULT_MAX_HOURLY_USD, PROJECT
 
 GIB = 1024**3
 
@@ -463,6 +464,12 @@ def stack_settings(
         "model": described,
         # With a target, the set it was sized to (one group without: the key is left out).
         **({"replicas": option.replicas} if plan.target is not None else {}),
+        # A plan that costs more than the default ceiling was chosen for it: the stack says so.
+        **(
+            {"maxHourlyUsd": math.ceil(option.hourly_usd) + 1}
+            if option.hourly_usd is not None and option.hourly_usd > DEFAULT_MAX_HOURLY_USD
+            else {}
+        ),
     }
 
 

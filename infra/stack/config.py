@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +26,16 @@ from infra.placement import Placement
 from infra.stack import nodes
 from infra.stack.nodes import NodePlan
 from infra.stack.settings import BY_KEY, MODEL_KEYS, PROJECT, ConfigError, decode
-from infra.types import MAX_WORKERS, Cloud
+from infra.types import MAX_WORKERS, METRICS_PORT, Cloud
 
 __all__ = ["PROJECT", "ClusterConfig", "ConfigError", "from_settings", "load"]
 
 REGION_KEYS = {name: facts.region_key for name, facts in FACTS.items()}
+# Bounds no real model comes near, so that a typo or NaN stops here and not on a node:
+# the largest public GGUFs are a few TB; the KV cache of a token a few MB; layers a few hundred.
+MAX_MODEL_GB = 100_000
+MAX_KV_BYTES_PER_TOKEN = 1 << 30
+MAX_LAYERS = 4096
 # Which setting a boot-data error comes from (``BootConfigError.setting`` -> config key).
 BOOT_SETTING_KEYS = {
     "model_urls": "model.urls",
@@ -286,12 +292,21 @@ def _model(settings: Mapping[str, Any]) -> _ModelSetting:
     size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
     kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
     layers = raw.get("layers", preset.layers if preset else None)
-    if isinstance(size_gb, bool) or not isinstance(size_gb, int | float) or size_gb <= 0:
-        raise ConfigError("model.sizeGb", "give the model's size in GB (10^9 bytes), or a preset")
-    if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
+    if (
+        isinstance(size_gb, bool)
+        or not isinstance(size_gb, int | float)
+        or not 0 < size_gb <= MAX_MODEL_GB  # NaN and infinity fail this too
+    ):
+        raise ConfigError(
+            "model.sizeGb",
+            f"give the model's size in GB (10^9 bytes), more than 0 and at most {MAX_MODEL_GB:,}, "
+            "or a preset",
+        )
+    if isinstance(kv, bool) or not isinstance(kv, int) or not 0 < kv <= MAX_KV_BYTES_PER_TOKEN:
         raise ConfigError(
             "model.kvBytesPerToken",
-            "give the KV-cache bytes per token (layers x 2 x kv_heads x head_dim x 2), or a preset",
+            "give the KV-cache bytes per token (layers x 2 x kv_heads x head_dim x 2, at most "
+            f"{MAX_KV_BYTES_PER_TOKEN:,}), or a preset",
         )
     if layers is None:
         raise ConfigError(
@@ -299,8 +314,10 @@ def _model(settings: Mapping[str, Any]) -> _ModelSetting:
             "give the model's number of layers (its GGUF's block_count), or a preset: the "
             "layers are divided between the nodes",
         )
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
-        raise ConfigError("model.layers", f"must be a positive whole number, got {layers!r}")
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 0 < layers <= MAX_LAYERS:
+        raise ConfigError(
+            "model.layers", f"must be a whole number from 1 to {MAX_LAYERS}, got {layers!r}"
+        )
     size_bytes = int(size_gb * 1e9)
     if preset is None:
         model = models.custom(size_bytes / 1e9, layers, kv)
@@ -502,6 +519,13 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     server_port = BY_KEY["serverPort"].read(settings)
     if rpc_port == server_port:
         raise ConfigError("serverPort", f"equals rpcPort ({rpc_port}); choose another port")
+    for key, port in (("rpcPort", rpc_port), ("serverPort", server_port)):
+        if port == METRICS_PORT:
+            raise ConfigError(
+                key,
+                f"{port} is the node metrics' port (prometheus-node-exporter), which every node "
+                "keeps to itself and its own main node; choose another port",
+            )
     context = BY_KEY["contextSize"].read(settings)
     model_setting = _model(settings)
     store_group = _model_store(settings, model_setting.urls, facts)
@@ -524,9 +548,15 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     main_disk = _disk(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes), facts)
     worker_disk = _disk(settings, "workerDiskGb", sizing.WORKER_DISK_GB, facts)
     model_gb = model.size_bytes / 1e9
-    if main_disk < model_gb + 20:
+    if main_disk < model_gb + sizing.SYSTEM_DISK_GB:
         raise ConfigError(
             "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
+        )
+    if worker_disk < sizing.SYSTEM_DISK_GB:
+        raise ConfigError(
+            "workerDiskGb",
+            f"{worker_disk} GB cannot hold the OS, the build tools and the llama.cpp build; "
+            f"give {sizing.SYSTEM_DISK_GB} or more",
         )
     config = ClusterConfig(
         cloud=cloud,
@@ -560,8 +590,26 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         model_store_kms_key=_kms_key(settings, model_setting.urls, region),
         replicas=replicas,
     )
+    _spending(settings, config)
     try:
         planned = nodes.plan_nodes(config)
     except BootConfigError as error:
         raise ConfigError(BOOT_SETTING_KEYS.get(error.setting, "model"), str(error)) from None
     return dataclasses.replace(config, nodes=planned)
+
+
+def _spending(settings: Mapping[str, Any], config: ClusterConfig) -> None:
+    """A stack that costs more an hour than ``maxHourlyUsd`` is refused: 10 groups of 16 large
+    nodes are hundreds of dollars an hour, and more often a slip than a plan."""
+    limit = BY_KEY["maxHourlyUsd"].read(settings)
+    total = config.hourly_cost.total
+    if total is None or total <= limit:
+        return
+    nodes = config.replicas * (config.worker_count + 1)
+    raise ConfigError(
+        "maxHourlyUsd",
+        f"the stack would cost ${total:,.2f}/h ({nodes} nodes: {config.replicas} group(s) of a "
+        f"{config.main_instance_type.name} main node and {config.worker_count} x "
+        f"{config.instance_type.name}), more than maxHourlyUsd (${limit}/h); fewer replicas or "
+        f"workers, or raise it to {math.ceil(total)} if you mean it",
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +35,10 @@ from infra.types import (
 )
 
 PROJECT = "llama-rpc-cluster"
+# The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
+# most slots, llama-server's --ctx-size (contextSize x slots, a 32-bit signed number) still fits.
+MAX_CONTEXT = 1 << 24
+DEFAULT_MAX_HOURLY_USD = 100
 Kind = Literal["string", "integer", "boolean", "array", "object"]
 
 
@@ -127,11 +130,8 @@ def _is_network_watcher(text: str) -> bool:
     return azure_facts.parse_network_watcher(text) is not None
 
 
-_SSH_PUBLIC_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?")
-
-
 def _is_ssh_public_key(text: str) -> bool:
-    return _SSH_PUBLIC_KEY.fullmatch(text) is not None
+    return azure_facts.ssh_public_key_problem(text) is None
 
 
 def _port(key: str, default: int, what: str) -> Setting:
@@ -213,6 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
         "tokens of context each request slot gets",
         default=sizing.DEFAULT_CONTEXT,
         low=1,
+        high=MAX_CONTEXT,
+        range_reason="no model takes more context",
     ),
     Setting(
         "slots",
@@ -250,11 +252,20 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("tags", "object", "tags (labels on GCP) for every resource", default={}),
     Setting(
+        "maxHourlyUsd",
+        "integer",
+        "the most the stack may cost an hour (hourlyCostUsd, every group counted); a stack "
+        "that costs more is refused",
+        default=DEFAULT_MAX_HOURLY_USD,
+        low=1,
+    ),
+    Setting(
         "sshPublicKey",
         "string",
         "an OpenSSH public key for the nodes' admin user",
         valid=_is_ssh_public_key,
-        meaning="an OpenSSH public key (ssh-ed25519 AAAA...)",
+        meaning="an OpenSSH public key Azure takes (ssh-ed25519, or ssh-rsa of 2048 bits or "
+        "more)",
     ),
     Setting(
         "image",

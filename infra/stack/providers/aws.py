@@ -124,10 +124,16 @@ class AwsGroup:
     placement: aws.ec2.PlacementGroup
 
 
-def model_ports(config: ClusterConfig) -> list[int]:
-    """Ports the main node downloads the model from, besides 80 and 443."""
-    ports = {urlparse(url).port for url in config.model_urls}
-    return sorted(port for port in ports if port and port not in BOOT_EGRESS_PORTS)
+def model_mirrors(config: ClusterConfig) -> list[tuple[str, int]]:
+    """(address/32, port) of each private mirror the main node downloads the model from on a
+    port of its own (the config check allows other ports for private addresses only); the
+    egress to it opens that address and port alone."""
+    found = set()
+    for url in config.model_urls:
+        parts = urlparse(url)
+        if parts.port and parts.port not in BOOT_EGRESS_PORTS and parts.hostname:
+            found.add((f"{parts.hostname}/32", parts.port))
+    return sorted(found)
 
 
 class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
@@ -254,11 +260,20 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         profile = aws.iam.InstanceProfile(
             f"{name}-main-profile", role=role.name, tags=self.tags(config, "main"), opts=opts
         )
+        invoke = pulumi.InvokeOutputOptions(parent=parent)
         ami: pulumi.Input[str] = (
-            config.image
-            or aws.ssm.get_parameter_output(
-                name=UBUNTU_AMI_PARAMETER, opts=pulumi.InvokeOutputOptions(parent=parent)
-            ).value
+            # A pinned image by name, among Canonical's own arm64 AMIs only.
+            aws.ec2.get_ami_output(
+                owners=[aws_facts.CANONICAL_OWNER],
+                filters=[
+                    {"name": "name", "values": [config.image]},
+                    {"name": "architecture", "values": ["arm64"]},
+                ],
+                most_recent=True,
+                opts=invoke,
+            ).id
+            if config.image
+            else aws.ssm.get_parameter_output(name=UBUNTU_AMI_PARAMETER, opts=invoke).value
         )
         balancer_group = None
         if config.replicas > 1:
@@ -469,14 +484,14 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                     "the tunnel (connectCommand) to the internal balancer",
                     referenced_security_group_id=network.balancer_group.id,
                 )
-        for port in model_ports(config):
+        for i, (address, port) in enumerate(model_mirrors(config)):
             rule(
                 egress,
-                f"main-egress-{port}",
+                f"main-egress-mirror-{i}",
                 "main",
                 port,
-                "the model host",
-                cidr_ipv4="0.0.0.0/0",
+                "the model mirror",
+                cidr_ipv4=address,
             )
         placement = aws.ec2.PlacementGroup(
             f"{name}-placement", strategy="cluster", tags=self.tags(config, "network"), opts=opts
