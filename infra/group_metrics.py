@@ -37,12 +37,15 @@ from infra.costrun.usage import KvCacheReading, Reading
 from infra.costrun.usage import NodeReading as UsageNode
 from infra.layout import node_name
 from infra.metrics import MetricsError, Sample, Snapshot
+from infra.node_text import printable
 from infra.topview import NodeReading as ViewNode
 
 SCRIPT = Path(__file__).parent / "channel_scripts" / "llama-rpc-metrics"
 NAME = "llama-rpc-metrics"
 PACKED = "gz64:"  # what the script's --pack output starts with
 VERSION = 1
+# A phase is a word; what the main node's status file says is cut to this and made printable.
+PHASE_CHARS = 40
 # How a worker's phase shows: only the main node has a status file the script reads; a worker
 # is known by whether its exporter answered.
 WORKER_ANSWERING = "answering"
@@ -137,7 +140,7 @@ def parse(text: str) -> GroupReading:
         slots = tuple(server_entry.get("slots") or ())
     return GroupReading(
         at=float(document["at"]),
-        phase=str(document.get("phase", "starting")),
+        phase=printable(str(document.get("phase", "starting")), PHASE_CHARS),
         nodes=tuple(nodes),
         server=server,
         slots=slots,

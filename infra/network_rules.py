@@ -31,6 +31,9 @@ METADATA_HOSTS = frozenset({"localhost"}).union(*(f.metadata_hosts for f in FACT
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(text) for f in FACTS.values() for text in f.metadata_addresses
 )
+# Where a node's credentials come from: every cloud's instance metadata service (link-local
+# 169.254.169.254, AWS's IPv6 endpoints) and Azure's wire server.
+METADATA_SERVICE_ADDRESSES = METADATA_ADDRESSES | {ipaddress.ip_address("169.254.169.254")}
 # The object stores a cloud's nodes read a staged model from (s3://, gs://, az://).
 STORE_SCHEMES = tuple(f.model_store_scheme for f in FACTS.values() if f.model_store_scheme)
 

@@ -100,6 +100,12 @@ def validate_rpc(args: StackValidationArgs, report_violation: ReportViolation) -
         report_violation(violation.message, violation.urn or None)
 
 
+def validate_metrics(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    resources = [stack_resource(r) for r in args.resources]
+    for violation in rules.metrics_only_from_main(resources):
+        report_violation(violation.message, violation.urn or None)
+
+
 POLICIES = [
     resource_policy(
         "no-internet-ingress",
@@ -114,8 +120,8 @@ POLICIES = [
     StackValidationPolicy(
         name="rpc-only-from-main",
         description="The llama.cpp RPC port (unauthenticated) admits only the main node's "
-        "security group, network tag or application security group, and only the main node "
-        "carries it.",
+        "security group, network tag or application security group, only the main node "
+        "carries it, and on Azure the NSG denies every other inbound source.",
         validate=validate_rpc,
         config_schema=PolicyConfigSchema(
             properties={
@@ -131,6 +137,24 @@ POLICIES = [
         severity=Severity.CRITICAL,
         remediation_steps="Make the main node's group, tag or application security group the "
         "rule's only source, and keep it off every other node.",
+    ),
+    StackValidationPolicy(
+        name="metrics-only-from-main",
+        description=f"The node metrics port ({rules.METRICS_PORT}, prometheus-node-exporter) is "
+        "as narrow as RPC: it admits only the main node's security group, network tag or "
+        "application security group.",
+        validate=validate_metrics,
+        severity=Severity.HIGH,
+        remediation_steps="Make the main node's group, tag or application security group the "
+        "rule's only source: the main node reads its workers' metrics, and its own locally.",
+    ),
+    resource_policy(
+        "identity-on-main-only",
+        "No node but the main node has a cloud identity (instance profile, service account, "
+        "managed identity).",
+        rules.identity_on_main_only,
+        "Remove the identity from the worker (or the scale set).",
+        Severity.HIGH,
     ),
     resource_policy(
         "no-public-node-addresses",

@@ -14,7 +14,10 @@ During a preview some values are not known yet (the id of a resource still to be
 pack hands them over as ``UNKNOWN``. A resource validator never reports a value it cannot see:
 the engine checks each resource again, with its inputs known, before it creates it. The stack
 check runs once the preview has every resource, so it traces an unknown group reference through
-the property's dependencies, and reports a reference it cannot trace.
+the property's dependencies, and reports a reference it cannot trace. One property can name the
+main group beside others (an Azure NSG's inline rules name sources and destinations): there an
+unknown reference passes the first preview, and the update's stack check, which sees every id,
+traces it (an Azure id by the group's resource group and name).
 """
 
 from __future__ import annotations
@@ -56,10 +59,11 @@ INTERNAL_SOURCES: Final = tuple(
 GOOGLE_HEALTH_CHECK_SOURCES: Final = frozenset(
     ipaddress.ip_network(text) for text in ("35.191.0.0/16", "130.211.0.0/22")
 )
-# Azure sources that mean everyone, and the service tag for every public address of Azure
-# itself, where anyone can rent a VM ("AzureCloud", "AzureCloud.eastus").
+# Azure sources that mean everyone. Any other word is a service tag, which stands for a
+# service's public addresses (AzureCloud, AppService, Storage.eastus, …), where anyone can
+# rent a machine or a site: only the VNet's own and the platform's probes are not the internet.
 _OPEN_WORDS: Final = frozenset({"*", "any", "internet"})
-_OPEN_SERVICE_TAG: Final = re.compile(r"azurecloud(\..+)?", re.IGNORECASE)
+_INTERNAL_SERVICE_TAGS: Final = frozenset({"virtualnetwork", "azureloadbalancer"})
 
 # How the program names the main node and what only it carries (infra/clouds/*.py): AWS
 # security group "<name>-main-sg", GCP network tag "<name>-main", Azure application security
@@ -72,7 +76,26 @@ MAIN_NIC: Final = re.compile(r".+-main-nic")
 
 REQUIRED_NODE_TAGS: Final = ("project", "stack")
 
+METRICS_PORT: Final = 9100  # prometheus-node-exporter on every node, read by its main node
+
 AWS_INSTANCE: Final = "aws:ec2/instance:Instance"
+AWS_SPOT_REQUEST: Final = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
+AWS_LAUNCH_TEMPLATE: Final = "aws:ec2/launchTemplate:LaunchTemplate"
+AWS_LAUNCH_CONFIGURATION: Final = "aws:ec2/launchConfiguration:LaunchConfiguration"
+AWS_CLASSIC_ELB: Final = "aws:elb/loadBalancer:LoadBalancer"
+GCP_INSTANCE_TEMPLATE: Final = "gcp:compute/instanceTemplate:InstanceTemplate"
+GCP_REGION_INSTANCE_TEMPLATE: Final = "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate"
+GCP_POLICY_RULE_TYPES: Final = (
+    "gcp:compute/networkFirewallPolicyRule:NetworkFirewallPolicyRule",
+    "gcp:compute/regionNetworkFirewallPolicyRule:RegionNetworkFirewallPolicyRule",
+    "gcp:compute/firewallPolicyRule:FirewallPolicyRule",
+)
+GCP_POLICY_WITH_RULES_TYPES: Final = (
+    "gcp:compute/networkFirewallPolicyWithRules:NetworkFirewallPolicyWithRules",
+    "gcp:compute/regionNetworkFirewallPolicyWithRules:RegionNetworkFirewallPolicyWithRules",
+    "gcp:compute/firewallPolicyWithRules:FirewallPolicyWithRules",
+)
+AZURE_SCALE_SET: Final = "azure-native:compute:VirtualMachineScaleSet"
 AWS_EIP: Final = "aws:ec2/eip:Eip"
 AWS_EIP_ASSOCIATION: Final = "aws:ec2/eipAssociation:EipAssociation"
 AWS_EBS_VOLUME: Final = "aws:ebs/volume:Volume"
@@ -93,6 +116,8 @@ GCP_FORWARDING_RULE: Final = "gcp:compute/forwardingRule:ForwardingRule"
 GCP_GLOBAL_FORWARDING_RULE: Final = "gcp:compute/globalForwardingRule:GlobalForwardingRule"
 AZURE_LOAD_BALANCER: Final = "azure-native:network:LoadBalancer"
 _AWS_GROUPS: Final = (AWS_SECURITY_GROUP, AWS_DEFAULT_SECURITY_GROUP)
+# Azure's default inbound rules start here (AllowVnetInBound, 65000).
+AZURE_DEFAULT_RULES_PRIORITY: Final = 65000
 
 
 class _Unknown:
@@ -248,13 +273,15 @@ def internet_sources(sources: Iterable[Any]) -> list[str]:
         if not isinstance(source, str) or not source.strip():
             continue
         text = source.strip()
-        if text.lower() in _OPEN_WORDS or _OPEN_SERVICE_TAG.fullmatch(text):
+        if text.lower() in _OPEN_WORDS:
             words.append(text)
             continue
         try:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            continue  # another service tag, or a name: not an address range
+            if text.lower() not in _INTERNAL_SERVICE_TAGS:
+                words.append(text)  # a service tag: public addresses of a service
+            continue
         if not _internal(network):
             public[network.version].append((text, _span(network)))
     found = words
@@ -340,6 +367,47 @@ def _is_google_health_check(source: Any) -> bool:
         return False
 
 
+def _gcp_policy_rules(kind: str, props: Mapping[str, Any], label: str) -> list[tuple[str, Any]]:
+    """(where, rule) of each rule of a GCP firewall policy resource (a rule of its own, or a
+    policy that lists its rules)."""
+    if kind in GCP_POLICY_RULE_TYPES:
+        return [(label, props)]
+    if kind in GCP_POLICY_WITH_RULES_TYPES:
+        return [
+            (f"{label} rules[{i}]", _mapping(rule))
+            for i, rule in enumerate(_items(props.get("rules")))
+        ]
+    return []
+
+
+def _gcp_policy_allows_in(rule: Mapping[str, Any]) -> bool:
+    return str(rule.get("action", "")).lower() == "allow" and _gcp_ingress(rule)
+
+
+def _gcp_policy_covers(rule: Mapping[str, Any], port: int) -> bool:
+    configs = _items(_mapping(rule.get("match")).get("layer4Configs"))
+    if not configs:
+        return True  # every protocol and port
+    for item in configs:
+        config = _mapping(item)
+        protocol = config.get("ipProtocol")
+        if protocol is not UNKNOWN and str(protocol).lower() not in ("tcp", "6", "all"):
+            continue
+        ports = config.get("ports")
+        if not _present(ports) or _covers(_port_ranges(ports), port):
+            return True
+    return False
+
+
+def _open_gcp_policy(label: str, props: Mapping[str, Any], kind: str) -> list[str]:
+    found: list[str] = []
+    for where, rule in _gcp_policy_rules(kind, props, label):
+        if _gcp_policy_allows_in(rule):
+            ranges = _strings(_mapping(rule.get("match")).get("srcIpRanges"))
+            found += _open(where, "this firewall policy rule", ranges)
+    return found
+
+
 def _open_azure_rule(label: str, props: Mapping[str, Any]) -> list[str]:
     if not _azure_inbound_allow(props):
         return []
@@ -369,7 +437,10 @@ _OPEN_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]]
 
 def no_internet_ingress(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
     """Invariant 1: no firewall rule admits the internet, on any port."""
-    check = _OPEN_CHECKS.get(canonical_type(resource_type))
+    kind = canonical_type(resource_type)
+    if kind in (*GCP_POLICY_RULE_TYPES, *GCP_POLICY_WITH_RULES_TYPES):
+        return _open_gcp_policy(_label(resource_type, name), props, kind)
+    check = _OPEN_CHECKS.get(kind)
     return check(_label(resource_type, name), props) if check else []
 
 
@@ -385,6 +456,39 @@ def _public_aws_instance(label: str, props: Mapping[str, Any]) -> list[str]:
         f"{label}: associatePublicIpAddress {state}; set associate_public_ip_address=False: "
         "nodes stay private and reach the internet through the NAT gateway"
     ]
+
+
+def _global_ipv6_aws(label: str, props: Mapping[str, Any], where: str = "") -> list[str]:
+    """An AWS IPv6 address is global: reachable from the internet wherever a route allows."""
+    count = _int(props.get("ipv6AddressCount"))
+    if (count or 0) > 0 or _present(props.get("ipv6Addresses")):
+        return [
+            f"{label}: {where}ipv6AddressCount/ipv6Addresses give the node a global IPv6 "
+            "address; remove them: nodes stay on the private IPv4 network"
+        ]
+    return []
+
+
+def _public_aws_node(label: str, props: Mapping[str, Any]) -> list[str]:
+    return _public_aws_instance(label, props) + _global_ipv6_aws(label, props)
+
+
+def _public_aws_template(label: str, props: Mapping[str, Any]) -> list[str]:
+    """A launch template's (or configuration's) interfaces, which every node it makes gets."""
+    found: list[str] = []
+    public = props.get("associatePublicIpAddress")
+    if _known(public) and str(public).lower() == "true":
+        found.append(f"{label}: associatePublicIpAddress is true; remove it")
+    for i, item in enumerate(_items(props.get("networkInterfaces"))):
+        nic = _mapping(item)
+        public = nic.get("associatePublicIpAddress")
+        if _known(public) and str(public).lower() == "true":
+            found.append(
+                f"{label}: networkInterfaces[{i}].associatePublicIpAddress is true; remove it: "
+                "nodes stay private and reach the internet through the NAT gateway"
+            )
+        found += _global_ipv6_aws(label, nic, f"networkInterfaces[{i}].")
+    return found
 
 
 def _public_aws_eip(label: str, props: Mapping[str, Any]) -> list[str]:
@@ -424,6 +528,11 @@ def _public_azure_nic(label: str, props: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _public_azure_scale_set(label: str, props: Mapping[str, Any]) -> list[str]:
+    profile = _mapping(props.get("virtualMachineProfile"))
+    return _public_azure_vm(label, profile)
+
+
 def _public_azure_vm(label: str, props: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     network = _mapping(props.get("networkProfile"))
@@ -439,12 +548,18 @@ def _public_azure_vm(label: str, props: Mapping[str, Any]) -> list[str]:
 
 
 _PUBLIC_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
-    AWS_INSTANCE: _public_aws_instance,
+    AWS_INSTANCE: _public_aws_node,
+    AWS_SPOT_REQUEST: _public_aws_node,
+    AWS_LAUNCH_TEMPLATE: _public_aws_template,
+    AWS_LAUNCH_CONFIGURATION: _public_aws_template,
     AWS_EIP: _public_aws_eip,
     AWS_EIP_ASSOCIATION: _public_aws_eip,
     GCP_INSTANCE: _public_gcp_instance,
+    GCP_INSTANCE_TEMPLATE: _public_gcp_instance,
+    GCP_REGION_INSTANCE_TEMPLATE: _public_gcp_instance,
     AZURE_NIC: _public_azure_nic,
     AZURE_VM: _public_azure_vm,
+    AZURE_SCALE_SET: _public_azure_scale_set,
 }
 
 
@@ -458,8 +573,10 @@ def no_public_addresses(resource_type: str, props: Mapping[str, Any], name: str 
 
 
 def imdsv2_required(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
-    """Invariant 4: AWS instances answer only session-token (IMDSv2) metadata requests."""
-    if canonical_type(resource_type) != AWS_INSTANCE:
+    """Invariant 4: AWS instances answer only session-token (IMDSv2) metadata requests, and so
+    do the spot requests, launch templates and launch configurations that make instances."""
+    kinds = (AWS_INSTANCE, AWS_SPOT_REQUEST, AWS_LAUNCH_TEMPLATE, AWS_LAUNCH_CONFIGURATION)
+    if canonical_type(resource_type) not in kinds:
         return []
     options = props.get("metadataOptions")
     tokens = _mapping(options).get("httpTokens")
@@ -523,10 +640,39 @@ def _disks_azure_vm(label: str, props: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _disks_aws_template(label: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    for i, mapping in enumerate(_items(props.get("blockDeviceMappings"))):
+        ebs = _mapping(_mapping(mapping).get("ebs"))
+        encrypted = ebs.get("encrypted")
+        if ebs and _known(encrypted) and str(encrypted).lower() != "true":
+            found.append(
+                f"{label}: blockDeviceMappings[{i}].ebs.encrypted is not true; set it, so every "
+                "node the template makes has encrypted disks"
+            )
+    return found + (_disks_aws_instance(label, props) if "rootBlockDevice" in props else [])
+
+
+def _disks_azure_scale_set(label: str, props: Mapping[str, Any]) -> list[str]:
+    profile = _mapping(props.get("virtualMachineProfile"))
+    found = _disks_azure_vm(label, profile)
+    os_disk = _mapping(_mapping(profile.get("storageProfile")).get("osDisk"))
+    if _present(os_disk.get("vhdContainers")):
+        found.append(
+            f"{label}: virtualMachineProfile.storageProfile.osDisk.vhdContainers puts the OS "
+            "disks in a storage account; use managed disks"
+        )
+    return found
+
+
 _DISK_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
     AWS_INSTANCE: _disks_aws_instance,
+    AWS_SPOT_REQUEST: _disks_aws_instance,
+    AWS_LAUNCH_TEMPLATE: _disks_aws_template,
+    AWS_LAUNCH_CONFIGURATION: _disks_aws_template,
     AWS_EBS_VOLUME: _disks_aws_volume,
     AZURE_VM: _disks_azure_vm,
+    AZURE_SCALE_SET: _disks_azure_scale_set,
 }
 
 
@@ -538,7 +684,15 @@ def encrypted_disks(resource_type: str, props: Mapping[str, Any], name: str = ""
 
 # --- invariant 6: nodes carry the stack's tags ------------------------------------------------
 
-_TAG_PROPERTY: Final = {AWS_INSTANCE: "tags", GCP_INSTANCE: "labels", AZURE_VM: "tags"}
+_TAG_PROPERTY: Final = {
+    AWS_INSTANCE: "tags",
+    AWS_SPOT_REQUEST: "tags",
+    GCP_INSTANCE: "labels",
+    GCP_INSTANCE_TEMPLATE: "labels",
+    GCP_REGION_INSTANCE_TEMPLATE: "labels",
+    AZURE_VM: "tags",
+    AZURE_SCALE_SET: "tags",
+}
 
 
 def gcp_label_value(text: str) -> str:
@@ -569,7 +723,7 @@ def node_tags(
     for tag in REQUIRED_NODE_TAGS:
         value = _mapping(tags).get(tag)
         want = (expected or {}).get(tag)
-        if want and canonical_type(resource_type) == GCP_INSTANCE:
+        if want and key == "labels":
             want = gcp_label_value(want)
         if not _known(value):
             continue
@@ -623,6 +777,7 @@ def _public_azure_balancer(label: str, props: Mapping[str, Any]) -> list[str]:
 
 _BALANCER_CHECKS: Final[Mapping[str, Callable[[str, Mapping[str, Any]], list[str]]]] = {
     AWS_LOAD_BALANCER: _public_aws_balancer,
+    AWS_CLASSIC_ELB: _public_aws_balancer,
     AWS_ALB: _public_aws_balancer,
     GCP_FORWARDING_RULE: _public_gcp_rule,
     GCP_GLOBAL_FORWARDING_RULE: _public_gcp_rule,
@@ -636,6 +791,55 @@ def internal_balancers(resource_type: str, props: Mapping[str, Any], name: str =
     return check(_label(resource_type, name), props) if check else []
 
 
+# --- invariant 9: an identity on the main node only --------------------------------------------
+
+_IDENTITY_PROPERTY: Final = {
+    AWS_INSTANCE: "iamInstanceProfile",
+    AWS_SPOT_REQUEST: "iamInstanceProfile",
+    GCP_INSTANCE: "serviceAccount",
+    AZURE_VM: "identity",
+}
+
+
+# What makes nodes of no known role: any identity there is a worker's too.
+_TEMPLATE_IDENTITY_PROPERTY: Final = {
+    AZURE_SCALE_SET: "identity",
+    AWS_LAUNCH_TEMPLATE: "iamInstanceProfile",
+    AWS_LAUNCH_CONFIGURATION: "iamInstanceProfile",
+    GCP_INSTANCE_TEMPLATE: "serviceAccount",
+    GCP_REGION_INSTANCE_TEMPLATE: "serviceAccount",
+}
+
+
+def identity_on_main_only(
+    resource_type: str, props: Mapping[str, Any], name: str = ""
+) -> list[str]:
+    """Invariant 9: no node but the main node has a cloud identity (instance profile, service
+    account, managed identity): a worker runs the RPC server, the most exposed process, and a
+    token there would be its attacker's; a scale set makes nodes of no known role."""
+    kind = canonical_type(resource_type)
+    label = _label(resource_type, name)
+    template = _TEMPLATE_IDENTITY_PROPERTY.get(kind)
+    if template is not None:
+        value = props.get(template)
+        if _present(value) and _known(value):
+            return [
+                f"{label}: gives the nodes it makes {template}; remove it: only the main node, "
+                "which the program makes on its own, has a cloud identity"
+            ]
+        return []
+    key = _IDENTITY_PROPERTY.get(kind)
+    value = props.get(key) if key else None
+    if key is None or not _present(value) or not _known(value):
+        return []
+    if is_main_node(resource_type, props, name):
+        return []
+    return [
+        f"{label}: a node other than the main node has {key}; remove it: workers need no "
+        "cloud identity, and a token on them would be the RPC port's attacker's"
+    ]
+
+
 RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "no-internet-ingress": no_internet_ingress,
     "no-public-node-addresses": no_public_addresses,
@@ -643,6 +847,7 @@ RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "encrypted-node-disks": encrypted_disks,
     "nodes-carry-stack-tags": node_tags,
     "internal-load-balancers": internal_balancers,
+    "identity-on-main-only": identity_on_main_only,
 }
 
 
@@ -703,20 +908,49 @@ def _is_group(resource: Resource) -> bool:
     return canonical_type(resource.type) in (*_AWS_GROUPS, AZURE_ASG)
 
 
+def _role_says_main(props: Mapping[str, Any]) -> bool:
+    """The program tags (labels) every resource with its role: a main node's, and the groups
+    only it carries, say "main". A name alone is not trusted; an unknown value (a preview) is
+    judged again before the resource is made."""
+    tags = props.get("labels") if "labels" in props else props.get("tags")
+    if not _known(tags):
+        return True
+    role = _mapping(tags).get("role")
+    return not _known(role) or role == "main"
+
+
 def _is_main_group(resource: Resource) -> bool:
     kind = canonical_type(resource.type)
     if kind in _AWS_GROUPS:
-        return MAIN_SECURITY_GROUP.fullmatch(resource.name) is not None
-    if kind == AZURE_ASG:
-        return MAIN_APPLICATION_SECURITY_GROUP.fullmatch(resource.name) is not None
-    return False
+        named = MAIN_SECURITY_GROUP.fullmatch(resource.name) is not None
+    elif kind == AZURE_ASG:
+        named = MAIN_APPLICATION_SECURITY_GROUP.fullmatch(resource.name) is not None
+    else:
+        return False
+    return named and _role_says_main(resource.props)
+
+
+def is_main_node(resource_type: str, props: Mapping[str, Any], name: str) -> bool:
+    """A node is the main node by its name and its role tag (label) together."""
+    if canonical_type(resource_type) == AZURE_NIC:
+        return MAIN_NIC.fullmatch(name) is not None and _role_says_main(props)
+    return MAIN_NODE.fullmatch(name) is not None and _role_says_main(props)
+
+
+# An application security group's ARM id: /subscriptions/{s}/resourceGroups/{group}/providers/
+# Microsoft.Network/applicationSecurityGroups/{name} (ARM compares names without regard to case).
+AZURE_ASG_ID: Final = re.compile(
+    r".*/resourceGroups/(?P<group>[^/]+)/providers/Microsoft\.Network/"
+    r"applicationSecurityGroups/(?P<name>[^/]+)",
+    re.IGNORECASE,
+)
 
 
 class _Stack:
     """The stack's resources, indexed to tell whether a group reference is the main node's."""
 
-    def __init__(self, resources: Sequence[Resource], port: int) -> None:
-        self.port = port
+    def __init__(self, resources: Sequence[Resource], port: int, what: str = "RPC port") -> None:
+        self.port, self.what = port, what
         self.by_urn = {r.urn: r for r in resources if r.urn}
         self.by_id = {r.id: r for r in resources if r.id}
         self.main = [r for r in resources if _is_main_group(r)]
@@ -725,8 +959,10 @@ class _Stack:
     def refers_to_main(self, value: Any, owner: Resource, prop: str) -> bool | None:
         """Whether a group reference (an id) in ``owner``'s property ``prop`` is a main group:
         True, False, or None when neither its value nor the property's dependencies tell."""
-        if isinstance(value, str) and value in self.by_id:
-            return _is_main_group(self.by_id[value])
+        known = self.by_id.get(value) if isinstance(value, str) else None
+        known = known or self.by_azure_id(value)
+        if known is not None:
+            return _is_main_group(known)
         groups = [
             dep
             for urn in owner.property_dependencies.get(prop, ())
@@ -737,8 +973,31 @@ class _Stack:
             return True
         if groups and not mains:
             return False
+        if value is UNKNOWN and mains:
+            # One property names the main group and another (an NSG's inline rules: sources
+            # and destinations). The id is unknown only until the group exists; the update's
+            # stack check sees it and traces it by name.
+            return True
         if isinstance(value, str) and value and not groups:
             return False  # a known id of no group in this stack
+        return None
+
+    def by_azure_id(self, value: Any) -> Resource | None:
+        """The application security group an ARM id names, by its resource group and name
+        (the engine hands a stack check outputs without ids; an ARM id carries both)."""
+        found = AZURE_ASG_ID.fullmatch(value) if isinstance(value, str) else None
+        if found is None:
+            return None
+        group, name = found["group"].lower(), found["name"].lower()
+        for r in self.by_urn.values():
+            names = {r.props.get("name"), r.props.get("applicationSecurityGroupName")}
+            in_group = r.props.get("resourceGroupName")
+            if (
+                canonical_type(r.type) == AZURE_ASG
+                and name in {str(n).lower() for n in names if _known(n) and n}
+                and (not _known(in_group) or str(in_group).lower() == group)
+            ):
+                return r
         return None
 
     def carries_main(self, values: Iterable[Any], owner: Resource, props: Iterable[str]) -> bool:
@@ -784,7 +1043,7 @@ class _RpcRule:
 
     def report(self, problem: str) -> None:
         self.problems.append(
-            f"{self.where}: opens the RPC port {self.stack.port} {problem}; {self.fix}"
+            f"{self.where}: opens the {self.stack.what} {self.stack.port} {problem}; {self.fix}"
         )
 
     def addresses(self, sources: list[Any], kind: str) -> None:
@@ -896,10 +1155,63 @@ def _rpc_azure(stack: _Stack, r: Resource) -> list[str]:
     return problems
 
 
+def _rpc_gcp_policy(stack: _Stack, r: Resource) -> list[str]:
+    """A GCP firewall policy rule names no network tag of the program's: any that admits the
+    port admits more than the main node."""
+    kind = canonical_type(r.type)
+    return [
+        f"{where}: opens the {stack.what} {stack.port} through a firewall policy, which cannot "
+        f"admit the main node alone; remove it: {_GCP_FIX}"
+        for where, rule in _gcp_policy_rules(kind, r.props, _label(r.type, r.name))
+        if _gcp_policy_allows_in(rule) and _gcp_policy_covers(rule, stack.port)
+    ]
+
+
+def _is_deny_all_inbound(rule: Mapping[str, Any]) -> bool:
+    words = ("*", "any")
+    return (
+        str(rule.get("direction", "")).lower() == "inbound"
+        and str(rule.get("access", "")).lower() == "deny"
+        and str(rule.get("protocol", "")).lower() in words
+        and str(rule.get("sourceAddressPrefix", "")).lower() in words
+        and _covers(_port_ranges(rule.get("destinationPortRange")), 0)
+        and _covers(_port_ranges(rule.get("destinationPortRange")), 65535)
+        and (_int(rule.get("priority")) or 65536) < AZURE_DEFAULT_RULES_PRIORITY
+    )
+
+
+def _azure_denies_the_rest(resources: Sequence[Resource]) -> list[Violation]:
+    """Each network security group holds an inbound rule that denies everything else, before
+    Azure's default AllowVnetInBound (65000) admits the whole VNet to every port."""
+    standalone: dict[str, list[Mapping[str, Any]]] = {}
+    for r in resources:
+        if canonical_type(r.type) == AZURE_SECURITY_RULE:
+            group = r.props.get("networkSecurityGroupName")
+            standalone.setdefault(str(group), []).append(r.props)
+    found: list[Violation] = []
+    for r in resources:
+        if canonical_type(r.type) != AZURE_NSG or not _known(r.props.get("securityRules")):
+            continue
+        names = {str(r.props.get("networkSecurityGroupName")), r.name}
+        rules = [_flat(rule) for rule in _items(r.props.get("securityRules"))]
+        rules += [rule for name in names for rule in standalone.get(name, [])]
+        if not any(_is_deny_all_inbound(rule) for rule in rules):
+            found.append(
+                Violation(
+                    f"{_label(r.type, r.name)}: no inbound rule denies every other source, so "
+                    "Azure's default AllowVnetInBound admits the whole VNet to the RPC and "
+                    "metrics ports; add a Deny rule from '*' to '*' on every port, priority below "
+                    f"{AZURE_DEFAULT_RULES_PRIORITY} (the program's is at 4000)",
+                    r.urn,
+                )
+            )
+    return found
+
+
 def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
     """A node (or NIC) other than the main node's that carries the main node's group or tag."""
     kind, props, label = canonical_type(r.type), r.props, _label(r.type, r.name)
-    if kind == AWS_INSTANCE and not MAIN_NODE.fullmatch(r.name):
+    if kind in (AWS_INSTANCE, AWS_SPOT_REQUEST) and not is_main_node(r.type, props, r.name):
         keys = ("vpcSecurityGroupIds", "securityGroups")
         if stack.carries_main([v for k in keys for v in _strings(props.get(k))], r, keys):
             return [
@@ -907,7 +1219,7 @@ def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
                 "worker's RPC port; give it the workers' group, and keep the main group on the "
                 "main node only"
             ]
-    elif kind == GCP_INSTANCE and not MAIN_NODE.fullmatch(r.name):
+    elif kind == GCP_INSTANCE and not is_main_node(r.type, props, r.name):
         tags = [t for t in _strings(props.get("tags")) if isinstance(t, str)]
         main_tags = [t for t in tags if MAIN_NETWORK_TAG.fullmatch(t)]
         if main_tags:
@@ -915,7 +1227,7 @@ def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
                 f"{label}: carries the main node's network tag {', '.join(main_tags)}, so it can "
                 "reach every worker's RPC port; remove the tag: only the main node carries it"
             ]
-    elif kind == AZURE_NIC and not MAIN_NIC.fullmatch(r.name):
+    elif kind == AZURE_NIC and not is_main_node(r.type, props, r.name):
         ids = [
             _mapping(group).get("id")
             for config in _items(props.get("ipConfigurations"))
@@ -930,18 +1242,39 @@ def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
     return []
 
 
+def _only_from_main(
+    stack: _Stack, resources: Sequence[Resource], *, carriers: bool
+) -> list[Violation]:
+    checks = [
+        _rpc_aws,
+        _rpc_gcp,
+        _rpc_azure,
+        _rpc_gcp_policy,
+        *([_rpc_carriers] if carriers else []),
+    ]
+    violations: list[Violation] = []
+    for r in resources:
+        for check in checks:
+            violations += [Violation(message, r.urn) for message in check(stack, r)]
+    return violations
+
+
 def rpc_only_from_main(
     resources: Sequence[Resource], port: int = DEFAULT_RPC_PORT
 ) -> list[Violation]:
     """Invariant 2: every rule that opens the RPC port admits the main node's security group,
     network tag or application security group and nothing else, and only the main node
-    carries that group or tag."""
+    carries that group or tag. On Azure, the network security group also denies every other
+    inbound connection before the VNet's default rule admits the whole VNet."""
     stack = _Stack(resources, port)
-    violations: list[Violation] = []
-    for r in resources:
-        for check in (_rpc_aws, _rpc_gcp, _rpc_azure, _rpc_carriers):
-            violations += [Violation(message, r.urn) for message in check(stack, r)]
-    return violations
+    return _only_from_main(stack, resources, carriers=True) + _azure_denies_the_rest(resources)
+
+
+def metrics_only_from_main(resources: Sequence[Resource]) -> list[Violation]:
+    """Invariant 8: the node metrics port is as narrow as RPC: every rule that opens it admits
+    the main node's group, tag or application security group alone."""
+    stack = _Stack(resources, METRICS_PORT, "node metrics port")
+    return _only_from_main(stack, resources, carriers=False)  # the RPC policy reports carriers
 
 
 def check_stack(
@@ -959,4 +1292,5 @@ def check_stack(
             for message in validator(r.type, r.props, r.name, **extra)
         ]
     result["rpc-only-from-main"] = rpc_only_from_main(resources, port)
+    result["metrics-only-from-main"] = metrics_only_from_main(resources)
     return result

@@ -164,7 +164,8 @@ class FlakyServer:
     ``faults[path]`` lists what the next requests for ``path`` get, one entry each, before the
     file is served properly (with ``Range: bytes=N-`` support): ``"drop"`` (the full
     Content-Length, half the body, then the connection closed), ``"reset"`` (the same, ended by
-    a TCP reset), ``"429"`` (Too Many Requests, Retry-After: 1) or ``"503"``.
+    a TCP reset), ``"429"`` (Too Many Requests, Retry-After: 1), ``"503"``, or ``"redirect:URL"``
+    (302 to URL).
     """
 
     url: str
@@ -187,6 +188,12 @@ def _flaky_handler(server: FlakyServer) -> type[http.server.BaseHTTPRequestHandl
             server.requests.append(("GET", path, asked))
             faults = server.faults.get(path, [])
             fault = faults.pop(0) if faults else None
+            if fault and fault.startswith("redirect:"):
+                self.send_response(302)
+                self.send_header("Location", fault.removeprefix("redirect:"))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if fault in ("429", "503"):
                 self.send_response(int(fault))
                 self.send_header("Retry-After", "1")

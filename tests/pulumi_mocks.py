@@ -85,6 +85,14 @@ def refused(stack: str, overrides: dict[str, Any], key: str) -> str:
     return text
 
 
+def azure_asg_id(group: str, name: str) -> str:
+    """An application security group's id as Azure makes it: NSG rules name groups by id."""
+    return (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}"
+        f"/providers/Microsoft.Network/applicationSecurityGroups/{name}"
+    )
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Record what the program registers. With ``prior`` (the deployment of an earlier ``up``),
     answer as the engine does for a resource that exists: its id stays, and an input it ignores
@@ -132,6 +140,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["identity"] = {**state["identity"], "principalId": PRINCIPAL, "tenantId": "t"}
         if args.typ == "azure-native:resources:ResourceGroup":
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
+        if args.typ == "azure-native:network:ApplicationSecurityGroup":
+            return azure_asg_id(args.inputs["resourceGroupName"], args.name), state
         if args.typ == "azure-native:network:LoadBalancer":
             # Its id as Azure makes it, under its group's (here "<group>-id"): its parts name
             # each other by id.
@@ -384,6 +394,16 @@ def deployed(stack: str) -> Deployment:
     if stack not in _presets:
         _presets[stack] = deploy(stack)
     return _presets[stack]
+
+
+def tag_path(typ: str) -> str | None:
+    """The input that carries a resource type's tags (labels on GCP), as its cloud's rules say;
+    None: the type takes none."""
+    from infra.clouds import RESOURCE_RULES
+
+    entry = RESOURCE_RULES.get(typ)
+    found = [r.path for r in entry.rules if isinstance(r, rules.Tags)] if entry else []
+    return found[0] if found else None
 
 
 def user_data_text(instance_inputs: dict[str, Any]) -> str:

@@ -21,17 +21,12 @@ from tests.pulumi_mocks import (
     refused,
     stack_config,
     stack_names,
+    tag_path,
     user_data_text,
 )
 
 AWS_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "aws"]
 # Resources that AWS cannot tag (associations and attachments).
-UNTAGGABLE = {
-    "aws:ec2/routeTableAssociation:RouteTableAssociation",
-    "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
-    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
-    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
-}
 P = "llama-rpc-cluster:"
 INSTANCE = "aws:ec2/instance:Instance"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -66,26 +61,25 @@ def test_instances_count_type_and_placement(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_only_rpc_from_the_main_group_and_metrics_from_inside_are_open(stack: str) -> None:
+def test_only_rpc_and_metrics_from_the_main_group_are_open(stack: str) -> None:
+    """The workers admit RPC and node metrics from their own main node's group, and nothing
+    else; the main node admits neither (it reads its own metrics locally)."""
     d = deployed(stack)
-    vpc = str(parsed_config(stack).vpc_cidr)
     ingress = d.of_type(INGRESS)  # no apiAllowedCidrs in the presets
-    [rule] = [r for r in ingress if r.inputs["fromPort"] != METRICS_PORT]
-    assert rule.inputs["securityGroupId"] == "llama-rpc-cluster-worker-sg-id"
-    assert rule.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-main-sg-id"
-    assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == (
-        "tcp",
-        50052,
-        50052,
-    )
-    assert "cidrIpv4" not in rule.inputs and "cidrIpv6" not in rule.inputs
-    metrics = [r for r in ingress if r.inputs["fromPort"] == METRICS_PORT]
-    assert {r.inputs["securityGroupId"] for r in metrics} == {
-        "llama-rpc-cluster-main-sg-id",
-        "llama-rpc-cluster-worker-sg-id",
-    }
-    for r in metrics:
-        assert (r.inputs["toPort"], r.inputs["cidrIpv4"]) == (METRICS_PORT, vpc)
+    assert len(ingress) == 2
+    for rule, port in zip(
+        sorted(ingress, key=lambda r: r.inputs["fromPort"]),
+        sorted((50052, METRICS_PORT)),
+        strict=True,
+    ):
+        assert rule.inputs["securityGroupId"] == "llama-rpc-cluster-worker-sg-id"
+        assert rule.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-main-sg-id"
+        assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == (
+            "tcp",
+            port,
+            port,
+        )
+        assert "cidrIpv4" not in rule.inputs and "cidrIpv6" not in rule.inputs
     for group in d.of_type("aws:ec2/securityGroup:SecurityGroup"):
         assert not group.inputs.get("ingress"), "no inline rules: every rule is its own resource"
     to_workers = set()
@@ -134,10 +128,23 @@ def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) 
         else:
             assert profile is None, f"{instance.name}: workers need no instance role"
     [role] = d.of_type("aws:iam/role:Role")
-    [attachment] = d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-    assert attachment.inputs["role"] == role.inputs.get("name", role.name)
-    assert attachment.inputs["policyArn"] == "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-    assert not d.of_type("aws:iam/rolePolicy:RolePolicy")
+    # No managed policy (AmazonSSMManagedInstanceCore reads every SSM parameter): the agent's
+    # own actions for Session Manager and Run Command, nothing that reads data.
+    assert not d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    [agent] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    assert agent.inputs["role"] == f"{role.name}-id"
+    actions = {a for s in json.loads(agent.inputs["policy"])["Statement"] for a in s["Action"]}
+    assert actions == {
+        "ssm:UpdateInstanceInformation",
+        *(f"ssmmessages:{verb}{kind}Channel" for verb in ("Create", "Open")
+          for kind in ("Control", "Data")),
+        *(
+            f"ec2messages:{verb}"
+            for verb in ("AcknowledgeMessage", "DeleteMessage", "FailMessage", "GetEndpoint",
+                         "GetMessages", "SendReply")
+        ),
+    }  # fmt: skip
+    assert not any(a.startswith(("ssm:Get", "ssm:Describe", "s3:", "kms:")) for a in actions)
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -218,7 +225,7 @@ def test_main_disk_is_sized_for_the_model_and_loads_fast(stack: str) -> None:
 def test_every_taggable_resource_carries_the_stack_tags(stack: str) -> None:
     d = deployed(stack)
     for resource in d.resources:
-        if resource.typ in UNTAGGABLE or resource.typ.startswith("llama-rpc-cluster:"):
+        if tag_path(resource.typ) != "tags":  # the types AWS tags (its rules say which)
             continue
         tags = resource.inputs.get("tags")
         assert tags, f"{resource.typ} {resource.name} has no tags"
@@ -329,7 +336,7 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
     d = deploy("aws-small", {"llama-rpc-cluster:model": model})
     [endpoint] = d.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
-    [read] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
     statements = json.loads(read.inputs["policy"])["Statement"]
     assert statements[0] == {
         "Effect": "Allow",
@@ -348,7 +355,11 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
     env = env_of(user_data_text(main))
     assert env["MODEL_URLS"] == " ".join(urls) and env["MODEL_STORE_REGION"] == "us-east-1"
     assert "rclone" in yaml.safe_load(user_data_text(main))["packages"]
-    assert not deployed("aws-small").of_type("aws:iam/rolePolicy:RolePolicy")
+    assert not [
+        p
+        for p in deployed("aws-small").of_type("aws:iam/rolePolicy:RolePolicy")
+        if "model-read" in p.name
+    ]
 
 
 def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() -> None:
@@ -362,7 +373,7 @@ def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() 
         "aws-small",
         {"llama-rpc-cluster:model": model, "llama-rpc-cluster:modelStoreKmsKey": key},
     )
-    [read] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
     *_, decrypt = json.loads(read.inputs["policy"])["Statement"]
     assert decrypt == {
         "Effect": "Allow",

@@ -5,6 +5,7 @@ recorded gcloud and az output. Nothing here reaches a network."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
-from infra.costrun.target import Prediction, StepError
+from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
 from infra.costrun.usage import UsageUnavailable
 from tests.conftest import REPO
 from tests.test_usage import SimulatedCluster
@@ -432,7 +433,7 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
     )  # fmt: skip
     ssm = stubs["ssm"]
     for command, stdout in (
-        ("cat /var/lib/llama-rpc/status.json", '{"phase": "serving"}'),
+        (shlex.join(STATUS_COMMAND), '{"phase": "serving"}'),
         ("/opt/llama-rpc/bin/llama-rpc-bench --requests 2", json.dumps(BENCH)),
     ):
         ssm.add_response(
@@ -530,10 +531,8 @@ def test_gcp_reads_the_node_through_iap_and_audits_by_label() -> None:
         "gcloud compute addresses list": (0, "[]"),
     })  # fmt: skip
     channel = IapChannel("gcp-c4a-main", "us-central1-c", "proj", runner)
-    assert json.loads(channel.run(["cat", "/var/lib/llama-rpc/status.json"], 60))["phase"] == (
-        "serving"
-    )
-    assert runner.calls[0][-1] == "sudo cat /var/lib/llama-rpc/status.json"
+    assert json.loads(channel.run(STATUS_COMMAND, 60))["phase"] == "serving"
+    assert runner.calls[0][-1] == f"sudo {shlex.join(STATUS_COMMAND)}"
     assert "--tunnel-through-iap" in runner.calls[0]
     assert gcp_leftovers("proj", "gcp-c4a", runner) == ["instance gcp-c4a-main"]
     assert "--filter=labels.stack=gcp-c4a AND labels.project=llama-rpc-cluster" in runner.calls[1]
@@ -604,3 +603,14 @@ def test_the_one_off_download_is_paid_by_every_groups_main_node_unless_staged() 
     model["urls"] = [f"s3://models/part-{i}.gguf" for i in range(len(model["urls"]))]
     target.config = config_of({**values, "llama-rpc-cluster:model": model})
     assert target.predict().one_off_usd == 0.0
+
+
+def test_a_nodes_status_text_is_shown_without_its_control_characters() -> None:
+    """The status file is the service user's to write: its text reaches the operator's terminal
+    with escapes, carriage returns and bidirectional overrides shown, not acted on."""
+    status = parse_status(
+        json.dumps({"phase": "serving\x1b[2J", "last_error": "ok\r\u202efake", "n": 1})
+    )
+    assert status == {"phase": "serving\\x1b[2J", "last_error": "ok\\x0d\\u202efake", "n": 1}
+    with pytest.raises(StepError, match=r"not JSON yet: '\\\\x1b\]0;owned"):
+        parse_status("\x1b]0;owned\x07")

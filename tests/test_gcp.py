@@ -55,7 +55,7 @@ def test_firewall_opens_rpc_only_from_the_main_tag(stack: str) -> None:
     assert set(rules) == {
         "llama-rpc-cluster-worker-rpc-from-main",
         "llama-rpc-cluster-main-api-from-iap",
-        "llama-rpc-cluster-metrics-from-cluster",
+        "llama-rpc-cluster-worker-metrics-from-main",
     }
     rpc = rules["llama-rpc-cluster-worker-rpc-from-main"]
     assert rpc["direction"] == "INGRESS"
@@ -266,16 +266,16 @@ def allowed_ports(rule: dict) -> set[int]:
 
 
 @pytest.mark.parametrize("stack", GCP_STACKS)
-def test_node_metrics_are_open_from_the_cluster_network_only(stack: str) -> None:
-    vpc = str(parsed_config(stack).vpc_cidr)
+def test_node_metrics_are_open_from_the_groups_main_node_only(stack: str) -> None:
     for d, groups in ((deployed(stack), [CLUSTER]), (replicated(stack), [CLUSTER, REPLICA2])):
         rules = {r.name: r.inputs for r in d.of_type(FIREWALL)}
         for group in groups:
-            metrics = rules[f"{group}-metrics-from-cluster"]
+            metrics = rules[f"{group}-worker-metrics-from-main"]
             assert metrics["direction"] == "INGRESS"
             assert metrics["allows"] == [{"protocol": "tcp", "ports": [str(METRICS_PORT)]}]
-            assert metrics["sourceRanges"] == [vpc]
-            assert metrics["targetTags"] == [f"{group}-main", f"{group}-worker"]
+            assert metrics["sourceTags"] == [f"{group}-main"]
+            assert metrics["targetTags"] == [f"{group}-worker"]
+            assert "sourceRanges" not in metrics
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

@@ -390,3 +390,19 @@ def test_a_channel_that_cannot_be_built_says_what_is_missing() -> None:
         stack_channels(base)
     [channel] = stack_channels(gcp, gcp_project="proj")
     assert (channel.max_output, channel.zone) == (None, "us-central1-a")  # type: ignore[attr-defined]
+
+
+def test_a_node_that_answers_too_much_or_writes_escapes_is_held_to_text(tmp_path: Path) -> None:
+    """The script reads as root what other nodes answer and what the service user writes: an
+    answer past its cap is that node's error, not memory spent, and the main node's phase
+    reaches the reader printable and short."""
+    flood = "node_load1 1\n" * 200_000  # 2.6 MB
+    exporters = {MAIN: exporter_text(), WORKER_1: flood}
+    with Group(tmp_path, [WORKER_1], exporters).up() as group:
+        group.status.write_text(json.dumps({"phase": "serving\x1b]0;owned\x07" + "x" * 100}))
+        read = group_metrics.parse(ScriptChannel(group).run(group_metrics.read_command(), 60))
+    worker = read.nodes[1]
+    assert worker.exporter is None and "over 1048576 bytes" in worker.error
+    assert read.nodes[0].exporter is not None
+    assert "\x1b" not in read.phase and read.phase.startswith("serving\\x1b]0;owned\\x07")
+    assert len(read.phase) <= 60

@@ -266,10 +266,11 @@ def test_node_exporter_serves_each_node_to_the_cluster_on_its_private_address(up
         assert "llama_rpc_metrics" in on(up, name, "nft", "list", "tables")
 
 
-def test_the_metrics_port_is_closed_outside_the_vpc(up) -> None:
+def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
     """Hosts outside the cluster's network reach the nodes (a route back is added for the test),
     yet not their metrics port: the host over its link to the main node, and a namespace on the
-    bridge with an address outside the VPC. Controls: the API port, and a listener on a worker."""
+    bridge with an address outside the VPC; inside it, only a worker's own main node does.
+    Controls: the API port, and a listener on a worker."""
     network: VpcNetwork = up["network"]
     main_ip, w1 = network.node_ips[0], network.node_ips[1]
     host = subprocess.run(
@@ -294,13 +295,98 @@ def test_the_metrics_port_is_closed_outside_the_vpc(up) -> None:
         assert port_answers(exec_prefix(outsider), main_ip, 8080)
         for ip in (main_ip, w1):
             assert not port_answers(exec_prefix(outsider), ip, METRICS_PORT), ip
-        # Inside the VPC it answers, from a worker as from the main node.
-        assert port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
+        # As narrow as RPC: a worker's answers its own main node, and no other node; the main
+        # node's answers no one but itself.
+        assert port_answers(cluster.exec_argv(up["spec"], "main", []), w1, METRICS_PORT)
+        assert not port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
+        assert not port_answers(cluster.exec_argv(up["spec"], "w1", []), main_ip, METRICS_PORT)
+        assert port_answers(cluster.exec_argv(up["spec"], "main", []), main_ip, METRICS_PORT)
     finally:
         control.kill()
         control.wait()
         for ns in routes:
             subprocess.run(["ip", "-n", ns, "route", "del", "192.168.214.0/24"], check=False)
+
+
+SERVICE = "llama"
+AS_SERVICE = ["setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups"]
+
+
+def test_the_service_user_can_put_nothing_where_root_writes(up) -> None:
+    """The attack: as the service user, a link where root writes (the status file, a lock, a
+    model part's download) would hand root's files to it at the next boot. Root's directories
+    take nothing from it; what it may write is the status file in place, and its own state
+    directory, which root never touches."""
+    data = VM_PATHS.data_dir
+    for name in ("main", "w1"):
+        targets = [f"{data}/status.json", f"{data}/status.json.lock", f"{data}/planted"]
+        if name == "main":
+            models = on(up, name, "sh", "-c", f"ls {data}/models").split()
+            targets += [f"{data}/models/{models[0]}.partial", f"{data}/models/{models[0]}"]
+        for target in targets:
+            link = [*AS_SERVICE, "ln", "-sfn", "/etc/passwd", target]
+            plant = subprocess.run(
+                cluster.exec_argv(up["spec"], name, link),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert plant.returncode != 0 and "Permission denied" in plant.stderr, (name, target)
+        owners = on(up, name, "stat", "-c", "%n %U:%G %a", data, f"{data}/status.json")
+        assert owners.split("\n")[:2] == [
+            f"{data} root:{SERVICE} 2750",
+            f"{data}/status.json root:{SERVICE} 660",
+        ]
+        state = on(up, name, "stat", "-c", "%U:%G %a", f"{data}/service").split()
+        assert state[0] == f"{SERVICE}:{SERVICE}" and int(state[1], 8) & 0o777 == 0o750
+        # It updates the status in place, as its services do; root reads what it wrote.
+        on(up, name, *AS_SERVICE, f"{VM_PATHS.bin_dir}/llama-rpc-status", "--file",
+           f"{data}/status.json", "set", "service_probe=1")  # fmt: skip
+        shown = on(up, name, f"{VM_PATHS.bin_dir}/llama-rpc-status", "--file",
+                   f"{data}/status.json", "get", "service_probe")  # fmt: skip
+        assert shown.strip() == "1"
+        assert on(up, name, "stat", "-c", "%U", "/etc/passwd").strip() == "root"
+
+
+def test_only_root_reaches_the_metadata_service(up) -> None:
+    """A stand-in for the clouds' metadata service at 169.254.169.254 (a namespace of this test
+    on the cluster's bridge): root on a node reaches it, the service user does not, so code
+    running as the service user cannot take the node's credentials. DNS and NTP pass."""
+    network: VpcNetwork = up["network"]
+    metadata = network.add_outsider("mmeta", "169.254.169.254", 32)
+    nodes = [network.namespace(n) for n in ("main", "w1")]
+    server = subprocess.Popen(
+        [*exec_prefix(metadata), "python3", "-m", "http.server", "--bind", "169.254.169.254", "80"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for ns in nodes:
+            subprocess.run(
+                ["ip", "-n", ns, "route", "add", "169.254.169.254/32", "dev", "eth0"], check=True
+            )
+        token = ["curl", "-sf", "--max-time", "5", "-o", "/dev/null", "http://169.254.169.254/"]
+        for name in ("main", "w1"):
+            wait_for(
+                lambda name=name: (
+                    subprocess.run(
+                        cluster.exec_argv(up["spec"], name, token), capture_output=True
+                    ).returncode
+                    == 0
+                ),
+                30,
+                f"root on {name} reaching the stand-in",
+            )
+            denied = subprocess.run(
+                cluster.exec_argv(up["spec"], name, [*AS_SERVICE, *token]),
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert denied.returncode != 0, name
+            assert "llama_rpc_metadata" in on(up, name, "nft", "list", "tables")
+    finally:
+        server.kill()
+        server.wait()
+        for ns in nodes:
+            subprocess.run(["ip", "-n", ns, "route", "del", "169.254.169.254/32"], check=False)
 
 
 def test_llama_server_serves_its_metrics_on_the_main_node(up) -> None:
@@ -438,8 +524,8 @@ def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
     network: VpcNetwork = up["network"]
     for name in ("main", "w1"):
         ip = network.node_ips[network.node_names.index(name)]
-        wait_for(
-            lambda ip=ip: port_answers(cluster.exec_argv(up["spec"], "w2", []), ip, METRICS_PORT),
+        wait_for(  # asked by the main node, the one node each exporter answers
+            lambda ip=ip: port_answers(cluster.exec_argv(up["spec"], "main", []), ip, METRICS_PORT),
             120,
             f"{name}'s exporter after its reboot",
         )

@@ -24,12 +24,23 @@ from infra import types
 from infra.local.source import cache_dir
 from policy import rules
 from tests.conftest import REPO, unavailable
-from tests.pulumi_mocks import Deployment, deploy, deployed, stack_config, stack_names
+from tests.pulumi_mocks import (
+    Deployment,
+    azure_asg_id,
+    deploy,
+    deployed,
+    stack_config,
+    stack_names,
+)
 
 POLICY = REPO / "policy"
 PROJECT = "llama-rpc-cluster"
 RPC_PORT = rules.DEFAULT_RPC_PORT
-POLICIES = [*rules.RESOURCE_VALIDATORS, "rpc-only-from-main"]
+POLICIES = [*rules.RESOURCE_VALIDATORS, "rpc-only-from-main", "metrics-only-from-main"]
+METRICS = "metrics-only-from-main"
+# The application security groups' ids, as the mocks give them (Azure's form).
+ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
+ASG_WORKER = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-worker-asg")
 
 
 def cloud_of(stack: str) -> str:
@@ -54,7 +65,7 @@ def resources(stack: str, deployment: Deployment | None = None) -> list[rules.Re
             name=r.name,
             props=copy.deepcopy(dict(r.inputs)),
             urn=urn(stack, r.typ, r.name),
-            id=f"{r.name}-id",
+            id=deployment.states[r.typ, r.name][0],
         )
         for r in deployment.resources
     ]
@@ -101,10 +112,16 @@ def added(
     return [*found, rules.Resource(typ, name, props, urn(stack, typ, name), f"{name}-id")]
 
 
-def only(result: dict[str, list[str]], policy: str, name: str, *fix: str) -> list[str]:
-    """The violations, all of one policy; each names the resource, and one names the fix."""
+def only(
+    result: dict[str, list[str]], policy: str, name: str, *fix: str, also: tuple[str, ...] = ()
+) -> list[str]:
+    """The violations, all of one policy (and of each of ``also``, which must report too: a
+    rule that opens every port opens the metrics port as well); each names the resource, and
+    one names the fix."""
     assert result[policy], f"{policy} reported nothing"
-    others = {k: v for k, v in result.items() if k != policy and v}
+    for other in also:
+        assert any(name in m for m in result[other]), (other, result[other])
+    others = {k: v for k, v in result.items() if k not in (policy, *also) and v}
     assert not others, others
     assert all(name in m for m in result[policy]), result[policy]
     assert any(all(word in m for word in fix) for m in result[policy]), result[policy]
@@ -278,7 +295,7 @@ def test_azure_inbound_allow_from_the_internet_is_reported(source: dict[str, Any
         "protocol": "Tcp",
         "priority": 120,
         "destinationPortRange": "8080",
-        "destinationApplicationSecurityGroups": [{"id": f"{PROJECT}-main-asg-id"}],
+        "destinationApplicationSecurityGroups": [{"id": ASG_MAIN}],
         **source,
     }
     found = added(stack, resources(stack), rules.AZURE_SECURITY_RULE, name, rule)
@@ -299,7 +316,7 @@ def test_azure_nsg_inline_rule_from_anywhere_is_reported() -> None:
             "destinationPortRange": "22",
         }
     ]
-    found = changed(resources(stack), name, lambda p: p.update(securityRules=inline))
+    found = changed(resources(stack), name, lambda p: p["securityRules"].extend(inline))
     only(messages(stack, found), "no-internet-ingress", name, "ssh-from-anywhere", "*")
 
 
@@ -341,7 +358,9 @@ def test_aws_rules_whose_ports_include_the_rpc_port_count(rule: dict[str, Any]) 
     name = "wide-ports"
     props = {"securityGroupId": f"{PROJECT}-worker-sg-id", **rule}
     found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, name, props)
-    only(messages(stack, found), "rpc-only-from-main", name, f"RPC port {RPC_PORT}")
+    every = rule["ipProtocol"] == "-1" or rule["fromPort"] <= rules.METRICS_PORT <= rule["toPort"]
+    also = (METRICS,) if every else ()
+    only(messages(stack, found), "rpc-only-from-main", name, f"RPC port {RPC_PORT}", also=also)
     # The same sources on the API port only are none of this policy's business.
     props |= {"ipProtocol": "tcp", "fromPort": 8080, "toPort": 8080}
     found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, name, props)
@@ -375,7 +394,13 @@ def test_aws_inline_and_self_rules_on_the_rpc_port_are_reported() -> None:
         "self": True,
     }
     found = added(stack, resources(stack), rules.AWS_SECURITY_GROUP_RULE, "self-all", self_rule)
-    only(messages(stack, found), "rpc-only-from-main", "self-all", f"{group}-id")
+    only(
+        messages(stack, found),
+        "rpc-only-from-main",
+        "self-all",
+        f"{group}-id",
+        also=("metrics-only-from-main",),
+    )
 
 
 def test_aws_a_worker_carrying_the_main_group_is_reported() -> None:
@@ -412,7 +437,16 @@ def test_gcp_rpc_rule_from_anything_but_the_main_tag_is_reported(
 ) -> None:
     stack = preset("gcp")
     found = changed(resources(stack), GCP_RPC, lambda p: p.update(change))
-    only(messages(stack, found), "rpc-only-from-main", GCP_RPC, shown, "source_tags=[<main tag>]")
+    every = change.get("allows") == [{"protocol": "all"}]
+    also = ("metrics-only-from-main",) if every else ()
+    only(
+        messages(stack, found),
+        "rpc-only-from-main",
+        GCP_RPC,
+        shown,
+        "source_tags=[<main tag>]",
+        also=also,
+    )
 
 
 def test_gcp_a_worker_carrying_the_main_tag_is_reported() -> None:
@@ -448,8 +482,8 @@ def nsg_rule(name: str, change: Callable[[dict[str, Any]], object]) -> Callable[
             "VirtualNetwork",
         ),
         (
-            {"sourceApplicationSecurityGroups": [{"id": f"{PROJECT}-worker-asg-id"}]},
-            f"{PROJECT}-worker-asg-id",
+            {"sourceApplicationSecurityGroups": [{"id": ASG_WORKER}]},
+            ASG_WORKER,
         ),
         (
             {
@@ -466,19 +500,22 @@ def test_azure_rpc_rule_from_anything_but_the_main_asg_is_reported(
 ) -> None:
     stack = preset("azure")
     found = changed(resources(stack), AZURE_NSG, nsg_rule(AZURE_RPC, lambda r: r.update(change)))
+    # A rule for every port admits the metrics port from the same sources.
+    every_port = change.get("destinationPortRange") == "*"
     only(
         messages(stack, found),
         "rpc-only-from-main",
         AZURE_RPC,
         shown,
         "source_application_security_groups",
+        also=(METRICS,) if every_port else (),
     )
 
 
 def test_azure_a_worker_nic_in_the_main_asg_is_reported() -> None:
     stack = preset("azure")
     name = f"{PROJECT}-worker-1-nic"
-    main_asg = {"id": f"{PROJECT}-main-asg-id"}
+    main_asg = {"id": ASG_MAIN}
     found = changed(
         resources(stack),
         name,
@@ -950,7 +987,11 @@ def expected(stack: str, found: list[rules.Resource], port: int = RPC_PORT) -> l
     """What the rules say of the same resources, in the same form."""
     result = rules.check_stack(found, port, {"project": PROJECT, "stack": stack})
     return sorted(
-        (policy, v.message, v.urn if policy == "rpc-only-from-main" else "")
+        (
+            policy,
+            v.message,
+            v.urn if policy in ("rpc-only-from-main", "metrics-only-from-main") else "",
+        )
         for policy, found_violations in result.items()
         for v in found_violations
     )
@@ -973,6 +1014,7 @@ def test_the_pack_declares_every_policy_mandatory(pack: Callable[..., Pack]) -> 
     assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
     kinds = {p.name: p.policy_type for p in info.policies}
     assert kinds.pop("rpc-only-from-main") == analyzer_pb2.POLICY_TYPE_STACK
+    assert kinds.pop("metrics-only-from-main") == analyzer_pb2.POLICY_TYPE_STACK
     assert set(kinds.values()) == {analyzer_pb2.POLICY_TYPE_RESOURCE}
     pack_file = yaml.safe_load((POLICY / "PulumiPolicy.yaml").read_text())
     assert pack_file["runtime"]["name"] == "python"
@@ -986,8 +1028,20 @@ def engine_view(stack: str, *, first_preview: bool = False) -> list[rules.Resour
     another resource would have given unknown."""
     found = as_engine_sends(resources(stack))
     if not first_preview:
-        return found
-    ids = {f"{r.name}-id" for r in found}
+        # A stack that exists: each resource's outputs, which add what the cloud named.
+        states = deployed(stack).states
+        return [
+            rules.Resource(
+                r.type,
+                r.name,
+                {**states[r.type, r.name][1], **r.props},
+                r.urn,
+                None,
+                r.property_dependencies,
+            )
+            for r in found
+        ]
+    ids = {r.id for r in resources(stack) if r.id}
 
     def unknown(value: Any) -> Any:
         if isinstance(value, str) and value in ids:
@@ -1015,7 +1069,8 @@ def test_the_pack_reports_what_the_rules_report(
     stack = preset(cloud)
     running = pack(stack)
     found = engine_view(stack, first_preview=first_preview)
-    assert report(analyze(running, found)) == expected(stack, found)
+    # The program's own stack passes as the engine shows it, ids unknown or not.
+    assert report(analyze(running, found)) == expected(stack, found) == []
     node = f"{PROJECT}-main"
     key = "labels" if cloud == "gcp" else "tags"
     broken = changed(found, node, lambda p: p[key].update(stack="another-stack"))
@@ -1135,3 +1190,305 @@ def test_googles_probe_ranges_pass_only_in_a_gcp_firewall() -> None:
     assert rules.no_internet_ingress(rules.AZURE_SECURITY_RULE, azure_rule, "probes")
     wider = {**gcp_rule, "sourceRanges": ["35.191.0.0/15"]}
     assert rules.no_internet_ingress(rules.GCP_FIREWALL, wider, "wider")
+
+
+@pytest.mark.parametrize("rule", [AZURE_RPC, "g1-allow-metrics-from-main"])
+def test_the_pack_traces_an_azure_rule_from_the_workers_group_by_its_id(
+    pack: Callable[..., Pack], rule: str
+) -> None:
+    """The NSG's inline rules name both groups, so the engine's dependencies cannot tell a
+    source from a destination; the group's ARM id does, once it is known."""
+    stack = preset("azure")
+    running = pack(stack)
+    found = engine_view(stack)
+    broken = changed(
+        found,
+        AZURE_NSG,
+        nsg_rule(rule, lambda r: r.update(sourceApplicationSecurityGroups=[{"id": ASG_WORKER}])),
+    )
+    [(policy, message, at)] = new_reports(running, found, broken)
+    assert policy == ("rpc-only-from-main" if rule == AZURE_RPC else METRICS)
+    assert rule in message and f"{PROJECT}-worker-asg" in message and "not the main" in message
+    assert at == urn(stack, rules.AZURE_NSG, AZURE_NSG)
+
+
+# --- hand edits of every resource type that could break an invariant ---------------------------
+
+TAGS = {"project": PROJECT, "stack": "aws-c8g"}
+SAFE_AWS_NODE = {
+    "associatePublicIpAddress": False,
+    "metadataOptions": {"httpTokens": "required"},
+    "rootBlockDevice": {"encrypted": True},
+}
+
+
+def test_deleting_azures_deny_all_rule_is_reported() -> None:
+    """Azure's default AllowVnetInBound (65000) would then admit the whole VNet to 50052."""
+    stack = preset("azure")
+    found = changed(
+        resources(stack),
+        AZURE_NSG,
+        lambda p: p.update(
+            securityRules=[r for r in p["securityRules"] if r["name"] != "deny-other-inbound"]
+        ),
+    )
+    only(messages(stack, found), "rpc-only-from-main", AZURE_NSG, "AllowVnetInBound", "Deny")
+
+
+@pytest.mark.parametrize("tag", ["AppService", "AzureCloud", "Storage.eastus", "Internet"])
+def test_azure_service_tags_are_the_internet(tag: str) -> None:
+    stack = preset("azure")
+    rule = {
+        "direction": "Inbound",
+        "access": "Allow",
+        "protocol": "Tcp",
+        "priority": 300,
+        "destinationPortRange": "8080",
+        "sourceAddressPrefix": tag,
+        "destinationApplicationSecurityGroups": [{"id": ASG_MAIN}],
+    }
+    found = added(stack, resources(stack), rules.AZURE_SECURITY_RULE, "from-a-service", rule)
+    only(messages(stack, found), "no-internet-ingress", "from-a-service", tag)
+
+
+@pytest.mark.parametrize("props", [{}, {"internal": False}])
+def test_a_public_classic_elb_is_reported(props: dict[str, Any]) -> None:
+    stack = preset("aws")
+    found = added(stack, resources(stack), rules.AWS_CLASSIC_ELB, "classic", props)
+    only(messages(stack, found), "internal-load-balancers", "classic", "internal=True")
+
+
+@pytest.mark.parametrize(
+    ("change", "policy", "fix"),
+    [
+        ({"associatePublicIpAddress": True}, "no-public-node-addresses", "NAT gateway"),
+        ({"ipv6AddressCount": 1}, "no-public-node-addresses", "global IPv6"),
+        ({"metadataOptions": {"httpTokens": "optional"}}, "aws-imdsv2-required", "IMDSv2"),
+        ({"rootBlockDevice": {"encrypted": False}}, "encrypted-node-disks", "encrypted"),
+        ({"iamInstanceProfile": "any-profile"}, "identity-on-main-only", "iamInstanceProfile"),
+        ({"tags": {"project": PROJECT}}, "nodes-carry-stack-tags", "'stack'"),
+    ],
+)
+def test_aws_spot_requests_are_checked_as_nodes(
+    change: dict[str, Any], policy: str, fix: str
+) -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-spot-worker"
+    props = {**SAFE_AWS_NODE, "tags": {**TAGS, "stack": stack}, **change}
+    found = added(stack, resources(stack), rules.AWS_SPOT_REQUEST, name, props)
+    only(messages(stack, found), policy, name, fix)
+
+
+@pytest.mark.parametrize("typ", [rules.AWS_LAUNCH_TEMPLATE, rules.AWS_LAUNCH_CONFIGURATION])
+@pytest.mark.parametrize(
+    ("change", "policy", "fix"),
+    [
+        ({"associatePublicIpAddress": "true"}, "no-public-node-addresses", "remove it"),
+        (
+            {"networkInterfaces": [{"associatePublicIpAddress": "true"}]},
+            "no-public-node-addresses",
+            "networkInterfaces[0]",
+        ),
+        ({"networkInterfaces": [{"ipv6AddressCount": 2}]}, "no-public-node-addresses", "IPv6"),
+        ({"metadataOptions": {"httpTokens": "optional"}}, "aws-imdsv2-required", "IMDSv2"),
+        ({"metadataOptions": {}}, "aws-imdsv2-required", "not set"),
+        (
+            {"blockDeviceMappings": [{"ebs": {"encrypted": "false"}}]},
+            "encrypted-node-disks",
+            "blockDeviceMappings[0]",
+        ),
+        ({"iamInstanceProfile": {"name": "p"}}, "identity-on-main-only", "iamInstanceProfile"),
+    ],
+)
+def test_aws_launch_templates_are_checked_for_every_node_they_make(
+    typ: str, change: dict[str, Any], policy: str, fix: str
+) -> None:
+    stack = preset("aws")
+    props = {"metadataOptions": {"httpTokens": "required"}, **change}
+    found = added(stack, resources(stack), typ, "template", props)
+    only(messages(stack, found), policy, "template", fix)
+
+
+@pytest.mark.parametrize("typ", [rules.GCP_INSTANCE_TEMPLATE, rules.GCP_REGION_INSTANCE_TEMPLATE])
+@pytest.mark.parametrize(
+    ("change", "policy", "fix"),
+    [
+        ({"networkInterfaces": [{"accessConfigs": [{}]}]}, "no-public-node-addresses", "Cloud NAT"),
+        ({"serviceAccount": {"email": "x@p.iam"}}, "identity-on-main-only", "serviceAccount"),
+        ({"labels": {"project": PROJECT}}, "nodes-carry-stack-tags", "'stack'"),
+    ],
+)
+def test_gcp_instance_templates_are_checked_for_every_node_they_make(
+    typ: str, change: dict[str, Any], policy: str, fix: str
+) -> None:
+    stack = preset("gcp")
+    props = {"labels": {"project": PROJECT, "stack": stack}, **change}
+    found = added(stack, resources(stack), typ, "template", props)
+    only(messages(stack, found), policy, "template", fix)
+
+
+@pytest.mark.parametrize("typ", rules.GCP_POLICY_RULE_TYPES)
+@pytest.mark.parametrize(
+    ("ranges", "ports", "policies"),
+    [
+        (["0.0.0.0/0"], ["8080"], ("no-internet-ingress",)),
+        (["10.0.0.0/8"], [str(RPC_PORT)], ("rpc-only-from-main",)),
+        (["10.0.0.0/8"], ["9000-9200"], (METRICS,)),
+        (["10.0.0.0/8"], None, ("rpc-only-from-main", METRICS)),
+    ],
+)
+def test_gcp_firewall_policy_rules_are_checked(
+    typ: str, ranges: list[str], ports: list[str] | None, policies: tuple[str, ...]
+) -> None:
+    stack = preset("gcp")
+    layer4 = {"ipProtocol": "tcp", **({"ports": ports} if ports else {})}
+    props = {
+        "action": "allow",
+        "direction": "INGRESS",
+        "priority": 100,
+        "match": {"srcIpRanges": ranges, "layer4Configs": [layer4]},
+    }
+    found = added(stack, resources(stack), typ, "policy-rule", props)
+    only(messages(stack, found), policies[0], "policy-rule", also=policies[1:])
+
+
+def test_a_gcp_firewall_policy_with_rules_is_checked_rule_by_rule() -> None:
+    stack = preset("gcp")
+    rule = {
+        "action": "allow",
+        "direction": "INGRESS",
+        "priority": 100,
+        "match": {"srcIpRanges": ["10.0.0.0/8"], "layer4Configs": [{"ipProtocol": "all"}]},
+    }
+    deny = {**rule, "action": "deny", "priority": 50}
+    typ = rules.GCP_POLICY_WITH_RULES_TYPES[0]
+    found = added(stack, resources(stack), typ, "policy", {"rules": [deny, rule]})
+    only(messages(stack, found), "rpc-only-from-main", "policy rules[1]", also=(METRICS,))
+
+
+@pytest.mark.parametrize(
+    ("change", "policy", "fix"),
+    [
+        (
+            {
+                "virtualMachineProfile": {
+                    "networkProfile": {
+                        "networkInterfaceConfigurations": [
+                            {"ipConfigurations": [{"publicIPAddressConfiguration": {"name": "p"}}]}
+                        ]
+                    }
+                }
+            },
+            "no-public-node-addresses",
+            "publicIPAddressConfiguration",
+        ),
+        ({"identity": {"type": "SystemAssigned"}}, "identity-on-main-only", "identity"),
+        (
+            {
+                "virtualMachineProfile": {
+                    "storageProfile": {"osDisk": {"vhdContainers": ["https://a/b"]}}
+                }
+            },
+            "encrypted-node-disks",
+            "managed disks",
+        ),
+        ({"tags": {"project": PROJECT}}, "nodes-carry-stack-tags", "'stack'"),
+    ],
+)
+def test_azure_scale_sets_are_checked_for_every_node_they_make(
+    change: dict[str, Any], policy: str, fix: str
+) -> None:
+    stack = preset("azure")
+    props = {"tags": {"project": PROJECT, "stack": stack}, **change}
+    found = added(stack, resources(stack), rules.AZURE_SCALE_SET, "scale-set", props)
+    only(messages(stack, found), policy, "scale-set", fix)
+
+
+def test_a_global_ipv6_address_on_a_worker_is_reported() -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-worker-1"
+    found = changed(resources(stack), name, lambda p: p.update(ipv6AddressCount=1))
+    only(messages(stack, found), "no-public-node-addresses", name, "global IPv6")
+
+
+@pytest.mark.parametrize(
+    ("cloud", "key", "value"),
+    [
+        ("aws", "iamInstanceProfile", "llama-rpc-cluster-main-profile"),
+        ("gcp", "serviceAccount", {"email": "main@p.iam", "scopes": ["cloud-platform"]}),
+        ("azure", "identity", {"type": "SystemAssigned"}),
+    ],
+)
+def test_an_identity_on_a_worker_is_reported(cloud: str, key: str, value: Any) -> None:
+    stack = preset(cloud)
+    name = f"{PROJECT}-worker-1"
+    found = changed(resources(stack), name, lambda p: p.update({key: value}))
+    only(messages(stack, found), "identity-on-main-only", name, key)
+
+
+@pytest.mark.parametrize(("cloud", "tags"), [("aws", "tags"), ("gcp", "labels"), ("azure", "tags")])
+def test_a_worker_named_like_the_main_node_is_still_a_worker(cloud: str, tags: str) -> None:
+    """A node is the main node by its name and its role tag together: a second node called
+    "*-main" but tagged as a worker gets no identity."""
+    stack = preset(cloud)
+    main = next(r for r in resources(stack) if r.name == f"{PROJECT}-main")
+    props = copy.deepcopy(dict(main.props))
+    props[tags] = {**props[tags], "role": "worker"}
+    if cloud == "azure":  # the main VM has an identity only to read a staged model
+        props["identity"] = {"type": "SystemAssigned"}
+    name = f"{PROJECT}-g2-main"
+    found = [*resources(stack), rules.Resource(main.type, name, props, urn(stack, main.type, name))]
+    result = messages(stack, found)
+    reported(result, "identity-on-main-only", name, "remove it")
+
+
+def test_a_group_named_like_the_main_group_but_tagged_worker_is_not_trusted() -> None:
+    stack = preset("aws")
+    group = "impostor-main-sg"
+    props = {"name": group, "tags": {**TAGS, "stack": stack, "role": "worker"}}
+    found = added(stack, resources(stack), rules.AWS_SECURITY_GROUP, group, props)
+    found = changed(found, AWS_RPC, lambda p: p.update(referencedSecurityGroupId=f"{group}-id"))
+    only(messages(stack, found), "rpc-only-from-main", AWS_RPC, f"{group}-id", "not the main")
+
+
+@pytest.mark.parametrize(
+    ("source", "policies"),
+    [
+        ({"cidrIpv4": "0.0.0.0/0"}, ("no-internet-ingress", METRICS)),
+        ({"cidrIpv4": "10.0.0.0/8"}, (METRICS,)),
+        ({"cidrIpv6": "::/0"}, ("no-internet-ingress", METRICS)),
+    ],
+)
+def test_the_metrics_port_from_anything_but_the_main_group_is_reported(
+    source: dict[str, str], policies: tuple[str, ...]
+) -> None:
+    stack = preset("aws")
+    props = {
+        "securityGroupId": f"{PROJECT}-worker-sg-id",
+        "ipProtocol": "tcp",
+        "fromPort": rules.METRICS_PORT,
+        "toPort": rules.METRICS_PORT,
+        **source,
+    }
+    found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, "metrics-open", props)
+    only(messages(stack, found), policies[0], "metrics-open", also=policies[1:])
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "azure"])
+def test_the_metrics_port_from_the_vpc_is_reported_on_every_cloud(cloud: str) -> None:
+    stack = preset(cloud)
+    if cloud == "gcp":
+        name = f"{PROJECT}-worker-metrics-from-main"
+        change: Callable[[dict[str, Any]], object] = lambda p: p.update(  # noqa: E731
+            sourceTags=None, sourceRanges=["10.0.0.0/8"]
+        )
+    else:
+        name = AZURE_NSG
+        change = nsg_rule(
+            "g1-allow-metrics-from-main",
+            lambda r: r.update(
+                sourceApplicationSecurityGroups=None, sourceAddressPrefix="VirtualNetwork"
+            ),
+        )
+    found = changed(resources(stack), name, change)
+    only(messages(stack, found), METRICS, name, "node metrics port 9100")

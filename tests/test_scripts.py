@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from infra.pins import LLAMA_CPP_COMMIT
-from tests.conftest import SCRIPTS, fake_llama_server, free_port
+from tests.conftest import SCRIPTS, fake_llama_server, free_port, unavailable
 
 
 def sha256(data: bytes) -> str:
@@ -560,7 +560,7 @@ def test_a_full_disk_fails_the_download_and_says_so(run_script, flaky_http, smal
     assert f"download of {url} failed: the disk is full" in status["last_error"]
     assert "model.gguf needs 2.0MiB" in status["last_error"]
     assert re.search(r"models has 10[0-9]{2}KiB free", status["last_error"])  # of 1 MiB
-    assert sorted(p.name for p in disk.rglob("*")) == ["models", "status.json", "status.json.lock"]
+    assert sorted(p.name for p in disk.rglob("*")) == ["models", "status.json"]
     assert len(flaky_http.requests) == 1  # not retried
 
 
@@ -574,6 +574,21 @@ def test_a_model_url_that_answers_404_is_final_and_keeps_nothing(
     assert result.returncode == 78
     assert "HTTP 404" in status["last_error"]
     assert not list(models.iterdir())
+
+
+def test_a_redirect_is_followed_to_https_only(run_script, flaky_http, tmp_path) -> None:
+    """A model host that sends the node on to plain http (or anywhere not https) is refused at
+    once, and nothing is kept; a redirect to https would be followed."""
+    data = model_bytes(4096)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    flaky_http.faults["/moved.gguf"] = [f"redirect:{flaky_http.url}/model.gguf"]
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/moved.gguf", **FAST_RETRIES
+    )
+    assert result.returncode == 78, result.stderr
+    assert "redirects to a URL that is not https" in status["last_error"]
+    assert flaky_http.paths() == ["/moved.gguf"]  # not followed
+    assert not list((tmp_path / "data" / "models").iterdir())
 
 
 # --- a load that hangs has a deadline ---
@@ -773,32 +788,64 @@ def test_the_status_file_is_not_world_readable(tmp_path: Path) -> None:
         check=True, env={**os.environ, "PATH": os.environ["PATH"]},
     )  # fmt: skip
     assert data.stat().st_mode & 0o777 == 0o750
-    assert status.stat().st_mode & 0o777 == 0o640
-    assert (data / "status.json.lock").stat().st_mode & 0o777 == 0o640
+    assert status.stat().st_mode & 0o777 == 0o660  # its group (the service's) writes it too
+    assert sorted(p.name for p in data.iterdir()) == ["status.json"]  # no lock or temporary file
 
 
-def test_roots_status_updates_belong_to_the_services_user(request: pytest.FixtureRequest) -> None:
-    """The boot (root) and the service (its user) both update the file: what root writes in the
-    service's directory goes to the directory's owner, or the service could not update it."""
+def roots_data_directory(request: pytest.FixtureRequest, group: int) -> Path:
+    """A data directory as node-boot.sh makes it: root's, the service's group's to read,
+    set-group-ID."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to write as root into another user's directory")
+        unavailable("needs root to write as root beside another user")
     reachable = Path(tempfile.mkdtemp())  # pytest's own is root's alone
     request.addfinalizer(lambda: shutil.rmtree(reachable))
     reachable.chmod(0o755)
     data = reachable / "data"
-    data.mkdir(mode=0o750)
-    os.chown(data, 4321, 4321)
+    data.mkdir()
+    os.chown(data, 0, group)
+    data.chmod(0o2750)
+    return data
+
+
+def test_root_and_the_service_user_both_update_the_status_and_neither_can_swap_it(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Root makes the file (its group's to write: the set-group-ID directory gives it the
+    service's group), the service user updates it in place, and the service user can put
+    nothing in root's directory: no link for root to follow."""
+    data = roots_data_directory(request, 4321)
     tool = ["python3", str(SCRIPTS / "llama-rpc-status"), "--file", str(data / "status.json")]
     subprocess.run([*tool, "set", "phase=building"], check=True)
-    for name in ("status.json", "status.json.lock"):
-        st = (data / name).stat()
-        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (4321, 4321, 0o640)
-    # And that user can update it.
+    st = (data / "status.json").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 4321, 0o660)
     result = subprocess.run(
         [*tool, "set", "phase=serving"], user=4321, group=4321, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((data / "status.json").read_text())["phase"] == "serving"
+    assert (data / "status.json").stat().st_ino == st.st_ino  # rewritten in place
+    plant = subprocess.run(
+        ["ln", "-sf", "/etc/passwd", str(data / "planted")],
+        user=4321, group=4321, capture_output=True, text=True,
+    )  # fmt: skip
+    assert plant.returncode != 0 and "Permission denied" in plant.stderr
+    assert not (data / "planted").exists()
+
+
+def test_the_status_tool_never_follows_a_link(request: pytest.FixtureRequest) -> None:
+    """Were a link there (the service user cannot make one: the test above), root would not
+    write or read through it, and the file it points at keeps its owner and text."""
+    data = roots_data_directory(request, 4321)
+    target = data.parent / "root-only"
+    target.write_text("root's\n")
+    target.chmod(0o600)
+    (data / "status.json").symlink_to(target)
+    tool = ["python3", str(SCRIPTS / "llama-rpc-status"), "--file", str(data / "status.json")]
+    for args in (["set", "phase=x"], ["show"], ["get", "phase"]):
+        result = subprocess.run([*tool, *args], capture_output=True, text=True)
+        assert result.returncode != 0 and "is a symbolic link" in result.stderr, args
+    assert target.read_text() == "root's\n"
+    assert (target.stat().st_uid, target.stat().st_mode & 0o777) == (0, 0o600)
 
 
 def test_a_part_in_place_but_not_marked_is_checked_not_fetched(

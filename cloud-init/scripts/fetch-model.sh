@@ -87,8 +87,9 @@ download() {
   for ((attempt = 1; ; attempt++)); do
     start="$(size_of "$partial")"
     code=0
-    # --globoff: [] and {} in a URL are characters, not a list of URLs.
-    reply="$(curl --globoff --fail --location --silent --show-error --continue-at - \
+    # --globoff: [] and {} in a URL are characters, not a list of URLs. --proto-redir: a redirect
+    # is followed to https only, never to plain http (or file://, or anything else).
+    reply="$(curl --globoff --proto-redir =https --fail --location --silent --show-error --continue-at - \
       --retry 5 --connect-timeout 20 --speed-limit 1024 --speed-time 60 \
       --write-out '%{http_code} %header{content-length}' \
       --output "$partial" "$url" 2>"$scratch/$index.curl")" || code=$?
@@ -105,6 +106,10 @@ download() {
     elif [[ $code -eq 22 && "$http" == 4* && "$http" != 408 && "$http" != 429 ]]; then
       rm -f "$partial"
       part_error "$index" "download of $url failed: HTTP $http ($reason); check the model URL and that it needs no login"
+      return "$EXIT_FINAL"
+    elif [[ $code -eq 1 && "$reason" == *Protocol* && "$http" == 3* ]]; then
+      rm -f "$partial"
+      part_error "$index" "download of $url failed: it redirects to a URL that is not https, and nodes follow redirects to https only; give the https URL it should redirect to"
       return "$EXIT_FINAL"
     elif [[ " 1 3 37 " == *" $code "* ]]; then # unsupported, malformed, unreadable (file://)
       part_error "$index" "download of $url failed: $reason; check the model URL"

@@ -14,6 +14,9 @@ fi
 LLAMA_RPC_BIN_DIR="${LLAMA_RPC_BIN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 LLAMA_DATA_DIR="${LLAMA_DATA_DIR:-/var/lib/llama-rpc}"
 LLAMA_STATUS_FILE="${LLAMA_STATUS_FILE:-$LLAMA_DATA_DIR/status.json}"
+# What the services write for themselves (the load log): theirs, and nothing root writes or reads.
+LLAMA_STATE_DIR="${LLAMA_STATE_DIR:-$LLAMA_DATA_DIR/service}"
+METADATA_RULESET="${METADATA_RULESET:-/etc/llama-rpc/metadata.nft}"
 LLAMA_PREFIX="${LLAMA_PREFIX:-/opt/llama.cpp}"
 RPC_PORT="${RPC_PORT:-50052}"
 

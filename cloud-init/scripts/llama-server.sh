@@ -35,7 +35,8 @@ fi
 # llama-server logs where each layer went at debug level: llama-server-log keeps those lines in
 # the load log and out of the journal, and reads the placement from it once the server is ready.
 server_log=("$LLAMA_RPC_BIN_DIR/llama-server-log")
-load_log="$LLAMA_DATA_DIR/llama-server-load.log"
+mkdir -p "$LLAMA_STATE_DIR" # node-boot.sh makes it on a node
+load_log="$LLAMA_STATE_DIR/llama-server-load.log"
 on_ready() {
   local placed
   if ! placed="$(python3 "${server_log[@]}" placement "$load_log" "${RPC_WORKERS:-}" --wait 30)"; then

@@ -7,14 +7,25 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_setting LLAMA_ROLE
-# Status, model, caches: for the service user and root only.
+# Status and model, for root and the service user only. As root: the data directory is root's,
+# readable by the service user's group and set-group-ID, so what root makes there (the status
+# file, the models) is that group's to read, and the status file its to update; the service
+# user can create, rename or link nothing where root writes. The services write their own
+# files in LLAMA_STATE_DIR, which root leaves alone.
+if [[ -L "$LLAMA_DATA_DIR" ]]; then
+  echo "$LLAMA_DATA_DIR is a symbolic link; refusing to boot through it" >&2
+  exit "$EXIT_FINAL"
+fi
 mkdir -p "$LLAMA_DATA_DIR"
-chmod 0750 "$LLAMA_DATA_DIR"
-service_user=""
 if [[ -n "${LLAMA_SERVICE_USER:-}" && $EUID -eq 0 ]]; then
-  service_user="$LLAMA_SERVICE_USER"
-  # First: the status file takes its directory's owner (llama-rpc-status).
-  chown "$service_user:" "$LLAMA_DATA_DIR"
+  chown "root:$LLAMA_SERVICE_USER" "$LLAMA_DATA_DIR"
+  chmod 2750 "$LLAMA_DATA_DIR"
+  install -d -o "$LLAMA_SERVICE_USER" -g "$LLAMA_SERVICE_USER" -m 0750 "$LLAMA_STATE_DIR"
+  # Only root asks the cloud's metadata service (the node's credentials).
+  nft -f "$METADATA_RULESET" || fail "could not apply $METADATA_RULESET (nft)"
+else
+  chmod 0750 "$LLAMA_DATA_DIR"
+  mkdir -p "$LLAMA_STATE_DIR"
 fi
 llama_rpc_status get boot_started_at >/dev/null ||
   status "boot_started_at:=$(date +%s.%N)"
@@ -45,9 +56,5 @@ for code in "$build_code" "$fetch_code"; do
 done
 [[ $build_code -eq 0 ]] || exit "$build_code"
 [[ $fetch_code -eq 0 ]] || exit "$fetch_code"
-# The services run unprivileged and write the data directory (status, tensor cache).
-if [[ -n "$service_user" ]]; then
-  chown -R "$service_user:" "$LLAMA_DATA_DIR"
-fi
 status phase=booted
 log "node ready to start its service"

@@ -57,9 +57,9 @@ VM_PATHS = NodePaths(
 class NodeBoot:
     """Everything one node needs to boot into its role.
 
-    Workers need ``rpc_allowed_sources`` (who may reach the RPC port: the main node). Every node
-    should give ``cluster_cidr``: the only network that reaches its metrics port (without it, the
-    node alone does) and, for a worker, the only one it reaches once serving. The main
+    Workers need ``rpc_allowed_sources`` (who may reach the RPC port and the metrics port: the
+    main node); a worker should give ``cluster_cidr``, the only network it reaches once serving.
+    The main
     node needs ``rpc_workers`` (worker IPs, in order), ``model_urls``, and with workers the
     placement flags ``gpu_layers`` and ``tensor_split``.
     """
@@ -70,9 +70,8 @@ class NodeBoot:
     llama_cpp_source: str = LLAMA_CPP_REPO
     rpc_port: int = RPC_PORT
     rpc_allowed_sources: tuple[str, ...] = ()
-    # Who reaches the metrics port (node-exporter), on every node; and a worker's egress once
-    # serving: this network (and the cloud's link-local services) only. Empty: the metrics port
-    # is the node's own, and egress is left alone.
+    # A worker's egress once serving: this network (and the cloud's link-local services) only.
+    # Empty: egress is left alone.
     cluster_cidr: str = ""
     # The cloud's own IPv4 endpoints a worker still reaches then (DNS, agent), outside both the
     # cluster and link-local 169.254.0.0/16.

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from infra import network_rules
 from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
 from infra.types import METRICS_PORT, Role
@@ -32,6 +33,8 @@ EXPORTER_DROP_IN_PATH = f"/etc/systemd/system/{EXPORTER_UNIT}.d/llama-rpc.conf"
 # The metrics port's host firewall, applied by the exporter's unit before it listens (its own
 # table: a packet must pass every table's input chain, so it adds to the workers' RPC rules).
 METRICS_RULESET_PATH = "/etc/llama-rpc/metrics.nft"
+METADATA_RULESET_PATH = "/etc/llama-rpc/metadata.nft"
+METADATA_TABLE = "llama_rpc_metadata"
 METRICS_TABLE = "llama_rpc_metrics"
 SERVICE_USER = "llama"
 DATA_LABEL = "llama-data"
@@ -111,6 +114,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
             "content": installed_text(UNITS_DIR / EXPORTER_DROP_IN),
         },
         {"path": METRICS_RULESET_PATH, "permissions": "0644", "content": metrics_ruleset(boot)},
+        {"path": METADATA_RULESET_PATH, "permissions": "0644", "content": metadata_ruleset()},
     ]
     # Root's alone: systemd reads it (EnvironmentFile=) as root, and the services, which run as
     # the service user, get their settings from systemd and do not read it (lib.sh sources it
@@ -168,11 +172,13 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
 
 
 def metrics_ruleset(boot: NodeBoot) -> str:
-    """The nftables table that admits the metrics port from the cluster's network (and the node
-    itself) only; without ``cluster_cidr``, from the node itself only. Replaced whole each time."""
+    """The nftables table that keeps the metrics port as narrow as RPC: a worker admits its own
+    group's main node (who may reach its RPC port), which reads it; a main node reads its own
+    and admits no one. The node itself always. Replaced whole each time."""
     rules = ['iif "lo" accept']
-    if boot.cluster_cidr:
-        rules.append(f"tcp dport {METRICS_PORT} ip saddr {boot.cluster_cidr} accept")
+    if boot.role == "worker" and boot.rpc_allowed_sources:
+        sources = ", ".join(boot.rpc_allowed_sources)
+        rules.append(f"tcp dport {METRICS_PORT} ip saddr {{ {sources} }} accept")
     rules.append(f"tcp dport {METRICS_PORT} drop")
     chain = "".join(f"    {rule}\n" for rule in rules)
     return (
@@ -182,6 +188,33 @@ def metrics_ruleset(boot: NodeBoot) -> str:
         "  chain input {\n"
         "    type filter hook input priority filter; policy accept;\n"
         f"{chain}"
+        "  }\n"
+        "}\n"
+    )
+
+
+def metadata_ruleset() -> str:
+    """The nftables table that lets only root reach the clouds' metadata services, where a
+    node's credentials come from (node-boot.sh applies it before any service starts): code
+    running as the service user cannot take the node's token. DNS and NTP, which GCP and Azure
+    serve at those addresses to their unprivileged daemons, still pass."""
+    v4 = ", ".join(
+        sorted(str(a) for a in network_rules.METADATA_SERVICE_ADDRESSES if a.version == 4)
+    )
+    v6 = ", ".join(
+        sorted(str(a) for a in network_rules.METADATA_SERVICE_ADDRESSES if a.version == 6)
+    )
+    return (
+        f"table inet {METADATA_TABLE}\n"
+        f"delete table inet {METADATA_TABLE}\n"
+        f"table inet {METADATA_TABLE} {{\n"
+        "  chain output {\n"
+        "    type filter hook output priority filter; policy accept;\n"
+        "    meta skuid 0 accept\n"
+        "    meta l4proto { tcp, udp } th dport 53 accept\n"
+        "    udp dport 123 accept\n"
+        f"    ip daddr {{ {v4} }} reject\n"
+        f"    ip6 daddr {{ {v6} }} reject\n"
         "  }\n"
         "}\n"
     )

@@ -257,12 +257,6 @@ RULES = by_type(
         source=f"{TF}iam/role.go",
     ),
     ResourceRules(
-        "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
-        (),
-        replaced_on=("role", "policyArn"),
-        source=f"{TF}iam/role_policy_attachment.go",
-    ),
-    ResourceRules(
         "aws:iam/rolePolicy:RolePolicy",
         (
             Name(

@@ -11,12 +11,11 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from infra.boot import VM_PATHS
 from infra.channels import Channel, ChannelError, Runner, run_cli, stack_channels
 from infra.clouds import gcp as gcp_facts
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
-from infra.costrun.target import Prediction, StepError
+from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
 from infra.stack.config import ClusterConfig
 from infra.stack.files import REPO, stack_config, stack_values
 from infra.stack.settings import PROJECT
@@ -255,12 +254,7 @@ class PulumiTarget:
         return boto3.client(service, region_name=self.config.region)  # type: ignore[call-overload]
 
     def node_status(self) -> dict[str, Any]:
-        text = self._run(["cat", f"{VM_PATHS.data_dir}/status.json"], timeout=120)
-        try:
-            status: dict[str, Any] = json.loads(text)
-        except json.JSONDecodeError:
-            raise StepError(f"the status file is not JSON yet: {text[:200]!r}") from None
-        return status
+        return parse_status(self._run(STATUS_COMMAND, timeout=120))
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
         return self._run(command, timeout)

@@ -4,17 +4,15 @@ cluster could have left."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from infra.boot import VM_PATHS
 from infra.channels import ChannelError, LocalChannel
 from infra.costrun.rpc_bytes import ActivationShape, activation_shape
-from infra.costrun.target import Prediction, StepError
+from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.machines import unavailable_reason
@@ -74,10 +72,7 @@ class LocalTarget:
             raise StepError(str(error)) from None
 
     def node_status(self) -> dict[str, Any]:
-        status: dict[str, Any] = json.loads(
-            self._exec(["cat", f"{VM_PATHS.data_dir}/status.json"], timeout=30)
-        )
-        return status
+        return parse_status(self._exec(STATUS_COMMAND, timeout=30))
 
     def run_on_main(self, command: list[str], timeout: float) -> str:
         return self._exec(command, timeout)

@@ -9,7 +9,10 @@ The nodes get the VPC's fixed addresses (.10 main, .11, .12, … workers; with r
 further serving group's main at .30, .50, …, and the balancer's namespace at .5) and no default
 route, so nothing they send can leave the namespaces. The host reaches the first group's main
 node alone, over its own link (as a laptop reaches the main node through a cloud tunnel), never
-the workers; the balancer is reached from inside the VPC, as a cloud's internal one is.
+the workers; the balancer is reached from inside the VPC, as a cloud's internal one is. While the
+cluster is up, the host routes the rest of its range nowhere (an ``unreachable`` route), so
+nothing the host addresses to the range can leave the machine by the default route; a range that
+one of the host's routes already uses is refused before anything is made.
 """
 
 from __future__ import annotations
@@ -82,13 +85,34 @@ class VpcNetwork:
 
     def create(self) -> None:
         """Create every namespace, link and address; on any failure remove what was made."""
+        self.check_range_is_free()
         try:
             self._create()
         except Exception:
             self.destroy()
             raise
 
+    def check_range_is_free(self) -> None:
+        """Refuse a range that the host already routes somewhere (a LAN, a VPN, docker):
+        the cluster's routes would take that traffic over."""
+        shown = run("ip", "-o", "-4", "route", "show", "table", "all").stdout
+        for line in shown.splitlines():
+            destination = line.split()[0] if line.split() else ""
+            if destination in ("default", "broadcast", "local", "multicast"):
+                continue
+            try:
+                network = ipaddress.IPv4Network(destination)
+            except ValueError:
+                continue
+            if network.overlaps(self.cidr):
+                raise NetnsError(
+                    f"--cidr {self.cidr} overlaps this machine's route {line.strip()!r}; give a "
+                    "private range that no route here uses"
+                )
+
     def _create(self) -> None:
+        # Sealed first: from here on, the host sends nothing addressed to the range anywhere.
+        run("ip", "route", "add", "unreachable", str(self.cidr))
         vpc = self.vpc_namespace
         run("ip", "netns", "add", vpc)
         run("ip", "-n", vpc, "link", "add", "br0", "type", "bridge")
@@ -141,8 +165,10 @@ class VpcNetwork:
 
     def destroy(self) -> None:
         """Remove the cluster's namespaces and host link; missing pieces are fine."""
-        run("ip", "route", "del", f"{self.node_ips[0]}/32", check=False)
+        _, main_ip = self.host_link
+        run("ip", "route", "del", f"{self.node_ips[0]}/32", "via", main_ip, check=False)
         run("ip", "link", "del", self.host_interface, check=False)
+        run("ip", "route", "del", "unreachable", str(self.cidr), check=False)
         existing = set(run("ip", "netns", "list", check=False).stdout.split())
         for ns in sorted(existing):
             if ns.startswith(f"lrc-{self.cluster_id}-"):

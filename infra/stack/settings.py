@@ -264,8 +264,7 @@ SETTINGS: tuple[Setting, ...] = (
         "string",
         "an OpenSSH public key for the nodes' admin user",
         valid=_is_ssh_public_key,
-        meaning="an OpenSSH public key Azure takes (ssh-ed25519, or ssh-rsa of 2048 bits or "
-        "more)",
+        meaning="an OpenSSH public key Azure takes (ssh-ed25519, or ssh-rsa of 2048 bits or more)",
     ),
     Setting(
         "image",

@@ -41,9 +41,42 @@ from infra.types import METRICS_PORT
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
 )
-# What Session Manager needs on the instance, and no more (AWS's managed policy for it):
-# https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html
-SSM_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+# What the main node's SSM agent needs for Session Manager (the tunnel) and Run Command (the
+# cost run, infra.top), and no more. AWS's AmazonSSMManagedInstanceCore would also let any
+# process on the node read every SSM parameter and document of the region. Session Manager:
+# the actions of AWS's AWSCloud9SSMInstanceProfile policy; Run Command: the ec2messages actions
+# (https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html).
+# None of them takes a resource narrower than "*".
+AGENT_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Sid": "SessionManager",
+            "Effect": "Allow",
+            "Action": [
+                "ssm:UpdateInstanceInformation",
+                "ssmmessages:CreateControlChannel",
+                "ssmmessages:CreateDataChannel",
+                "ssmmessages:OpenControlChannel",
+                "ssmmessages:OpenDataChannel",
+            ],
+            "Resource": "*",
+        },
+        {
+            "Sid": "RunCommand",
+            "Effect": "Allow",
+            "Action": [
+                "ec2messages:AcknowledgeMessage",
+                "ec2messages:DeleteMessage",
+                "ec2messages:FailMessage",
+                "ec2messages:GetEndpoint",
+                "ec2messages:GetMessages",
+                "ec2messages:SendReply",
+            ],
+            "Resource": "*",
+        },
+    ],
+}
 # Port forwarding to an address the instance reaches (llama-server listens on the main node's
 # private address, not its loopback, which AWS-StartPortForwardingSession would use):
 # https://docs.aws.amazon.com/systems-manager/latest/userguide/session-manager-working-with-sessions-start.html#sessions-remote-port-forwarding
@@ -225,7 +258,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
         if config.flow_logs:
             self._flow_logs(name, vpc, tags, opts)
-        # The main node's role: Session Manager only (the tunnel). Workers get no role at all.
+        # The main node's role: its SSM agent only (the tunnel, Run Command). Workers get no role.
         role = aws.iam.Role(
             f"{name}-main-role",
             assume_role_policy=json.dumps(
@@ -243,8 +276,8 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             tags=self.tags(config, "main"),
             opts=opts,
         )
-        aws.iam.RolePolicyAttachment(
-            f"{name}-main-ssm", role=role.name, policy_arn=SSM_POLICY_ARN, opts=opts
+        aws.iam.RolePolicy(
+            f"{name}-main-agent", role=role.id, policy=json.dumps(AGENT_POLICY), opts=opts
         )
         staged = [obj for obj in map(s3_object, config.model_urls) if obj]
         if staged:
@@ -458,14 +491,16 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                     "packages, llama.cpp source, model, SSM",
                     cidr_ipv4="0.0.0.0/0",
                 )
-            rule(
-                ingress,
-                f"{role}-metrics",
-                role,
-                METRICS_PORT,
-                "node metrics from inside the cluster network",
-                cidr_ipv4=str(config.vpc_cidr),
-            )
+        # Node metrics as narrow as RPC: a worker's from its own main node, which reads them;
+        # the main node reads its own and admits no one.
+        rule(
+            ingress,
+            "worker-metrics-from-main",
+            "worker",
+            METRICS_PORT,
+            "node metrics, read by the main node of the group",
+            referenced_security_group_id=main.id,
+        )
         if network.balancer_group is not None:
             rule(
                 ingress,

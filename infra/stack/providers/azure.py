@@ -155,7 +155,7 @@ def group_rules(
     config: ClusterConfig, index: int, main: pulumi.Input[str], worker: pulumi.Input[str]
 ) -> list[azure.network.SecurityRuleArgsDict]:
     """A serving group's inbound rules, by the ids of its application security groups: its
-    workers take RPC from its own main node only; node metrics from inside the cluster; the API
+    workers take RPC and node metrics from its own main node only; the API
     from Bastion, apiAllowedCidrs and (replicas > 1) the balancer's probes. The first group's
     priorities are 100-140, each further group's GROUP_PRIORITY_STRIDE higher."""
     api = {"destination_application_security_groups": [{"id": main}]}
@@ -175,13 +175,13 @@ def group_rules(
                 "destination_port_range": str(config.rpc_port),
             },
         ),
-        "allow-metrics-from-cluster": (
+        "allow-metrics-from-main": (
             130,
             {
                 "access": "Allow",
                 "protocol": "Tcp",
-                "source_address_prefix": str(config.vpc_cidr),
-                "destination_application_security_groups": [{"id": main}, {"id": worker}],
+                "source_application_security_groups": [{"id": main}],
+                "destination_application_security_groups": [{"id": worker}],
                 "destination_port_range": str(METRICS_PORT),
             },
         ),

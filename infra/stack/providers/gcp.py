@@ -218,13 +218,13 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             opts=opts,
         )
         gcp.compute.Firewall(
-            f"{name}-metrics-from-cluster",
+            f"{name}-worker-metrics-from-main",
             network=network.network.id,
             direction="INGRESS",
             allows=[{"protocol": "tcp", "ports": [str(METRICS_PORT)]}],
-            source_ranges=[str(config.vpc_cidr)],
-            target_tags=[main_tag, worker_tag],
-            description="node metrics (prometheus-node-exporter) from inside the cluster's network",
+            source_tags=[main_tag],
+            target_tags=[worker_tag],
+            description="node metrics (prometheus-node-exporter), read by the group's main node",
             opts=opts,
         )
         return GcpGroup(main_tag=main_tag, worker_tag=worker_tag)
