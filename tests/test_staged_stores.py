@@ -384,3 +384,35 @@ def test_the_staged_download_is_the_boots_for_every_store_scheme() -> None:
         assert f"  {scheme}*)" in text, scheme
     assert set(STAGED_SCHEMES) == set(network_rules.STORE_SCHEMES)
     assert json.dumps(sorted(STAGED_SCHEMES)) == '["az://", "gs://", "s3://"]'
+
+
+def test_azure_reads_only_the_staged_blobs_and_lists_only_where_they_are() -> None:
+    """Storage Blob Data Reader on a container reads every blob in it; the condition narrows it
+    to the model's parts, as the AWS and GCP grants are."""
+    urls = [*BLOB_URLS, "az://mymodels/other/extra.gguf", "az://mymodels/top/p.gguf"]
+    d = deploy(
+        STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), RecordingMocks()
+    )
+    conditions = {
+        a.inputs["scope"].rsplit("/", 1)[1]: a.inputs for a in d.of_type(ROLE_ASSIGNMENT)
+    }
+    assert {c["conditionVersion"] for c in conditions.values()} == {"2.0"}
+    models = conditions["models"]["condition"]
+    read = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
+    path = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path]"
+    prefix = "@Request[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:prefix]"
+    parts = [url.split("/", 4)[4] for url in BLOB_URLS]
+    assert models == (
+        f"((!(ActionMatches{{'{read}'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR "
+        f"({path} ForAnyOfAnyValues:StringEquals {{'{parts[0]}', '{parts[1]}'}})) AND "
+        f"((!(ActionMatches{{'{read}'}} AND SubOperationMatches{{'Blob.List'}})) OR "
+        f"({prefix} ForAnyOfAnyValues:StringEquals "
+        f"{{'llama/', '{parts[0]}/', '{parts[1]}/'}}))"
+    )
+    # Each container's condition names its own blobs only.
+    assert "extra.gguf" in conditions["other"]["condition"]
+    assert "extra.gguf" not in models and "p.gguf" not in models
+    # A part at a container's top is listed without a prefix, which no condition names.
+    top = conditions["top"]["condition"]
+    assert f"{path} ForAnyOfAnyValues:StringEquals {{'p.gguf'}}" in top
+    assert top.count("Blob.List") == 1 and prefix not in top

@@ -38,6 +38,8 @@ AUTONAME = AutoName(random=8, separator="", max_length=None)
 # a letter, digit or '_' last.
 NETWORK_NAME = re.compile(r"[A-Za-z0-9](?:[\w.-]*\w)?")
 NETWORK_MEANING = "1-80 letters, digits, '_', '.', '-', starting alnum and ending alnum or '_'"
+# Role assignment conditions (ABAC): "Currently the only accepted value is '2.0'".
+CONDITIONS = "https://learn.microsoft.com/rest/api/authorization/role-assignments/create"
 PARENT = ("resourceGroupName", "location")
 # A network write waits for the previous one on the same parent: parallel ones get 429
 # RetryableErrorDueToAnotherOperation / 409 AnotherOperationInProgress (pulumi-azure-native#699,
@@ -345,6 +347,7 @@ RULES = by_type(
                 2048,
                 "https://learn.microsoft.com/rest/api/authorization/role-assignments/create",
             ),
+            OneOf("conditionVersion", ("2.0",), CONDITIONS),
         ),
         replaced_on=("principalId", "scope", "roleDefinitionId"),
         source=REPLACEMENT,

@@ -24,7 +24,7 @@ import pulumi_azure_native as azure
 from infra import layout
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
-from infra.network_rules import blob_object
+from infra.network_rules import blob_object, listed_prefixes
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
     BALANCER_IDLE_TIMEOUT_SECONDS,
@@ -87,6 +87,47 @@ BALANCER_RULE = "api"
 BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 # The service endpoint that routes the subnet's traffic to Azure Storage over Azure's backbone.
 STORAGE_SERVICE = "Microsoft.Storage"
+
+
+# A role assignment's condition (Azure ABAC, syntax version 2.0) narrows Storage Blob Data
+# Reader to the staged model's blobs, as the AWS and GCP grants name their objects:
+# https://learn.microsoft.com/azure/storage/blobs/storage-auth-abac-attributes
+BLOB_READ = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
+BLOB_PATH = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path]"
+BLOB_PREFIX = "@Request[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:prefix]"
+CONDITION_VERSION = "2.0"
+
+
+def _any_of(attribute: str, values: list[str]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)  # names hold no quote (network_rules)
+    return f"{attribute} ForAnyOfAnyValues:StringEquals {{{quoted}}}"
+
+
+def blob_read_condition(keys: list[str]) -> str:
+    """The condition under which the main node's identity reads a container: a blob only if it
+    is one of ``keys``; a listing only of the prefixes rclone lists to read them
+    (``network_rules.listed_prefixes``). A part at the container's top is read after a listing
+    without a prefix, which no condition can name: the container's names are then listed."""
+    reads = (
+        f"(!(ActionMatches{{'{BLOB_READ}'}} AND NOT SubOperationMatches{{'Blob.List'}})) "
+        f"OR ({_any_of(BLOB_PATH, sorted(set(keys)))})"
+    )
+    prefixes = listed_prefixes(sorted(set(keys)))
+    if "" in prefixes:
+        return f"({reads})"
+    lists = (
+        f"(!(ActionMatches{{'{BLOB_READ}'}} AND SubOperationMatches{{'Blob.List'}})) "
+        f"OR ({_any_of(BLOB_PREFIX, prefixes)})"
+    )
+    return f"({reads}) AND ({lists})"
+
+
+def staged_blobs(urls: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
+    """The keys that az:// model URLs read, by (account, container)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for account, container, key in filter(None, map(blob_object, urls)):
+        found.setdefault((account, container), []).append(key)
+    return found
 
 
 def staged_containers(urls: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -656,8 +697,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         parent: pulumi.Resource,
     ) -> None:
         """Storage Blob Data Reader for the VM's identity on each container a staged model is
-        in. The storage account's resource group is a setting (modelStoreResourceGroup): a blob
-        URL does not name it. The account must be in the stack's subscription."""
+        in, on the model's blobs alone (``blob_read_condition``). The storage account's resource
+        group is a setting (modelStoreResourceGroup): a blob URL does not name it. The account
+        must be in the stack's subscription."""
         group = config.model_store_resource_group
         if group is None:  # the config check requires it with az:// URLs
             raise ValueError("modelStoreResourceGroup is not set")
@@ -666,6 +708,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         ).subscription_id
         principal = vm.identity.apply(lambda identity: identity.principal_id if identity else "")
         role = subscription.apply(lambda sub: role_definition(sub, BLOB_DATA_READER))
+        keys = staged_blobs(config.model_urls)
         for i, (account, container) in enumerate(containers):
             scope = functools.partial(
                 container_scope, group=group, account=account, container=container
@@ -677,6 +720,8 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                 principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
                 role_definition_id=role,
                 scope=subscription.apply(scope),
+                condition=blob_read_condition(keys[account, container]),
+                condition_version=CONDITION_VERSION,
                 description="llama-rpc-cluster: the main node reads the staged model",
                 opts=pulumi.ResourceOptions(parent=parent),
             )
