@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from infra import outputs as keys
 from infra.clouds import FACTS
+from infra.metrics_command import read_command
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -37,20 +38,39 @@ class Channel(Protocol):
     def run(self, command: list[str], timeout: float) -> str: ...
 
 
+RUN_SHELL_SCRIPT = "AWS-RunShellScript"
+
+
 class SsmChannel:
-    """AWS: ``AWS-RunShellScript`` through SSM, as root, polled until it ends."""
+    """AWS: ``AWS-RunShellScript`` through SSM, as root, polled until it ends. A command that one
+    of ``documents`` runs exactly is sent as that document instead (the stack's metrics
+    reading), so a watcher needs ``ssm:SendCommand`` on that document alone."""
 
     max_output = FACTS["aws"].command_output_chars
 
-    def __init__(self, ssm: Any, instance_id: str, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        ssm: Any,
+        instance_id: str,
+        sleep: Callable[[float], None] = time.sleep,
+        documents: Mapping[tuple[str, ...], str] | None = None,
+    ):
         self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
+        self.documents = dict(documents or {})
 
     def run(self, command: list[str], timeout: float) -> str:
-        sent = self.ssm.send_command(
-            InstanceIds=[self.instance_id],
-            DocumentName="AWS-RunShellScript",
-            Parameters={"commands": [shlex.join(command)], "executionTimeout": [str(int(timeout))]},
-        )
+        document = self.documents.get(tuple(command))
+        if document:
+            sent = self.ssm.send_command(InstanceIds=[self.instance_id], DocumentName=document)
+        else:
+            sent = self.ssm.send_command(
+                InstanceIds=[self.instance_id],
+                DocumentName=RUN_SHELL_SCRIPT,
+                Parameters={
+                    "commands": [shlex.join(command)],
+                    "executionTimeout": [str(int(timeout))],
+                },
+            )
         command_id = sent["Command"]["CommandId"]
         deadline = time.monotonic() + timeout + 60
         while True:
@@ -164,7 +184,10 @@ def stack_channels(
         if aws_ssm is None:
             raise ChannelError("an SSM client is needed for an AWS stack")
         ssm = aws_ssm()
-        return [SsmChannel(ssm, main) for main in mains]
+        document = stack_outputs.get(keys.METRICS_DOCUMENT)
+        reading = tuple(read_command(SsmChannel.max_output))
+        documents = {reading: str(document)} if document else {}
+        return [SsmChannel(ssm, main, documents=documents) for main in mains]
     if provider == "gcp":
         zone = re.search(r"--zone[ =](\S+)", connect)
         if zone is None or not gcp_project:

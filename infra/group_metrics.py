@@ -3,8 +3,7 @@
 ``llama-rpc-metrics`` (infra/channel_scripts/) runs on a group's main node and asks each node of
 the group for its node-exporter metrics and its own llama-server for ``/metrics`` and
 ``/slots``, inside the private network, and prints one JSON reading, which the provider's command
-channel brings back. The script travels in the command itself (``command``): a node installs it
-under /run once per version, so any deployed stack can be read, whatever version booted it.
+channel brings back. The script travels in the command itself (``infra.metrics_command``).
 The script keeps only what the view and the cost run use, the CPU counters summed over the
 cores (``cpu="all"``), so a reading fits every channel's cap. This module reads its text and
 fetches nothing:
@@ -22,17 +21,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import gzip
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from infra import metrics
-from infra.boot.installed import installed_text
 from infra.costrun.usage import KvCacheReading, Reading
 from infra.costrun.usage import NodeReading as UsageNode
 from infra.layout import node_name
@@ -40,8 +35,6 @@ from infra.metrics import MetricsError, Sample, Snapshot
 from infra.node_text import printable
 from infra.topview import NodeReading as ViewNode
 
-SCRIPT = Path(__file__).parent / "channel_scripts" / "llama-rpc-metrics"
-NAME = "llama-rpc-metrics"
 PACKED = "gz64:"  # what the script's --pack output starts with
 VERSION = 1
 # A phase is a word; what the main node's status file says is cut to this and made printable.
@@ -50,31 +43,6 @@ PHASE_CHARS = 40
 # is known by whether its exporter answered.
 WORKER_ANSWERING = "answering"
 WORKER_SILENT = "no answer"
-
-
-@functools.cache
-def _installer() -> str:
-    """sh that installs the script (its comments left out, gzipped in base64) under /run unless
-    this version is there, and runs it with the arguments it is given."""
-    text = installed_text(SCRIPT).encode()
-    payload = base64.b64encode(gzip.compress(text, mtime=0)).decode()
-    path = f"/run/{NAME}-{hashlib.sha256(text).hexdigest()[:12]}"
-    return (
-        # mktemp, not $$: systemd-run (the cost run's recorder) turns $$ into $.
-        f'f={path}; [ -x "$f" ] || {{ t=$(mktemp "$f.XXXXXX") && printf %s {payload} '
-        f'| base64 -d | gunzip > "$t" && chmod 0755 "$t" && mv "$t" "$f"; }} '
-        f'&& exec python3 "$f" "$@"'
-    )
-
-
-def command(*args: str) -> list[str]:
-    """The command line that runs ``llama-rpc-metrics ARGS`` as root on a main node."""
-    return ["sh", "-c", _installer(), NAME, *args]
-
-
-def read_command(max_chars: int | None = None) -> list[str]:
-    """One reading, packed; over ``max_chars`` (the channel's cap) it fails and says so."""
-    return command("read", "--pack", *(("--max-chars", str(max_chars)) if max_chars else ()))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ LLAMA_CPP_COMMIT = "llamaCppCommit"
 REPLICAS = "replicas"
 BALANCER_URL = "balancerUrl"
 GROUPS = "groups"
+# The one command a watcher (`top`) can be granted alone: on AWS, the name of the stack's SSM
+# document that takes one reading of a group's metrics; None where a cloud's command channel
+# has no such grant (GCP, Azure) and on the local cluster.
+METRICS_DOCUMENT = "metricsDocument"
 
 ALL_KEYS = (
     CLOUD,
@@ -40,6 +44,7 @@ ALL_KEYS = (
     REPLICAS,
     BALANCER_URL,
     GROUPS,
+    METRICS_DOCUMENT,
 )
 # What each entry of GROUPS holds.
 GROUP_KEYS = (

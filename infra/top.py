@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from infra import group_metrics
+from infra import group_metrics, metrics_command
 from infra import outputs as keys
 from infra.channels import Channel, ChannelError, group_outputs, stack_channels
 from infra.metrics import MetricsError
@@ -63,7 +63,7 @@ def stack_groups(stack_outputs: Mapping[str, Any], channels: Sequence[Channel]) 
 def read_group(group: Group, names: Mapping[str, str]) -> list[NodeReading]:
     """Every node of the group, in order; a group that could not be read says why."""
     try:
-        command = group_metrics.read_command(group.channel.max_output)
+        command = metrics_command.read_command(group.channel.max_output)
         text = group.channel.run(command, READ_TIMEOUT_SECONDS)
         read = {r.name: r for r in group_metrics.view_readings(group_metrics.parse(text), names)}
         why = "the main node did not list it (is its node.env this stack's?)"

@@ -9,7 +9,8 @@ import shlex
 import pytest
 import yaml
 
-from infra import outputs, sizing
+from infra import metrics_command, outputs, sizing
+from infra.channels import SsmChannel
 from infra.types import METRICS_PORT
 from tests.pulumi_mocks import (
     RecordingMocks,
@@ -116,6 +117,26 @@ def test_no_public_addresses_imdsv2_and_encrypted_disks(stack: str) -> None:
         assert disk["encrypted"] is True and disk["volumeType"] == "gp3"
         assert "keyName" not in inputs
         assert inputs["userDataReplaceOnChange"] is True
+
+
+def test_a_watcher_can_be_granted_the_metrics_reading_alone() -> None:
+    """The stack keeps `top`'s one command as an SSM document: the command the channel would send
+    through AWS-RunShellScript, exactly, so ``ssm:SendCommand`` on it runs that and nothing
+    else."""
+    d = deployed("aws-c8g")
+    [document] = d.of_type("aws:ssm/document:Document")
+    assert (document.inputs["documentType"], document.inputs["documentFormat"]) == (
+        "Command",
+        "JSON",
+    )
+    content = json.loads(document.inputs["content"])
+    assert content["schemaVersion"] == "2.2" and "parameters" not in content
+    [step] = content["mainSteps"]
+    assert step["action"] == "aws:runShellScript"
+    reading = metrics_command.read_command(SsmChannel.max_output)
+    assert step["inputs"]["runCommand"] == [shlex.join(reading)]
+    assert d.outputs[outputs.METRICS_DOCUMENT] == document.name
+    assert {"project", "stack"} <= set(document.inputs["tags"])
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)

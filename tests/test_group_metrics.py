@@ -10,6 +10,7 @@ import http.server
 import io
 import json
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from infra import group_metrics, metrics, outputs, top
+from infra import group_metrics, metrics, metrics_command, outputs, top
 from infra.boot.installed import installed_text
 from infra.channels import ChannelError, stack_channels
 from infra.clouds import FACTS
@@ -30,7 +31,7 @@ from infra.metrics import Snapshot
 from infra.types import MAX_WORKERS
 from tests.conftest import free_port
 
-SCRIPT = group_metrics.SCRIPT
+SCRIPT = metrics_command.SCRIPT
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 MAIN, WORKER_1, WORKER_2 = "127.0.0.10", "127.0.0.11", "127.0.0.12"
 
@@ -140,7 +141,7 @@ class ScriptChannel:
 
     def argv(self, command: list[str]) -> list[str]:
         """The script from the source tree; what installs it on a node is tested on its own."""
-        assert command[:4] == group_metrics.command(), command
+        assert command[:4] == metrics_command.command(), command
         return [sys.executable, str(SCRIPT), *command[4:]]
 
     def run(self, command: list[str], timeout: float) -> str:
@@ -192,7 +193,7 @@ def stack_outputs(ips: tuple[str, ...]) -> dict[str, Any]:
 
 
 def test_a_reading_keeps_every_figure_the_exporters_and_llama_server_give(group) -> None:
-    text = ScriptChannel(group).run(group_metrics.read_command(), 60)
+    text = ScriptChannel(group).run(metrics_command.read_command(), 60)
     assert text.startswith(group_metrics.PACKED)
     read = group_metrics.parse(text)
     assert read.phase == "serving"
@@ -228,11 +229,11 @@ def test_a_reading_of_the_largest_group_fits_azure_run_commands_cap(tmp_path: Pa
     # A reading over a channel's cap fails with the reason, rather than coming back cut short.
     small = Group(tmp_path, workers[:2], exporters)
     with small.up(), pytest.raises(ChannelError, match="over the command channel's 500"):
-        ScriptChannel(small).run(group_metrics.read_command(500), 60)
+        ScriptChannel(small).run(metrics_command.read_command(500), 60)
     with Group(tmp_path, workers, exporters).up() as running:
         cap = FACTS["azure"].command_output_chars
         assert cap is not None
-        text = ScriptChannel(running, max_output=cap).run(group_metrics.read_command(cap), 60)
+        text = ScriptChannel(running, max_output=cap).run(metrics_command.read_command(cap), 60)
     read = group_metrics.parse(text)
     assert len(read.nodes) == MAX_WORKERS + 1 and all(n.exporter for n in read.nodes)
     for node, ip in zip(read.nodes, (MAIN, *workers), strict=True):
@@ -256,7 +257,7 @@ def test_top_for_a_stack_shows_every_node_and_says_which_did_not_answer(group) -
     assert "of" in lines["worker-1"], shown  # memory: used of total, from the exporter
     assert lines["worker-2"][1:4] == ["worker", "no", "answer"], shown
     assert "worker-2: node-exporter did not answer the main node" in shown
-    assert channel.commands == [group_metrics.read_command(channel.max_output)] * 2
+    assert channel.commands == [metrics_command.read_command(channel.max_output)] * 2
 
 
 def test_top_names_a_group_whose_main_node_cannot_be_reached(group) -> None:
@@ -338,7 +339,7 @@ def test_the_command_installs_the_script_once_per_version_and_runs_it(
     that version is there, then runs it; the second time it only runs it."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    command = group_metrics.command("read")
+    command = metrics_command.command("read")
     command[2] = command[2].replace("f=/run/", f"f={run_dir}/")
     env = {
         "LLAMA_RPC_ENV_FILE": str(group.env_file),
@@ -346,7 +347,7 @@ def test_the_command_installs_the_script_once_per_version_and_runs_it(
     }
     first = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     installed = list(run_dir.iterdir())
-    assert [p.name[: len(group_metrics.NAME)] for p in installed] == [group_metrics.NAME]
+    assert [p.name[: len(metrics_command.NAME)] for p in installed] == [metrics_command.NAME]
     assert installed[0].read_text() == installed_text(SCRIPT)
     assert group_metrics.parse(first.stdout).phase == "serving"
     installed[0].write_text(
@@ -400,9 +401,51 @@ def test_a_node_that_answers_too_much_or_writes_escapes_is_held_to_text(tmp_path
     exporters = {MAIN: exporter_text(), WORKER_1: flood}
     with Group(tmp_path, [WORKER_1], exporters).up() as group:
         group.status.write_text(json.dumps({"phase": "serving\x1b]0;owned\x07" + "x" * 100}))
-        read = group_metrics.parse(ScriptChannel(group).run(group_metrics.read_command(), 60))
+        read = group_metrics.parse(ScriptChannel(group).run(metrics_command.read_command(), 60))
     worker = read.nodes[1]
     assert worker.exporter is None and "over 1048576 bytes" in worker.error
     assert read.nodes[0].exporter is not None
     assert "\x1b" not in read.phase and read.phase.startswith("serving\\x1b]0;owned\\x07")
     assert len(read.phase) <= 60
+
+
+@pytest.mark.parametrize("document", ["llama-rpc-cluster-read-metrics-0a1b2c3", None])
+def test_an_aws_reading_goes_as_the_stacks_document_and_anything_else_as_a_shell_script(
+    document: str | None,
+) -> None:
+    """With the stack's document, a watcher needs ``ssm:SendCommand`` on it alone; a stack from
+    before it (no such output) is read through AWS-RunShellScript as before."""
+    import boto3
+    from botocore.stub import Stubber
+
+    ssm = boto3.client(
+        "ssm", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+    found = stack_outputs((MAIN,)) | {outputs.METRICS_DOCUMENT: document}
+    [channel] = stack_channels(found, aws_ssm=lambda: ssm)
+    channel.sleep = lambda _: None  # type: ignore[attr-defined]
+    reading = metrics_command.read_command(channel.max_output)
+    other = ["cat", "/var/lib/llama-rpc/status.json"]
+    command_id = "0" * 36  # SSM ids are 36 characters
+    stubs = Stubber(ssm)
+    shell = "AWS-RunShellScript"
+    for command in (reading, other):
+        sent: dict[str, Any] = {"InstanceIds": ["vm-main"]}
+        if command is reading and document:
+            sent["DocumentName"] = document
+        else:
+            sent["DocumentName"] = shell
+            sent["Parameters"] = {
+                "commands": [shlex.join(command)],
+                "executionTimeout": ["60"],
+            }
+        stubs.add_response("send_command", {"Command": {"CommandId": command_id}}, sent)
+        stubs.add_response(
+            "get_command_invocation",
+            {"Status": "Success", "StandardOutputContent": "ok"},
+            {"CommandId": command_id, "InstanceId": "vm-main"},
+        )
+    with stubs:
+        assert channel.run(reading, 60) == "ok"
+        assert channel.run(other, 60) == "ok"
+    stubs.assert_no_pending_responses()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import group_metrics, metrics, outputs
+from infra import group_metrics, metrics, metrics_command, outputs
 from infra import top as stack_top
 from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
 from infra.channels import LocalChannel
@@ -443,7 +443,7 @@ def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up
         assert float(words[3]) > 0, shown
     assert float(rows["main"][-2]) > 0, shown  # tokens/s
     installed = on(up, "main", "sh", "-c", "ls /run | grep llama-rpc-metrics")
-    assert installed.strip().startswith(group_metrics.NAME), installed
+    assert installed.strip().startswith(metrics_command.NAME), installed
 
 
 def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -> None:
@@ -453,7 +453,7 @@ def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -
     channel = LocalChannel(up["spec"], "main")
     probe = ChannelProbe(channel, up["contract"])
     # The recorder's unit installs the script itself (systemd-run expands $ in its command).
-    on(up, "main", "sh", "-c", f"rm -f /run/{group_metrics.NAME}-*")
+    on(up, "main", "sh", "-c", f"rm -f /run/{metrics_command.NAME}-*")
     recorder = probe.recorder(0.5).start()
     try:
         with generating(up["contract"][outputs.LLAMA_SERVER_URL]):

@@ -393,9 +393,7 @@ def test_azure_reads_only_the_staged_blobs_and_lists_only_where_they_are() -> No
     d = deploy(
         STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), RecordingMocks()
     )
-    conditions = {
-        a.inputs["scope"].rsplit("/", 1)[1]: a.inputs for a in d.of_type(ROLE_ASSIGNMENT)
-    }
+    conditions = {a.inputs["scope"].rsplit("/", 1)[1]: a.inputs for a in d.of_type(ROLE_ASSIGNMENT)}
     assert {c["conditionVersion"] for c in conditions.values()} == {"2.0"}
     models = conditions["models"]["condition"]
     read = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"

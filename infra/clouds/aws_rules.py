@@ -27,6 +27,10 @@ from infra.clouds.rules import (
     by_type,
 )
 
+SSM_DOCUMENTS = (
+    "https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_CreateDocument.html; "
+    "https://docs.aws.amazon.com/general/latest/gr/ssm.html (a Command document: 64 KB)"
+)
 TF = "hashicorp/terraform-provider-aws internal/service/"
 PULUMI_AWS = "pulumi/pulumi-aws provider/resource_overrides.go and aliases.go"
 TAG_RULES = "https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html"
@@ -279,6 +283,35 @@ RULES = by_type(
         ),
         replaced_on=("name", "role"),
         source=f"{TF}iam/role_policy.go",
+    ),
+    ResourceRules(
+        "aws:ssm/document:Document",
+        (
+            tags(),
+            Name(
+                "name",
+                # Names starting with aws, amazon or amzn are AWS's own, in any case.
+                re.compile(r"(?!(?i:aws|amazon|amzn))[A-Za-z0-9_.-]+"),
+                3,
+                128,
+                "letters, digits, '_', '-' and '.', not starting with aws, amazon or amzn",
+                f"{SSM_DOCUMENTS}; {TF}ssm/document.go",
+            ),
+            OneOf("documentType", ("Command",), SSM_DOCUMENTS),
+            OneOf("documentFormat", ("JSON", "YAML"), SSM_DOCUMENTS),
+            Requires(
+                lambda r, _: (
+                    f"content of {len(str(r.inputs.get('content', '')))} bytes; a Command "
+                    "document holds at most 64 KB"
+                    if len(str(r.inputs.get("content", "")).encode()) > 64 * 1024
+                    else None
+                ),
+                SSM_DOCUMENTS,
+            ),
+        ),
+        # A new content is a new version, made the default in place.
+        replaced_on=("name",),
+        source=f"{TF}ssm/document.go",
     ),
     ResourceRules(
         "aws:iam/instanceProfile:InstanceProfile",

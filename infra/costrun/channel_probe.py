@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from infra import group_metrics
+from infra import group_metrics, metrics_command
 from infra import outputs as keys
 from infra.channels import Channel, ChannelError, group_outputs
 from infra.costrun.usage import Reading
@@ -60,13 +60,13 @@ class ChannelProbe:
         }
 
     def read(self) -> Reading:
-        command = group_metrics.read_command(self.channel.max_output)
+        command = metrics_command.read_command(self.channel.max_output)
         text = self.channel.run(command, READ_TIMEOUT_SECONDS)
         return group_metrics.usage_reading(group_metrics.parse(text), self.names)
 
     def complete(self, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         encoded = base64.b64encode(json.dumps(body).encode()).decode()
-        command = group_metrics.command("complete", encoded, "--timeout", str(timeout))
+        command = metrics_command.command("complete", encoded, "--timeout", str(timeout))
         reply: dict[str, Any] = json.loads(self.channel.run(command, timeout + 60))
         return reply
 
@@ -95,7 +95,7 @@ class NodeRecorder:
                 "sh", "-c", 'systemctl stop "$1" 2>/dev/null; rm -f "$2"; shift 2; exec "$@"',
                 "sh", RECORD_UNIT, RECORD_FILE,
                 "systemd-run", f"--unit={RECORD_UNIT}", "--collect", "--quiet",
-                *group_metrics.command(
+                *metrics_command.command(
                     "record", "--out", RECORD_FILE, "--interval", str(self.interval),
                     "--seconds", str(RECORD_LIMIT_SECONDS),
                 ),
@@ -132,7 +132,7 @@ class NodeRecorder:
         return readings
 
     def _piece(self, offset: int, limit: int) -> str:
-        command = group_metrics.command(
+        command = metrics_command.command(
             "dump", RECORD_FILE, "--offset", str(offset), "--limit", str(limit)
         )
         for attempt in range(ATTEMPTS):

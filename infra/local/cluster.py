@@ -725,6 +725,7 @@ def contract(spec: dict[str, Any]) -> dict[str, Any]:
         outputs.REPLICAS: len(groups),
         outputs.BALANCER_URL: balancer_url,
         outputs.GROUPS: groups,
+        outputs.METRICS_DOCUMENT: None,
     }
 
 

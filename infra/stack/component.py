@@ -100,6 +100,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.REPLICAS: config.replicas,
             outputs.BALANCER_URL: balancer and f"http://{balancer}:{config.server_port}",
             outputs.GROUPS: per_group,
+            outputs.METRICS_DOCUMENT: backend.metrics_document(name, config, self),
         }
         self.details: dict[str, Any] = {
             "hourlyCostBasis": cost.basis,

@@ -13,6 +13,7 @@ Session Manager needs; workers have none.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import pulumi_aws as aws
 
 from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
+from infra.metrics_command import read_command
 from infra.network_rules import listed_prefixes, s3_object
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
@@ -167,6 +169,32 @@ def model_mirrors(config: ClusterConfig) -> list[tuple[str, int]]:
         if parts.port and parts.port not in BOOT_EGRESS_PORTS and parts.hostname:
             found.add((f"{parts.hostname}/32", parts.port))
     return sorted(found)
+
+
+# How long a reading may take on the node (it asks each node of its group at once).
+METRICS_READ_SECONDS = 120
+
+
+def metrics_document_content() -> dict[str, Any]:
+    """An SSM Command document that takes one reading of a group's metrics, the command the
+    channel would otherwise send through AWS-RunShellScript: ``ssm:SendCommand`` on this
+    document lets a watcher run it and nothing else.
+    https://docs.aws.amazon.com/systems-manager/latest/userguide/documents-schemas-features.html"""
+    reading = read_command(aws_facts.FACTS.command_output_chars)
+    return {
+        "schemaVersion": "2.2",
+        "description": "llama-rpc-cluster: one reading of a serving group's node metrics (top)",
+        "mainSteps": [
+            {
+                "action": "aws:runShellScript",
+                "name": "readMetrics",
+                "inputs": {
+                    "runCommand": [shlex.join(reading)],
+                    "timeoutSeconds": str(METRICS_READ_SECONDS),
+                },
+            }
+        ],
+    }
 
 
 class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
@@ -693,6 +721,19 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             opts=node_options(parent, ignore_changes=ignore),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
+
+    def metrics_document(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource
+    ) -> pulumi.Output[str]:
+        document = aws.ssm.Document(
+            f"{name}-read-metrics",
+            document_type="Command",
+            document_format="JSON",
+            content=json.dumps(metrics_document_content()),
+            tags=self.tags(config, "main"),
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+        return document.name
 
     def connect_command(
         self, config: ClusterConfig, network: AwsNetwork, main: Node

@@ -134,6 +134,13 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         localhost:<serverPort> to the balancer (replicas > 1) or the main node, through
         ``main`` (the first group's main node) where the cloud's tunnel needs a VM."""
 
+    def metrics_document(
+        self, name: str, config: ClusterConfig, parent: pulumi.Resource
+    ) -> pulumi.Output[str] | None:
+        """The command a watcher can be granted alone, where the cloud has such a grant (the
+        name the channel sends it by); None: the channel runs any command it is given."""
+        return None
+
     def tags(self, config: ClusterConfig, role: str) -> dict[str, Any]:
         """The tags every resource carries: the user's, then project, stack and role."""
         return {
