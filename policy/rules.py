@@ -388,15 +388,7 @@ def _gcp_policy_covers(rule: Mapping[str, Any], port: int) -> bool:
     configs = _items(_mapping(rule.get("match")).get("layer4Configs"))
     if not configs:
         return True  # every protocol and port
-    for item in configs:
-        config = _mapping(item)
-        protocol = config.get("ipProtocol")
-        if protocol is not UNKNOWN and str(protocol).lower() not in ("tcp", "6", "all"):
-            continue
-        ports = config.get("ports")
-        if not _present(ports) or _covers(_port_ranges(ports), port):
-            return True
-    return False
+    return _gcp_admits_port(configs, "ipProtocol", port)
 
 
 def _open_gcp_policy(label: str, props: Mapping[str, Any], kind: str) -> list[str]:
@@ -881,16 +873,22 @@ def _aws_covers(rule: Mapping[str, Any], protocol_key: str, port: int) -> bool:
     return first is None or last is None or first <= port <= last
 
 
-def _gcp_covers(props: Mapping[str, Any], port: int) -> bool:
-    for item in _items(props.get("allows")):
-        allow = _mapping(item)
-        protocol = allow.get("protocol")
+def _gcp_admits_port(entries: list[Any], protocol_key: str, port: int) -> bool:
+    """Whether one of a GCP rule's protocol entries (``allows`` of a firewall, ``layer4Configs``
+    of a policy rule) takes TCP on ``port``: no ports means every port."""
+    for item in entries:
+        entry = _mapping(item)
+        protocol = entry.get(protocol_key)
         if protocol is not UNKNOWN and str(protocol).lower() not in ("tcp", "6", "all"):
             continue
-        ports = allow.get("ports")
+        ports = entry.get("ports")
         if not _present(ports) or _covers(_port_ranges(ports), port):
             return True
     return False
+
+
+def _gcp_covers(props: Mapping[str, Any], port: int) -> bool:
+    return _gcp_admits_port(_items(props.get("allows")), "protocol", port)
 
 
 def _azure_covers(rule: Mapping[str, Any], port: int) -> bool:
