@@ -79,6 +79,9 @@ VARIANTS: dict[str, Callable[[str], dict[str, Any] | None]] = {
 # The largest stacks, once per cloud: every group of the most workers llama.cpp takes.
 LARGEST = {f"{P}replicas": 3, f"{P}workerCount": MAX_WORKERS, f"{P}maxHourlyUsd": 10_000}
 CLOUD_STACKS = {cloud: next(s for s in stack_names() if cloud_of(s) == cloud) for cloud in FACTS}
+LARGEST_CASES = [
+    pytest.param(CLOUD_STACKS[cloud], "largest", id=f"{cloud}-largest") for cloud in sorted(FACTS)
+]
 
 
 @functools.cache
