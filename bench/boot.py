@@ -39,12 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.local import cluster  # noqa: E402
 from infra.local import image as node_image  # noqa: E402
 from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import BENCH, cached_model  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
-from infra.pins import LLAMA_CPP_COMMIT  # noqa: E402
 
 SCRIPTS = REPO / "cloud-init" / "scripts"
 RESULTS = REPO / "bench" / "results" / "boot.json"

@@ -33,12 +33,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.costrun import rpc_bytes  # noqa: E402
 from infra.local import cluster  # noqa: E402
 from infra.local.model import TINY, cached_model, real_model  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
 from infra.local.usage import LocalProbe  # noqa: E402
-from infra.pins import LLAMA_CPP_COMMIT  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "rpc_bytes.json"
 CLUSTER_ID = "usage"

@@ -79,7 +79,7 @@ def refused(stack: str, overrides: dict[str, Any], key: str) -> str:
     """What the config check says when it refuses a preset with these overrides; the error must
     be about ``key`` and name it first (the project's keys with their namespace)."""
     error = refusal(stack, overrides)
-    assert error.key == key, f"the error is about {error.key!r}, not {key!r}: {error}"
+    assert error.setting == key, f"the error is about {error.setting!r}, not {key!r}: {error}"
     text = str(error)
     assert text.startswith(f"{key if ':' in key else f'llama-rpc-cluster:{key}'}: "), text
     return text

@@ -36,14 +36,15 @@ def is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imports_of(path: Path, name: str) -> list[tuple[str, list[str]]]:
+def imports_of(path: Path, name: str, *, types: bool = False) -> list[tuple[str, list[str]]]:
     """Each import statement in a module, at any depth (functions included), as (module, names)
-    with relative imports resolved; ``if TYPE_CHECKING:`` blocks are left out: they never run."""
+    with relative imports resolved; ``if TYPE_CHECKING:`` blocks only with ``types``: they never
+    run, but a reader still has to follow them."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: list[tuple[str, list[str]]] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and is_type_checking(node):
+        if isinstance(node, ast.If) and is_type_checking(node) and not types:
             for child in node.orelse:
                 visit(child)
             return
@@ -62,13 +63,13 @@ def imports_of(path: Path, name: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, types: bool = False) -> dict[str, set[str]]:
     """Edges between infra modules: ``from infra.x import y`` goes to infra.x.y when that is a
-    module, else to infra.x."""
+    module, else to infra.x. ``types``: imports for the type checker only count too."""
     modules = module_files()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for module, names in imports_of(path, name):
+        for module, names in imports_of(path, name, types=types):
             targets = [f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names]
             for target in targets or [module]:
                 if target in modules and target != name:
@@ -127,7 +128,7 @@ def test_the_import_graph_sees_imports_at_every_depth(tmp_path: Path) -> None:
     graph = import_graph()
     assert "infra.stack.config" in graph["infra.stack.program"]
     assert "infra.catalog.refresh.common" in graph["infra.catalog.refresh.gcp"]  # a module
-    assert "infra.clouds" in graph["infra.costs"]  # a name from a package
+    assert "infra.clouds" in graph["infra.core.costs"]  # a name from a package
     assert "infra.boot.deliver" in graph["infra.boot"]  # a package's own submodules
     assert "infra.models.gguf_header" in graph["infra.planner.cli"]  # inside a function
     source = tmp_path / "__init__.py"
@@ -152,9 +153,139 @@ def test_the_cycle_finder_finds_a_cycle_and_prints_it() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_infra_module_imports_itself_through_others() -> None:
-    found = cycles(import_graph())
+@pytest.mark.parametrize("types", [False, True], ids=["at-run-time", "for-the-type-checker"])
+def test_no_infra_module_imports_itself_through_others(types: bool) -> None:
+    """Not at run time, and not through ``if TYPE_CHECKING:`` either: a cycle a reader must
+    follow is one whether or not Python runs it."""
+    found = cycles(import_graph(types=types))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+# The layers, lowest first. A package imports its own layer and the ones below, never one above;
+# inside a layer the packages import each other without a cycle (the package graph below).
+LAYERS = {
+    # 0: facts and shared rules; no cloud SDK, no I/O.
+    "infra.errors": 0,
+    "infra.clouds": 0,
+    "infra.catalog": 0,
+    "infra.models": 0,
+    "infra.core": 0,
+    # 1: what a node boots, the Pulumi program and its preflight, observing nodes, planning.
+    "infra.boot": 1,
+    "infra.preflight": 1,
+    "infra.stack": 1,
+    "infra.observe": 1,
+    "infra.planner": 1,
+    # 2: built on the layers below: the local cluster, the cost runs, model staging.
+    "infra.local": 2,
+    "infra.costrun": 2,
+    "infra.stage": 2,
+}
+COMMAND_LINE = 3  # the commands: they may import anything, and only each other import them
+COMMAND_MODULES = ("infra.top", "infra.plan")  # the commands that live at the package's root
+# Imports that the layers allow but the design does not: the Pulumi program never depends on
+# how a stack is planned or watched.
+NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
+
+
+def unit_of(module: str) -> tuple[str, int]:
+    """The package a module belongs to in the layer table, and its layer."""
+    last = module.rsplit(".", 1)[-1]
+    if module in COMMAND_MODULES or last in ("cli", "__main__"):
+        return module, COMMAND_LINE
+    for package, layer in LAYERS.items():
+        if module == package or module.startswith(package + "."):
+            return package, layer
+    raise KeyError(f"{module} is in no layer: add its package to LAYERS")
+
+
+def layer_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a layer, into a command, or across a NEVER line."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        unit, layer = unit_of(module)
+        for target in sorted(targets):
+            to_unit, to_layer = unit_of(target)
+            if to_layer == COMMAND_LINE and layer != COMMAND_LINE:
+                problems.append(f"{module} imports the command {target}")
+            elif to_layer > layer:
+                problems.append(f"{module} (layer {layer}) imports {target} (layer {to_layer})")
+            elif any(to_unit == banned for banned in NEVER.get(unit, ())):
+                problems.append(f"{module} imports {target}: {unit} never imports {to_unit}")
+    return problems
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto the layer table's packages (commands apart)."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        unit, layer = unit_of(module)
+        if layer == COMMAND_LINE:
+            continue
+        edges = packages.setdefault(unit, set())
+        for target in targets:
+            to_unit, to_layer = unit_of(target)
+            if to_unit != unit and to_layer != COMMAND_LINE:
+                edges.add(to_unit)
+                packages.setdefault(to_unit, set())
+    return packages
+
+
+def in_layers(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph without the root package (``infra/__init__.py``, which imports nothing)."""
+    return {m: {t for t in ts if t != "infra"} for m, ts in graph.items() if m != "infra"}
+
+
+def test_the_root_package_imports_nothing() -> None:
+    assert imports_of(INFRA / "__init__.py", "infra", types=True) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in in_layers(import_graph()):
+        unit_of(module)  # raises for a package the table leaves out
+
+
+@pytest.mark.parametrize("types", [False, True], ids=["at-run-time", "for-the-type-checker"])
+def test_no_layer_imports_a_higher_one(types: bool) -> None:
+    problems = layer_problems(in_layers(import_graph(types=types)))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("types", [False, True], ids=["at-run-time", "for-the-type-checker"])
+def test_no_two_packages_import_each_other(types: bool) -> None:
+    packages = package_graph(in_layers(import_graph(types=types)))
+    assert set(packages) == set(LAYERS)  # every package of the table is seen
+    found = cycles(packages)
+    assert not found, "package cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_layer_rules_catch_an_import_up_into_a_command_or_across_a_line() -> None:
+    fine = {
+        "infra.core.costs": {"infra.catalog", "infra.clouds"},
+        "infra.stack.config": {"infra.core.costs", "infra.boot"},
+        "infra.local.cluster": {"infra.stack.config", "infra.observe.metrics"},
+        "infra.planner.cli": {"infra.stack.files", "infra.local.cluster"},
+        "infra.planner.__main__": {"infra.planner.cli"},
+        "infra.plan": {"infra.planner.cli"},
+    }
+    assert layer_problems(fine) == []
+    assert layer_problems({"infra.core.costs": {"infra.stack.config"}}) == [
+        "infra.core.costs (layer 0) imports infra.stack.config (layer 1)"
+    ]
+    assert layer_problems({"infra.observe.top": {"infra.local.access"}}) == [
+        "infra.observe.top (layer 1) imports infra.local.access (layer 2)"
+    ]
+    assert layer_problems({"infra.costrun.pipeline": {"infra.stage.cli"}}) == [
+        "infra.costrun.pipeline imports the command infra.stage.cli"
+    ]
+    assert layer_problems({"infra.stack.component": {"infra.observe.metrics"}}) == [
+        "infra.stack.component imports infra.observe.metrics: infra.stack never imports "
+        "infra.observe"
+    ]
+    with pytest.raises(KeyError, match=r"infra\.newpackage\.thing is in no layer"):
+        layer_problems({"infra.newpackage.thing": set()})
+    both_ways = {"infra.boot.node": {"infra.stack.config"}, "infra.stack.config": {"infra.boot"}}
+    assert cycles(package_graph(both_ways)) == [["infra.boot", "infra.stack", "infra.boot"]]
 
 
 # Import one module, then list the SDK modules loaded since the last one.

@@ -9,9 +9,10 @@ import shlex
 import pytest
 import yaml
 
-from infra import metrics_command, outputs, sizing
-from infra.channels import SsmChannel
-from infra.types import METRICS_PORT
+from infra.boot import metrics_command
+from infra.core import outputs, sizing
+from infra.core.limits import METRICS_PORT
+from infra.observe.channels import SsmChannel
 from tests.pulumi_mocks import (
     RecordingMocks,
     deploy,
@@ -90,7 +91,7 @@ def test_only_rpc_and_metrics_from_the_main_group_are_open(stack: str) -> None:
             assert egress.inputs["fromPort"] in (80, 443)
         else:
             # The main node reaches its own workers only: RPC, and their metrics for
-            # llama-rpc-metrics (infra.top), nowhere else in the VPC.
+            # llama-rpc-metrics (infra.observe.top), nowhere else in the VPC.
             assert egress.inputs["securityGroupId"] == "llama-rpc-cluster-main-sg-id"
             assert egress.inputs["referencedSecurityGroupId"] == "llama-rpc-cluster-worker-sg-id"
             to_workers.add(egress.inputs["fromPort"])
@@ -312,7 +313,9 @@ def test_outputs_follow_the_contract(stack: str) -> None:
     assert out[outputs.LLAMA_CPP_COMMIT] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert out[outputs.HOURLY_COST_USD] > 0
     main = parsed_config(stack).main_instance_type
-    assert f"{main.price_source}, {main.price_date}" in out["hourlyCostBasis"]  # dated prices
+    assert (
+        f"{main.price_source}, {main.price_date}" in out[outputs.HOURLY_COST_BASIS]
+    )  # dated prices
 
 
 def test_a_smaller_main_node_costs_less() -> None:

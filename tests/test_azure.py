@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from infra import outputs
 from infra.clouds import FACTS
+from infra.core import outputs
+from infra.core.limits import METRICS_PORT
 from infra.stack.providers.azure import DENY_PRIORITY, LOCKED_SSH_KEY
-from infra.types import METRICS_PORT
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     DISKS,
@@ -154,7 +154,7 @@ def test_tags_and_outputs(stack: str) -> None:
     )
     # The catalog has no Cobalt 100 price: null, not a guess.
     assert out[outputs.HOURLY_COST_USD] is None
-    assert out["hourlyCostBasis"].startswith("unknown")
+    assert out[outputs.HOURLY_COST_BASIS].startswith("unknown")
     assert "az vm run-command invoke" in out[outputs.CONNECT_COMMAND]
 
 
@@ -264,9 +264,9 @@ def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
         "--target-resource-id", "llama-rpc-cluster-main-id",
         "--resource-port", "8080", "--port", "8080",
     ]  # fmt: skip
-    assert not any(line.startswith("tunnel:") for line in d.outputs["limitations"])
+    assert not any(line.startswith("tunnel:") for line in d.outputs[outputs.LIMITATIONS])
     assert any(
-        line.startswith("tunnel:") for line in deployed("azure-cobalt").outputs["limitations"]
+        line.startswith("tunnel:") for line in deployed("azure-cobalt").outputs[outputs.LIMITATIONS]
     )
 
 
@@ -442,10 +442,11 @@ def test_connect_command_reaches_the_first_main_node_and_says_why() -> None:
     [bastion] = replicated(bastion=True).of_type("azure-native:network:BastionHost")
     assert not bastion.inputs.get("enableIpConnect")
     for d in (replicated(), replicated(bastion=True)):
-        [line] = [line for line in d.outputs["limitations"] if line.startswith("balancer:")]
+        [line] = [line for line in d.outputs[outputs.LIMITATIONS] if line.startswith("balancer:")]
         assert "first group's main node" in line and "balancerUrl" in line
     assert not any(
-        line.startswith("balancer:") for line in deployed("azure-cobalt").outputs["limitations"]
+        line.startswith("balancer:")
+        for line in deployed("azure-cobalt").outputs[outputs.LIMITATIONS]
     )
 
 

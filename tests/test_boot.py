@@ -26,10 +26,10 @@ from infra import boot
 from infra.boot import BootConfigError, NodeBoot
 from infra.boot.installed import installed_text
 from infra.clouds import FACTS
+from infra.core.limits import METRICS_PORT, ROLES, Cloud
+from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.local import image, supervisor
 from infra.local.supervisor import parse_unit
-from infra.pins import LLAMA_CPP_COMMIT
-from infra.types import METRICS_PORT, ROLES, Cloud
 from tests.conftest import (
     REPO,
     SCRIPTS,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from infra.clouds import FACTS, RESOURCE_RULES, rules
-from infra.types import MAX_WORKERS
+from infra.core.limits import MAX_WORKERS
 from tests.pulumi_mocks import Deployment, deploy, stack_config, stack_names
 
 P = "llama-rpc-cluster:"

@@ -15,15 +15,15 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from infra import outputs
-from infra.channels import ChannelError, IapChannel, RunCommandChannel, SsmChannel
+from infra.core import outputs
 from infra.costrun import cli, report, rpc_bytes
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
-from infra.costrun.usage import UsageUnavailable
+from infra.observe.channels import ChannelError, IapChannel, RunCommandChannel, SsmChannel
+from infra.observe.usage import UsageUnavailable
 from tests.conftest import REPO
 from tests.test_usage import SimulatedCluster
 
@@ -590,7 +590,7 @@ def test_a_local_run_without_the_llama_cpp_source_says_how_to_fetch_it(
 
 
 def test_the_one_off_download_is_paid_by_every_groups_main_node_unless_staged() -> None:
-    from infra import costs
+    from infra.core import costs
     from infra.stack.files import config_of, stack_values
 
     target = PulumiTarget("aws-c8g", which=lambda tool: None)

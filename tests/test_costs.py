@@ -1,5 +1,5 @@
 """One cost function: the stack's hourlyCostUsd and the planner's figure for the same cluster are
-the same number, and ``infra.costs`` prices what each cloud charges for, naming what it cannot
+the same number, and ``infra.core.costs`` prices what each cloud charges for, naming what it cannot
 price instead of guessing."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from infra import catalog, costs, outputs, planner
+from infra import catalog, planner
 from infra.catalog import InstanceType
+from infra.core import costs, outputs
 from tests.conftest import CATALOG_FIXTURE
 from tests.pulumi_mocks import deploy, deployed, parsed_config, stack_config, stack_names
 
@@ -55,7 +56,7 @@ def test_a_homogeneous_cluster_costs_what_the_planner_says(stack: str) -> None:
     assert option.fits
     out = deployment.outputs
     assert out[outputs.HOURLY_COST_USD] == option.cost.total
-    assert unpriced_in(out["hourlyCostBasis"]) == set(option.cost.unpriced)
+    assert unpriced_in(out[outputs.HOURLY_COST_BASIS]) == set(option.cost.unpriced)
 
 
 def test_the_homogeneous_comparisons_include_unpriced_parts() -> None:
@@ -84,7 +85,7 @@ def test_a_preset_costs_its_own_nodes_and_disks(stack: str) -> None:
     expected = costs.hourly_cost(config.cloud, nodes)
     out = deployed(stack).outputs
     assert out[outputs.HOURLY_COST_USD] == expected.total
-    assert out["hourlyCostBasis"] == expected.basis
+    assert out[outputs.HOURLY_COST_BASIS] == expected.basis
 
 
 @pytest.mark.parametrize(
@@ -104,7 +105,7 @@ def test_an_aws_figure_prices_the_instances_and_volumes_created(stack: str) -> N
     assert d.outputs[outputs.HOURLY_COST_USD] == costs.hourly_cost("aws", nodes).total
 
 
-# --- infra.costs against a price list of round numbers ---
+# --- infra.core.costs against a price list of round numbers ---
 
 AWS_PRICES = {
     "nat_gateway_hour": 0.05,

@@ -11,10 +11,10 @@ import shlex
 import pulumi_gcp as gcp
 import pytest
 
-from infra import outputs
 from infra.clouds.gcp import IAP_RANGE, label_problem, service_account_id
+from infra.core import outputs
+from infra.core.limits import METRICS_PORT
 from infra.stack.providers.gcp import HEALTH_CHECK_RANGES
-from infra.types import METRICS_PORT
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     GCP_SELF_LINKS,
@@ -140,7 +140,7 @@ def test_labels_and_outputs(stack: str) -> None:
         "--project",
         "my-project",
     ]
-    assert any(line.startswith("placement:") for line in out["limitations"])
+    assert any(line.startswith("placement:") for line in out[outputs.LIMITATIONS])
     assert out[outputs.HOURLY_COST_USD] is None or out[outputs.HOURLY_COST_USD] > 0
 
 

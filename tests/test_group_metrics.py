@@ -1,7 +1,8 @@
-"""A serving group read by its main node (infra/channel_scripts/llama-rpc-metrics) and brought back
-through a command channel: the script runs here against exporters and a llama-server that serve
+"""A serving group read by its main node (infra/boot/channel_scripts/llama-rpc-metrics) and brought
+back through a command channel: the script runs here against exporters and a llama-server that serve
 the recorded fixtures on loopback addresses, the way it runs on a main node; what it prints is
-read by infra.group_metrics, the stack's `top` (infra.top) and the cost run's channel probe."""
+read by infra.observe.group_metrics, the stack's `top` (infra.observe.top) and the cost run's
+channel probe."""
 
 from __future__ import annotations
 
@@ -21,14 +22,17 @@ from typing import Any
 
 import pytest
 
-from infra import group_metrics, metrics, metrics_command, outputs, top
+from infra import top as top_command
+from infra.boot import metrics_command
 from infra.boot.installed import installed_text
-from infra.channels import ChannelError, stack_channels
 from infra.clouds import FACTS
-from infra.costrun import channel_probe, usage
+from infra.core import outputs
+from infra.core.limits import MAX_WORKERS
+from infra.costrun import channel_probe
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
-from infra.metrics import Snapshot
-from infra.types import MAX_WORKERS
+from infra.observe import group_metrics, metrics, top, usage
+from infra.observe.channels import ChannelError, stack_channels
+from infra.observe.metrics import Snapshot
 from tests.conftest import free_port
 
 SCRIPT = metrics_command.SCRIPT
@@ -362,35 +366,56 @@ def test_the_command_installs_the_script_once_per_version_and_runs_it(
 def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     group, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: stack_outputs(group.ips))
+    monkeypatch.setattr(top_command, "stack_outputs", lambda stack: stack_outputs(group.ips))
     asked: list[dict[str, Any]] = []
 
     def channels(found: Mapping[str, Any], **options: Any) -> list[ScriptChannel]:
         asked.append(dict(found))
         return [ScriptChannel(group)]
 
-    monkeypatch.setattr(top, "stack_channels", channels)
-    assert top.main(["aws-c8g", "--once", "--interval", "0.2"]) == 0
+    monkeypatch.setattr(top_command, "stack_channels", channels)
+    assert top_command.main(["aws-c8g", "--once", "--interval", "0.2"]) == 0
     shown = capsys.readouterr().out
     assert "stack 'aws-c8g' (3 nodes)" in shown and "worker-2" in shown
     assert asked == [stack_outputs(group.ips)]
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
-    assert top.main(["aws-c8g", "--once"]) == 2
+    monkeypatch.setattr(top_command, "stack_outputs", lambda stack: {})
+    assert top_command.main(["aws-c8g", "--once"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
 
 
 def test_a_channel_that_cannot_be_built_says_what_is_missing() -> None:
     base = stack_outputs((MAIN,)) | {outputs.MAIN_INSTANCE_ID: "vm-main"}
-    gcp = base | {outputs.CLOUD: "gcp", outputs.CONNECT_COMMAND: "gcloud ... --zone us-central1-a"}
+    gcp = base | {outputs.CLOUD: "gcp", outputs.ZONE: "us-central1-a"}
     with pytest.raises(ChannelError, match="GOOGLE_CLOUD_PROJECT"):
         stack_channels(gcp)
     azure = base | {outputs.CLOUD: "azure", outputs.CONNECT_COMMAND: "az network bastion tunnel"}
-    with pytest.raises(ChannelError, match="--resource-group"):
+    with pytest.raises(ChannelError, match="resourceGroup"):
         stack_channels(azure)
     with pytest.raises(ChannelError, match="an SSM client"):
         stack_channels(base)
+    with pytest.raises(ChannelError, match="no command channel for cloud 'local'"):
+        stack_channels(base | {outputs.CLOUD: "local"})
     [channel] = stack_channels(gcp, gcp_project="proj")
     assert (channel.max_output, channel.zone) == (None, "us-central1-a")  # type: ignore[attr-defined]
+    [channel] = stack_channels(azure | {outputs.RESOURCE_GROUP: "rg-1"})
+    assert channel.resource_group == "rg-1"  # type: ignore[attr-defined]
+
+
+def test_a_stack_deployed_before_the_location_outputs_is_still_reached() -> None:
+    """Its zone and resource group are read from the ``connectCommand`` it printed."""
+    base = stack_outputs((MAIN,)) | {outputs.MAIN_INSTANCE_ID: "vm-main"}
+    old_gcp = base | {
+        outputs.CLOUD: "gcp",
+        outputs.CONNECT_COMMAND: "gcloud … --zone=europe-west4-b",
+    }
+    [channel] = stack_channels(old_gcp, gcp_project="proj")
+    assert channel.zone == "europe-west4-b"  # type: ignore[attr-defined]
+    old_azure = base | {
+        outputs.CLOUD: "azure",
+        outputs.CONNECT_COMMAND: "az network bastion tunnel --resource-group rg-old --name b",
+    }
+    [channel] = stack_channels(old_azure)
+    assert channel.resource_group == "rg-old"  # type: ignore[attr-defined]
 
 
 def test_a_node_that_answers_too_much_or_writes_escapes_is_held_to_text(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from infra import layout
-from infra.types import MAX_NODES, MAX_REPLICAS
+from infra.core import layout
+from infra.core.limits import MAX_NODES, MAX_REPLICAS
 
 SUBNET = ipaddress.IPv4Network("10.42.0.0/24")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from infra import outputs
+from infra.core import outputs
 from infra.local import cluster
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from tests.conftest import (

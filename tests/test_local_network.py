@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import layout
+from infra.core import layout
 from infra.local.netns import NetnsError, VpcNetwork, run
 from tests.conftest import require_netns
 

@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from infra import layout, outputs, sizing
+from infra.core import layout, outputs, sizing
+from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
 from infra.local import balancer as lb
 from infra.local import cluster
 from infra.local.__main__ import main
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
-from infra.types import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
 from tests.conftest import free_port, one_plus_two, require_netns, require_tool
 from tests.test_models import write_gguf
 

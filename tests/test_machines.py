@@ -24,18 +24,18 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import group_metrics, metrics, metrics_command, outputs
-from infra import top as stack_top
-from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS
-from infra.channels import LocalChannel
-from infra.costrun import usage
+from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS, metrics_command
+from infra.core import outputs
+from infra.core.limits import METRICS_PORT
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe
 from infra.local import cluster
 from infra.local import image as node_image
+from infra.local.access import LocalChannel
 from infra.local.machines import Machine, unavailable_reason
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.source import cache_dir
-from infra.types import METRICS_PORT
+from infra.observe import group_metrics, metrics, usage
+from infra.observe import top as stack_top
 from tests.conftest import (
     REPO,
     complete,

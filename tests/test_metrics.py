@@ -1,4 +1,4 @@
-"""infra.metrics: the exposition parser, and the figures derived from two snapshots, on text
+"""infra.observe.metrics: the exposition parser, and the figures derived from two snapshots, on text
 recorded from the real exporters (tests/fixtures/metrics/README.md says how)."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import metrics, outputs, topview
+from infra.core import outputs
 from infra.local import cluster, top
-from infra.metrics import MetricsError, Snapshot
+from infra.observe import metrics, topview
+from infra.observe.metrics import MetricsError, Snapshot
 from tests.conftest import REPO, generating, one_plus_two, require_netns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"

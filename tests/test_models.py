@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra import models, placement
+from infra import models
+from infra.core import placement
 from infra.models import ModelError, gguf_header, presets
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra import catalog, placement, sizing
+from infra import catalog
+from infra.core import placement, sizing
 from infra.models import PRESETS, Model
 
 GIB = 1024**3

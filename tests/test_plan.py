@@ -15,14 +15,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra import catalog, placement, planner, sizing
+from infra import catalog, planner
 from infra.catalog import InstanceType
+from infra.core import placement, sizing
+from infra.core.limits import MAX_NODES
+from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
-from infra.placement import NodeShare, Placement
 from infra.planner import perf, serve
 from infra.planner.cli import main
 from infra.stack import config
-from infra.types import MAX_NODES
 
 GIB = 1024**3
 

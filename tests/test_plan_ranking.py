@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog, costs
+from infra import catalog
+from infra.core import costs
 from infra.models import PRESETS
-from infra.planner import perf, report, search
+from infra.planner import base, perf, report, search
 from infra.planner.cli import main
 from infra.stack import config, files
 from tests import pulumi_mocks
@@ -112,21 +113,19 @@ def test_the_default_ranking_is_cost_per_token_and_each_pick_follows_the_sort() 
     assert per_token_pick.usd_per_million_tokens < per_hour_pick.usd_per_million_tokens  # type: ignore[operator]
 
 
-def _priced(
-    option: search.Option, hourly: float | None, unpriced: tuple[str, ...]
-) -> search.Option:
+def _priced(option: base.Option, hourly: float | None, unpriced: tuple[str, ...]) -> base.Option:
     cost = costs.HourlyCost(hourly, None, None, unpriced, (), ())
     return dataclasses.replace(option, cost=cost)
 
 
 def test_partial_and_unknown_prices_never_rank_above_a_full_price() -> None:
     model = PRESETS["llama-3.1-70b-q4_0"]
-    base = search.evaluate(model, catalog.find("aws", "us-east-1", "r8g.4xlarge"), 1, 4096)  # type: ignore[arg-type]
-    full = _priced(base, 2.0, ())
-    partial = _priced(base, 0.5, ("disks",))  # cheaper, but leaves out its disks
-    unknown = _priced(base, None, ("instances",))
-    no_speed = dataclasses.replace(_priced(base, 0.1, ()), decode_tps=None)
-    plan = search.Plan(model, 4096, 1, [unknown, no_speed, partial, full])
+    one = search.evaluate(model, catalog.find("aws", "us-east-1", "r8g.4xlarge"), 1, 4096)  # type: ignore[arg-type]
+    full = _priced(one, 2.0, ())
+    partial = _priced(one, 0.5, ("disks",))  # cheaper, but leaves out its disks
+    unknown = _priced(one, None, ("instances",))
+    no_speed = dataclasses.replace(_priced(one, 0.1, ()), decode_tps=None)
+    plan = base.Plan(model, 4096, 1, [unknown, no_speed, partial, full])
     assert plan.sorted_by("usd-per-mtok").options == [full, partial, no_speed, unknown]
     assert plan.sorted_by("usd-per-hour").options == [no_speed, full, partial, unknown]
     assert plan.sorted_by("tps").options[-1] is no_speed

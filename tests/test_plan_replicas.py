@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import catalog, costs, sizing
+from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
+from infra.core import costs, sizing
+from infra.core.limits import MAX_REPLICAS
 from infra.models import PRESETS, Model
-from infra.planner import perf, report, search, target, verdict
+from infra.planner import base, perf, report, search, target, verdict
+from infra.planner.base import Target
 from infra.planner.cli import main
-from infra.planner.target import Shape, Target
+from infra.planner.target import Shape
 from infra.stack import config, files
 from infra.stack.settings import DEFAULT_MAX_HOURLY_USD
-from infra.types import MAX_REPLICAS
 
 EIGHT_B = PRESETS["llama-3.1-8b-q4_0"]
 SEVENTY_B = PRESETS["llama-3.1-70b-q4_0"]
@@ -44,7 +46,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def group(model: Model, instance: InstanceType, slots: int, count: int = 1) -> search.Option:
+def group(model: Model, instance: InstanceType, slots: int, count: int = 1) -> base.Option:
     option = search.evaluate(model, instance, count, CONTEXT, slots=slots)
     assert option.fits
     return option
@@ -217,7 +219,7 @@ def test_a_sets_price_is_the_price_its_stack_reports() -> None:
         assert cfg.hourly_cost.total == pytest.approx(option.hourly_usd)
 
 
-def target_settings(option: search.Option, plan: search.Plan) -> dict[str, object]:
+def target_settings(option: base.Option, plan: base.Plan) -> dict[str, object]:
     return report.stack_settings(option, plan, [URL], [])
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import types
+from infra.core import limits as types
 from infra.local.source import cache_dir
 from policy import rules
 from tests.conftest import REPO, unavailable

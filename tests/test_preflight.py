@@ -22,6 +22,7 @@ from infra.preflight import aws, azure, gcp
 from infra.preflight.api import JsonApi
 from infra.preflight.cli import main
 from infra.preflight.live import Reader
+from infra.stack.needs import needs_of
 from tests.pulumi_mocks import SUBSCRIPTION, RecordingMocks, deploy, parsed_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
@@ -34,7 +35,7 @@ def fixture(name: str) -> Any:
 
 
 def needs(stack: str, overrides: dict[str, Any] | None = None) -> preflight.Needs:
-    return preflight.needs_of(parsed_config(stack, overrides), stack)
+    return needs_of(parsed_config(stack, overrides), stack)
 
 
 # --- AWS, through botocore's Stubber ------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from infra import outputs, placement
+from infra.core import outputs, placement
 from infra.local import cluster
 from infra.local.model import real_model
 from infra.local.source import cache_dir

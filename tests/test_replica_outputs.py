@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import outputs
+from infra.core import outputs
 from tests.pulumi_mocks import deploy
 
 CLUSTER = "llama-rpc-cluster"
@@ -37,3 +37,20 @@ def test_replica_outputs_name_the_balancer_and_every_group(stack: str, cloud: st
     assert second[outputs.WORKER_INSTANCE_IDS] == [
         name.format(f"{REPLICA2}-worker-{i}") for i in (1, 2)
     ]
+
+
+@pytest.mark.parametrize(
+    ("stack", "zone", "group"),
+    [
+        ("aws-c8g", "us-east-1a", None),
+        ("gcp-c4a", "us-central1-a", None),
+        ("azure-cobalt", None, "llama-rpc-cluster-rg"),
+    ],
+)
+def test_every_stack_says_where_its_nodes_are(
+    stack: str, zone: str | None, group: str | None
+) -> None:
+    """The command channels find the nodes by these outputs, not by reading connectCommand."""
+    out = deploy(stack, {}).outputs
+    assert set(out) == {*outputs.ALL_KEYS, *outputs.DETAIL_KEYS}
+    assert (out[outputs.ZONE], out[outputs.RESOURCE_GROUP]) == (zone, group)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.pins import LLAMA_CPP_COMMIT
+from infra.core.pins import LLAMA_CPP_COMMIT
 from tests.conftest import SCRIPTS, fake_llama_server, free_port, unavailable
 
 

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
-from infra import network_rules
 from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
+from infra.core import network_rules
 from infra.stack.settings import BY_KEY
 from tests.pulumi_mocks import RecordingMocks, deploy, refusal, refused, stack_config
 

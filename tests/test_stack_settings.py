@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.core.layout import PROJECT
 from infra.stack import settings
-from infra.stack.settings import BY_KEY, PROJECT, SETTINGS, Setting
+from infra.stack.settings import BY_KEY, SETTINGS, Setting
 from tests.conftest import REPO
 from tests.pulumi_mocks import stack_config, stack_names
 

@@ -13,8 +13,9 @@ import pulumi
 import pytest
 import yaml
 
-from infra import network_rules
 from infra.boot import NodeBoot, cloud_config
+from infra.clouds import stores
+from infra.core import network_rules
 from infra.stack.providers.azure import BLOB_DATA_READER
 from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
@@ -69,7 +70,7 @@ def staged(cloud: str, urls: list[str], **settings: Any) -> dict[str, Any]:
 )
 def test_each_cloud_takes_its_own_stores_urls(cloud: str, overrides: dict[str, Any]) -> None:
     config = parsed_config(STACK[cloud], overrides)
-    main = config.nodes[0].boot
+    main = config.boots(0)[0]
     assert main.staged and main.model_urls == config.model_urls
     assert "rclone" in cloud_config(main)["packages"]
 
@@ -139,13 +140,13 @@ def test_a_bad_blob_url_is_refused_before_anything_is_created(url: str, says: st
 
 
 def test_store_urls_parse_into_their_names() -> None:
-    assert network_rules.gcs_object("gs://my_models.v2/a/b.gguf") == ("my_models.v2", "a/b.gguf")
-    assert network_rules.blob_object("az://acct01/my-models/a/b.gguf") == (
+    assert stores.gcs_object("gs://my_models.v2/a/b.gguf") == ("my_models.v2", "a/b.gguf")
+    assert stores.blob_object("az://acct01/my-models/a/b.gguf") == (
         "acct01", "my-models", "a/b.gguf",
     )  # fmt: skip
-    assert network_rules.gcs_object(BLOB_URLS[0]) is None
-    assert network_rules.blob_object(GCS_URLS[0]) is None
-    assert network_rules.s3_object(GCS_URLS[0]) is None
+    assert stores.gcs_object(BLOB_URLS[0]) is None
+    assert stores.blob_object(GCS_URLS[0]) is None
+    assert stores.s3_object(GCS_URLS[0]) is None
     # An https blob URL is a download like any other (a public or SAS-signed blob), not staged.
     https = "https://mymodels.blob.core.windows.net/models/m.gguf"
     assert network_rules.model_url_problem(https) is None
@@ -382,7 +383,7 @@ def test_the_staged_download_is_the_boots_for_every_store_scheme() -> None:
     for scheme in STAGED_SCHEMES:
         assert f'"$url" == {scheme}*' in text, scheme
         assert f"  {scheme}*)" in text, scheme
-    assert set(STAGED_SCHEMES) == set(network_rules.STORE_SCHEMES)
+    assert set(STAGED_SCHEMES) == set(stores.STORE_SCHEMES)
     assert json.dumps(sorted(STAGED_SCHEMES)) == '["az://", "gs://", "s3://"]'
 
 

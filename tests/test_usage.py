@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from infra.costrun import rpc_bytes
-from infra.costrun.usage import (
+from infra.local import usage as local_usage
+from infra.observe.usage import (
     KvCacheReading,
     NodeReading,
     Reading,
@@ -27,7 +28,6 @@ from infra.costrun.usage import (
     node_figures,
     summarize,
 )
-from infra.local import usage as local_usage
 from tests.test_models import write_gguf
 
 MIB = 1 << 20

@@ -27,7 +27,7 @@ if [[ -n "${RPC_WORKERS:-}" ]]; then
   require_setting LLAMA_GPU_LAYERS
   require_setting LLAMA_TENSOR_SPLIT
   "$LLAMA_RPC_BIN_DIR/wait-workers.sh"
-  # The planned placement (infra/placement.py): the first n_layer + 1 - LLAMA_GPU_LAYERS layers
+  # The planned placement (infra/core/placement.py): the first n_layer + 1 - LLAMA_GPU_LAYERS layers
   # stay on this node's CPU, the rest go to the workers in LLAMA_TENSOR_SPLIT's counts.
   rpc_args=(--rpc "$RPC_WORKERS" --n-gpu-layers "$LLAMA_GPU_LAYERS" --tensor-split "$LLAMA_TENSOR_SPLIT")
 fi

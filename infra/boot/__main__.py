@@ -12,7 +12,7 @@ from infra.boot.deliver import deliver
 from infra.boot.node import example
 from infra.boot.render import render
 from infra.clouds import FACTS
-from infra.types import ROLES
+from infra.core.limits import ROLES
 
 
 def main(argv: list[str] | None = None) -> int:

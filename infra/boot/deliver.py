@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from infra.boot.node import BootConfigError
 from infra.clouds import FACTS
-from infra.types import Cloud
+from infra.core.limits import Cloud
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Delivery:
 def deliver(user_data: str, cloud: Cloud) -> Delivery:
     """Package user data for a cloud; gzip it only when it must."""
     if cloud not in FACTS:
-        raise BootConfigError(f"cloud {cloud!r} is not one of {', '.join(FACTS)}", setting="cloud")
+        raise BootConfigError("cloud", f"cloud {cloud!r} is not one of {', '.join(FACTS)}")
     channel = FACTS[cloud].user_data
     raw = user_data.encode()
     for gzipped in (False, True):
@@ -51,7 +51,7 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
             name = channel.gzip_field if gzipped and channel.gzip_field else channel.field
             return Delivery(cloud, name, value, gzipped, size, channel.limit_bytes)
     raise BootConfigError(
+        "user_data",
         f"the {cloud} user data is {len(raw):,} bytes, over the {channel.limit_bytes:,}-byte "
         "limit even compressed; shorten the model URL list or the extra settings",
-        setting="user_data",
     )

@@ -10,19 +10,21 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from infra.clouds.stores import STORE_SCHEMES
+from infra.core.limits import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
+from infra.core.outputs import rpc_servers
+from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
+from infra.errors import SettingError
 from infra.models.parts import saved_name
-from infra.outputs import rpc_servers
-from infra.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
-from infra.types import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl: S3,
 # Cloud Storage, and Azure Blob Storage as az://ACCOUNT/CONTAINER/KEY.
-STAGED_SCHEMES = ("s3://", "gs://", "az://")
+STAGED_SCHEMES = STORE_SCHEMES
 _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
 
 
-class BootConfigError(ValueError):
+class BootConfigError(SettingError):
     """A node setting that cannot work; the message names the setting and the fix.
 
     ``setting`` is the ``NodeBoot`` field at fault (``"model_urls"``, ``"node_ip"``, ...), or
@@ -30,9 +32,9 @@ class BootConfigError(ValueError):
     own configuration key.
     """
 
-    def __init__(self, message: str, *, setting: str) -> None:
-        super().__init__(message)
-        self.setting = setting
+    @property
+    def label(self) -> str:
+        return ""  # the message names the field in its own words
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class NodeBoot:
     server_listen: str | None = None
     context_size: int = 4096
     slots: int = 1
-    # The layer placement as llama-server's flags (``infra.placement``): --n-gpu-layers and
+    # The layer placement as llama-server's flags (``infra.core.placement``): --n-gpu-layers and
     # --tensor-split, one value per worker. Needed with workers, meaningless without.
     gpu_layers: int = 0
     tensor_split: tuple[int, ...] = ()
@@ -160,11 +162,9 @@ class NodeBoot:
         for name, value in env.items():
             if not _SAFE_ENV_VALUE.fullmatch(value):
                 raise BootConfigError(
+                    "extra_env" if name in self.extra_env else _ENV_FIELDS.get(name, "paths"),
                     f"{name}={value!r}: quotes, backslashes and line breaks are not allowed in "
                     "node settings; remove them (URL-encode them in a model URL)",
-                    setting="extra_env"
-                    if name in self.extra_env
-                    else _ENV_FIELDS.get(name, "paths"),
                 )
         return env
 
@@ -199,26 +199,25 @@ _ENV_FIELDS = {
 
 def _validate(boot: NodeBoot) -> None:
     if boot.role not in ROLES:
-        raise BootConfigError(
-            f"role {boot.role!r} is not one of {', '.join(ROLES)}", setting="role"
-        )
+        raise BootConfigError("role", f"role {boot.role!r} is not one of {', '.join(ROLES)}")
     _private_host("node_ip", boot.node_ip)
     if not is_full_commit(boot.llama_cpp_commit):
         raise BootConfigError(
+            "llama_cpp_commit",
             f"llama_cpp_commit {boot.llama_cpp_commit!r} is not a full 40-character commit hash; "
             "pin an exact llama.cpp commit (branches and tags move)",
-            setting="llama_cpp_commit",
         )
     for name in ("rpc_port", "server_port"):
         port = getattr(boot, name)
         if not 1 <= port <= 65535:
             raise BootConfigError(
-                f"{name} {port} is outside 1-65535; choose a valid TCP port", setting=name
+                name,
+                f"{name} {port} is outside 1-65535; choose a valid TCP port",
             )
     for name in ("context_size", "slots", "worker_wait_seconds", "load_timeout_seconds"):
         value = getattr(boot, name)
         if value < 1:
-            raise BootConfigError(f"{name} {value} must be at least 1", setting=name)
+            raise BootConfigError(name, f"{name} {value} must be at least 1")
     if boot.cluster_cidr:
         _validate_cluster_cidr(boot)
     if boot.role == "worker":
@@ -232,51 +231,51 @@ def _validate_cluster_cidr(boot: NodeBoot) -> None:
         cluster = ipaddress.IPv4Network(boot.cluster_cidr)
     except ValueError:
         raise BootConfigError(
+            "cluster_cidr",
             f"cluster_cidr {boot.cluster_cidr!r} is not an IPv4 network",
-            setting="cluster_cidr",
         ) from None
     if not cluster.is_private or ipaddress.ip_address(boot.node_ip) not in cluster:
         raise BootConfigError(
+            "cluster_cidr",
             f"cluster_cidr {boot.cluster_cidr} must be the private network that holds "
             f"the node ({boot.node_ip})",
-            setting="cluster_cidr",
         )
 
 
 def _validate_worker(boot: NodeBoot) -> None:
     if not boot.rpc_allowed_sources:
         raise BootConfigError(
+            "rpc_allowed_sources",
             "rpc_allowed_sources is empty: a worker must know who may reach its RPC port; "
             "give the main node's address (for example 10.0.1.10/32)",
-            setting="rpc_allowed_sources",
         )
     for source in boot.rpc_allowed_sources:
         try:
             network = ipaddress.ip_network(source, strict=False)
         except ValueError:
             raise BootConfigError(
+                "rpc_allowed_sources",
                 f"rpc_allowed_sources entry {source!r} is not an address or CIDR",
-                setting="rpc_allowed_sources",
             ) from None
         if not network.is_private or network.prefixlen == 0:
             raise BootConfigError(
+                "rpc_allowed_sources",
                 f"rpc_allowed_sources entry {source!r} is not a private network; the RPC port "
                 "has no authentication, so only the cluster's own addresses may reach it",
-                setting="rpc_allowed_sources",
             )
     for address in boot.platform_addresses:
         try:
             ipaddress.IPv4Address(address)
         except ValueError:
             raise BootConfigError(
+                "platform_addresses",
                 f"platform_addresses entry {address!r} is not an IPv4 address",
-                setting="platform_addresses",
             ) from None
     if boot.server_listen is not None:
         raise BootConfigError(
+            "server_listen",
             f"server_listen {boot.server_listen!r} is for the main node: a worker runs no "
             "llama-server, and its RPC port listens on its own address only",
-            setting="server_listen",
         )
 
 
@@ -288,8 +287,8 @@ def _validate_main(boot: NodeBoot) -> None:
         _private_host("rpc_workers", ip)
     if len(set(boot.rpc_workers)) != len(boot.rpc_workers):
         raise BootConfigError(
+            "rpc_workers",
             f"rpc_workers lists an address twice: {', '.join(boot.rpc_workers)}",
-            setting="rpc_workers",
         )
     if boot.rpc_workers and (
         len(boot.tensor_split) != len(boot.rpc_workers)
@@ -298,16 +297,16 @@ def _validate_main(boot: NodeBoot) -> None:
         or boot.gpu_layers < 1
     ):
         raise BootConfigError(
+            "tensor_split",
             f"tensor_split {boot.tensor_split} and gpu_layers {boot.gpu_layers} do not place "
             f"layers on {len(boot.rpc_workers)} workers: give one count per worker (the last "
-            "with the output head) and their sum; infra.placement computes them",
-            setting="tensor_split",
+            "with the output head) and their sum; infra.core.placement computes them",
         )
     if not boot.model_urls:
         raise BootConfigError(
+            "model_urls",
             "model_urls is empty: give the model's GGUF URL "
             "(every part, in order, for a split GGUF)",
-            setting="model_urls",
         )
     # Each part is saved under its URL's file name: a URL without one, or two parts with the
     # same one, would leave a model that looks complete and is not.
@@ -315,36 +314,36 @@ def _validate_main(boot: NodeBoot) -> None:
     for url in boot.model_urls:
         if not re.match(r"(https?|file|s3|gs|az)://[^\s]+$", url):
             raise BootConfigError(
+                "model_urls",
                 f"model URL {url!r} is not an http(s)://, s3://, gs://, az:// or file:// URL "
                 "without spaces",
-                setting="model_urls",
             )
         # S3 needs the region (rclone signs for it); Cloud Storage and Blob Storage do not.
         if url.startswith("s3://") and not re.fullmatch(
             r"[a-z]{2}(-[a-z]+)+-\d", (boot.model_store_region)
         ):
             raise BootConfigError(
+                "model_store_region",
                 f"model URL {url!r} is in an object store: give model_store_region, the "
                 f"store's region (for example us-east-1), not {boot.model_store_region!r}",
-                setting="model_store_region",
             )
         name = saved_name(url)
         if name in ("", ".", ".."):
             raise BootConfigError(
+                "model_urls",
                 f"model URL {url!r} does not end in a file name; give the URL of the GGUF file "
                 "itself (of every part, for a split GGUF)",
-                setting="model_urls",
             )
         if name in saved_as:
             raise BootConfigError(
+                "model_urls",
                 f"model URLs {saved_as[name]!r} and {url!r} both save as {name!r}; every part "
                 "needs a file name of its own",
-                setting="model_urls",
             )
         saved_as[name] = url
     problem = checksums_problem(boot.model_urls, boot.model_sha256)
     if problem:
-        raise BootConfigError(problem, setting="model_sha256")
+        raise BootConfigError("model_sha256", problem)
 
 
 def checksums_problem(urls: tuple[str, ...], sha256: tuple[str, ...]) -> str | None:
@@ -366,12 +365,12 @@ def _private_host(name: str, text: str) -> None:
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
-        raise BootConfigError(f"{name} {text!r} is not an IP address", setting=name) from None
+        raise BootConfigError(name, f"{name} {text!r} is not an IP address") from None
     if ip.is_unspecified or not ip.is_private:
         raise BootConfigError(
+            name,
             f"{name} {text!r} must be a private address of the cluster network: the RPC port "
             "has no authentication and must never listen publicly or on every interface",
-            setting=name,
         )
 
 
@@ -382,15 +381,15 @@ def _listen_address(text: str) -> None:
         ip = ipaddress.IPv4Address(text)
     except ValueError:
         raise BootConfigError(
+            "server_listen",
             f"server_listen {text!r} is not an IPv4 address; give 0.0.0.0 or a private "
             "address of the node, or leave it unset for the node's own",
-            setting="server_listen",
         ) from None
     if not (ip.is_unspecified or ip.is_private):
         raise BootConfigError(
+            "server_listen",
             f"server_listen {text!r} is a public address; the API port is private: give "
             "0.0.0.0 or a private address of the node",
-            setting="server_listen",
         )
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from infra import network_rules
 from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
-from infra.types import METRICS_PORT, Role
+from infra.core import network_rules
+from infra.core.limits import METRICS_PORT, Role
 
 CLOUD_INIT_DIR = Path(__file__).resolve().parents[2] / "cloud-init"
 SCRIPTS_DIR = CLOUD_INIT_DIR / "scripts"

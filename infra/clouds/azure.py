@@ -207,8 +207,8 @@ FACTS = CloudFacts(
     metadata_hosts=frozenset({"metadata.azure.com"}),
     metadata_addresses=frozenset({"168.63.129.16"}),
     chart_colour="#0078d4",
-    # Blob Storage as az://ACCOUNT/CONTAINER/KEY (infra.network_rules), read with the main node's
-    # managed identity through the subnet's service endpoint.
+    # Blob Storage as az://ACCOUNT/CONTAINER/KEY (infra.core.network_rules), read with the main
+    # node's managed identity through the subnet's service endpoint.
     model_store_scheme="az://",
     image_meaning="a version of Canonical:ubuntu-24_04-lts:server-arm64",
     refuses={

@@ -179,7 +179,7 @@ class CloudFacts:
     # agent routes that IP locally), so llama-server must listen on every address, not the
     # node's own.
     balancer_keeps_destination: bool = False
-    # The most of a command's output its command channel brings back (``infra.channels``);
+    # The most of a command's output its command channel brings back (``infra.observe.channels``);
     # None: all of it.
     command_output_chars: int | None = None
 

@@ -1,8 +1,8 @@
 """A stack's usage, read by its main node through the command channel.
 
 ``llama-rpc-metrics`` on the first serving group's main node reads every node of the group inside
-the private network (``infra.group_metrics``). A reading (``read``) is one command; during the
-benchmark the node records a reading every interval itself (``record``, a transient systemd
+the private network (``infra.observe.group_metrics``). A reading (``read``) is one command; during
+the benchmark the node records a reading every interval itself (``record``, a transient systemd
 unit), and the file comes back afterwards in pieces that fit the channel's cap (``dump``). So
 the benchmark runs undisturbed by channel commands, on Azure too, whose Run Command runs one
 command at a time per VM, and the readings are timed by the node's clock, not the channel's.
@@ -15,10 +15,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from infra import group_metrics, metrics_command
-from infra import outputs as keys
-from infra.channels import Channel, ChannelError, group_outputs
-from infra.costrun.usage import Reading
+from infra.boot import metrics_command
+from infra.core import outputs as keys
+from infra.observe import group_metrics
+from infra.observe.channels import Channel, ChannelError, group_outputs
+from infra.observe.usage import Reading
 
 READ_TIMEOUT_SECONDS = 120
 RECORD_UNIT = "llama-rpc-usage"

@@ -11,14 +11,14 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from infra.channels import Channel, ChannelError, Runner, run_cli, stack_channels
 from infra.clouds import gcp as gcp_facts
+from infra.core.layout import PROJECT
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
 from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
+from infra.observe.channels import Channel, ChannelError, Runner, run_cli, stack_channels
 from infra.stack.config import ClusterConfig
 from infra.stack.files import REPO, stack_config, stack_values
-from infra.stack.settings import PROJECT
 
 
 def aws_leftovers(tagging: Any, ec2: Any, stack: str) -> list[str]:
@@ -117,15 +117,15 @@ class PulumiTarget:
         }
 
     def predict(self) -> Prediction:
-        from infra import costs  # noqa: PLC0415
         from infra.clouds import FACTS  # noqa: PLC0415
+        from infra.core import costs  # noqa: PLC0415
         from infra.planner import perf, serve  # noqa: PLC0415
 
         c = self.config
         cost = c.hourly_cost
         nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
         disk = FACTS[c.cloud].disk.read_mibps(c.main_disk_gb, c.disk_throughput_mibps)
-        staged = c.nodes[0].boot.staged  # the main node reads the model
+        staged = c.boots(0)[0].staged  # the main node reads the model
         timeline = serve.time_to_serve(
             c.model,
             c.main_instance_type,

@@ -10,13 +10,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from infra.channels import ChannelError, LocalChannel
 from infra.costrun.rpc_bytes import ActivationShape, activation_shape
 from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
 from infra.local import cluster
 from infra.local import image as node_image
+from infra.local.access import LocalChannel
 from infra.local.machines import unavailable_reason
 from infra.local.usage import LocalProbe
+from infra.observe.channels import ChannelError
 
 
 class LocalTarget:

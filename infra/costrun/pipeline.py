@@ -13,7 +13,7 @@ from infra.boot import VM_PATHS
 from infra.costrun import rpc_bytes
 from infra.costrun.events import EventLog
 from infra.costrun.target import Prediction, StepError, Target
-from infra.costrun.usage import (
+from infra.observe.usage import (
     DEFAULT_INTERVAL_SECONDS,
     Recorder,
     UsageProbe,

@@ -23,8 +23,8 @@ and the scheduler in ggml/src/ggml-backend.cpp, and seen in the workers' message
 - from one worker to the next: through the main node, as RPC buffers on two servers cannot copy
   to each other (``cpy_tensor`` refuses, and the scheduler falls back to ``GET_TENSOR`` from one
   and ``SET_TENSOR`` to the other): the hidden state twice;
-- the last worker holds the output head (``infra.placement``): the logits come back, ``n_vocab``
-  f32 (``GET_TENSOR``);
+- the last worker holds the output head (``infra.core.placement``): the logits come back,
+``n_vocab`` f32 (``GET_TENSOR``);
 - each worker also gets the graph's small inputs (the token's position, and for each KV cache
   (two with sliding-window attention) the K and V cell indices and the KQ mask, f16 over ``n_kv``
   cells), a ``GRAPH_RECOMPUTE``, and every message carries 9 bytes of framing and the 296-byte
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.costrun.usage import Reading, UsageProbe, spread
-from infra.metrics import increase
+from infra.observe.metrics import increase
+from infra.observe.usage import Reading, UsageProbe, spread
 
 ACTIVATION_BYTES = 4  # f32: the activations and logits ggml-rpc moves
 KV_CELL_PADDING = 256  # llama_kv_cache::get_n_kv pads the cells a graph sees to 256

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infra.boot import VM_PATHS
+from infra.core.node_text import printable, printable_values
 from infra.costrun.rpc_bytes import ActivationShape
-from infra.costrun.usage import UsageProbe
-from infra.node_text import printable, printable_values
+from infra.observe.usage import UsageProbe
 
 # How the cost run reads a node's status: through the status tool, which takes the file's lock
 # and never follows a link (a plain `cat` could catch a write half-way).

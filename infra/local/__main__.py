@@ -21,9 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra import outputs
 from infra.boot import BootConfigError
 from infra.clouds import FACTS
+from infra.core import outputs
+from infra.core.limits import MAX_REPLICAS
+from infra.core.pins import LLAMA_CPP_COMMIT
+from infra.core.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
 from infra.local import cluster, top
 from infra.local import image as node_image
 from infra.local.balancer import BalancerError
@@ -31,9 +34,6 @@ from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.supervisor import supervise
-from infra.pins import LLAMA_CPP_COMMIT
-from infra.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
-from infra.types import MAX_REPLICAS
 
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:

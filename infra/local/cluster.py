@@ -10,8 +10,8 @@ makes each node's settings from the same ``NodeBoot`` the cloud-config is render
   keeps the services running, reading the same unit files (``infra.local.supervisor``).
 
 With ``replicas`` above 1 there are that many serving groups, each a main node and its workers
-at the group's addresses (``infra.layout.node_ips``), each group's workers taking RPC from their
-own main only, behind HAProxy at the balancer's address (``infra.local.balancer``).
+at the group's addresses (``infra.core.layout.node_ips``), each group's workers taking RPC from
+their own main only, behind HAProxy at the balancer's address (``infra.local.balancer``).
 
 Without root the nodes share loopback (127.0.0.10, .11, …) and no firewall is applied; ``up``
 says so.
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import layout, outputs, placement, sizing
 from infra.boot import (
     BOOT_UNIT,
     ROLE_UNIT,
@@ -47,14 +46,15 @@ from infra.boot import (
     render,
     render_env_file,
 )
+from infra.core import layout, outputs, placement, sizing
+from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, RPC_PORT, SERVER_PORT, Cloud, Role
+from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.local import image as node_image
 from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine, MachineError
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
 from infra.models import ModelError
 from infra.models.parts import part_paths
-from infra.pins import LLAMA_CPP_COMMIT
-from infra.types import MAX_REPLICAS, MAX_WORKERS, RPC_PORT, SERVER_PORT, Cloud, Role
 
 DEFAULT_CIDR = "10.213.77.0/24"
 LOOPBACK_CIDR = "127.0.0.0/24"
@@ -165,8 +165,7 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     try:
         model = gguf_header.describe(options.model)
     except ModelError as error:
-        reason = str(error).removeprefix(f"{error.setting}: ")
-        raise LocalClusterError(f"--model: {reason}") from None
+        raise LocalClusterError(f"--model: {error.message}") from None
     nodes = options.workers + 1
     # By default every node of every group gets an equal share of this machine.
     memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
@@ -215,7 +214,7 @@ class _Slot:
 
 def _node_layout(cidr: ipaddress.IPv4Network, workers: int, replicas: int = 1) -> list[_Slot]:
     """Every node of every serving group, group by group, main first, as the stacks lay them
-    out (``infra.layout``)."""
+    out (``infra.core.layout``)."""
     subnet = layout.private_subnet(cidr)
     slots = []
     for group in range(replicas):
@@ -726,6 +725,8 @@ def contract(spec: dict[str, Any]) -> dict[str, Any]:
         outputs.BALANCER_URL: balancer_url,
         outputs.GROUPS: groups,
         outputs.METRICS_DOCUMENT: None,
+        outputs.ZONE: None,
+        outputs.RESOURCE_GROUP: None,
     }
 
 

@@ -15,7 +15,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from infra.pins import LLAMA_CPP_PYTHON_SDIST
+from infra.core.pins import LLAMA_CPP_PYTHON_SDIST
 
 SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO
 
 from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS
+from infra.core.limits import Role
 from infra.local.netns import exec_prefix
-from infra.types import Role
 
 
 @dataclass(frozen=True)

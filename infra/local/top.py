@@ -13,12 +13,12 @@ Where the figures come from:
 - CPU and memory: the CPU time and resident memory of the processes in the node's namespace,
   CPU as a share of this machine's cores (the nodes share them). On machines too: node-exporter
   in a container reads the host's ``/proc/stat`` and ``/proc/meminfo``, not the machine's; on a
-  cloud VM its figures are the node's own (``infra.metrics.cpu_use``, ``memory``);
+  cloud VM its figures are the node's own (``infra.observe.metrics.cpu_use``, ``memory``);
 - loopback (no namespaces): llama-server only; the nodes' processes and traffic cannot be told
   apart, so those columns say n/a.
 
-Reading (``read_cluster``) is kept apart from the pure figures and drawing (``infra.topview``),
-which the tests exercise on readings they make.
+Reading (``read_cluster``) is kept apart from the pure figures and drawing
+(``infra.observe.topview``), which the tests exercise on readings they make.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from infra import metrics
+from infra.core.limits import METRICS_PORT
 from infra.local import cluster
 from infra.local.netns import exec_prefix, namespace_pids
-from infra.metrics import MetricsError, Snapshot
-from infra.topview import (
+from infra.observe import metrics
+from infra.observe.metrics import MetricsError, Snapshot
+from infra.observe.topview import (
     FOOTER,
     NodeReading,
     ProcessUse,
@@ -48,7 +49,6 @@ from infra.topview import (
     render,
     row,
 )
-from infra.types import METRICS_PORT
 
 FETCH_TIMEOUT_SECONDS = 2.0
 

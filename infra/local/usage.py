@@ -1,5 +1,5 @@
 """What each node of a local cluster is doing, read from the host: CPU time, memory, the bytes on
-its VPC interface, and the main node's KV cache (``infra.costrun.usage.UsageProbe``).
+its VPC interface, and the main node's KV cache (``infra.observe.usage.UsageProbe``).
 
 A node is its network namespace, as a VM is its own kernel's view:
 
@@ -13,7 +13,7 @@ A node is its network namespace, as a VM is its own kernel's view:
   namespace's ``/proc/net/dev``. The main node's link to the host (``tunnel``), which carries the
   API requests, is not counted. The model reaches every node from the host's disk (a bind mount
   or a ``file://`` URL), never over the VPC, so these bytes are the nodes' RPC traffic;
-- KV cache: llama-server's ``/slots`` on the main node (``infra.metrics.kv_cache_usage``).
+- KV cache: llama-server's ``/slots`` on the main node (``infra.observe.metrics.kv_cache_usage``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra import metrics
-from infra.costrun.usage import KvCacheReading, NodeReading, Reading, Sampler, UsageUnavailable
 from infra.local import cluster
 from infra.local.machines import CGROUP_ROOT
+from infra.observe import metrics
+from infra.observe.usage import KvCacheReading, NodeReading, Reading, Sampler, UsageUnavailable
 
 VPC_INTERFACE = "eth0"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

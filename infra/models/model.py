@@ -10,15 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
+from infra.errors import SettingError
+
 KIB = 1024
 
 
-class ModelError(ValueError):
+class ModelError(SettingError):
     """A model description that cannot be used; names the setting to fix."""
-
-    def __init__(self, setting: str, message: str) -> None:
-        self.setting = setting
-        super().__init__(f"{setting}: {message}")
 
 
 @dataclass(frozen=True)

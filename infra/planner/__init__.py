@@ -1,7 +1,8 @@
 """The planner: the cheapest homogeneous cluster that holds a model, on every provider, with its
-predicted decode speed (``perf``), time to serve and cost (``infra.costs``), as a table, JSON, a
-chart or a stack file (``report``); ``python -m infra.planner --help``."""
+predicted decode speed (``perf``), time to serve and cost (``infra.core.costs``), as a table, JSON,
+a chart or a stack file (``report``); ``python -m infra.planner --help``."""
 
-from infra.planner.search import Option, Plan, PlanError, Rejection, evaluate, fewest_nodes, plan
+from infra.planner.base import Option, Plan, PlanError, Rejection
+from infra.planner.search import evaluate, fewest_nodes, plan
 
 __all__ = ["Option", "Plan", "PlanError", "Rejection", "evaluate", "fewest_nodes", "plan"]

@@ -11,13 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra import catalog, models, sizing
+from infra import catalog, models
+from infra.core import sizing
+from infra.core.limits import MAX_REPLICAS
 from infra.models import Model, ModelError
-from infra.planner import report, search, serve, target
-from infra.planner.search import PlanError
-from infra.planner.target import Target, TargetUnmet
+from infra.planner import base, report, search, serve, target
+from infra.planner.base import PlanError, Target, TargetUnmet
 from infra.stack import config, files
-from infra.types import MAX_REPLICAS
 
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -79,9 +79,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sort",
-        choices=search.SORTS,
+        choices=base.SORTS,
         help="rank by $ per million tokens (where a speed is known), $ per hour or tokens/s; "
-        f"each provider's pick is its first (default {search.SORTS[0]}; {search.SORTS[1]} "
+        f"each provider's pick is its first (default {base.SORTS[0]}; {base.SORTS[1]} "
         "with --aggregate-tps: the cheapest set that meets it)",
     )
     p.add_argument(
@@ -208,7 +208,7 @@ def _target(args: argparse.Namespace) -> Target | None:
     return Target(args.streams, args.aggregate_tps, args.min_tps)
 
 
-def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> search.Plan:
+def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> base.Plan:
     """Evaluate the one cluster that --instance-type (and --count, or the fewest nodes that
     hold the model) names; with a target, the replicas of it that meet it."""
     instance = _instance_type(args)
@@ -239,10 +239,10 @@ def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> sear
         slots=args.slots,
         download_gbps=args.download_gbps,
     )
-    return search.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
+    return base.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
 
 
-def _stack(args: argparse.Namespace, goal: Target | None) -> search.Plan:
+def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
     """Evaluate the cluster a stack file deploys, as the program reads it (every serving group
     of it, all slots busy); with a target, the replicas of its group that meet it."""
     given = [flag for flag, value in (
@@ -288,13 +288,13 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> search.Plan:
     if cfg.replicas > 1:  # priced as the stack prices it; its speed with every slot busy
         loads = (cfg.slots,) * cfg.replicas
         option = search.with_replicas(option, cfg.model, cfg.context_size, cfg.replicas, loads)
-    return search.Plan(
+    return base.Plan(
         cfg.model, cfg.context_size, cfg.slots, [option], download_gbps=args.download_gbps
     )
 
 
 def write_stack(
-    args: argparse.Namespace, result: search.Plan, option: search.Option, command: str
+    args: argparse.Namespace, result: base.Plan, option: base.Option, command: str
 ) -> Path:
     if not args.model_url:
         raise PlanError(
@@ -329,7 +329,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
     goal = _target(args)
-    args.sort = args.sort or (target.default_sort(goal) if goal else search.SORTS[0])
+    args.sort = args.sort or (target.default_sort(goal) if goal else base.SORTS[0])
     if args.stack:
         result = _stack(args, goal)
     elif args.instance_type:
@@ -394,6 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TargetUnmet as error:  # a question with no answer, as when nothing meets --min-tps
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except ModelError as error:
+    except (ModelError, PlanError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

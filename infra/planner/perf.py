@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from infra import catalog, placement, sizing
+from infra import catalog
 from infra.catalog import InstanceType
+from infra.core import placement, sizing
+from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
-from infra.placement import NodeShare, Placement
 
 # Assumption: half of a socket's cores saturate its memory controllers, so an instance with at
 # least that many vCPUs streams at the socket's bandwidth. The 405B anchor supports it: on 64 of

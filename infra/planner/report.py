@@ -12,10 +12,12 @@ from typing import Any
 import yaml
 
 from infra.clouds import FACTS
+from infra.core.layout import PROJECT
 from infra.models import PRESETS, Model
 from infra.planner import perf, serve, target, verdict
-from infra.planner.search import Option, Plan, fewest_nodes
-from infra.stack.settings import DEFAULT_MAX_HOURLY_USD, PROJECT
+from infra.planner.base import Option, Plan
+from infra.planner.search import fewest_nodes
+from infra.stack.settings import DEFAULT_MAX_HOURLY_USD
 
 GIB = 1024**3
 

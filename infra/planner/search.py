@@ -3,238 +3,27 @@ with its predicted decode speed, time to serve and cost, ranked as the user asks
 
 Pure functions over the catalog: nothing here touches the network or a cloud account. A cluster
 is ``count`` nodes of one type: a main node and ``count - 1`` RPC workers, all holding layers
-(``infra.placement``), or, when the model fits on one node, that node alone (no RPC, which would
-only add latency). With a target of streams or tokens/s (``infra.planner.target``), an option is
-a set of such clusters, replicas behind one private balancer, priced and measured as a whole.
+(``infra.core.placement``), or, when the model fits on one node, that node alone (no RPC, which
+would only add latency). With a target of streams or tokens/s (``infra.planner.target``), an option
+is a set of such clusters, replicas behind one private balancer, priced and measured as a whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from infra import catalog, costs, placement, sizing
+from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
-from infra.models import Model, ModelError
-from infra.placement import Placement
+from infra.core import costs, placement, sizing
+from infra.core.limits import MAX_NODES, MAX_REPLICAS, MAX_WORKERS
+from infra.models import Model
 from infra.planner import perf
-from infra.planner.serve import INTERNET_GBPS, PATHS, ServeTime, time_to_serve
-from infra.types import MAX_NODES, MAX_REPLICAS, MAX_WORKERS
-
-if TYPE_CHECKING:
-    from infra.planner.target import Target
+from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
+from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
-
-# How options are ranked; the first is the default. A provider's pick is its first option.
-SORTS = ("usd-per-mtok", "usd-per-hour", "tps")
-
-
-class PlanError(ModelError):
-    """Planner input that cannot work; names the option to fix."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One cluster: ``count`` nodes of ``instance`` (the main node may be another type,
-    ``main``), evaluated for a model and context; or, with ``replicas`` > 1, that many such
-    serving groups behind a private balancer. ``cost`` and ``tps`` are the whole set's."""
-
-    instance: InstanceType
-    count: int
-    placement: Placement
-    cost: costs.HourlyCost
-    decode_tps: float | None
-    serve: dict[str, ServeTime] = field(compare=False)  # by download path (PATHS)
-    download_usd: float | None
-    main_disk_gb: int
-    worker_disk_gb: int
-    main: InstanceType | None = None  # None: the main node is an ``instance`` too
-    slots: int = sizing.DEFAULT_SLOTS  # requests each group serves at once
-    replicas: int = 1  # serving groups, each ``count`` nodes
-    # Each group's streams at a target load (None: no target; ``decode_tps`` is the speed).
-    load: perf.Load | None = None
-    # One group as billed (its nodes and disks); ``cost`` is every group's, one NAT and the
-    # balancer.
-    priced: tuple[costs.PricedNode, ...] = field(default=(), compare=False, repr=False)
-
-    @property
-    def main_instance(self) -> InstanceType:
-        return self.main or self.instance
-
-    @property
-    def provider(self) -> str:
-        return self.instance.provider
-
-    @property
-    def name(self) -> str:
-        """The cluster's types: ``r8g.8xlarge``, or ``r8g.4xlarge + r8g.8xlarge`` when the main
-        node is another type."""
-        if self.main is None or self.main == self.instance:
-            return self.instance.name
-        return f"{self.main.name} + {self.instance.name}"
-
-    @property
-    def group_shape(self) -> str:
-        """``3 x r8g.8xlarge``, or ``1 x r8g.4xlarge + 2 x r8g.8xlarge`` with another main."""
-        if self.main is None or self.main == self.instance:
-            return f"{self.count} x {self.instance.name}"
-        return f"1 x {self.main.name} + {self.workers} x {self.instance.name}"
-
-    @property
-    def shape(self) -> str:
-        """The group's shape, or ``2 groups of 3 x r8g.8xlarge`` with replicas."""
-        if self.replicas == 1:
-            return self.group_shape
-        return f"{self.replicas} groups of {self.group_shape}"
-
-    @property
-    def nodes(self) -> int:
-        """Every node of every group."""
-        return self.count * self.replicas
-
-    @property
-    def tps(self) -> float | None:
-        """What the option generates: every stream of every group at the target load, or one
-        stream's decode speed without a target."""
-        if self.load is not None:
-            return self.load.aggregate_tps
-        return self.decode_tps
-
-    @property
-    def stream_tps(self) -> float | None:
-        """Each stream's speed: at the target load when there is one."""
-        if self.load is not None:
-            return self.load.stream_tps
-        return self.decode_tps
-
-    @property
-    def group_cost(self) -> costs.HourlyCost:
-        """One serving group alone: its nodes, its own NAT and no balancer."""
-        return costs.hourly_cost(self.provider, self.priced)
-
-    @property
-    def balancer_usd(self) -> float | None:
-        return self.cost.balancer
-
-    @property
-    def fits(self) -> bool:
-        return self.placement.fits
-
-    @property
-    def need_bytes(self) -> int:
-        """Memory the busiest node needs (weights, KV cache, buffers)."""
-        return self.placement.worst.need_bytes
-
-    @property
-    def usable_bytes(self) -> int:
-        return sizing.usable_memory_bytes(self.instance)
-
-    @property
-    def workers(self) -> int:
-        return self.count - 1
-
-    @property
-    def needs_rpc(self) -> bool:
-        return self.count > 1
-
-    @property
-    def hourly_usd(self) -> float | None:
-        return self.cost.total
-
-    @property
-    def price_is_partial(self) -> bool:
-        """A total that leaves out a part the catalog cannot price (for example a disk)."""
-        return self.hourly_usd is not None and bool(self.cost.unpriced)
-
-    @property
-    def spot_instances_usd(self) -> float | None:
-        """The nodes at their spot price, where every one has one: instances only (NAT and
-        disks stay on-demand), shown apart from ``hourly_usd``, never added to it."""
-        nodes = [self.main_instance] + [self.instance] * self.workers
-        prices = [n.spot_hourly_usd for n in nodes]
-        if any(p is None for p in prices):
-            return None
-        return round(sum(p for p in prices if p is not None) * self.replicas, 5)
-
-    @property
-    def spot_price_date(self) -> str:
-        """The oldest of the nodes' spot price dates."""
-        return min(self.main_instance.spot_price_date, self.instance.spot_price_date)
-
-    @property
-    def usd_per_million_tokens(self) -> float | None:
-        if self.hourly_usd is None or not self.tps:
-            return None
-        return round(self.hourly_usd / (self.tps * 3600) * 1e6, 2)
-
-    def speed_unknown_reason(self) -> str | None:
-        """Why no speed is predicted, or None when one is."""
-        if self.decode_tps is not None:
-            return None
-        missing = sorted({t.cpu_family for t in (self.main_instance, self.instance)
-                          if perf.node_bandwidth_gbps(t) is None})  # fmt: skip
-        return f"speed unknown: no published memory bandwidth for {', '.join(missing)}"
-
-    def sort_key(self, by: str = SORTS[0]) -> tuple[int, float, int]:
-        """Options that can be compared on ``by`` come first, fully priced before partially
-        priced; those that cannot (an unknown speed or price) follow, ranked by what is known."""
-        price = self.hourly_usd
-        size = self.nodes * self.instance.vcpus
-        if by == "tps":
-            if self.tps is not None:
-                return (0, -self.tps, size)
-            # Without a speed: after every row with one, the cheapest first.
-            return (1, price if price is not None else float("inf"), size)
-        if by == "usd-per-hour" or self.usd_per_million_tokens is None:
-            # Without a speed, $/Mtok cannot rank the option: it follows every one that has it.
-            tier = 0 if by == "usd-per-hour" else 2
-            if price is None:
-                return (tier + 2, 0.0, size)
-            return (tier + (1 if self.price_is_partial else 0), price, size)
-        return (1 if self.price_is_partial else 0, self.usd_per_million_tokens, size)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    instance: InstanceType
-    reason: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    model: Model
-    context: int
-    slots: int
-    options: list[Option]  # ranked by ``sort``; the first per provider is its pick
-    rejected: list[Rejection] = field(default_factory=list)
-    download_gbps: float = INTERNET_GBPS  # the internet path's download rate
-    sort: str = SORTS[0]
-    # A target of streams or tokens/s (``infra.planner.target.Target``): each option is then
-    # sized to meet it. ``alternatives``: per type, the best option of the other kind (one
-    # group where the option has replicas, replicas where it has one group), for the verdict.
-    target: Target | None = None
-    alternatives: list[Option] = field(default_factory=list)
-
-    def recommendation(self, provider: str) -> Option | None:
-        return next((o for o in self.options if o.provider == provider), None)
-
-    def picks(self) -> list[Option]:
-        """Each provider's pick, in the order of ``sort``."""
-        seen: dict[str, Option] = {}
-        for option in self.options:
-            seen.setdefault(option.provider, option)
-        return list(seen.values())
-
-    def only(self, options: Sequence[Option]) -> Plan:
-        """This plan with only ``options`` (a filter's survivors): picks come from them."""
-        return replace(self, options=list(options))
-
-    def sorted_by(self, by: str) -> Plan:
-        check_sort(by)
-        return replace(self, options=sorted(self.options, key=lambda o: o.sort_key(by)), sort=by)
 
 
 def evaluate(
@@ -390,11 +179,6 @@ def check_context(model: Model, context: int) -> None:
             f"{context} tokens is more than {model.name} supports ({model.context_length}); "
             f"use at most {model.context_length}",
         )
-
-
-def check_sort(by: str) -> None:
-    if by not in SORTS:
-        raise PlanError("--sort", f"{by!r} is not one of {', '.join(SORTS)}")
 
 
 def check_slots(slots: int) -> None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infra import sizing
 from infra.catalog import InstanceType
+from infra.core import sizing
+from infra.core.placement import Placement
 from infra.models import Model
-from infra.placement import Placement
 
 MIB = 1024**2
 GB = 1e9

@@ -11,112 +11,16 @@ pays for its own weights' memory. Which wins depends on the model, the type and 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from infra import sizing
 from infra.catalog import InstanceType
+from infra.core import sizing
+from infra.core.limits import MAX_REPLICAS
 from infra.models import Model
 from infra.planner import perf, search
-from infra.planner.search import Option, Plan, PlanError, Rejection
+from infra.planner.base import SORTS, Option, Plan, Rejection, Target, TargetUnmet, check_sort
 from infra.planner.serve import INTERNET_GBPS
-from infra.types import MAX_REPLICAS
-
-# Slot counts tried per group for an aggregate rate: every count up to 8, then coarser steps
-# (past a few slots a group is bound by compute, and more slots only cost KV memory).
-AGGREGATE_SLOT_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
-
-
-class TargetUnmet(PlanError):
-    """No set within the replica limit meets the target: the planner exits 1, as when nothing
-    meets --min-tps."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the set must serve: ``streams`` at once or ``aggregate_tps`` tokens/s in all, and,
-    with ``min_stream_tps`` (``--min-tps``), each stream at least that fast when all are busy."""
-
-    streams: int | None = None
-    aggregate_tps: float | None = None
-    min_stream_tps: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.streams is None) == (self.aggregate_tps is None):
-            raise PlanError("--streams", "give one target: --streams N or --aggregate-tps X")
-        if self.streams is not None:
-            most = MAX_REPLICAS * sizing.MAX_SLOTS
-            if self.streams < 1:
-                raise PlanError("--streams", f"must be at least 1, got {self.streams}")
-            if self.streams > most:
-                raise TargetUnmet(
-                    "--streams",
-                    f"{self.streams} is more than {MAX_REPLICAS} replicas of {sizing.MAX_SLOTS} "
-                    f"slots serve ({most}); plan for at most {most} and run several stacks",
-                )
-        if self.aggregate_tps is not None and not (
-            math.isfinite(self.aggregate_tps) and self.aggregate_tps > 0
-        ):
-            raise PlanError(
-                "--aggregate-tps",
-                f"must be a positive number of tokens/s, got {self.aggregate_tps}",
-            )
-        if self.min_stream_tps is not None and not self.min_stream_tps > 0:
-            raise PlanError("--min-tps", f"must be positive, got {self.min_stream_tps}")
-
-    @property
-    def flag(self) -> str:
-        return "--streams" if self.streams is not None else "--aggregate-tps"
-
-    def describe(self) -> str:
-        text = (
-            f"{self.streams} concurrent stream{'s' if self.streams != 1 else ''}"
-            if self.streams is not None
-            else f"{self.aggregate_tps:g} tok/s in all"
-        )
-        if self.min_stream_tps is not None:
-            text += f", each stream at least {self.min_stream_tps:g} tok/s"
-        return text
-
-    def loads(self, replicas: int, slots: int) -> tuple[int, ...] | None:
-        """Each group's streams at the target's load: the streams spread evenly (a balancer's
-        ideal), or every slot busy for a rate; None when the groups have too few slots."""
-        if self.streams is None:
-            return (slots,) * replicas
-        if replicas * slots < self.streams:
-            return None
-        base, extra = divmod(self.streams, replicas)
-        if base == 0:  # more groups than streams: an idle group helps no one
-            return None
-        return tuple(base + (1 if g < extra else 0) for g in range(replicas))
-
-    def slot_choices(self) -> list[int]:
-        if self.streams is None:
-            return [s for s in AGGREGATE_SLOT_CHOICES if s <= sizing.MAX_SLOTS]
-        fewest = {math.ceil(self.streams / r) for r in range(1, MAX_REPLICAS + 1)}
-        return sorted(s for s in fewest if s <= sizing.MAX_SLOTS)
-
-    def met(self, replicas: int, slots: int, load: perf.Load | None) -> bool:
-        """Whether ``replicas`` groups of ``slots`` slots, at ``load``, meet the target."""
-        if self.min_stream_tps is not None and (
-            load is None or load.stream_tps < self.min_stream_tps
-        ):
-            return False
-        if self.streams is not None:
-            return replicas * slots >= self.streams
-        return load is not None and load.aggregate_tps >= (self.aggregate_tps or 0.0)
-
-    def met_by(self, option: Option) -> bool:
-        return self.met(option.replicas, option.slots, option.load)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "streams": self.streams,
-            "aggregateTps": self.aggregate_tps,
-            "minStreamTps": self.min_stream_tps,
-        }
 
 
 @dataclass(frozen=True)
@@ -134,7 +38,7 @@ class Shape:
 def default_sort(target: Target) -> str:
     """A rate target fixes the tokens generated, so the cheapest set per hour is the cheapest
     per token of it; for streams, $/Mtok weighs the speed each set gives them for its price."""
-    return search.SORTS[1] if target.aggregate_tps is not None else search.SORTS[0]
+    return SORTS[1] if target.aggregate_tps is not None else SORTS[0]
 
 
 def fewest_replicas(
@@ -281,7 +185,7 @@ def plan(
     if slots is not None:
         search.check_slots(slots)
     sort = sort or default_sort(target)
-    search.check_sort(sort)
+    check_sort(sort)
     options: list[Option] = []
     alternatives: list[Option] = []
     short: list[tuple[float, Rejection]] = []

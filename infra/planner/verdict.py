@@ -9,10 +9,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infra import catalog, sizing
+from infra import catalog
+from infra.core import sizing
 from infra.planner import search
-from infra.planner.search import Option, Plan
-from infra.planner.target import Target, ranked_first
+from infra.planner.base import Option, Plan, Target
+from infra.planner.target import ranked_first
 
 REPLICAS, ONE_GROUP, SAME, UNKNOWN = "replicas", "one group", "the same", "unknown"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from infra.preflight.account import Account, QuotaReading, Unread
 from infra.preflight.checks import Problem, problems, zone_for
-from infra.preflight.needs import Needs, needs_of
+from infra.preflight.needs import Needs
 
 __all__ = [
     "Account",
@@ -22,7 +22,6 @@ __all__ = [
     "Problem",
     "QuotaReading",
     "Unread",
-    "needs_of",
     "problems",
     "zone_for",
 ]

@@ -18,6 +18,7 @@ from infra import preflight
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
+from infra.stack.needs import needs_of
 from infra.stack.settings import ConfigError
 
 ReaderFactory = Callable[[str, Mapping[str, Any]], Reader]
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
     try:
         values = stack_values(args.stack)
         config = config_of(values)
-        needs = preflight.needs_of(config, args.stack)
+        needs = needs_of(config, args.stack)
         account = reader_for(config.cloud, values)(needs)
     except (StackFileError, ConfigError, CredentialsError) as error:
         print(f"preflight: {error}", file=sys.stderr)

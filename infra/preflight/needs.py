@@ -1,16 +1,15 @@
-"""What a stack asks of its cloud account, from its checked configuration."""
+"""What a stack asks of its cloud account (``infra.stack.needs`` makes it from a stack's checked
+configuration)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from infra.clouds import FACTS
 from infra.clouds.azure import NetworkWatcher
 from infra.clouds.base import VcpuQuota
-from infra.stack.config import ClusterConfig
-from infra.stack.settings import PROJECT
+from infra.core.layout import PROJECT
 
 
 @dataclass(frozen=True)
@@ -43,23 +42,3 @@ class Needs:
     @property
     def total_vcpus(self) -> int:
         return sum(count * self.vcpus[name] for name, count in self.nodes.items())
-
-
-def needs_of(config: ClusterConfig, stack: str) -> Needs:
-    counts: Counter[str] = Counter()
-    vcpus: dict[str, int] = {}
-    for plan in config.nodes:
-        instance = config.main_instance_type if plan.role == "main" else config.instance_type
-        counts[instance.name] += 1
-        vcpus[instance.name] = instance.vcpus
-    facts = FACTS[config.cloud]
-    return Needs(
-        cloud=config.cloud,
-        region=config.region,
-        stack=stack,
-        nodes=dict(counts),
-        vcpus=vcpus,
-        zone=config.zone,
-        network_watcher=config.network_watcher if config.flow_logs else None,
-        tags={"project": PROJECT, "stack": facts.tag_value(stack)},
-    )

@@ -2,7 +2,7 @@
 and its workers, each group with its own RPC firewall and placement), behind a private load
 balancer when there is more than one.
 
-Every node gets a fixed private address (``infra.layout``): a group's main node .10 (.30, .50,
+Every node gets a fixed private address (``infra.core.layout``): a group's main node .10 (.30, .50,
 … for the next groups) and its workers after it, so a main node's boot data can list its
 workers before they exist and every node is created at once.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import pulumi
 
-from infra import layout, outputs
+from infra.core import layout, outputs
 from infra.stack.config import ClusterConfig
-from infra.stack.nodes import NodePlan
+from infra.stack.nodes import NodePlan, groups, plan_nodes
 from infra.stack.providers import get_backend
 from infra.stack.providers.base import GroupSpec, Node, NodeSpec
 
@@ -51,8 +51,9 @@ class LlamaRpcCluster(pulumi.ComponentResource):
                 user_data=plan.user_data,
             )
 
-        groups, mains, workers = [], [], []
-        for index, (main_plan, *worker_plans) in enumerate(config.groups()):
+        planned = groups(plan_nodes(config))
+        serving, mains, workers = [], [], []
+        for index, (main_plan, *worker_plans) in enumerate(planned):
             group = backend.group(
                 GroupSpec(
                     index=index,
@@ -64,13 +65,13 @@ class LlamaRpcCluster(pulumi.ComponentResource):
                 network,
                 self,
             )
-            groups.append(group)
+            serving.append(group)
             workers.append(
                 [backend.node(spec(plan), config, network, group, self) for plan in worker_plans]
             )
             mains.append(backend.node(spec(main_plan), config, network, group, self))
         if config.replicas > 1:
-            backend.balancer(name, config, network, groups=groups, mains=mains, parent=self)
+            backend.balancer(name, config, network, groups=serving, mains=mains, parent=self)
 
         def group_outputs(main_plan: NodePlan, main: Node, nodes: list[Node]) -> dict[str, Any]:
             return {
@@ -84,7 +85,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
 
         per_group = [
             group_outputs(plans[0], main, nodes)
-            for plans, main, nodes in zip(config.groups(), mains, workers, strict=True)
+            for plans, main, nodes in zip(planned, mains, workers, strict=True)
         ]
         cost = config.hourly_cost
         balancer = config.balancer_ip
@@ -101,10 +102,11 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.BALANCER_URL: balancer and f"http://{balancer}:{config.server_port}",
             outputs.GROUPS: per_group,
             outputs.METRICS_DOCUMENT: backend.metrics_document(name, config, self),
+            **backend.location(network),
         }
         self.details: dict[str, Any] = {
-            "hourlyCostBasis": cost.basis,
-            "mainInstanceType": config.main_instance_type.name,
-            "limitations": [f"{k}: {v}" for k, v in backend.limitations(config).items()],
+            outputs.HOURLY_COST_BASIS: cost.basis,
+            outputs.MAIN_INSTANCE_TYPE: config.main_instance_type.name,
+            outputs.LIMITATIONS: [f"{k}: {v}" for k, v in backend.limitations(config).items()],
         }
         self.register_outputs({**self.outputs, **self.details})

@@ -8,25 +8,24 @@ fix it, and is raised before any resource is created.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import catalog, costs, layout, models, network_rules, placement, sizing
-from infra.boot import BootConfigError, checksums_problem
+from infra import catalog, models
+from infra.boot import BootConfigError, NodeBoot, checksums_problem, deliver, render
 from infra.catalog import InstanceType
-from infra.clouds import FACTS, CloudFacts
+from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
+from infra.core import costs, layout, network_rules, placement, sizing
+from infra.core.layout import PROJECT
+from infra.core.limits import MAX_WORKERS, METRICS_PORT, Cloud
+from infra.core.placement import Placement
 from infra.models import Model, ModelError
-from infra.placement import Placement
-from infra.stack import nodes
-from infra.stack.nodes import NodePlan
-from infra.stack.settings import BY_KEY, MODEL_KEYS, PROJECT, ConfigError, decode
-from infra.types import MAX_WORKERS, METRICS_PORT, Cloud
+from infra.stack.settings import BY_KEY, MODEL_KEYS, ConfigError, decode
 
 __all__ = ["PROJECT", "ClusterConfig", "ConfigError", "from_settings", "load"]
 
@@ -95,9 +94,6 @@ class ClusterConfig:
     model_store_kms_key: str | None = None
     # Serving groups behind a private balancer (one: no balancer).
     replicas: int = 1
-    # Every node with its rendered user data, group by group, each group's main first (set by
-    # from_settings).
-    nodes: tuple[nodes.NodePlan, ...] = ()
 
     @property
     def hourly_cost(self) -> costs.HourlyCost:
@@ -143,9 +139,48 @@ class ClusterConfig:
     def balancer_ip(self) -> str | None:
         return layout.balancer_ip(self.private_subnet) if self.replicas > 1 else None
 
-    def groups(self) -> list[list[NodePlan]]:
-        """The planned nodes of each serving group, main first."""
-        return [[n for n in self.nodes if n.group == g] for g in range(self.replicas)]
+    def boots(self, group: int = 0) -> list[NodeBoot]:
+        """A serving group's main node's and then each of its workers' boot settings: its workers
+        take RPC from its own main node only."""
+        facts = FACTS[self.cloud]
+        platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
+        main_ip, *worker_ips = self.group_ips(group)
+        # Behind a passthrough balancer requests arrive addressed to the balancer's IP. Set with or
+        # without replicas, so that adding groups later leaves the first group's boot data (and its
+        # nodes) as they are. The node's one interface is private; the cloud firewall decides.
+        listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
+        workers = [
+            NodeBoot(
+                role="worker",
+                node_ip=ip,
+                llama_cpp_commit=self.llama_cpp_commit,
+                rpc_port=self.rpc_port,
+                rpc_allowed_sources=(f"{main_ip}/32",),
+                cluster_cidr=str(self.vpc_cidr),
+                platform_addresses=platform,
+            )
+            for ip in worker_ips
+        ]
+        main = NodeBoot(
+            role="main",
+            node_ip=main_ip,
+            # The metrics port admits the cluster's network (the top view reads it through here).
+            cluster_cidr=str(self.vpc_cidr),
+            llama_cpp_commit=self.llama_cpp_commit,
+            rpc_port=self.rpc_port,
+            rpc_workers=tuple(worker_ips),
+            model_urls=self.model_urls,
+            model_sha256=self.model_sha256,
+            # A staged model lives in the stack's region: the private path reaches only that one.
+            model_store_region=self.region,
+            server_port=self.server_port,
+            context_size=self.context_size,
+            slots=self.slots,
+            gpu_layers=self.placement.gpu_layers,
+            tensor_split=self.placement.tensor_split,
+            server_listen=listen,
+        )
+        return [main, *workers]
 
 
 def load() -> ClusterConfig:
@@ -464,7 +499,7 @@ def _model_store(
             )
     key = "modelStoreResourceGroup"
     group: str | None = BY_KEY[key].read(settings)
-    blobs = [blob for blob in map(network_rules.blob_object, urls) if blob]
+    blobs = [blob for blob in map(stores.blob_object, urls) if blob]
     if group is not None and not blobs:
         raise ConfigError(
             key,
@@ -486,7 +521,7 @@ def _kms_key(settings: Mapping[str, Any], urls: tuple[str, ...], region: str) ->
     arn: str | None = BY_KEY[key].read(settings)
     if arn is None:
         return None
-    if not any(network_rules.s3_object(url) for url in urls):
+    if not any(stores.s3_object(url) for url in urls):
         raise ConfigError(key, "only s3:// model URLs are read with it; remove it")
     match = aws_facts.KMS_KEY_ARN.fullmatch(arn)
     if match is not None and match.group(1) != region:
@@ -592,10 +627,14 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
     )
     _spending(settings, config)
     try:
-        planned = nodes.plan_nodes(config)
+        # Every node's user data, rendered and delivered as the program will: a boot setting the
+        # renderer rejects, or user data over the cloud's limit, stops here.
+        for group in range(config.replicas):
+            for boot in config.boots(group):
+                deliver(render(boot), config.cloud)
     except BootConfigError as error:
         raise ConfigError(BOOT_SETTING_KEYS.get(error.setting, "model"), str(error)) from None
-    return dataclasses.replace(config, nodes=planned)
+    return config
 
 
 def _spending(settings: Mapping[str, Any], config: ClusterConfig) -> None:

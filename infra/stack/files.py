@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from infra.core.layout import PROJECT
 from infra.stack.config import REGION_KEYS, ClusterConfig, from_settings
-from infra.stack.settings import PROJECT
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO / "stacks"

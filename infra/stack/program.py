@@ -10,6 +10,7 @@ from infra import preflight
 from infra.preflight.live import CredentialsError, Reader, program_reader
 from infra.stack import config as stack_config
 from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
+from infra.stack.needs import needs_of
 
 # The providers' own settings the preflight reads with (their credentials and profile).
 PROVIDER_SETTINGS = {"aws": ("profile",)}
@@ -23,7 +24,7 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster:
     except stack_config.ConfigError as error:
         # A RunError prints the message alone: nothing has been created at this point.
         raise pulumi.RunError(str(error)) from None
-    needs = preflight.needs_of(config, pulumi.get_stack())
+    needs = needs_of(config, pulumi.get_stack())
     if read_account is None:
         settings = {
             f"{config.cloud}:{key}": pulumi.Config(config.cloud).get(key)

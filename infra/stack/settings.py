@@ -21,20 +21,21 @@ from typing import Any, Literal
 
 import yaml
 
-from infra import sizing
 from infra.clouds import FACTS
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.pins import LLAMA_CPP_COMMIT, is_full_commit
-from infra.types import (
+from infra.core import sizing
+from infra.core.layout import PROJECT
+from infra.core.limits import (
     LOWEST_UNPRIVILEGED_PORT,
     MAX_REPLICAS,
     MAX_WORKERS,
     RPC_PORT,
     SERVER_PORT,
 )
+from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
+from infra.errors import SettingError
 
-PROJECT = "llama-rpc-cluster"
 # The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
 # most slots, llama-server's --ctx-size (contextSize x slots, a 32-bit signed number) still fits.
 MAX_CONTEXT = 1 << 24
@@ -42,14 +43,14 @@ DEFAULT_MAX_HOURLY_USD = 100
 Kind = Literal["string", "integer", "boolean", "array", "object"]
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingError):
     """A configuration value that cannot work; raised before anything is created.
 
-    ``key`` is one of the project's keys, or a provider's own (``aws:region``) as given."""
+    ``setting`` is one of the project's keys, or a provider's own (``aws:region``) as given."""
 
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        super().__init__(f"{key if ':' in key else f'{PROJECT}:{key}'}: {message}")
+    @property
+    def label(self) -> str:
+        return self.setting if ":" in self.setting else f"{PROJECT}:{self.setting}"
 
 
 @dataclass(frozen=True)

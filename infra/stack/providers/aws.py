@@ -22,10 +22,12 @@ from urllib.parse import urlparse
 import pulumi
 import pulumi_aws as aws
 
+from infra.boot.metrics_command import read_command
 from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
-from infra.metrics_command import read_command
-from infra.network_rules import listed_prefixes, s3_object
+from infra.clouds.stores import listed_prefixes, s3_object
+from infra.core import outputs
+from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
     BALANCER_IDLE_TIMEOUT_SECONDS,
@@ -38,13 +40,12 @@ from infra.stack.providers.base import (
     NodeSpec,
     node_options,
 )
-from infra.types import METRICS_PORT
 
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
 )
 # What the main node's SSM agent needs for Session Manager (the tunnel) and Run Command (the
-# cost run, infra.top), and no more. AWS's AmazonSSMManagedInstanceCore would also let any
+# cost run, infra.observe.top), and no more. AWS's AmazonSSMManagedInstanceCore would also let any
 # process on the node read every SSM parameter and document of the region. Session Manager:
 # the actions of AWS's AWSCloud9SSMInstanceProfile policy; Run Command: the ec2messages actions
 # (https://docs.aws.amazon.com/systems-manager/latest/userguide/setup-instance-permissions.html).
@@ -102,7 +103,7 @@ def staged_model_policy(
     objects: list[tuple[str, str]], kms_key: str | None = None, region: str = ""
 ) -> dict[str, Any]:
     """GetObject on each part, and ListBucket only for the prefixes rclone lists to read them
-    (``network_rules.listed_prefixes``); nothing else in any bucket. With the KMS key of an
+    (``clouds.stores.listed_prefixes``); nothing else in any bucket. With the KMS key of an
     SSE-KMS bucket, Decrypt with that key for requests S3 makes in the region, and no other."""
     buckets = sorted({bucket for bucket, _ in objects})
     prefixes = {b: listed_prefixes([k for o, k in objects if o == b]) for b in buckets}
@@ -497,7 +498,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             "main-metrics-to-workers",
             "main",
             METRICS_PORT,
-            "node metrics of its workers, read by llama-rpc-metrics (infra.top)",
+            "node metrics of its workers, read by llama-rpc-metrics (infra.observe.top)",
             referenced_security_group_id=worker.id,
         )
         for i, cidr in enumerate(config.api_allowed_cidrs):
@@ -721,6 +722,12 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             opts=node_options(parent, ignore_changes=ignore),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
+
+    def location(self, network: AwsNetwork) -> dict[str, pulumi.Input[str] | None]:
+        return {
+            outputs.ZONE: network.private_subnet.availability_zone,
+            outputs.RESOURCE_GROUP: None,
+        }
 
     def metrics_document(
         self, name: str, config: ClusterConfig, parent: pulumi.Resource

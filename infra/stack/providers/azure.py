@@ -21,10 +21,11 @@ from typing import Any, cast
 import pulumi
 import pulumi_azure_native as azure
 
-from infra import layout
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
-from infra.network_rules import blob_object, listed_prefixes
+from infra.clouds.stores import blob_object, listed_prefixes
+from infra.core import layout, outputs
+from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
     BALANCER_IDLE_TIMEOUT_SECONDS,
@@ -37,7 +38,6 @@ from infra.stack.providers.base import (
     NodeSpec,
     node_options,
 )
-from infra.types import METRICS_PORT
 
 IMAGE: azure.compute.ImageReferenceArgsDict = {
     "publisher": "Canonical",
@@ -106,7 +106,7 @@ def _any_of(attribute: str, values: list[str]) -> str:
 def blob_read_condition(keys: list[str]) -> str:
     """The condition under which the main node's identity reads a container: a blob only if it
     is one of ``keys``; a listing only of the prefixes rclone lists to read them
-    (``network_rules.listed_prefixes``). A part at the container's top is read after a listing
+    (``clouds.stores.listed_prefixes``). A part at the container's top is read after a listing
     without a prefix, which no condition can name: the container's names are then listed."""
     reads = (
         f"(!(ActionMatches{{'{BLOB_READ}'}} AND NOT SubOperationMatches{{'Blob.List'}})) "
@@ -740,6 +740,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         the NSG rules its probes need are each group's (``group_rules``)."""
         if network.balancer_pool_id is None:
             raise ValueError("the balancer is made only for replicas > 1")
+
+    def location(self, network: AzureNetwork) -> dict[str, pulumi.Input[str] | None]:
+        return {outputs.ZONE: None, outputs.RESOURCE_GROUP: network.resource_group.name}
 
     def connect_command(
         self, config: ClusterConfig, network: AzureNetwork, main: Node

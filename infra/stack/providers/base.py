@@ -17,8 +17,9 @@ import pulumi
 
 from infra.boot import Delivery
 from infra.clouds import CloudFacts
+from infra.core import outputs
+from infra.core.limits import Role
 from infra.stack.config import ClusterConfig
-from infra.types import Role
 
 # The balancer's health check, on every cloud: llama-server answers /health with 200 only once
 # its model is loaded (503 while loading), so a group that is booting, loading or down gets no
@@ -133,6 +134,11 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         """How a user reaches the API from a laptop: a command that forwards
         localhost:<serverPort> to the balancer (replicas > 1) or the main node, through
         ``main`` (the first group's main node) where the cloud's tunnel needs a VM."""
+
+    def location(self, network: NetworkT) -> dict[str, pulumi.Input[str] | None]:
+        """Where the nodes are, as the command channels name it: the zone and the resource
+        group (``outputs.ZONE``, ``outputs.RESOURCE_GROUP``), None where a cloud has none."""
+        return {outputs.ZONE: None, outputs.RESOURCE_GROUP: None}
 
     def metrics_document(
         self, name: str, config: ClusterConfig, parent: pulumi.Resource

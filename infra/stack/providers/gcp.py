@@ -20,7 +20,9 @@ import pulumi_gcp as gcp
 
 from infra.clouds import gcp as gcp_facts
 from infra.clouds.gcp import HEALTH_CHECK_RANGES, IAP_RANGE
-from infra.network_rules import gcs_object, listed_prefixes
+from infra.clouds.stores import gcs_object, listed_prefixes
+from infra.core import outputs
+from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
     HEALTH_INTERVAL_SECONDS,
@@ -32,7 +34,6 @@ from infra.stack.providers.base import (
     NodeSpec,
     node_options,
 )
-from infra.types import METRICS_PORT
 
 # The family resolves when a disk is created; the provider does not diff a node whose image
 # came from it when the family moves on, so a new Ubuntu image replaces nothing.
@@ -57,7 +58,7 @@ def staged_model_conditions(objects: Sequence[tuple[str, str]]) -> list[tuple[st
     may read a staged model's objects, and nothing else in any bucket.
 
     Reads are allowed on exactly the objects' names, and listing on the bucket only with the
-    prefixes rclone lists to read them (``network_rules.listed_prefixes``)."""
+    prefixes rclone lists to read them (``clouds.stores.listed_prefixes``)."""
     conditions: list[tuple[str, str, str]] = []
     for bucket in sorted({bucket for bucket, _ in objects}):
         keys = sorted({key for b, key in objects if b == bucket})
@@ -380,6 +381,9 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             labels=self.tags(config, "balancer"),
             opts=opts,
         )
+
+    def location(self, network: GcpNetwork) -> dict[str, pulumi.Input[str] | None]:
+        return {outputs.ZONE: network.zone, outputs.RESOURCE_GROUP: None}
 
     def connect_command(
         self, config: ClusterConfig, network: GcpNetwork, main: Node

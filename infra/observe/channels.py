@@ -14,11 +14,12 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from infra import outputs as keys
+from infra.boot.metrics_command import read_command
 from infra.clouds import FACTS
-from infra.metrics_command import read_command
+from infra.core import outputs as keys
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -139,33 +140,71 @@ class RunCommandChannel:
         return str(stdout.split("[stdout]", 1)[1].strip("\n"))
 
 
-class LocalChannel:
-    """The local cluster: the command runs in the node's machine or namespace, as root."""
-
-    max_output: int | None = None
-
-    def __init__(self, spec: Mapping[str, Any], node: str):
-        self.spec, self.node = spec, node
-
-    def run(self, command: list[str], timeout: float) -> str:
-        from infra.local import cluster  # noqa: PLC0415
-
-        try:
-            argv = cluster.exec_argv(dict(self.spec), self.node, command)
-        except cluster.LocalClusterError as error:
-            raise ChannelError(str(error)) from None
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise ChannelError(
-                f"{shlex.join(command)} on {self.node}: {result.stderr.strip()[-500:]}"
-            )
-        return result.stdout
-
-
 def group_outputs(stack_outputs: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Each serving group's outputs, in order (a stack from before replicas: the top level)."""
     groups = stack_outputs.get(keys.GROUPS)
     return list(groups) if groups else [stack_outputs]
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """What a channel needs beyond the stack's outputs: the user's SSM client (AWS), project
+    (GCP) and the CLI runner (GCP, Azure)."""
+
+    aws_ssm: Callable[[], Any] | None = None
+    gcp_project: str = ""
+    runner: Runner = run_cli
+
+
+def _named(stack_outputs: Mapping[str, Any], key: str, flag: str) -> str | None:
+    """An output the channel needs; a stack deployed before the output existed names it in its
+    ``connectCommand`` (``--zone``, ``--resource-group``)."""
+    value = stack_outputs.get(key)
+    if value:
+        return str(value)
+    found = re.search(rf"{flag}[ =](\S+)", str(stack_outputs.get(keys.CONNECT_COMMAND, "")))
+    return found.group(1) if found else None
+
+
+def _aws_channels(
+    stack_outputs: Mapping[str, Any], mains: list[str], options: ChannelOptions
+) -> list[Channel]:
+    if options.aws_ssm is None:
+        raise ChannelError("an SSM client is needed for an AWS stack")
+    ssm = options.aws_ssm()
+    document = stack_outputs.get(keys.METRICS_DOCUMENT)
+    reading = tuple(read_command(SsmChannel.max_output))
+    documents = {reading: str(document)} if document else {}
+    return [SsmChannel(ssm, main, documents=documents) for main in mains]
+
+
+def _gcp_channels(
+    stack_outputs: Mapping[str, Any], mains: list[str], options: ChannelOptions
+) -> list[Channel]:
+    zone = _named(stack_outputs, keys.ZONE, "--zone")
+    if zone is None or not options.gcp_project:
+        raise ChannelError(
+            "a GCP stack's channel needs its zone (the stack's `zone` output) and project "
+            "(gcp:project or GOOGLE_CLOUD_PROJECT)"
+        )
+    return [IapChannel(main, zone, options.gcp_project, options.runner) for main in mains]
+
+
+def _azure_channels(
+    stack_outputs: Mapping[str, Any], mains: list[str], options: ChannelOptions
+) -> list[Channel]:
+    group = _named(stack_outputs, keys.RESOURCE_GROUP, "--resource-group")
+    if group is None:
+        raise ChannelError("the stack names no resource group (its `resourceGroup` output)")
+    return [RunCommandChannel(main, group, options.runner) for main in mains]
+
+
+# Each cloud's channels, by the stack's `cloud` output.
+CHANNELS: Mapping[str, Callable[[Mapping[str, Any], list[str], ChannelOptions], list[Channel]]] = {
+    "aws": _aws_channels,
+    "gcp": _gcp_channels,
+    "azure": _azure_channels,
+}
 
 
 def stack_channels(
@@ -175,30 +214,10 @@ def stack_channels(
     gcp_project: str = "",
     runner: Runner = run_cli,
 ) -> list[Channel]:
-    """A channel to each serving group's main node, from the stack's outputs. The zone (GCP)
-    and resource group (Azure) are read from ``connectCommand``, which names them."""
-    provider = stack_outputs[keys.CLOUD]
-    connect = str(stack_outputs.get(keys.CONNECT_COMMAND, ""))
+    """A channel to each serving group's main node, from the stack's outputs."""
+    cloud = stack_outputs[keys.CLOUD]
     mains = [str(group[keys.MAIN_INSTANCE_ID]) for group in group_outputs(stack_outputs)]
-    if provider == "aws":
-        if aws_ssm is None:
-            raise ChannelError("an SSM client is needed for an AWS stack")
-        ssm = aws_ssm()
-        document = stack_outputs.get(keys.METRICS_DOCUMENT)
-        reading = tuple(read_command(SsmChannel.max_output))
-        documents = {reading: str(document)} if document else {}
-        return [SsmChannel(ssm, main, documents=documents) for main in mains]
-    if provider == "gcp":
-        zone = re.search(r"--zone[ =](\S+)", connect)
-        if zone is None or not gcp_project:
-            raise ChannelError(
-                "a GCP stack's channel needs its zone (from connectCommand) and project "
-                "(gcp:project or GOOGLE_CLOUD_PROJECT)"
-            )
-        return [IapChannel(main, zone.group(1), gcp_project, runner) for main in mains]
-    if provider == "azure":
-        group = re.search(r"--resource-group[ =](\S+)", connect)
-        if group is None:
-            raise ChannelError("connectCommand names no --resource-group")
-        return [RunCommandChannel(main, group.group(1), runner) for main in mains]
-    raise ChannelError(f"no command channel for cloud {provider!r}")
+    build = CHANNELS.get(cloud)
+    if build is None:
+        raise ChannelError(f"no command channel for cloud {cloud!r}")
+    return build(stack_outputs, mains, ChannelOptions(aws_ssm, gcp_project, runner))

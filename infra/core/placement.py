@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infra import sizing
-from infra.layout import MAIN, node_name
+from infra.core import sizing
+from infra.core.layout import MAIN, node_name
 from infra.models import Model
 
 __all__ = ["MAIN", "NodeShare", "Placement", "fewest_workers", "place"]

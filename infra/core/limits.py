@@ -18,7 +18,7 @@ LOWEST_UNPRIVILEGED_PORT = 1024
 MAX_WORKERS = 15
 MAX_NODES = MAX_WORKERS + 1
 # Serving groups behind one balancer: each a main node and its workers, at their own addresses
-# (``infra.layout.group_ips``), so that ten full groups still fit the private /24.
+# (``infra.core.layout.group_ips``), so that ten full groups still fit the private /24.
 MAX_REPLICAS = 10
 # prometheus-node-exporter's port on every node: open from inside the cluster only.
 METRICS_PORT = 9100

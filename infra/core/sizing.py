@@ -3,7 +3,7 @@ and a number of slots, compute buffers, and the disks that hold the model.
 
 One home for these rules, shared by the stack's config validation, the planner and the local
 cluster, so a cluster the planner recommends is one the program accepts. How the layers are
-divided between the nodes is ``infra.placement``.
+divided between the nodes is ``infra.core.placement``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The command that runs ``llama-rpc-metrics`` on a main node, as every command channel sends it.
 
-The script (infra/channel_scripts/) travels in the command itself: a node installs it under /run
-once per version, so any deployed stack can be read, whatever version booted it. The AWS stack
+The script (infra/boot/channel_scripts/) travels in the command itself: a node installs it under
+/run once per version, so any deployed stack can be read, whatever version booted it. The AWS stack
 also keeps the read command as an SSM document of its own (``read_command``), which a watcher can
 be granted without being granted any other command.
 """

@@ -1,7 +1,7 @@
 """The live view of a cluster's nodes, as ``python -m infra.local top`` and ``python -m infra.top``
 draw it: two readings of every node (``NodeReading``) make a row of figures each (``row``), and
 the rows a frame (``render``). Pure: the readers fetch (``infra.local.top`` on this machine,
-``infra.top`` through a stack's command channel).
+``infra.observe.top`` through a stack's command channel).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
-from infra import metrics
-from infra.metrics import MetricsError, Snapshot
+from infra.observe import metrics
+from infra.observe.metrics import MetricsError, Snapshot
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 Readings = TypeVar("Readings")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infra.metrics import increase
+from infra.observe.metrics import increase
 
 # One reading a second: short enough to catch a decode burst of a few seconds, long enough that
 # reading every node's processes costs a 2-core host little.

@@ -26,6 +26,10 @@ GROUPS = "groups"
 # document that takes one reading of a group's metrics; None where a cloud's command channel
 # has no such grant (GCP, Azure) and on the local cluster.
 METRICS_DOCUMENT = "metricsDocument"
+# Where the nodes are, for the command channels: the zone (AWS, GCP; None on Azure, whose nodes
+# are regional, and locally) and Azure's resource group (None elsewhere).
+ZONE = "zone"
+RESOURCE_GROUP = "resourceGroup"
 
 ALL_KEYS = (
     CLOUD,
@@ -45,7 +49,15 @@ ALL_KEYS = (
     BALANCER_URL,
     GROUPS,
     METRICS_DOCUMENT,
+    ZONE,
+    RESOURCE_GROUP,
 )
+# Details beside the contract, for people: what the hourly figure counts and leaves out, the
+# main node's type, and what the cloud cannot do for this stack.
+HOURLY_COST_BASIS = "hourlyCostBasis"
+MAIN_INSTANCE_TYPE = "mainInstanceType"
+LIMITATIONS = "limitations"
+DETAIL_KEYS = (HOURLY_COST_BASIS, MAIN_INSTANCE_TYPE, LIMITATIONS)
 # What each entry of GROUPS holds.
 GROUP_KEYS = (
     MAIN_PRIVATE_IP,

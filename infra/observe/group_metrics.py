@@ -1,9 +1,9 @@
 """A serving group's metrics as its main node reads them, for a stack's ``top`` and cost run.
 
-``llama-rpc-metrics`` (infra/channel_scripts/) runs on a group's main node and asks each node of
-the group for its node-exporter metrics and its own llama-server for ``/metrics`` and
+``llama-rpc-metrics`` (infra/boot/channel_scripts/) runs on a group's main node and asks each node
+of the group for its node-exporter metrics and its own llama-server for ``/metrics`` and
 ``/slots``, inside the private network, and prints one JSON reading, which the provider's command
-channel brings back. The script travels in the command itself (``infra.metrics_command``).
+channel brings back. The script travels in the command itself (``infra.boot.metrics_command``).
 The script keeps only what the view and the cost run use, the CPU counters summed over the
 cores (``cpu="all"``), so a reading fits every channel's cap. This module reads its text and
 fetches nothing:
@@ -27,13 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra import metrics
-from infra.costrun.usage import KvCacheReading, Reading
-from infra.costrun.usage import NodeReading as UsageNode
-from infra.layout import node_name
-from infra.metrics import MetricsError, Sample, Snapshot
-from infra.node_text import printable
-from infra.topview import NodeReading as ViewNode
+from infra.core.layout import node_name
+from infra.core.node_text import printable
+from infra.observe import metrics
+from infra.observe.metrics import MetricsError, Sample, Snapshot
+from infra.observe.topview import NodeReading as ViewNode
+from infra.observe.usage import KvCacheReading, Reading
+from infra.observe.usage import NodeReading as UsageNode
 
 PACKED = "gz64:"  # what the script's --pack output starts with
 VERSION = 1
@@ -175,7 +175,7 @@ def view_readings(group: GroupReading, names: Mapping[str, str]) -> list[ViewNod
 
 
 def node_names(group_ips: Sequence[Sequence[str]]) -> dict[str, str]:
-    """Each node's name by private address, as the stacks name them (``infra.layout``), from
+    """Each node's name by private address, as the stacks name them (``infra.core.layout``), from
     each group's addresses (main first)."""
     return {
         ip: node_name(index, group)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ipaddress
 
+# The Pulumi project, and the prefix of every resource the program names.
+PROJECT = "llama-rpc-cluster"
+
 MAIN_HOST = 10  # the main node's host number; the workers follow it
 GROUP_STRIDE = 20  # host numbers per serving group: a main and up to 15 workers, then a gap
 BALANCER_HOST = 5  # the private balancer's address (every cloud reserves at most .0-.3)
