@@ -102,11 +102,11 @@ def start_workers(
         )
         endpoints.append(f"127.0.0.1:{port}")
     for endpoint in endpoints:
-        host, port = endpoint.split(":")
+        host, _, port_text = endpoint.partition(":")
         deadline = time.monotonic() + 30
         while True:
             try:
-                socket.create_connection((host, int(port)), timeout=1).close()
+                socket.create_connection((host, int(port_text)), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:

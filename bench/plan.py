@@ -23,13 +23,14 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from infra import catalog, planner  # noqa: E402
 from infra.models import PRESETS, Model  # noqa: E402
-from infra.planner import perf, search, target, verdict  # noqa: E402
+from infra.planner import base, perf, search, target, verdict  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
 
@@ -40,8 +41,8 @@ def plan_everything() -> dict[str, planner.Plan]:
 
 # Targets a user might ask for: many chats on a small model, a rate on a mid-size one.
 TARGETS = (
-    ("llama-3.1-8b-q4_0", target.Target(streams=32, min_stream_tps=15)),
-    ("llama-3.1-70b-q4_0", target.Target(aggregate_tps=60)),
+    ("llama-3.1-8b-q4_0", base.Target(streams=32, min_stream_tps=15)),
+    ("llama-3.1-70b-q4_0", base.Target(aggregate_tps=60)),
 )
 
 
@@ -50,7 +51,7 @@ def plan_targets() -> list[planner.Plan]:
     return [target.plan(PRESETS[name], 4096, where, goal) for name, goal in TARGETS]
 
 
-def target_rows(plans: list[planner.Plan]) -> list[dict[str, object]]:
+def target_rows(plans: list[planner.Plan]) -> list[dict[str, Any]]:
     rows = []
     for (name, goal), result in zip(TARGETS, plans, strict=True):
         for found in verdict.verdicts(result):

@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--interval {args.interval}: give a positive number of seconds")
     try:
         found = stack_outputs(args.stack)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (any reason the outputs are unreadable ends in exit 2, with it)
         print(f"cannot read stack {args.stack!r}'s outputs: {error}", file=sys.stderr)
         return 2
     if not found:
@@ -68,7 +68,7 @@ def _gcp_project(stack: str) -> str:
 
     try:
         configured = stack_values(stack).get("gcp:project")
-    except Exception:  # a stack without a file here: the environment may name the project
+    except Exception:  # noqa: BLE001 (a stack without a file here: the environment may name the project)
         configured = None
     return str(configured or os.environ.get("GOOGLE_CLOUD_PROJECT", ""))
 

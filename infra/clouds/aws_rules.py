@@ -64,7 +64,7 @@ def sg_text(path: str, *, required: bool = False) -> Text:
     return Text(path, 255, SG_API, SG_TEXT, SG_TEXT_MEANING, required=required)
 
 
-def _gp3(resource: Registered, stack: Stack) -> str | None:
+def _gp3(resource: Registered, _stack: Stack) -> str | None:
     disk = resource.inputs.get("rootBlockDevice") or {}
     if disk.get("volumeType") != "gp3":
         return None
@@ -76,7 +76,7 @@ def _gp3(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _user_data(resource: Registered, stack: Stack) -> str | None:
+def _user_data(resource: Registered, _stack: Stack) -> str | None:
     text, packed = resource.inputs.get("userData"), resource.inputs.get("userDataBase64")
     raw = len(text.encode()) if text else len(base64.b64decode(packed)) if packed else 0
     if raw > aws.FACTS.user_data.limit_bytes:
@@ -86,7 +86,7 @@ def _user_data(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _nlb_health_check(resource: Registered, stack: Stack) -> str | None:
+def _nlb_health_check(resource: Registered, _stack: Stack) -> str | None:
     check = resource.inputs.get("healthCheck") or {}
     matcher = str(check.get("matcher", "200"))
     codes = [int(c) for c in re.split(r"[,-]", matcher) if c.strip().isdigit()]

@@ -74,7 +74,7 @@ def _owned_nic_detached(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _custom_data(resource: Registered, stack: Stack) -> str | None:
+def _custom_data(resource: Registered, _stack: Stack) -> str | None:
     data = str((resource.inputs.get("osProfile") or {}).get("customData", ""))
     if len(data) > azure.FACTS.user_data.limit_bytes:
         return (
@@ -83,7 +83,7 @@ def _custom_data(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _unique_priorities(resource: Registered, stack: Stack) -> str | None:
+def _unique_priorities(resource: Registered, _stack: Stack) -> str | None:
     seen: dict[tuple[str, int], str] = {}
     for rule in resource.inputs.get("securityRules") or []:
         key = (rule.get("direction"), rule.get("priority"))
@@ -93,14 +93,14 @@ def _unique_priorities(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _probe_interval(resource: Registered, stack: Stack) -> str | None:
+def _probe_interval(resource: Registered, _stack: Stack) -> str | None:
     for probe in resource.inputs.get("probes") or []:
         if probe.get("intervalInSeconds", 15) < 5:
             return f"probe {probe.get('name')} every {probe.get('intervalInSeconds')} s; at least 5"
     return None
 
 
-def _rule_names(resource: Registered, stack: Stack) -> str | None:
+def _rule_names(resource: Registered, _stack: Stack) -> str | None:
     for rule in resource.inputs.get("securityRules") or []:
         name = str(rule.get("name", ""))
         if not (1 <= len(name) <= 80 and NETWORK_NAME.fullmatch(name)):

@@ -163,7 +163,7 @@ class CloudFacts:
     fast_network_min_vcpus: int | None = None
     fast_network_name: str = ""
     # The vCPU quota an instance type counts against (None: a family the facts do not know).
-    vcpu_quota: Callable[[str], VcpuQuota | None] = lambda instance_type: None
+    vcpu_quota: Callable[[str], VcpuQuota | None] = lambda _instance_type: None
     # The value a tag of the program's (the stack's name) takes, valid on this cloud.
     tag_value: Callable[[str], str] = str
     # A zone is the region's name and this (AWS us-east-1a, GCP us-central1-a); None: the

@@ -49,7 +49,7 @@ LOWERCASED = gce_name(AutoName(max_length=63, lowercase=True))
 PLAIN = gce_name(AutoName())
 
 
-def _hyperdisk(resource: Registered, stack: Stack) -> str | None:
+def _hyperdisk(resource: Registered, _stack: Stack) -> str | None:
     params = (resource.inputs.get("bootDisk") or {}).get("initializeParams") or {}
     if params.get("type") != "hyperdisk-balanced":
         return None
@@ -64,7 +64,7 @@ def _hyperdisk(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _connection_tracking(resource: Registered, stack: Stack) -> str | None:
+def _connection_tracking(resource: Registered, _stack: Stack) -> str | None:
     tracking = resource.inputs.get("connectionTrackingPolicy") or {}
     if tracking.get("idleTimeoutSec") is None:
         return None
@@ -78,7 +78,7 @@ def _connection_tracking(resource: Registered, stack: Stack) -> str | None:
     )
 
 
-def _health_timeout(resource: Registered, stack: Stack) -> str | None:
+def _health_timeout(resource: Registered, _stack: Stack) -> str | None:
     timeout = resource.inputs.get("timeoutSec", 5)
     interval = resource.inputs.get("checkIntervalSec", 5)
     if timeout > interval:
@@ -86,7 +86,7 @@ def _health_timeout(resource: Registered, stack: Stack) -> str | None:
     return None
 
 
-def _display_name(resource: Registered, stack: Stack) -> str | None:
+def _display_name(resource: Registered, _stack: Stack) -> str | None:
     name = resource.inputs.get("displayName", "")
     if len(name.encode()) > 100:
         return f"displayName of {len(name.encode())} bytes; IAM takes 100"

@@ -154,7 +154,7 @@ class Name(Rule):
     # None: Pulumi makes no name and the program must give one.
     autoname: AutoName | None = field(default_factory=AutoName)
 
-    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
         given = resource.inputs.get(self.prop)
         if given is None and self.autoname is None:
             yield f"{self.prop} is not given, and Pulumi makes none"
@@ -189,7 +189,7 @@ class Text(Rule):
     meaning: str = ""
     required: bool = False  # the API refuses it empty
 
-    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
         found = list(values_at(resource.inputs, self.path))
         if self.required and not found:
             yield f"{self.path} is required"
@@ -214,7 +214,7 @@ class Tags(Rule):
     source: str
     required: tuple[str, ...] = ("project", "stack")
 
-    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
         found = [tags for _, tags in values_at(resource.inputs, self.path)]
         if not found or not all(isinstance(tags, Mapping) for tags in found):
             yield f"carries no {self.path}; give it the stack's"
@@ -238,7 +238,7 @@ class Between(Rule):
     high: float
     source: str
 
-    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
         for where, value in values_at(resource.inputs, self.path):
             number = float(value)
             if not self.low <= number <= self.high:
@@ -254,7 +254,7 @@ class OneOf(Rule):
     values: tuple[Any, ...]
     source: str
 
-    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
         for where, value in values_at(resource.inputs, self.path):
             if value not in self.values:
                 yield f"{where} is {value!r}; the API takes {', '.join(map(repr, self.values))}"

@@ -55,7 +55,7 @@ def listed_prefixes(keys: list[str] | tuple[str, ...]) -> list[str]:
     "directory" (its key up to the last '/', with it; "" at the top), which it lists before it
     reads a file, and the key itself as a directory (KEY/), which it lists when the object is
     missing. Measured on rclone 1.60 (the nodes' Ubuntu package) against an S3 API
-    (tests/test_staged_download.py); a store's read-only grant allows listing these only."""
+    (tests/boot/test_staged_download.py); a store's read-only grant allows listing these only."""
     found = {key.rpartition("/")[0] + "/" if "/" in key else "" for key in keys}
     return sorted(found | {f"{key}/" for key in keys})
 

@@ -222,8 +222,8 @@ class PulumiTarget:
 
     def up(self) -> dict[str, Any]:
         try:
-            result = self._pulumi_stack().up(on_output=lambda line: None)
-        except Exception as error:
+            result = self._pulumi_stack().up(on_output=lambda _line: None)
+        except Exception as error:  # noqa: BLE001 (the Automation API raises many kinds: each is a failed step)
             raise StepError(f"pulumi up {self.name} failed: {error}") from None
         self.outputs = {key: item.value for key, item in result.outputs.items()}
         return self.outputs
@@ -268,8 +268,8 @@ class PulumiTarget:
 
     def destroy(self) -> None:
         try:
-            self._pulumi_stack().destroy(on_output=lambda line: None)
-        except Exception as error:
+            self._pulumi_stack().destroy(on_output=lambda _line: None)
+        except Exception as error:  # noqa: BLE001 (the Automation API raises many kinds: each is a failed step)
             raise StepError(f"pulumi destroy {self.name} failed: {error}") from None
 
     def leftovers(self) -> list[str]:

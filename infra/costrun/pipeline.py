@@ -124,7 +124,7 @@ def run_stack(
         raise
     except StepError as error:
         log.emit("error", message=str(error))
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (any other failure ends the run as an event; the destroy still runs)
         log.emit("error", message=f"{type(error).__name__}: {error}")
     finally:
         if spend is not None and spend.started is not None:
@@ -166,7 +166,7 @@ def _benchmark(
 def _start_recorder(probe: UsageProbe, log: EventLog, options: RunOptions) -> Recorder | None:
     try:
         return probe.recorder(options.usage_interval_seconds).start()
-    except Exception as error:  # a figure of the report, not a step: the benchmark goes on
+    except Exception as error:  # noqa: BLE001 (a figure of the report, not a step: the benchmark goes on)
         log.emit("usage_unmeasured", what="usage", reason=f"{type(error).__name__}: {error}")
         return None
 
@@ -174,7 +174,7 @@ def _start_recorder(probe: UsageProbe, log: EventLog, options: RunOptions) -> Re
 def _stop_recorder(probe: UsageProbe, recorder: Recorder, log: EventLog) -> None:
     try:
         readings = recorder.stop()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (a figure of the report, not a step)
         log.emit("usage_unmeasured", what="usage", reason=f"{type(error).__name__}: {error}")
         return
     log.emit(
@@ -195,7 +195,7 @@ def _usage_probe(target: Target, log: EventLog) -> UsageProbe | None:
         return target.usage_probe()
     except UsageUnavailable as error:
         reason = str(error)
-    except Exception as error:  # a figure of the report, not a step: the benchmark goes on
+    except Exception as error:  # noqa: BLE001 (a figure of the report, not a step: the benchmark goes on)
         reason = f"{type(error).__name__}: {error}"
     log.emit("usage_unmeasured", what="usage and bytes per token", reason=reason)
     return None
@@ -212,7 +212,7 @@ def _measure_rpc_bytes(
     try:
         measured = rpc_bytes.measure(probe, options.rpc_bytes_lengths)
         shape = target.activation_shape()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (a figure of the report, not a step)
         log.emit(
             "usage_unmeasured", what="bytes per token", reason=f"{type(error).__name__}: {error}"
         )
@@ -264,13 +264,13 @@ def _destroy_and_audit(target: Target, log: EventLog, options: RunOptions, spend
         target.destroy()
         spend.stop()
         log.emit("destroyed", seconds=round(spend.seconds, 1))
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (whatever failed, the audit still looks)
         spend.stop()
         log.emit("error", message=f"destroy failed: {error}")
     log.emit("audit")
     try:
         leftovers = target.leftovers()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (the audit reports what it could not read)
         leftovers = [f"the audit could not look: {error}"]
     log.emit("audited", leftovers=leftovers)
     return not leftovers

@@ -306,7 +306,7 @@ def up(
         if image:
             _build_on_host(options, state, progress)
             for node in nodes:
-                machine_of(spec, node).start()
+                machine_of(node).start()
         else:
             _start_supervisor(state)
         _wait_until_serving(state, spec, timeout, progress)
@@ -499,7 +499,7 @@ def _machine_node(
     }
 
 
-def machine_of(spec: dict[str, Any], node: dict[str, Any]) -> Machine:
+def machine_of(node: dict[str, Any]) -> Machine:
     return Machine(
         name=node["machine"],
         namespace=node["namespace"],
@@ -578,14 +578,14 @@ def _supervisor_alive(state: Path) -> bool:
 def _running(state: Path, spec: dict[str, Any]) -> bool:
     """Whether anything of the cluster still runs: a machine, or the supervisor."""
     if spec.get("machines"):
-        return any(machine_of(spec, node).running() for node in spec["nodes"])
+        return any(machine_of(node).running() for node in spec["nodes"])
     return _supervisor_alive(state)
 
 
 def stopped_machines(spec: dict[str, Any]) -> list[str]:
     if not spec.get("machines"):
         return []
-    return [n["name"] for n in spec["nodes"] if not machine_of(spec, n).running()]
+    return [n["name"] for n in spec["nodes"] if not machine_of(n).running()]
 
 
 def read_status(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -625,7 +625,7 @@ def _wait_until_serving(
             return
         if spec.get("machines"):
             if stopped := stopped_machines(spec):
-                node = machine_of(spec, node_of(spec, stopped[0]))
+                node = machine_of(node_of(spec, stopped[0]))
                 raise LocalClusterError(
                     f"machine {node.name} stopped; see {node.console_log}"
                     f"{_log_tail(state, spec, stopped[0])}"
@@ -676,7 +676,7 @@ def _log_tail(state: Path, spec: dict[str, Any], node: str, lines: int = 15) -> 
     """The last lines of a node's log, for an error message; the log is kept until `down`."""
     if spec.get("machines"):
         entry = node_of(spec, node)
-        argv = machine_of(spec, entry).journal_argv(
+        argv = machine_of(entry).journal_argv(
             ["-n", str(lines), "-u", BOOT_UNIT, "-u", ROLE_UNIT[entry["role"]]]
         )
         shown = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
@@ -780,7 +780,7 @@ def down(cache: Path, cluster_id: str) -> bool:
     stop(spec, state)
     if spec.get("machines"):
         # Never delete through a machine's root that is still mounted.
-        mounted = [n["name"] for n in spec["nodes"] if machine_of(spec, n).root.is_mount()]
+        mounted = [n["name"] for n in spec["nodes"] if machine_of(n).root.is_mount()]
         if mounted:
             raise LocalClusterError(
                 f"the roots of {', '.join(mounted)} are still mounted; run down again"
@@ -793,7 +793,7 @@ def stop(spec: dict[str, Any], state: Path) -> None:
     """Stop every node and remove the namespaces; the logs and status files stay."""
     if spec.get("machines"):
         for node in spec["nodes"]:
-            machine_of(spec, node).stop()
+            machine_of(node).stop()
     balancer = balancer_of(spec)
     if balancer:
         balancer.stop()
@@ -830,7 +830,7 @@ def exec_argv(spec: dict[str, Any], name: str, command: list[str]) -> list[str]:
     node = node_of(spec, name)
     if spec.get("machines"):
         try:
-            return machine_of(spec, node).exec_argv(command)
+            return machine_of(node).exec_argv(command)
         except MachineError as error:
             raise LocalClusterError(str(error)) from None
     if not node["namespace"]:
@@ -848,14 +848,14 @@ def journal_argv(spec: dict[str, Any], name: str, args: list[str]) -> list[str]:
             f"only machines keep a journal; this cluster's logs are in "
             f"{Path(spec['nodes'][0]['status_file']).parents[2] / 'logs'}"
         )
-    return machine_of(spec, node_of(spec, name)).journal_argv(args)
+    return machine_of(node_of(spec, name)).journal_argv(args)
 
 
 def reboot(spec: dict[str, Any], name: str) -> None:
     """Stop a machine and start it again: the same disk, a fresh boot, as a VM's reboot."""
     if not spec.get("machines"):
         raise LocalClusterError("reboot is for machines (`up --machines`)")
-    machine = machine_of(spec, node_of(spec, name))
+    machine = machine_of(node_of(spec, name))
     try:
         machine.stop()
         machine.start()

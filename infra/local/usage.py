@@ -198,7 +198,7 @@ class LocalProbe:
     def _machine_cpu(self, name: str) -> float:
         """The machine's cgroup CPU time: it keeps what ended processes used (llama-bench)."""
         node = cluster.node_of(self.spec, name)
-        nspawn = cluster.machine_of(self.spec, node).nspawn_pid()
+        nspawn = cluster.machine_of(node).nspawn_pid()
         directory = machine_cgroup(nspawn) if nspawn else None
         if directory is None:
             raise UsageUnavailable(f"machine {node.get('machine', name)} is not running")

@@ -21,15 +21,30 @@ from infra.boot.metrics_command import read_command
 from infra.clouds import FACTS
 from infra.core import outputs as keys
 
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+CLI_TIMEOUT_SECONDS = 3600.0
+
+
+class Runner(Protocol):
+    """Runs a cloud CLI; gives up (``ChannelError``) after ``timeout`` seconds."""
+
+    def __call__(
+        self, argv: Sequence[str], timeout: float = CLI_TIMEOUT_SECONDS
+    ) -> subprocess.CompletedProcess[str]: ...
 
 
 class ChannelError(RuntimeError):
     """The command did not run, or failed; the message says where and why."""
 
 
-def run_cli(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=3600)
+def run_cli(
+    argv: Sequence[str], timeout: float = CLI_TIMEOUT_SECONDS
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, check=False, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise ChannelError(f"{' '.join(argv[:3])} did not finish in {timeout:g} s") from None
 
 
 class Channel(Protocol):
@@ -106,7 +121,7 @@ class IapChannel:
             "gcloud", "compute", "ssh", self.instance, "--zone", self.zone,
             "--project", self.project, "--tunnel-through-iap", "--quiet",
             "--command", f"sudo {shlex.join(command)}",
-        ])  # fmt: skip
+        ], timeout)  # fmt: skip
         if result.returncode != 0:
             raise ChannelError(
                 f"gcloud compute ssh {self.instance}: {result.stderr.strip()[-500:]}"
@@ -128,7 +143,7 @@ class RunCommandChannel:
             "az", "vm", "run-command", "invoke", "--resource-group", self.resource_group,
             "--name", self.vm, "--command-id", "RunShellScript",
             "--scripts", shlex.join(command), "--output", "json",
-        ])  # fmt: skip
+        ], timeout)  # fmt: skip
         if result.returncode != 0:
             raise ChannelError(f"az vm run-command on {self.vm}: {result.stderr.strip()[-500:]}")
         message = json.loads(result.stdout)["value"][0]["message"]

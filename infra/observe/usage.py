@@ -140,7 +140,7 @@ class Sampler:
     def _take(self) -> None:
         try:
             self.readings.append(self.probe.read())
-        except Exception as error:  # a node restarting (llama-bench stops llama-server)
+        except Exception as error:  # noqa: BLE001 (a node restarting (llama-bench stops llama-server))
             self.failures += 1
             self.last_error = f"{type(error).__name__}: {error}"
 

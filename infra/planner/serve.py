@@ -21,7 +21,7 @@ one worker after another. Where the file does not fit in the main node's memory,
 cannot hold it between the download, the checksum and the load: the checksum and the load's
 populate read it from the disk again. What the populate evicted is read once more during the
 tensors' hashing; that read is not counted: without it the phases already put Arm's published
-405B load (about 30 min from a 125 MiB/s disk, tests/test_plan.py) 36 % high.
+405B load (about 30 min from a 125 MiB/s disk, tests/planner/test_plan.py) 36 % high.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def time_to_serve(
     phases = [boot, build, download, verify]
     workers = layout.shares[1:]
     # The workers are ready by then: their build is shorter than the main node's on any type
-    # (worker_build_seconds; tests/test_plan.py).
+    # (worker_build_seconds; tests/planner/test_plan.py).
     start = max(build.end, verify.end)
     if not fits_page_cache(model, main):
         populate = Phase(

@@ -1,7 +1,7 @@
 """Every setting of the stack, declared once: its type, default, description and value check.
 
 This table drives the config check (``infra.stack.config``), the ``config:`` block of
-``Pulumi.yaml`` and the README's settings table; ``tests/test_stack_settings.py`` checks that
+``Pulumi.yaml`` and the README's settings table; ``tests/stack/test_stack_settings.py`` checks that
 the two files say what this table says. A setting that a cloud cannot honour is refused there by
 that cloud's facts (``CloudFacts.refuses``), and the table names it.
 

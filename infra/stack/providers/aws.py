@@ -743,7 +743,10 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         return document.name
 
     def connect_command(
-        self, config: ClusterConfig, network: AwsNetwork, main: Node
+        self,
+        config: ClusterConfig,
+        network: AwsNetwork,  # noqa: ARG002 (the Backend interface)
+        main: Node,
     ) -> pulumi.Output[str]:
         port = str(config.server_port)
         # Through the first group's main node, to the balancer when there is one.

@@ -290,7 +290,12 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         return found
 
     def network(
-        self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
+        self,
+        name: str,
+        config: ClusterConfig,
+        parent: pulumi.Resource,
+        *,
+        zone: str | None,  # noqa: ARG002 (the Backend interface)
     ) -> AzureNetwork:
         """Nodes in no zone: a proximity placement group per serving group keeps them close."""
         opts = pulumi.ResourceOptions(parent=parent)
@@ -728,13 +733,13 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
 
     def balancer(
         self,
-        name: str,
-        config: ClusterConfig,
+        name: str,  # noqa: ARG002 (the Backend interface)
+        config: ClusterConfig,  # noqa: ARG002 (the Backend interface)
         network: AzureNetwork,
         *,
-        groups: Sequence[AzureGroup],
-        mains: Sequence[Node],
-        parent: pulumi.Resource,
+        groups: Sequence[AzureGroup],  # noqa: ARG002 (the Backend interface)
+        mains: Sequence[Node],  # noqa: ARG002 (the Backend interface)
+        parent: pulumi.Resource,  # noqa: ARG002 (the Backend interface)
     ) -> None:
         """Made with the network: its pool must exist before the main nodes' NICs join it, and
         the NSG rules its probes need are each group's (``group_rules``)."""

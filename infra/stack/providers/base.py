@@ -82,7 +82,7 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
     # The cloud's limits and rules (no SDK), checked by the config before this backend runs.
     facts: ClassVar[CloudFacts]
 
-    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
+    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:  # noqa: ARG002 (the Backend interface)
         """What this cloud cannot do for this stack, in words (capability -> what instead)."""
         return self.facts.limitations
 
@@ -135,13 +135,16 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         localhost:<serverPort> to the balancer (replicas > 1) or the main node, through
         ``main`` (the first group's main node) where the cloud's tunnel needs a VM."""
 
-    def location(self, network: NetworkT) -> dict[str, pulumi.Input[str] | None]:
+    def location(self, network: NetworkT) -> dict[str, pulumi.Input[str] | None]:  # noqa: ARG002 (the Backend interface)
         """Where the nodes are, as the command channels name it: the zone and the resource
         group (``outputs.ZONE``, ``outputs.RESOURCE_GROUP``), None where a cloud has none."""
         return {outputs.ZONE: None, outputs.RESOURCE_GROUP: None}
 
     def metrics_document(
-        self, name: str, config: ClusterConfig, parent: pulumi.Resource
+        self,
+        name: str,  # noqa: ARG002 (the Backend interface)
+        config: ClusterConfig,  # noqa: ARG002 (the Backend interface)
+        parent: pulumi.Resource,  # noqa: ARG002 (the Backend interface)
     ) -> pulumi.Output[str] | None:
         """The command a watcher can be granted alone, where the cloud has such a grant (the
         name the channel sends it by); None: the channel runs any command it is given."""

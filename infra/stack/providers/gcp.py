@@ -320,7 +320,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         network: GcpNetwork,
         *,
         groups: Sequence[GcpGroup],
-        mains: Sequence[Node],
+        mains: Sequence[Node],  # noqa: ARG002 (the Backend interface)
         parent: pulumi.Resource,
     ) -> None:
         """An internal passthrough Network Load Balancer at the balancer's fixed address: the

@@ -33,10 +33,10 @@ from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
 from infra.observe import group_metrics, metrics, top, usage
 from infra.observe.channels import ChannelError, stack_channels
 from infra.observe.metrics import Snapshot
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 
 SCRIPT = metrics_command.SCRIPT
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+FIXTURES = REPO / "tests" / "fixtures" / "metrics"
 MAIN, WORKER_1, WORKER_2 = "127.0.0.10", "127.0.0.11", "127.0.0.12"
 
 

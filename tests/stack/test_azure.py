@@ -25,7 +25,6 @@ from tests.pulumi_mocks import (
     deployed,
     env_of,
     parsed_config,
-    refused,
     stack_config,
     stack_names,
     tag_path,
@@ -167,40 +166,6 @@ def test_a_user_ssh_key_replaces_the_locked_one() -> None:
         assert (
             vm.inputs["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == key
         )
-
-
-@pytest.mark.parametrize(
-    ("key", "overrides", "says"),
-    [
-        (
-            "instanceType",
-            {"llama-rpc-cluster:instanceType": "Standard_D64s_v6"},
-            "Standard_D64s_v6 is not an Arm instance type",
-        ),
-        (
-            "instanceType",
-            {"llama-rpc-cluster:instanceType": "Standard_D2ps_v6"},
-            "not in the instance catalog for azure eastus",
-        ),
-        (
-            "azure-native:location",
-            {"azure-native:location": "westeurope"},
-            "the instance catalog has no azure types in westeurope",
-        ),
-        (
-            "sshPublicKey",
-            {"llama-rpc-cluster:sshPublicKey": "hunter2"},
-            "not an OpenSSH public key",
-        ),
-        (
-            "tags",
-            {"llama-rpc-cluster:tags": {"cost/center": "42"}},
-            "tag 'cost/center': Azure tag names",
-        ),
-    ],
-)
-def test_bad_input_is_refused_naming_the_setting(key: str, overrides: dict, says: str) -> None:
-    assert says in refused("azure-cobalt", overrides, key)
 
 
 def test_a_model_that_fits_one_node_runs_without_workers() -> None:

@@ -407,37 +407,6 @@ def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() 
     }
 
 
-@pytest.mark.parametrize(
-    ("key", "overrides", "says"),
-    [
-        ("instanceType", {f"{P}instanceType": "c7i.16xlarge"}, "c7i.16xlarge is not an Arm"),
-        (
-            "instanceType",
-            {f"{P}instanceType": "c8g.48xlarge"},
-            "c8g.48xlarge is not in the instance catalog",
-        ),
-        ("mainInstanceType", {f"{P}mainInstanceType": "m7i.large"}, "m7i.large is not an Arm"),
-        ("workerCount", {f"{P}workerCount": -1}, "-1 is outside 0-15"),
-        ("workerCount", {f"{P}workerCount": 16}, "16 is outside 0-15"),
-        ("slots", {f"{P}slots": 0}, "0 is outside 1-64"),
-        ("slots", {f"{P}slots": "two"}, "must be a whole number"),
-        ("vpcCidr", {f"{P}vpcCidr": "8.8.0.0/16"}, "8.8.0.0/16 is not private address"),
-        ("vpcCidr", {f"{P}vpcCidr": "10.0.0.0/33"}, "'10.0.0.0/33' is not a valid IPv4 CIDR"),
-        ("vpcCidr", {f"{P}vpcCidr": "10.0.0.0/25"}, "10.0.0.0/25 is too small"),
-        ("rpcPort", {f"{P}rpcPort": 70000}, "70000 is outside 1024-65535"),
-        ("serverPort", {f"{P}serverPort": 0}, "0 is outside 1024-65535"),
-        ("serverPort", {f"{P}serverPort": 50052}, "equals rpcPort"),
-        ("llamaCppCommit", {f"{P}llamaCppCommit": "master"}, "'master' is not a full"),
-        ("apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the API"),
-        ("workerCont", {f"{P}workerCont": 2}, "unknown key"),
-        ("aws:region", {"aws:region": None}, "no region"),
-        ("aws:region", {"aws:region": "eu-west-1"}, "the instance catalog has no aws types"),
-    ],
-)
-def test_bad_input_is_refused_naming_the_setting(key: str, overrides: dict, says: str) -> None:
-    assert says in refused("aws-small", overrides, key)
-
-
 def test_a_model_that_does_not_fit_names_the_fix() -> None:
     text = refused("aws-c8g", {f"{P}instanceType": "c8g.8xlarge"}, "workerCount")
     assert re.search(
@@ -658,7 +627,7 @@ def test_the_balancer_is_internal_at_its_address_and_checks_health() -> None:
     assert (listener.inputs["protocol"], listener.inputs["port"]) == ("TCP", 8080)
     # Longer than llama-server's own 600 s: a completion without streaming is silent until done.
     assert listener.inputs["tcpIdleTimeoutSeconds"] > 600
-    # The outputs: tests/test_replica_outputs.py, for every cloud.
+    # The outputs: tests/stack/test_replica_outputs.py, for every cloud.
 
 
 def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:

@@ -3,19 +3,19 @@ stack's next ``pulumi up`` finds each of its resources under the same URN, so mo
 replaces nothing. Every case of the conformance matrix is checked.
 
 An intended change of what a stack registers rewrites the record:
-``LRC_RECORD_URNS=1 uv run pytest tests/test_urns.py``; the diff shows what changed.
+``LRC_RECORD_URNS=1 uv run pytest tests/stack/test_urns.py``; the diff shows what changed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
+from tests.conftest import REPO
 from tests.pulumi_mocks import Deployment
-from tests.test_conformance import CASES, LARGEST_CASES, run
+from tests.stack.test_conformance import CASES, LARGEST_CASES, run
 
-RECORD = Path(__file__).parent / "fixtures" / "urns.json"
+RECORD = REPO / "tests" / "fixtures" / "urns.json"
 
 
 def registered(d: Deployment) -> list[str]:

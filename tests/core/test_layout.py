@@ -25,8 +25,8 @@ def test_every_group_of_the_largest_size_fits_the_subnet_without_overlap() -> No
     assert int(ipaddress.IPv4Address(layout.balancer_ip(SUBNET))) - int(SUBNET[0]) > 3
 
 
-def test_the_first_group_is_laid_out_as_a_single_cluster() -> None:
-    assert layout.node_ips(SUBNET, 2) == layout.node_ips(SUBNET, 2, 0)
+def test_the_first_group_keeps_the_addresses_and_names_of_a_single_cluster() -> None:
+    """Adding replicas to a deployed stack must leave its first group's nodes where they are."""
     assert layout.node_ips(SUBNET, 2, 0) == ["10.42.0.10", "10.42.0.11", "10.42.0.12"]
     assert layout.node_ips(SUBNET, 1, 1) == ["10.42.0.30", "10.42.0.31"]
     assert [layout.node_name(i) for i in range(3)] == ["main", "worker-1", "worker-2"]

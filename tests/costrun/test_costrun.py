@@ -22,10 +22,16 @@ from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gc
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
-from infra.observe.channels import ChannelError, IapChannel, RunCommandChannel, SsmChannel
+from infra.observe.channels import (
+    ChannelError,
+    IapChannel,
+    RunCommandChannel,
+    SsmChannel,
+    run_cli,
+)
 from infra.observe.usage import UsageUnavailable
 from tests.conftest import REPO
-from tests.test_usage import SimulatedCluster
+from tests.observe.test_usage import SimulatedCluster
 
 COMMAND_ID = "0b6c1f3e-2d4a-4c5b-9e8f-7a6b5c4d3e2f"  # SSM's ids are UUIDs
 BENCH = {
@@ -512,14 +518,17 @@ def test_the_aws_audit_lists_what_is_tagged_and_still_running() -> None:
 def recorded(outputs_by_command: dict[str, tuple[int, str]]) -> Any:
     """A CLI runner that answers from recorded output, keyed by the command's first words."""
     calls: list[list[str]] = []
+    timeouts: list[float] = []
 
-    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    def runner(argv: Sequence[str], timeout: float = 3600.0) -> subprocess.CompletedProcess[str]:
         calls.append(list(argv))
+        timeouts.append(timeout)
         key = next(k for k in outputs_by_command if " ".join(argv).startswith(k))
         code, out = outputs_by_command[key]
         return subprocess.CompletedProcess(list(argv), code, out if code == 0 else "", out)
 
     runner.calls = calls  # type: ignore[attr-defined]
+    runner.timeouts = timeouts  # type: ignore[attr-defined]
     return runner
 
 
@@ -533,6 +542,7 @@ def test_gcp_reads_the_node_through_iap_and_audits_by_label() -> None:
     channel = IapChannel("gcp-c4a-main", "us-central1-c", "proj", runner)
     assert json.loads(channel.run(STATUS_COMMAND, 60))["phase"] == "serving"
     assert runner.calls[0][-1] == f"sudo {shlex.join(STATUS_COMMAND)}"
+    assert runner.timeouts[0] == 60  # a hung gcloud gives up when the caller does
     assert "--tunnel-through-iap" in runner.calls[0]
     assert gcp_leftovers("proj", "gcp-c4a", runner) == ["instance gcp-c4a-main"]
     assert "--filter=labels.stack=gcp-c4a AND labels.project=llama-rpc-cluster" in runner.calls[1]
@@ -549,10 +559,16 @@ def test_azure_runs_the_command_through_run_command_and_audits_by_tag() -> None:
     })  # fmt: skip
     channel = RunCommandChannel("azure-cobalt-main", "rg1", runner)
     assert json.loads(channel.run(["cat", "status.json"], 60)) == {"phase": "loading"}
+    assert runner.timeouts[0] == 60
     assert azure_leftovers("azure-cobalt", runner) == ["group rg1"]
     failed = recorded({"az vm": (1, "ERROR: (AuthorizationFailed) no access")})
     with pytest.raises(ChannelError, match="AuthorizationFailed"):
         RunCommandChannel("vm", "rg", failed).run(["true"], 60)
+
+
+def test_a_cloud_cli_that_hangs_gives_up_at_the_channels_timeout() -> None:
+    with pytest.raises(ChannelError, match=r"sleep 30 did not finish in 0\.2 s"):
+        run_cli(["sleep", "30"], timeout=0.2)
 
 
 def test_preflight_names_each_missing_tool_and_login(monkeypatch: pytest.MonkeyPatch) -> None:

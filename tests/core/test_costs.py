@@ -4,6 +4,7 @@ price instead of guessing."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -15,6 +16,8 @@ import pytest
 from infra import catalog, planner
 from infra.catalog import InstanceType
 from infra.core import costs, outputs
+from infra.costrun.cloud import PulumiTarget
+from infra.planner import cli as planner_cli
 from tests.conftest import CATALOG_FIXTURE
 from tests.pulumi_mocks import deploy, deployed, parsed_config, stack_config, stack_names
 
@@ -71,21 +74,25 @@ def test_the_homogeneous_comparisons_include_unpriced_parts() -> None:
 
 
 @pytest.mark.parametrize("stack", stack_names())
-def test_a_preset_costs_its_own_nodes_and_disks(stack: str) -> None:
-    """Mixed node types (aws-r8g, gcp-c4a) and disk settings (aws-small) are priced as set."""
-    config = parsed_config(stack)
-    nodes = costs.cluster_nodes(
-        config.main_instance_type,
-        config.instance_type,
-        config.worker_count,
-        main_disk_gb=config.main_disk_gb,
-        worker_disk_gb=config.worker_disk_gb,
-        main_disk_throughput_mibps=config.disk_throughput_mibps,
-    )
-    expected = costs.hourly_cost(config.cloud, nodes)
+def test_the_stack_the_planner_and_the_cost_run_give_one_figure(
+    stack: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As shipped (mixed node types in aws-r8g and gcp-c4a, disk settings in aws-small): the
+    stack's output, ``plan --stack`` and the cost run's prediction are one number, exactly, and
+    leave out the same parts."""
     out = deployed(stack).outputs
-    assert out[outputs.HOURLY_COST_USD] == expected.total
-    assert out[outputs.HOURLY_COST_BASIS] == expected.basis
+    assert planner_cli.main(["--stack", stack, "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["options"][0]
+    predicted = PulumiTarget(stack).predict()
+    assert out[outputs.HOURLY_COST_USD] == planned["hourlyUsd"] == predicted.hourly_usd
+    assert out[outputs.HOURLY_COST_BASIS] == predicted.note
+    assert unpriced_in(predicted.note) == set(predicted.unpriced)
+
+
+def test_one_figure_is_compared_where_every_part_has_a_price() -> None:
+    """Otherwise the agreement above could be None == None everywhere."""
+    totals = [deployed(stack).outputs[outputs.HOURLY_COST_USD] for stack in stack_names()]
+    assert sum(total is not None for total in totals) >= 3
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,80 @@ def tags(count: int, prefix: str = "t") -> dict[str, str]:
 
 # (cloud, the setting the error names, overrides, what the error says)
 BAD: list[tuple[str, str, dict[str, Any], str]] = [
+    # What each cloud's types, regions and tags allow.
+    ("aws", "instanceType", {f"{P}instanceType": "c7i.16xlarge"}, "c7i.16xlarge is not an Arm"),
+    (
+        "aws",
+        "instanceType",
+        {f"{P}instanceType": "c8g.48xlarge"},
+        "c8g.48xlarge is not in the instance catalog",
+    ),
+    ("aws", "mainInstanceType", {f"{P}mainInstanceType": "m7i.large"}, "m7i.large is not an Arm"),
+    ("aws", "workerCount", {f"{P}workerCount": -1}, "-1 is outside 0-15"),
+    ("aws", "workerCount", {f"{P}workerCount": 16}, "16 is outside 0-15"),
+    ("aws", "slots", {f"{P}slots": 0}, "0 is outside 1-64"),
+    ("aws", "slots", {f"{P}slots": "two"}, "must be a whole number"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "8.8.0.0/16"}, "8.8.0.0/16 is not private address"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "10.0.0.0/33"}, "'10.0.0.0/33' is not a valid IPv4 CIDR"),
+    ("aws", "vpcCidr", {f"{P}vpcCidr": "10.0.0.0/25"}, "10.0.0.0/25 is too small"),
+    ("aws", "rpcPort", {f"{P}rpcPort": 70000}, "70000 is outside 1024-65535"),
+    ("aws", "serverPort", {f"{P}serverPort": 0}, "0 is outside 1024-65535"),
+    ("aws", "serverPort", {f"{P}serverPort": 50052}, "equals rpcPort"),
+    ("aws", "llamaCppCommit", {f"{P}llamaCppCommit": "master"}, "'master' is not a full"),
+    ("aws", "apiAllowedCidrs", {f"{P}apiAllowedCidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the API"),
+    ("aws", "workerCont", {f"{P}workerCont": 2}, "unknown key"),
+    ("aws", "aws:region", {"aws:region": None}, "no region"),
+    ("aws", "aws:region", {"aws:region": "eu-west-1"}, "the instance catalog has no aws types"),
+    (
+        "gcp",
+        "instanceType",
+        {"llama-rpc-cluster:instanceType": "n2-standard-64"},
+        "n2-standard-64 is not an Arm instance type",
+    ),
+    (
+        "gcp",
+        "instanceType",
+        {"llama-rpc-cluster:instanceType": "c4a-standard-4"},
+        "not in the instance catalog for gcp us-central1",
+    ),
+    ("gcp", "gcp:region", {"gcp:region": "europe-west4"}, "the instance catalog has no gcp types"),
+    (
+        "gcp",
+        "tags",
+        {"llama-rpc-cluster:tags": {"Team": "ml"}},
+        "label key 'Team' must start with a lowercase letter",
+    ),
+    ("gcp", "tags", {"llama-rpc-cluster:tags": {"team": "ML Infra"}}, "label value 'ML Infra'"),
+    (
+        "azure",
+        "instanceType",
+        {"llama-rpc-cluster:instanceType": "Standard_D64s_v6"},
+        "Standard_D64s_v6 is not an Arm instance type",
+    ),
+    (
+        "azure",
+        "instanceType",
+        {"llama-rpc-cluster:instanceType": "Standard_D2ps_v6"},
+        "not in the instance catalog for azure eastus",
+    ),
+    (
+        "azure",
+        "azure-native:location",
+        {"azure-native:location": "westeurope"},
+        "the instance catalog has no azure types in westeurope",
+    ),
+    (
+        "azure",
+        "sshPublicKey",
+        {"llama-rpc-cluster:sshPublicKey": "hunter2"},
+        "not an OpenSSH public key",
+    ),
+    (
+        "azure",
+        "tags",
+        {"llama-rpc-cluster:tags": {"cost/center": "42"}},
+        "tag 'cost/center': Azure tag names",
+    ),
     # Characters a URL may not hold: quotes, backslashes, controls, spaces, non-ASCII, globs.
     *[
         (cloud, "model.urls", with_urls(cloud, [url]), "holds characters a model URL may not")

@@ -10,7 +10,7 @@ import pytest
 
 from infra.local import cluster
 from infra.local.__main__ import main
-from tests.test_models import write_gguf
+from tests.models.test_models import write_gguf
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ from tests.conftest import (
     one_plus_two,
     unavailable,
 )
-from tests.test_metrics import frame_rows, top_once_while_generating
+from tests.observe.test_metrics import frame_rows, top_once_while_generating
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -71,7 +71,7 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
 
 def machine(up: dict[str, Any], name: str) -> Machine:
     spec = up["spec"]
-    return cluster.machine_of(spec, cluster.node_of(spec, name))
+    return cluster.machine_of(cluster.node_of(spec, name))
 
 
 def on(up: dict[str, Any], name: str, *command: str, stdin: str | None = None) -> str:
@@ -534,7 +534,7 @@ def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
         assert "Listening on" in journal and f"address={ip}:{METRICS_PORT}" in journal, journal
 
 
-# Each bad boot input that tests/test_scripts.py covers and that a node's settings can carry,
+# Each bad boot input that tests/boot/test_scripts.py covers and that a node's settings can carry,
 # given to the main node's boot under systemd: (settings, words of the error, final). A final
 # error stops the unit (exit 78, RestartPreventExitStatus=); any other is retried.
 OTHER_COMMIT = "1" * 40
@@ -615,7 +615,7 @@ def test_a_failed_up_stops_every_machine_and_keeps_their_journals(up) -> None:
     spec = cluster.load_spec(options.cache, broken.cluster_id)
     try:
         for node in spec["nodes"]:
-            machine_ = cluster.machine_of(spec, node)
+            machine_ = cluster.machine_of(node)
             assert not machine_.running() and not machine_.root.is_mount()
         journal = subprocess.run(
             cluster.journal_argv(spec, "main", ["-u", BOOT_UNIT, "-o", "cat"]),

@@ -24,6 +24,7 @@ from infra.models import PRESETS, Model
 from infra.planner import perf, serve
 from infra.planner.cli import main
 from infra.stack import config
+from tests.conftest import REPO
 
 GIB = 1024**3
 
@@ -186,7 +187,7 @@ def test_eta_comes_from_the_405b_anchor_and_overhead_from_the_8b_anchor() -> Non
 
 
 def test_measured_constants_match_the_boot_benchmark() -> None:
-    results = json.loads((Path(__file__).parent.parent / "bench/results/boot.json").read_text())
+    results = json.loads((REPO / "bench/results/boot.json").read_text())
     hop = (1 / results["decode_tps_two_rpc_workers"] - 1 / results["decode_tps_one_process"]) / 2
     assert pytest.approx(hop, rel=0.05) == perf.RPC_HOP_SECONDS
     cores = results["machine"]["cpus"]
@@ -195,7 +196,7 @@ def test_measured_constants_match_the_boot_benchmark() -> None:
 
 
 def test_load_rates_are_the_load_benchmarks() -> None:
-    results = json.loads((Path(__file__).parent.parent / "bench/results/load.json").read_text())
+    results = json.loads((REPO / "bench/results/load.json").read_text())
     assert results["sha256_gbps_hashlib"] == serve.SHA256_GBPS_PER_CORE
     assert results["load_gbps"] == serve.LOAD_GBPS
     assert results["rpc_send_gbps"] == serve.RPC_SEND_GBPS
@@ -261,7 +262,7 @@ def test_a_file_memory_cannot_hold_is_read_from_the_disk_again() -> None:
 
 
 def test_fetch_scripts_defaults_are_the_planners() -> None:
-    script = (Path(__file__).parent.parent / "cloud-init/scripts/fetch-model.sh").read_text()
+    script = (REPO / "cloud-init/scripts/fetch-model.sh").read_text()
     for name in ("STAGED_STREAMS", "DOWNLOAD_JOBS"):
         default = re.search(rf'^{name}="\$\{{{name}:-(\d+)\}}"', script, re.M)
         assert default and int(default.group(1)) == getattr(serve, name)
@@ -508,7 +509,7 @@ def test_the_short_module_name_runs_the_planner() -> None:
         capture_output=True,
         text=True,
         check=False,
-        cwd=Path(__file__).parent.parent,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     staged = json.loads(done.stdout)["options"][0]["timeToServe"]["staged"]

@@ -17,7 +17,7 @@ import pytest
 
 from infra.models import Model, ModelError, gguf_header
 from tests.conftest import loopback_http
-from tests.test_models import write_gguf
+from tests.models.test_models import write_gguf
 
 MIB = 1 << 20
 

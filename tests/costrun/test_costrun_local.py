@@ -57,7 +57,7 @@ def test_a_local_cost_run_measures_destroys_audits_and_reports(
         assert node["received_bytes"] > 0 and node["sent_bytes"] > 0, name
     assert usage["how"]["cpu"].startswith("the machine's cgroup")
     assert 0 < usage["kv_cache"]["peak_ratio"] < 1
-    # Bytes per token within what ggml-rpc must send (tests/test_usage.py explains the band).
+    # Bytes per token within what ggml-rpc must send (tests/observe/test_usage.py: the band).
     figures = stack["rpc_bytes"]["model"]
     assert figures["in_band"], figures
     assert figures["n_embd"] == 256 and figures["hidden_state_crossings"] == 4

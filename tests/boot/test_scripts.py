@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from infra.core.pins import LLAMA_CPP_COMMIT
-from tests.conftest import SCRIPTS, fake_llama_server, free_port, unavailable
+from tests.conftest import REPO, SCRIPTS, fake_llama_server, free_port, unavailable
 
 
 def sha256(data: bytes) -> str:
@@ -248,7 +248,7 @@ def test_status_tool_computes_the_values_bash_cannot() -> None:
 
 # --- the main node's service: flags, log and placement ---
 
-FIXTURES = Path(__file__).parent / "fixtures" / "llama-server"
+FIXTURES = REPO / "tests" / "fixtures" / "llama-server"
 # llama-server's load log (debug lines in) from a Gemma 3 270M main node with workers .11, .12.
 GEMMA_LOAD_LOG = FIXTURES / "gemma-270m-main-and-2-workers.log"
 GEMMA_WORKERS = "10.0.1.11:50052,10.0.1.12:50052"

@@ -28,7 +28,7 @@ from infra.observe.usage import (
     node_figures,
     summarize,
 )
-from tests.test_models import write_gguf
+from tests.models.test_models import write_gguf
 
 MIB = 1 << 20
 

@@ -35,7 +35,7 @@ from infra.local import cluster
 from infra.local.__main__ import main
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
 from tests.conftest import free_port, one_plus_two, require_netns, require_tool
-from tests.test_models import write_gguf
+from tests.models.test_models import write_gguf
 
 # Sends completions to URL one after another, from wherever it runs (a namespace of the test's),
 # until STOP exists or COUNT requests are done; one JSON line per request: when it started and

@@ -20,10 +20,10 @@ from infra.catalog.refresh import aws as refresh_aws
 from infra.catalog.refresh import azure as refresh_azure
 from infra.catalog.refresh import gcp as refresh_gcp
 from infra.planner import perf
-from tests.conftest import CATALOG_FIXTURE
+from tests.conftest import CATALOG_FIXTURE, REPO
 from tests.pulumi_mocks import program_settings, stack_names
 
-FIXTURES = Path(__file__).parent / "fixtures" / "prices"
+FIXTURES = REPO / "tests" / "fixtures" / "prices"
 TODAY = datetime.date(2026, 11, 22)
 # The product's own CSVs, read by path: the session reads the fixture catalog.
 PRODUCT_CSVS = {

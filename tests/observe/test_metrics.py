@@ -20,7 +20,7 @@ from infra.observe import metrics, topview
 from infra.observe.metrics import MetricsError, Snapshot
 from tests.conftest import REPO, generating, one_plus_two, require_netns
 
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+FIXTURES = REPO / "tests" / "fixtures" / "metrics"
 # The recorded scrapes were about this far apart.
 INTERVAL = 2.5
 

@@ -9,7 +9,6 @@ import copy
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -23,9 +22,10 @@ from infra.preflight.api import JsonApi
 from infra.preflight.cli import main
 from infra.preflight.live import Reader
 from infra.stack.needs import needs_of
+from tests.conftest import REPO
 from tests.pulumi_mocks import SUBSCRIPTION, RecordingMocks, deploy, parsed_config
 
-FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+FIXTURES = REPO / "tests" / "fixtures" / "preflight"
 P = "llama-rpc-cluster:"
 STANDARD = "L-1216C47A"
 
