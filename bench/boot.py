@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.local import cluster  # noqa: E402
 from infra.local import image as node_image  # noqa: E402
-from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import BENCH, cached_model  # noqa: E402
+from infra.local.options import UpOptions, build_prefix  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
 
 SCRIPTS = REPO / "cloud-init" / "scripts"
@@ -164,7 +164,7 @@ def seconds_to_health(bin_dir: Path, model: Path, args: list[str]) -> float:
 
 def serve_seconds(cache: Path, source: Path, machines: bool) -> float:
     """Seconds from `up` to serving for a main node and two workers, then down."""
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=2,
         model=cached_model(source, cache),
         source=source,

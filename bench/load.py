@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.boot import free_port, seconds_to_health  # noqa: E402
 from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
-from infra.local.cluster import build_prefix  # noqa: E402
 from infra.local.model import LOAD, cached_model  # noqa: E402
+from infra.local.options import build_prefix  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
 from infra.models import gguf_header  # noqa: E402
 

@@ -37,7 +37,9 @@ from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.costrun import rpc_bytes  # noqa: E402
 from infra.local import cluster  # noqa: E402
 from infra.local.model import TINY, cached_model, real_model  # noqa: E402
+from infra.local.options import UpOptions  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
+from infra.local.spec import ClusterSpec  # noqa: E402
 from infra.local.usage import LocalProbe  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "rpc_bytes.json"
@@ -66,7 +68,7 @@ def measure(
     model: Path, workers: int, lengths: rpc_bytes.Lengths, *, machines: bool
 ) -> dict[str, Any]:
     cache = cache_dir()
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=workers,
         model=model,
         source=sdist_tree(cache, download=False),
@@ -80,7 +82,7 @@ def measure(
     busy = other_heavy_work()
     try:
         cluster.up(options, timeout=1800)
-        spec = cluster.load_spec(cache, CLUSTER_ID)
+        spec = ClusterSpec.load(cache, CLUSTER_ID)
         measured = rpc_bytes.measure(LocalProbe(spec), lengths)
     finally:
         cluster.down(cache, CLUSTER_ID)
@@ -88,7 +90,7 @@ def measure(
     return {
         "model": model.name,
         "workers": workers,
-        "layers": [share["layers"] for share in spec["placement"]],
+        "layers": [share["layers"] for share in spec.placement],
         "measured": measured,
         "model_figures": rpc_bytes.compare(measured, shape),
         "other_heavy_work": busy,

@@ -406,8 +406,8 @@ def one_node_completion(bin_dir: Path, model: Path) -> tuple[str, list[tuple[int
 def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: Any) -> Any:
     """Options for a test cluster of a main node and two workers serving the generated model,
     on a /24 of 10.<second_octet>.x of its own (a random third octet), named for this process."""
-    from infra.local import cluster
     from infra.local.model import cached_model
+    from infra.local.options import UpOptions
 
     cache = cache_dir()
     defaults: dict[str, Any] = {
@@ -420,7 +420,26 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
         "threads": 1,
         "worker_wait_seconds": 300,
     }
-    return cluster.UpOptions(**{**defaults, **changes})
+    return UpOptions(**{**defaults, **changes})
+
+
+@pytest.fixture(scope="session")
+def cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
+    """One local cluster of a main node and two workers (processes in namespaces, the generated
+    model), booted once for every test that reads it; a test that changes it puts it back (a
+    killed worker is restarted, and the cluster serves again before the test ends)."""
+    from infra.local import cluster
+    from infra.local.spec import ClusterSpec
+
+    require_netns()
+    options = one_plus_two(llama_source, "t", 213)
+    contract = cluster.up(options, timeout=2400)
+    spec = ClusterSpec.load(options.cache, options.cluster_id)
+    network = spec.network()
+    assert network is not None and network.main_is_routed_here()
+    yield {"contract": contract, "spec": spec, "network": network, "options": options}
+    cluster.down(options.cache, options.cluster_id)
+    assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
 
 
 @contextlib.contextmanager

@@ -87,13 +87,13 @@ def parser() -> argparse.ArgumentParser:
 
 def _local_target(args: argparse.Namespace, cluster_id: str = "costrun") -> Target:
     from infra.costrun.local import LocalTarget  # noqa: PLC0415
-    from infra.local import cluster  # noqa: PLC0415
     from infra.local.model import real_model  # noqa: PLC0415
+    from infra.local.options import UpOptions  # noqa: PLC0415
     from infra.local.source import cache_dir, sdist_tree  # noqa: PLC0415
 
     cache = cache_dir()
     model = args.model or real_model(cache)
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=args.workers,
         model=model,
         source=sdist_tree(cache, download=False),

@@ -16,6 +16,8 @@ from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.access import LocalChannel
 from infra.local.machines import unavailable_reason
+from infra.local.options import LocalClusterError, UpOptions, can_use_netns, state_dir
+from infra.local.spec import ClusterSpec
 from infra.local.usage import LocalProbe
 from infra.observe.channels import ChannelError
 
@@ -23,11 +25,11 @@ from infra.observe.channels import ChannelError
 class LocalTarget:
     provider = "local"
 
-    def __init__(self, options: cluster.UpOptions, *, timeout: float = 1800) -> None:
+    def __init__(self, options: UpOptions, *, timeout: float = 1800) -> None:
         self.options = options
         self.name = f"local-{options.cluster_id}"
         self.timeout = timeout
-        self._spec: dict[str, Any] | None = None
+        self._spec: ClusterSpec | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -49,7 +51,7 @@ class LocalTarget:
         missing = []
         if reason := unavailable_reason():
             missing.append(reason)
-        elif not cluster.can_use_netns():
+        elif not can_use_netns():
             missing.append("network namespaces need root, iproute2 and nftables")
         if node_image.cached(self.options.cache) is None:
             missing.append("the node image is not built: run `python -m infra.local image`")
@@ -60,13 +62,13 @@ class LocalTarget:
     def up(self) -> dict[str, Any]:
         try:
             contract = cluster.up(self.options, timeout=self.timeout)
-        except cluster.LocalClusterError as error:
+        except LocalClusterError as error:
             raise StepError(str(error)) from None
-        self._spec = cluster.load_spec(self.options.cache, self.options.cluster_id)
+        self._spec = ClusterSpec.load(self.options.cache, self.options.cluster_id)
         return contract
 
     def _exec(self, command: list[str], timeout: float) -> str:
-        spec = self._spec or cluster.load_spec(self.options.cache, self.options.cluster_id)
+        spec = self._spec or ClusterSpec.load(self.options.cache, self.options.cluster_id)
         try:
             return LocalChannel(spec, "main").run(command, timeout)
         except ChannelError as error:
@@ -80,7 +82,7 @@ class LocalTarget:
 
     def usage_probe(self) -> LocalProbe:
         return LocalProbe(
-            self._spec or cluster.load_spec(self.options.cache, self.options.cluster_id)
+            self._spec or ClusterSpec.load(self.options.cache, self.options.cluster_id)
         )
 
     def activation_shape(self) -> ActivationShape:
@@ -89,7 +91,7 @@ class LocalTarget:
     def destroy(self) -> None:
         try:
             cluster.down(self.options.cache, self.options.cluster_id)
-        except cluster.LocalClusterError as error:
+        except LocalClusterError as error:
             raise StepError(str(error)) from None
 
     def leftovers(self) -> list[str]:
@@ -101,7 +103,7 @@ class LocalTarget:
             ).stdout.split()
             if ns.startswith(prefix)
         ]
-        state = cluster.state_dir(self.options.cache, self.options.cluster_id)
+        state = state_dir(self.options.cache, self.options.cluster_id)
         if state.exists():
             found.append(f"state directory {state}")
         for line in Path("/proc/self/mounts").read_text().splitlines():

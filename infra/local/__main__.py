@@ -27,12 +27,14 @@ from infra.core import outputs
 from infra.core.limits import MAX_REPLICAS
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
-from infra.local import cluster, top
+from infra.local import access, cluster, top
 from infra.local import image as node_image
 from infra.local.balancer import BalancerError
 from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
+from infra.local.options import DEFAULT_CIDR, LocalClusterError, UpOptions, can_use_netns
 from infra.local.source import SourceError, cache_dir, sdist_tree
+from infra.local.spec import ClusterSpec
 from infra.local.supervisor import supervise
 
 
@@ -71,7 +73,7 @@ def _up(args: argparse.Namespace) -> int:
             f"{real_model_terms()}",
             file=sys.stderr,
         )
-    netns = cluster.can_use_netns() and not args.loopback
+    netns = can_use_netns() and not args.loopback
     if not netns:
         print(
             "note: no network namespaces (needs root, iproute2 and nftables): the nodes share "
@@ -79,7 +81,7 @@ def _up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     machines = args.machines and _machines_possible(netns, cache)
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=args.workers,
         model=model,
         source=source,
@@ -105,15 +107,15 @@ def _up(args: argparse.Namespace) -> int:
     )
     _print_contract(contract, args.json)
     if not args.json:
-        print(f"\ntry:  {_try_command(cluster.load_spec(cache, args.id))}")
+        print(f"\ntry:  {_try_command(ClusterSpec.load(cache, args.id))}")
     return 0
 
 
-def _try_command(spec: dict[str, Any]) -> str:
+def _try_command(spec: ClusterSpec) -> str:
     """A completion through the cluster's entry point: the balancer when there is one."""
-    url = cluster.entry_url(spec)
+    url = spec.entry_url()
     request = f"""curl -s {url}/completion -d '{{"prompt": "Hello", "n_predict": 16}}'"""
-    return cluster.from_entry(spec, request)
+    return spec.from_entry(request)
 
 
 def _machines_possible(netns: bool, cache: Path) -> bool:
@@ -140,32 +142,32 @@ def _deliveries(text: str) -> list[str]:
 
 
 def _run_on_node(args: argparse.Namespace) -> int:
-    spec = cluster.load_spec(args.cache, args.id)
+    spec = ClusterSpec.load(args.cache, args.id)
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     if not command:
-        raise cluster.LocalClusterError("give a command after the node: exec NODE -- COMMAND...")
-    argv = cluster.exec_argv(spec, args.node, command)
+        raise LocalClusterError("give a command after the node: exec NODE -- COMMAND...")
+    argv = access.exec_argv(spec, args.node, command)
     return subprocess.run(argv, check=False).returncode
 
 
 def _journal(args: argparse.Namespace) -> int:
-    spec = cluster.load_spec(args.cache, args.id)
+    spec = ClusterSpec.load(args.cache, args.id)
     extra = args.journal_args[1:] if args.journal_args[:1] == ["--"] else args.journal_args
-    return subprocess.run(cluster.journal_argv(spec, args.node, extra), check=False).returncode
+    return subprocess.run(access.journal_argv(spec, args.node, extra), check=False).returncode
 
 
 def _reboot(args: argparse.Namespace) -> int:
-    spec = cluster.load_spec(args.cache, args.id)
-    cluster.reboot(spec, args.node)
+    spec = ClusterSpec.load(args.cache, args.id)
+    access.reboot(spec, args.node)
     print(f"{args.node} rebooted; `python -m infra.local status` shows it come back")
     return 0
 
 
-def _balancer_checks(spec: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+def _balancer_checks(spec: ClusterSpec) -> dict[str, dict[str, Any]] | None:
     """Each group's state as the balancer's health checks see it (None: no balancer)."""
-    balancer = cluster.balancer_of(spec)
-    if balancer is None:
+    if spec.balancer is None:
         return None
+    balancer = spec.balancer.balancer()
     try:
         rows = balancer.stats()
     except BalancerError as error:
@@ -182,29 +184,29 @@ def _balancer_checks(spec: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    spec = cluster.load_spec(args.cache, args.id)
+    spec = ClusterSpec.load(args.cache, args.id)
     statuses = cluster.read_status(spec)
     checks = _balancer_checks(spec)
     if args.json:
         document = {
-            "outputs": cluster.contract(spec),
-            "placement": spec.get("placement", []),
+            "outputs": spec.contract(),
+            "placement": list(spec.placement),
             "nodes": statuses,
             "balancer": checks,
         }
         print(json.dumps(document, indent=2))
         return 0
-    _print_contract(cluster.contract(spec), False)
-    if "placement" in spec:  # clusters brought up before placements were planned have none
-        print(f"\ncontext {spec['context_size']} tokens per request, {spec['slots']} slot(s):")
+    _print_contract(spec.contract(), False)
+    if spec.placement:  # clusters brought up before placements were planned have none
+        print(f"\ncontext {spec.context_size} tokens per request, {spec.slots} slot(s):")
     recorded = statuses["main"].get("placement") or []
-    for planned in spec.get("placement", []):
+    for planned in spec.placement:
         placed = next((p for p in recorded if p["node"] == planned["node"]), None)
         seen = f"placed {placed['layers']}" if placed else "not loaded yet"
         print(f"  {planned['node']:<9} planned {planned['layers']:>3}, {seen}")
     print()
     stopped = set(cluster.stopped_machines(spec))
-    groups = cluster.group_nodes(spec)
+    groups = spec.groups()
     for number, nodes in enumerate(groups, 1):
         indent = ""
         if checks is not None:
@@ -215,11 +217,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"group {number} (balancer: {seen})")
             indent = "  "
         for node in nodes:
-            status = statuses[node["name"]]
-            phase = (
-                "machine stopped" if node["name"] in stopped else status.get("phase", "starting")
-            )
-            line = f"{indent}{node['name']:<6} {phase:<20}"
+            status = statuses[node.name]
+            phase = "machine stopped" if node.name in stopped else status.get("phase", "starting")
+            line = f"{indent}{node.name:<6} {phase:<20}"
             if status.get("last_error"):
                 line += f" last error: {status['last_error']}"
             print(line)
@@ -227,7 +227,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    return top.run(cluster.load_spec(args.cache, args.id), args.interval, once=args.once)
+    return top.run(ClusterSpec.load(args.cache, args.id), args.interval, once=args.once)
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -291,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
         "at the pinned commit (default: the pinned llama-cpp-python sdist)",
     )
     start.add_argument("--commit", default=LLAMA_CPP_COMMIT)
-    start.add_argument("--cidr", default=cluster.DEFAULT_CIDR, help="the private network")
+    start.add_argument("--cidr", default=DEFAULT_CIDR, help="the private network")
     start.add_argument("--threads", type=int, help="threads per node (default: every core)")
     start.add_argument(
         "--worker-wait", type=int, default=900, help="seconds the main node waits for the workers"
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = COMMANDS[args.command](args)
     except (
-        cluster.LocalClusterError,
+        LocalClusterError,
         BootConfigError,
         SourceError,
         node_image.ImageError,

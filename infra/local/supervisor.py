@@ -10,7 +10,6 @@ run from ``cloud-init/scripts/``; ``User=`` and the sandboxing options are not a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ from typing import IO
 from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, UNITS_DIR, VM_PATHS
 from infra.core.limits import Role
 from infra.local.netns import exec_prefix
+from infra.local.spec import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -205,20 +205,20 @@ class NodeProcess:
 
 
 def supervise(state_dir: Path) -> int:
-    """Run every node of the cluster described in ``state_dir/cluster.json`` until SIGTERM."""
-    spec = json.loads((state_dir / "cluster.json").read_text())
+    """Run every node of the cluster kept in ``state_dir`` (``ClusterSpec``) until SIGTERM."""
+    spec = ClusterSpec.read(state_dir)
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     nodes = [
         NodeProcess(
-            name=node["name"],
-            role=node["role"],
-            namespace=node["namespace"],
-            env_file=Path(node["env_file"]),
-            log=(logs / f"{node['name']}.log").open("a"),
-            privileged=spec["netns"],
+            name=node.name,
+            role=node.role,
+            namespace=node.namespace,
+            env_file=Path(node.env_file or ""),
+            log=(logs / f"{node.name}.log").open("a"),
+            privileged=spec.netns,
         )
-        for node in spec["nodes"]
+        for node in spec.nodes
     ]
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -10,8 +10,9 @@ Where the figures come from:
   metrics port admits only the cluster's network and the node itself);
 - traffic: node-exporter on machines; the namespace's ``/proc/net/dev`` for processes (no
   exporter runs there). Both count the node's own namespace;
-- CPU and memory: the CPU time and resident memory of the processes in the node's namespace,
-  CPU as a share of this machine's cores (the nodes share them). On machines too: node-exporter
+- CPU and memory: the CPU time and memory (proportional set size) of the processes in the
+  node's namespace (``infra.local.procfs``, as the cost run reads them), CPU as a share of this
+  machine's cores (the nodes share them). On machines too: node-exporter
   in a container reads the host's ``/proc/stat`` and ``/proc/meminfo``, not the machine's; on a
   cloud VM its figures are the node's own (``infra.observe.metrics.cpu_use``, ``memory``);
 - loopback (no namespaces): llama-server only; the nodes' processes and traffic cannot be told
@@ -23,7 +24,6 @@ Reading (``read_cluster``) is kept apart from the pure figures and drawing
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -31,14 +31,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TextIO
 
 from infra.core.limits import METRICS_PORT
-from infra.local import cluster
-from infra.local.netns import exec_prefix, namespace_pids
+from infra.local import cluster, procfs
+from infra.local.netns import exec_prefix
+from infra.local.options import LocalClusterError
+from infra.local.spec import ClusterSpec, LocalNode
 from infra.observe import metrics
 from infra.observe.metrics import MetricsError, Snapshot
 from infra.observe.topview import (
@@ -53,16 +54,16 @@ from infra.observe.topview import (
 FETCH_TIMEOUT_SECONDS = 2.0
 
 
-def footer(spec: Mapping[str, Any], cpus: int) -> list[str]:
-    if spec.get("netns"):
+def footer(spec: ClusterSpec, cpus: int) -> list[str]:
+    if spec.netns:
         source = (
             f"CPU %: the node's processes, as a share of this machine's {cpus} cores; "
-            "MEMORY: their resident memory"
+            "MEMORY: their proportional set size (shared pages split between their users)"
         )
         source += (
             " (of this machine's; node-exporter in a machine reads the host's CPU and memory); "
             "RX, TX: node-exporter."
-            if spec.get("machines")
+            if spec.machines
             else " (no node-exporter runs in processes mode)."
         )
     else:
@@ -93,30 +94,19 @@ def _fetch(namespace: str | None, url: str) -> str:
 
 
 def process_use(namespace: str) -> ProcessUse:
-    """CPU seconds and resident memory of the processes in ``namespace`` (root: any process)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
-    seconds: dict[int, float] = {}
-    resident = 0
-    for pid in namespace_pids(namespace):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            # utime and stime: the 14th and 15th fields, the 12th and 13th after the name.
-            seconds[pid] = (int(fields[11]) + int(fields[12])) / ticks
-            resident += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-    return ProcessUse(seconds, resident)
+    """CPU seconds and memory of the processes in ``namespace`` (root: any process)."""
+    use = procfs.node_use(procfs.namespace_processes([namespace])[namespace])
+    return ProcessUse(use.cpu_seconds, use.memory_bytes)
 
 
-def read_node(
-    spec: Mapping[str, Any], node: Mapping[str, Any], phase: str, server_port: int
-) -> NodeReading:
-    namespace = node.get("namespace")
-    machines = bool(spec.get("machines"))
+def read_node(spec: ClusterSpec, node: LocalNode, phase: str) -> NodeReading:
+    namespace = node.namespace
+    machines = spec.machines
     notes: list[str] = []
     found: dict[str, Any] = {}
     if machines:
         try:
-            text = _fetch(namespace, f"http://{node['ip']}:{METRICS_PORT}/metrics")
+            text = _fetch(namespace, f"http://{node.ip}:{METRICS_PORT}/metrics")
             found["exporter"] = Snapshot.parse(text, time.monotonic())
         except (OSError, subprocess.SubprocessError, MetricsError) as error:
             notes.append(f"node-exporter on port {METRICS_PORT} did not answer ({error})")
@@ -131,8 +121,8 @@ def read_node(
             found["network"] = Snapshot.of(metrics.proc_net_dev_samples(dev), time.monotonic())
         except (OSError, subprocess.SubprocessError, MetricsError) as error:
             notes.append(f"its namespace's traffic could not be read ({error})")
-    if node["role"] == "main":
-        base = f"http://{node['ip']}:{server_port}"
+    if node.role == "main":
+        base = f"http://{node.ip}:{spec.server_port}"
         try:
             found["server"] = Snapshot.parse(_fetch(namespace, f"{base}/metrics"), time.monotonic())
             found["slots"] = json.loads(_fetch(namespace, f"{base}/slots"))
@@ -140,8 +130,8 @@ def read_node(
             if phase == "serving":
                 notes.append(f"llama-server's /metrics did not answer ({error})")
     return NodeReading(
-        name=node["name"],
-        role=node["role"],
+        name=node.name,
+        role=node.role,
         phase=phase,
         taken_at=time.monotonic(),
         notes=tuple(notes),
@@ -149,36 +139,32 @@ def read_node(
     )
 
 
-def read_cluster(spec: Mapping[str, Any]) -> list[NodeReading]:
+def read_cluster(spec: ClusterSpec) -> list[NodeReading]:
     """Every node (of every serving group), read at once."""
-    statuses = cluster.read_status(dict(spec))
-    stopped = set(cluster.stopped_machines(dict(spec)))
-    nodes = spec["nodes"]
+    statuses = cluster.read_status(spec)
+    stopped = set(cluster.stopped_machines(spec))
+    nodes = spec.nodes
 
     def phase(name: str) -> str:
         status = statuses.get(name, {})
         return "machine stopped" if name in stopped else str(status.get("phase", "starting"))
 
     with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-        return list(
-            pool.map(
-                lambda n: read_node(spec, n, phase(n["name"]), int(spec["server_port"])), nodes
-            )
-        )
+        return list(pool.map(lambda n: read_node(spec, n, phase(n.name)), nodes))
 
 
-def title(spec: Mapping[str, Any], interval: float) -> str:
-    kind = "machines" if spec.get("machines") else "processes" if spec.get("netns") else "loopback"
-    groups = spec.get("replicas", 1)
+def title(spec: ClusterSpec, interval: float) -> str:
+    kind = "machines" if spec.machines else "processes" if spec.netns else "loopback"
+    groups = spec.replicas
     shown = f", {groups} serving groups" if groups > 1 else ""
     return (
-        f"local cluster {spec['id']!r} ({kind}, {len(spec['nodes'])} nodes{shown}) · "
+        f"local cluster {spec.id!r} ({kind}, {len(spec.nodes)} nodes{shown}) · "
         f"every {interval:g} s · {time.strftime('%H:%M:%S')}"
     )
 
 
 def frame(
-    spec: Mapping[str, Any], before: list[NodeReading], after: list[NodeReading], interval: float
+    spec: ClusterSpec, before: list[NodeReading], after: list[NodeReading], interval: float
 ) -> str:
     cpus = os.cpu_count() or 1
     rows = [row(b, a, cpus) for b, a in zip(before, after, strict=True)]
@@ -186,7 +172,7 @@ def frame(
 
 
 def run(
-    spec: Mapping[str, Any],
+    spec: ClusterSpec,
     interval: float,
     *,
     once: bool,
@@ -197,7 +183,7 @@ def run(
     """Print a frame every ``interval`` seconds until interrupted; with ``once``, one frame after
     one interval."""
     if interval <= 0:
-        raise cluster.LocalClusterError(f"--interval {interval}: give a positive number of seconds")
+        raise LocalClusterError(f"--interval {interval}: give a positive number of seconds")
     return live(
         lambda: read_cluster(spec),
         lambda before, after: frame(spec, before, after, interval),

@@ -7,8 +7,8 @@ A node is its network namespace, as a VM is its own kernel's view:
   have ended); a node run as processes, the CPU time of the processes in its namespace (``utime``
   + ``stime`` in ``/proc/<pid>/stat``), each counted from when this probe first saw it, so one
   that ends leaves the total as it was;
-- memory: the proportional set size of the namespace's processes (``Pss`` in
-  ``/proc/<pid>/smaps_rollup``: shared pages split between the processes that share them);
+- memory: the proportional set size of the namespace's processes (``infra.local.procfs``, as
+  the local ``top`` reads it);
 - bytes: the counters of the node's ``eth0``, its only link to the VPC bridge, from the
   namespace's ``/proc/net/dev``. The main node's link to the host (``tunnel``), which carries the
   API requests, is not counted. The model reaches every node from the host's disk (a bind mount
@@ -19,7 +19,6 @@ A node is its network namespace, as a VM is its own kernel's view:
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.request
@@ -27,51 +26,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra.local import cluster
+from infra.local import procfs
 from infra.local.machines import CGROUP_ROOT
+from infra.local.procfs import Process
+from infra.local.spec import ClusterSpec
 from infra.observe import metrics
-from infra.observe.usage import KvCacheReading, NodeReading, Reading, Sampler, UsageUnavailable
+from infra.observe.usage import KvCacheReading, NodeCounters, Reading, Sampler, UsageUnavailable
 
 VPC_INTERFACE = "eth0"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 HTTP_TIMEOUT_SECONDS = 10
-
-
-def namespace_processes(namespaces: list[str]) -> dict[str, list[int]]:
-    """The processes in each named network namespace, from one pass over /proc."""
-    inodes: dict[int, str] = {}
-    for ns in namespaces:
-        try:
-            inodes[os.stat(f"/run/netns/{ns}").st_ino] = ns
-        except FileNotFoundError:
-            continue
-    found: dict[str, list[int]] = {ns: [] for ns in namespaces}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            owner = inodes.get(os.stat(f"/proc/{entry.name}/ns/net").st_ino)
-        except OSError:  # ended, or a kernel thread
-            continue
-        if owner is not None:
-            found[owner].append(int(entry.name))
-    return found
-
-
-def process_cpu_seconds(stat: str) -> tuple[int, float]:
-    """A ``/proc/<pid>/stat`` line's start time (in clock ticks since boot: with the pid, it
-    names the process even when the pid is reused) and its utime + stime, in seconds."""
-    # The command name may hold spaces and parentheses: the fields follow the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[19]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def pss_bytes(smaps_rollup: str) -> int:
-    """The ``Pss`` of a ``/proc/<pid>/smaps_rollup``, in bytes."""
-    for line in smaps_rollup.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) * 1024
-    raise ValueError("no Pss line in smaps_rollup")
 
 
 def cgroup_cpu_seconds(cpu_stat: str) -> float:
@@ -109,9 +72,6 @@ def machine_cgroup(nspawn_pid: int) -> Path | None:
     return directory
 
 
-Process = tuple[int, int]  # pid and start time
-
-
 class CpuAccount:
     """The CPU seconds of a changing set of processes, as one counter that only grows: a
     process adds what it used since it was last seen (all of it when first seen), and one that
@@ -131,26 +91,26 @@ class CpuAccount:
 class LocalProbe:
     """Reads a running local cluster (namespaces or machines) from the host."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        if not spec.get("netns"):
+    def __init__(self, spec: ClusterSpec) -> None:
+        if not spec.netns:
             raise UsageUnavailable(
                 "the nodes share this machine's loopback, so their traffic and processes cannot "
                 "be told apart: bring the cluster up with network namespaces (as root)"
             )
         self.spec = spec
-        self._roles = {node["name"]: node["role"] for node in spec["nodes"]}
-        self._namespaces = {node["name"]: node["namespace"] for node in spec["nodes"]}
+        self._roles = {node.name: node.role for node in spec.nodes}
+        self._namespaces = {node.name: node.namespace or "" for node in spec.nodes}
         self._accounts = {name: CpuAccount() for name in self._roles}
         self._lock = threading.Lock()
-        main = spec["nodes"][0]
-        self.url = f"http://{main['ip']}:{spec['server_port']}"
-        network = cluster.network_of(spec)
+        main = spec.nodes[0]
+        self.url = f"http://{main.ip}:{spec.server_port}"
+        network = spec.network()
         # Nothing is sent to the main node's address unless the host's route to it is the
         # cluster's own link.
         if network is None or not network.main_is_routed_here():
             raise UsageUnavailable(
-                f"the host's route to {main['ip']} is not the cluster's own link; is the "
-                f"cluster {spec['id']!r} up?"
+                f"the host's route to {main.ip} is not the cluster's own link; is the "
+                f"cluster {spec.id!r} up?"
             )
 
     @property
@@ -158,7 +118,7 @@ class LocalProbe:
         return self._roles
 
     def describe(self) -> dict[str, str]:
-        machines = bool(self.spec.get("machines"))
+        machines = self.spec.machines
         return {
             "cpu": "the machine's cgroup (cpu.stat usage_usec)"
             if machines
@@ -171,7 +131,7 @@ class LocalProbe:
     def read(self) -> Reading:
         with self._lock:
             at = time.monotonic()
-            pids = namespace_processes(list(self._namespaces.values()))
+            pids = procfs.namespace_processes(list(self._namespaces.values()))
             nodes = {
                 name: self._node(name, pids[ns])
                 for name, ns in self._namespaces.items()
@@ -179,29 +139,22 @@ class LocalProbe:
             }
             return Reading(at=at, nodes=nodes, kv_cache=self._kv_cache())
 
-    def _node(self, name: str, pids: list[int]) -> NodeReading:
-        used: dict[Process, float] = {}
-        memory = 0
-        for pid in pids:
-            try:
-                started, seconds = process_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
-                used[pid, started] = seconds
-                memory += pss_bytes(Path(f"/proc/{pid}/smaps_rollup").read_text())
-            except (OSError, ValueError, IndexError):  # ended while being read
-                continue
-        cpu = self._accounts[name].update(used)
-        if self.spec.get("machines"):
+    def _node(self, name: str, pids: list[int]) -> NodeCounters:
+        use = procfs.node_use(pids)
+        cpu = self._accounts[name].update(use.cpu_seconds)
+        memory = use.memory_bytes
+        if self.spec.machines:
             cpu = self._machine_cpu(name)
         received, sent = self._interface_bytes(pids)
-        return NodeReading(cpu, memory, received, sent)
+        return NodeCounters(cpu, memory, received, sent)
 
     def _machine_cpu(self, name: str) -> float:
         """The machine's cgroup CPU time: it keeps what ended processes used (llama-bench)."""
-        node = cluster.node_of(self.spec, name)
-        nspawn = cluster.machine_of(node).nspawn_pid()
+        machine = self.spec.node(name).booted()
+        nspawn = machine.nspawn_pid()
         directory = machine_cgroup(nspawn) if nspawn else None
         if directory is None:
-            raise UsageUnavailable(f"machine {node.get('machine', name)} is not running")
+            raise UsageUnavailable(f"machine {machine.name} is not running")
         return cgroup_cpu_seconds((directory / "cpu.stat").read_text())
 
     @staticmethod
@@ -249,4 +202,4 @@ class LocalProbe:
 
 def probe(cache: Path, cluster_id: str) -> LocalProbe:
     """A probe of the running local cluster ``cluster_id``."""
-    return LocalProbe(cluster.load_spec(cache, cluster_id))
+    return LocalProbe(ClusterSpec.load(cache, cluster_id))

@@ -32,8 +32,7 @@ from infra.core.node_text import printable
 from infra.observe import metrics
 from infra.observe.metrics import MetricsError, Sample, Snapshot
 from infra.observe.topview import NodeReading as ViewNode
-from infra.observe.usage import KvCacheReading, Reading
-from infra.observe.usage import NodeReading as UsageNode
+from infra.observe.usage import KvCacheReading, NodeCounters, Reading
 
 PACKED = "gz64:"  # what the script's --pack output starts with
 VERSION = 1
@@ -116,13 +115,13 @@ def parse(text: str) -> GroupReading:
     )
 
 
-def _node_counters(exporter: Snapshot) -> UsageNode | None:
+def _node_counters(exporter: Snapshot) -> NodeCounters | None:
     cpu = metrics.cpu_busy_seconds(exporter)
     memory = metrics.memory(exporter)
     traffic = metrics.network_bytes(exporter)  # every interface but loopback
     if cpu is None or memory is None or not traffic:
         return None
-    return UsageNode(
+    return NodeCounters(
         cpu_seconds=cpu,
         memory_bytes=memory.used_bytes,
         received_bytes=sum(b.received for b in traffic.values()),

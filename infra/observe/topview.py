@@ -23,10 +23,11 @@ NOT_BETWEEN_NODES = frozenset({"lo", "tunnel"})
 
 @dataclass(frozen=True)
 class ProcessUse:
-    """The processes in a node's namespace: CPU seconds of each (by pid) and resident bytes."""
+    """The processes in a node's namespace: CPU seconds of each (by pid and start time) and
+    their memory (``infra.local.procfs``: proportional set size)."""
 
-    cpu_seconds: Mapping[int, float]
-    resident_bytes: int
+    cpu_seconds: Mapping[tuple[int, int], float]
+    memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def row(before: NodeReading, after: NodeReading, cpus: int) -> Row:
         figures["cpu_percent"] = process_cpu_percent(
             before.processes, after.processes, elapsed, cpus
         )
-        figures["memory_bytes"] = after.processes.resident_bytes
+        figures["memory_bytes"] = after.processes.memory_bytes
     if after.server:
         if before.server:
             figures["tokens_per_second"] = metrics.tokens_per_second(before.server, after.server)

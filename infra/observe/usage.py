@@ -37,7 +37,7 @@ class UsageUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
-class NodeReading:
+class NodeCounters:
     """One node's counters at one moment. CPU and bytes are cumulative (they only grow while the
     node runs); memory is what the node holds now."""
 
@@ -56,7 +56,7 @@ class KvCacheReading:
 @dataclass(frozen=True)
 class Reading:
     at: float  # seconds on one clock (the host's monotonic one, or a main node's epoch)
-    nodes: Mapping[str, NodeReading]
+    nodes: Mapping[str, NodeCounters]
     kv_cache: KvCacheReading | None = None
 
 

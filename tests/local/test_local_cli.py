@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.local import cluster
 from infra.local.__main__ import main
+from infra.local.options import UpOptions, plan_placement, state_dir
 from tests.models.test_models import write_gguf
 
 
@@ -36,7 +36,7 @@ def test_bad_settings_are_refused_before_anything_starts(
     code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
                  "--loopback", "--id", "cli", *args])  # fmt: skip
     assert code == 1 and message in capsys.readouterr().err
-    assert not cluster.state_dir(cache, "cli").exists()
+    assert not state_dir(cache, "cli").exists()
 
 
 def test_a_file_that_is_not_a_model_is_named(capsys, tmp_path: Path) -> None:
@@ -51,12 +51,12 @@ def test_a_file_that_is_not_a_model_is_named(capsys, tmp_path: Path) -> None:
 def test_context_slots_and_node_memory_reach_the_placement(tmp_path: Path) -> None:
     """--context and --slots size every node's KV cache; --node-memory-gib is each node's memory."""
     model = write_gguf(tmp_path / "m.gguf", layers=6)
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=2, model=model, source=tmp_path, cache=tmp_path, context_size=1024, slots=2,
         node_memory_bytes=8 * 1024**3,
     )  # fmt: skip
-    one = cluster.plan_placement(options)
-    two = cluster.plan_placement(dataclasses.replace(options, slots=4))
+    one = plan_placement(options)
+    two = plan_placement(dataclasses.replace(options, slots=4))
     assert one.layers == two.layers == (2, 2, 2)
     assert [b.kv_bytes for b in two.shares] == [2 * a.kv_bytes for a in one.shares]
     assert {s.usable_bytes for s in one.shares} == {int(8 * 1024**3 * 0.95) - 2 * 1024**3}

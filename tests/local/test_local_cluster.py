@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,14 @@ import pytest
 from infra.core import outputs
 from infra.local import cluster
 from infra.local.netns import VpcNetwork, exec_prefix, namespace_pids
+from infra.local.options import LocalClusterError, build_prefix, state_dir
+from infra.local.spec import ClusterSpec
 from tests.conftest import (
     GREEDY_PROMPT,
     SCRIPTS,
     complete,
     one_node_completion,
-    one_plus_two,
     post,
-    require_netns,
     tokens_of_length,
 )
 
@@ -45,18 +44,9 @@ def port_answers(namespace: str, host: str, port: int) -> bool:
     return subprocess.run([*exec_prefix(namespace), *probe], capture_output=True).returncode == 0
 
 
-@pytest.fixture(scope="module")
-def up(llama_source: Path) -> Iterator[dict[str, Any]]:
-    require_netns()
-    options = one_plus_two(llama_source, "t", 213)
-    cache, cluster_id = options.cache, options.cluster_id
-    contract = cluster.up(options, timeout=2400)
-    spec = cluster.load_spec(cache, cluster_id)
-    network = cluster.network_of(spec)
-    assert network is not None and network.main_is_routed_here()
-    yield {"contract": contract, "spec": spec, "network": network, "options": options}
-    cluster.down(cache, cluster_id)
-    assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
+@pytest.fixture
+def up(cluster_1p2: dict[str, Any]) -> dict[str, Any]:
+    return cluster_1p2
 
 
 def test_outputs_follow_the_contract(up) -> None:
@@ -64,7 +54,7 @@ def test_outputs_follow_the_contract(up) -> None:
     assert set(contract) == set(outputs.ALL_KEYS)
     assert contract[outputs.WORKER_COUNT] == 2
     ips = contract[outputs.WORKER_PRIVATE_IPS]
-    base = spec["cidr"].rsplit(".", 1)[0]
+    base = spec.cidr.rsplit(".", 1)[0]
     assert contract[outputs.MAIN_PRIVATE_IP] == f"{base}.10"
     assert ips == [f"{base}.11", f"{base}.12"]
     assert contract[outputs.RPC_SERVERS] == ",".join(f"{ip}:50052" for ip in ips)
@@ -75,7 +65,7 @@ def test_the_main_node_reports_the_placement_it_was_given(up) -> None:
     """llama-server's own account of where it put each layer (read from its load log into the
     status file) equals the computed placement: 4 layers on 3 nodes, which do not divide evenly,
     the main node holding its share on its CPU."""
-    planned = up["spec"]["placement"]
+    planned = up["spec"].placement
     placed = cluster.read_status(up["spec"])["main"]["placement"]
     assert [(p["node"], p["layers"]) for p in placed] == [(p["node"], p["layers"]) for p in planned]
     assert sorted(p["layers"] for p in planned) == [1, 1, 2] and planned[0]["layers"] >= 1
@@ -119,9 +109,9 @@ def test_every_slot_serves_a_whole_context_at_the_same_time(up) -> None:
     try:
         contract = cluster.up(two, timeout=600)
         url = contract[outputs.LLAMA_SERVER_URL]
-        spec = cluster.load_spec(two.cache, two.cluster_id)
+        spec = ClusterSpec.load(two.cache, two.cluster_id)
         placed = cluster.read_status(spec)["main"]["placement"]
-        for got, want in zip(placed, spec["placement"], strict=True):
+        for got, want in zip(placed, spec.placement, strict=True):
             assert abs(got["bytes"] - want["bytes"]) <= 3 * 0.005 * 1024**2, (got, want)
         prompts = [tokens_of_length(url, 2048 - 64) for _ in range(2)]
         results: list[Any] = [None, None]
@@ -158,7 +148,7 @@ def test_status_files_record_the_boot(up) -> None:
 def test_greedy_completion_through_workers_equals_one_node(up) -> None:
     """Same text and the same token log-probabilities as the model on one process."""
     through_workers = complete(up["contract"][outputs.LLAMA_SERVER_URL])
-    bin_dir = Path(cluster.build_prefix(up["options"].cache)) / up["spec"]["commit"] / "bin"
+    bin_dir = Path(build_prefix(up["options"].cache)) / up["spec"].commit / "bin"
     one_node = one_node_completion(bin_dir, up["options"].model)
     assert through_workers[0] and len(through_workers[1]) == PROMPT["n_predict"]
     assert through_workers == one_node
@@ -217,7 +207,7 @@ def test_a_serving_worker_reaches_nothing_beyond_the_cluster(up) -> None:
             time.sleep(0.2)
         assert not port_answers(network.namespace(network.node_names[1]), outside, 9999)
         # Inside the cluster the worker still reaches other nodes (the main node's API).
-        port = up["spec"]["server_port"]
+        port = up["spec"].server_port
         assert port_answers(network.namespace(network.node_names[1]), network.node_ips[0], port)
     finally:
         server.kill()
@@ -225,17 +215,17 @@ def test_a_serving_worker_reaches_nothing_beyond_the_cluster(up) -> None:
 
 
 def test_rerunning_boot_does_not_rebuild(up) -> None:
-    node = next(n for n in up["spec"]["nodes"] if n["name"] == "w1")
+    node = up["spec"].node("w1")
     started = time.monotonic()
     result = subprocess.run(
-        [*exec_prefix(node["namespace"]), "bash", str(SCRIPTS / "node-boot.sh")],
-        env={"PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": node["env_file"]},
+        [*exec_prefix(node.namespace), "bash", str(SCRIPTS / "node-boot.sh")],
+        env={"PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": node.env_file},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "already built" in result.stderr
     assert time.monotonic() - started < 30
-    status = json.loads(Path(node["status_file"]).read_text())
+    status = json.loads(Path(node.status_file).read_text())
     assert status["build_skipped"] is True
 
 
@@ -276,9 +266,9 @@ def test_a_failed_up_leaves_nothing_running_and_keeps_its_evidence(up) -> None:
         model_sha256="0" * 64,
         worker_wait_seconds=30,
     )
-    state = cluster.state_dir(bad.cache, bad.cluster_id)
+    state = state_dir(bad.cache, bad.cluster_id)
     try:
-        with pytest.raises(cluster.LocalClusterError) as failed:
+        with pytest.raises(LocalClusterError) as failed:
             cluster.up(bad, timeout=600)
         message = str(failed.value)
         assert message.startswith("node main failed: checksum mismatch")
@@ -288,7 +278,7 @@ def test_a_failed_up_leaves_nothing_running_and_keeps_its_evidence(up) -> None:
             f"lines of {log}" in message and "fetch-model.sh: error: checksum mismatch" in message
         )
         assert "checksum mismatch" in log.read_text()
-        spec = cluster.load_spec(bad.cache, bad.cluster_id)
+        spec = ClusterSpec.load(bad.cache, bad.cluster_id)
         assert cluster.read_status(spec)["main"]["phase"] == "failed"
         leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert f"lrc-{bad.cluster_id}-" not in leftovers
@@ -298,7 +288,7 @@ def test_a_failed_up_leaves_nothing_running_and_keeps_its_evidence(up) -> None:
             if pid.isdigit() and Path(f"/proc/{pid}/cmdline").exists()
         )
         # The next up starts afresh: it fails the same way, with a log of its own run only.
-        with pytest.raises(cluster.LocalClusterError):
+        with pytest.raises(LocalClusterError):
             cluster.up(bad, timeout=600)
         assert log.read_text().count("checksum mismatch for") == 1
     finally:
@@ -317,7 +307,7 @@ def test_without_namespaces_the_nodes_share_loopback(up) -> None:
         assert contract[outputs.RPC_SERVERS] == "127.0.0.11:50052"
         text, tokens = complete(contract[outputs.LLAMA_SERVER_URL])
         assert text and len(tokens) == PROMPT["n_predict"]
-        log = cluster.state_dir(options.cache, loopback.cluster_id) / "logs" / "w1.log"
+        log = state_dir(options.cache, loopback.cluster_id) / "logs" / "w1.log"
         assert "skipping /opt/llama-rpc/bin/rpc-firewall.sh: it needs root" in log.read_text()
     finally:
         cluster.down(loopback.cache, loopback.cluster_id)
@@ -336,8 +326,8 @@ def test_a_model_that_fits_one_node_is_served_without_workers(up) -> None:
         contract = cluster.up(alone, timeout=600)
         assert contract[outputs.WORKER_PRIVATE_IPS] == []
         assert contract[outputs.RPC_SERVERS] == ""
-        spec = cluster.load_spec(alone.cache, alone.cluster_id)
-        assert [n["name"] for n in spec["nodes"]] == ["main"]
+        spec = ClusterSpec.load(alone.cache, alone.cluster_id)
+        assert [n.name for n in spec.nodes] == ["main"]
         main = cluster.read_status(spec)["main"]
         assert main["phase"] == "serving"
         assert "workers_answered" not in main

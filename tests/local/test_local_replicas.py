@@ -32,8 +32,12 @@ from infra.core import layout, outputs, sizing
 from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
 from infra.local import balancer as lb
 from infra.local import cluster
+from infra.local import options as local_options
 from infra.local.__main__ import main
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
+from infra.local.nodes import node_short_name
+from infra.local.options import LocalClusterError, UpOptions, plan_placement, state_dir
+from infra.local.spec import BALANCER_NODE, ClusterSpec
 from tests.conftest import free_port, one_plus_two, require_netns, require_tool
 from tests.models.test_models import write_gguf
 
@@ -83,24 +87,24 @@ def test_replicas_out_of_range_are_refused(capsys, tmp_path: Path, model: Path, 
     assert f"--replicas {replicas}: give 1 to {MAX_REPLICAS} serving groups" in (
         capsys.readouterr().err
     )
-    assert not cluster.state_dir(cache, "cli").exists()
+    assert not state_dir(cache, "cli").exists()
 
 
 def test_a_cidr_too_small_for_the_groups_names_both_flags(tmp_path: Path, model: Path) -> None:
     """Two groups of a main and two workers reach .32: a /27 ends at .31."""
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=2, model=model, source=tmp_path, cache=tmp_path / "cache", cidr="10.9.8.0/27",
         replicas=2,
     )  # fmt: skip
-    with pytest.raises(cluster.LocalClusterError) as refused:
+    with pytest.raises(LocalClusterError) as refused:
         cluster.up(options)
     assert str(refused.value) == (
         "--cidr 10.9.8.0/27 --replicas 2: the last group's nodes reach 10.9.8.32, beyond the "
         "private subnet 10.9.8.0/27; give a /26 or larger --cidr, or fewer --replicas or --workers"
     )
-    assert not cluster.state_dir(options.cache, options.cluster_id).exists()
+    assert not state_dir(options.cache, options.cluster_id).exists()
     # The same groups with one worker each end at .31, the broadcast address: still refused.
-    with pytest.raises(cluster.LocalClusterError, match="give a /26 or larger"):
+    with pytest.raises(LocalClusterError, match="give a /26 or larger"):
         cluster.up(dataclasses.replace(options, workers=1))
 
 
@@ -108,21 +112,19 @@ def test_without_haproxy_replicas_name_the_install_step(
     monkeypatch, tmp_path: Path, model: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=1, model=model, source=tmp_path, cache=tmp_path / "cache", netns=False, replicas=2
     )
-    with pytest.raises(cluster.LocalClusterError) as refused:
+    with pytest.raises(LocalClusterError) as refused:
         cluster.up(options)
     assert "run scripts/install-deps (it installs Debian's haproxy package)" in str(refused.value)
-    assert not cluster.state_dir(options.cache, options.cluster_id).exists()
+    assert not state_dir(options.cache, options.cluster_id).exists()
 
 
 def test_every_node_name_fits_an_interface_name() -> None:
-    names = [
-        cluster.node_short_name(i, g) for g in range(MAX_REPLICAS) for i in range(MAX_WORKERS + 1)
-    ]
+    names = [node_short_name(i, g) for g in range(MAX_REPLICAS) for i in range(MAX_WORKERS + 1)]
     assert len(set(names)) == len(names)
-    assert max(len(n) for n in [*names, cluster.BALANCER_NODE]) <= MAX_INTERFACE_NAME
+    assert max(len(n) for n in [*names, BALANCER_NODE]) <= MAX_INTERFACE_NAME
     assert names[:2] == ["main", "w1"] and "r2main" in names and "r10w15" in names
 
 
@@ -130,12 +132,12 @@ def test_every_node_of_every_group_gets_an_equal_share_of_memory(
     monkeypatch, tmp_path: Path
 ) -> None:
     """48 GiB: two nodes get 24 GiB each; three groups of two nodes 8 GiB each."""
-    monkeypatch.setattr(cluster, "machine_memory_bytes", lambda: 48 * 1024**3)
+    monkeypatch.setattr(local_options, "machine_memory_bytes", lambda: 48 * 1024**3)
     gguf = write_gguf(tmp_path / "m.gguf", layers=6)
-    one = cluster.UpOptions(workers=1, model=gguf, source=tmp_path, cache=tmp_path)
+    one = UpOptions(workers=1, model=gguf, source=tmp_path, cache=tmp_path)
     for replicas, share in ((1, 24), (3, 8)):
         options = dataclasses.replace(one, replicas=replicas)
-        usable = {s.usable_bytes for s in cluster.plan_placement(options).shares}
+        usable = {s.usable_bytes for s in plan_placement(options).shares}
         assert usable == {sizing.usable_of(share * 1024**3)}
 
 
@@ -256,13 +258,13 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     started = time.monotonic()
     contract = cluster.up(options, timeout=1200)
     print(f"two groups up in {time.monotonic() - started:.1f} s")
-    spec = cluster.load_spec(options.cache, options.cluster_id)
-    network = cluster.network_of(spec)
+    spec = ClusterSpec.load(options.cache, options.cluster_id)
+    network = spec.network()
     assert network is not None
     base = str(network.cidr.network_address).rsplit(".", 1)[0]
     client = network.add_outsider("cl", f"{base}.200", network.cidr.prefixlen)
-    balancer = cluster.balancer_of(spec)
-    assert balancer is not None
+    assert spec.balancer is not None
+    balancer = spec.balancer.balancer()
     yield {
         "contract": contract,
         "spec": spec,
@@ -372,7 +374,7 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only(up) -> None:
     assert port_answers(main_2, worker_2, 50052)
     assert not port_answers(main_2, worker_1, 50052)
     assert not port_answers(main_1, worker_2, 50052)
-    assert not port_answers(network.namespace(cluster.BALANCER_NODE), worker_1, 50052)
+    assert not port_answers(network.namespace(BALANCER_NODE), worker_1, 50052)
     # Both groups' workers serve, and each main node's API is open inside the VPC (the
     # balancer's checks reach it).
     assert port_answers(up["client"], groups[1][outputs.MAIN_PRIVATE_IP], SERVER_PORT)

@@ -28,12 +28,14 @@ from infra.boot import BOOT_UNIT, ROLE_UNIT, VM_PATHS, metrics_command
 from infra.core import outputs
 from infra.core.limits import METRICS_PORT
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe
-from infra.local import cluster
+from infra.local import access, cluster
 from infra.local import image as node_image
 from infra.local.access import LocalChannel
 from infra.local.machines import Machine, unavailable_reason
 from infra.local.netns import VpcNetwork, exec_prefix
+from infra.local.options import LocalClusterError, build_prefix, state_dir
 from infra.local.source import cache_dir
+from infra.local.spec import ClusterSpec
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
 from tests.conftest import (
@@ -60,23 +62,23 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     options = one_plus_two(llama_source, "m", 214, machines=True, deliveries=DELIVERIES)
     cache, cluster_id = options.cache, options.cluster_id
     contract = cluster.up(options, timeout=2400)
-    spec = cluster.load_spec(cache, cluster_id)
-    network = cluster.network_of(spec)
+    spec = ClusterSpec.load(cache, cluster_id)
+    network = spec.network()
     assert network is not None and network.main_is_routed_here()
     yield {"contract": contract, "spec": spec, "network": network, "options": options}
     cluster.down(cache, cluster_id)
     assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
-    assert not cluster.state_dir(cache, cluster_id).exists()
+    assert not state_dir(cache, cluster_id).exists()
 
 
 def machine(up: dict[str, Any], name: str) -> Machine:
     spec = up["spec"]
-    return cluster.machine_of(cluster.node_of(spec, name))
+    return spec.node(name).booted()
 
 
 def on(up: dict[str, Any], name: str, *command: str, stdin: str | None = None) -> str:
     """Run a command on a node, through `python -m infra.local exec`'s own path; its output."""
-    argv = cluster.exec_argv(up["spec"], name, list(command))
+    argv = access.exec_argv(up["spec"], name, list(command))
     result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, (command, result.stdout, result.stderr)
     return result.stdout
@@ -123,7 +125,7 @@ def delivered_config(up: dict[str, Any], name: str) -> dict[str, Any]:
 
 def cli(up: dict[str, Any], *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "infra.local", *args[:1], "--id", up["spec"]["id"], *args[1:]],
+        [sys.executable, "-m", "infra.local", *args[:1], "--id", up["spec"].id, *args[1:]],
         capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -145,9 +147,10 @@ def test_exec_journal_and_status_reach_the_machines_from_the_command_line(up) ->
 def test_each_node_got_its_clouds_delivery(up) -> None:
     """The main node's user data arrived gzipped (AWS), a worker's as plain text (GCP), the other
     worker's decoded from base64 (Azure): cloud-init took each."""
-    nodes = {n["name"]: n for n in up["spec"]["nodes"]}
-    assert [nodes[n]["delivery"]["cloud"] for n in ("main", "w1", "w2")] == list(DELIVERIES)
-    assert nodes["main"]["delivery"]["gzipped"] is True
+    nodes = {n.name: n for n in up["spec"].nodes}
+    delivered = {name: node.machine for name, node in nodes.items()}
+    assert [delivered[n].cloud for n in ("main", "w1", "w2")] == list(DELIVERIES)  # type: ignore[union-attr]
+    assert delivered["main"].gzipped is True  # type: ignore[union-attr]
     assert (machine(up, "main").directory / "user-data").read_bytes()[:2] == b"\x1f\x8b"
     for name in ("w1", "w2"):
         assert (machine(up, name).directory / "user-data").read_bytes().startswith(b"#cloud-config")
@@ -161,7 +164,7 @@ def test_cloud_init_is_done_without_errors(up) -> None:
     for name in ("main", "w1", "w2"):
         status = ["cloud-init", "status", "--long", "--format=json"]
         result = subprocess.run(
-            cluster.exec_argv(up["spec"], name, status), capture_output=True, text=True, check=False
+            access.exec_argv(up["spec"], name, status), capture_output=True, text=True, check=False
         )
         report = json.loads(result.stdout)
         assert result.returncode == 0, result.stdout
@@ -194,7 +197,7 @@ def test_units_use_every_option_they_set(up) -> None:
     """systemd 257 knows every key of the units (RestartSteps= and the like need >= 254)."""
     for name, role in (("main", "main"), ("w1", "worker")):
         verify = subprocess.run(
-            cluster.exec_argv(
+            access.exec_argv(
                 up["spec"], name,
                 ["systemd-analyze", "verify", f"/etc/systemd/system/{BOOT_UNIT}",
                  f"/etc/systemd/system/{ROLE_UNIT[role]}"],
@@ -232,9 +235,9 @@ def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
 def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
     network: VpcNetwork = up["network"]
     w1, w2 = network.node_ips[1:]
-    assert port_answers(cluster.exec_argv(up["spec"], "main", []), w1, 50052)  # the control
-    assert not port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, 50052)
-    assert not port_answers(cluster.exec_argv(up["spec"], "w1", []), w2, 50052)
+    assert port_answers(access.exec_argv(up["spec"], "main", []), w1, 50052)  # the control
+    assert not port_answers(access.exec_argv(up["spec"], "w2", []), w1, 50052)
+    assert not port_answers(access.exec_argv(up["spec"], "w1", []), w2, 50052)
     outsider = network.add_outsider("out", "192.168.214.5", 24)
     assert not port_answers(exec_prefix(outsider), w1, 50052)
 
@@ -283,7 +286,7 @@ def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
     routes = [network.namespace(n) for n in ("main", "w1")]
     listener = ["timeout", "60", "python3", "-m", "http.server", "--bind", w1, "9999"]
     control = subprocess.Popen(
-        cluster.exec_argv(up["spec"], "w1", listener),
+        access.exec_argv(up["spec"], "w1", listener),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -297,10 +300,10 @@ def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
             assert not port_answers(exec_prefix(outsider), ip, METRICS_PORT), ip
         # As narrow as RPC: a worker's answers its own main node, and no other node; the main
         # node's answers no one but itself.
-        assert port_answers(cluster.exec_argv(up["spec"], "main", []), w1, METRICS_PORT)
-        assert not port_answers(cluster.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
-        assert not port_answers(cluster.exec_argv(up["spec"], "w1", []), main_ip, METRICS_PORT)
-        assert port_answers(cluster.exec_argv(up["spec"], "main", []), main_ip, METRICS_PORT)
+        assert port_answers(access.exec_argv(up["spec"], "main", []), w1, METRICS_PORT)
+        assert not port_answers(access.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
+        assert not port_answers(access.exec_argv(up["spec"], "w1", []), main_ip, METRICS_PORT)
+        assert port_answers(access.exec_argv(up["spec"], "main", []), main_ip, METRICS_PORT)
     finally:
         control.kill()
         control.wait()
@@ -326,7 +329,7 @@ def test_the_service_user_can_put_nothing_where_root_writes(up) -> None:
         for target in targets:
             link = [*AS_SERVICE, "ln", "-sfn", "/etc/passwd", target]
             plant = subprocess.run(
-                cluster.exec_argv(up["spec"], name, link),
+                access.exec_argv(up["spec"], name, link),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -369,7 +372,7 @@ def test_only_root_reaches_the_metadata_service(up) -> None:
             wait_for(
                 lambda name=name: (
                     subprocess.run(
-                        cluster.exec_argv(up["spec"], name, token), capture_output=True
+                        access.exec_argv(up["spec"], name, token), capture_output=True
                     ).returncode
                     == 0
                 ),
@@ -377,7 +380,7 @@ def test_only_root_reaches_the_metadata_service(up) -> None:
                 f"root on {name} reaching the stand-in",
             )
             denied = subprocess.run(
-                cluster.exec_argv(up["spec"], name, [*AS_SERVICE, *token]),
+                access.exec_argv(up["spec"], name, [*AS_SERVICE, *token]),
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             assert denied.returncode != 0, name
@@ -474,7 +477,7 @@ def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -
 
 def test_greedy_completion_through_machines_equals_one_node(up) -> None:
     through_machines = complete(up["contract"][outputs.LLAMA_SERVER_URL])
-    bin_dir = cluster.build_prefix(up["options"].cache) / up["spec"]["commit"] / "bin"
+    bin_dir = build_prefix(up["options"].cache) / up["spec"].commit / "bin"
     assert through_machines[1] and through_machines == one_node_completion(
         bin_dir, up["options"].model
     )
@@ -507,7 +510,7 @@ def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(
     spec = up["spec"]
     instances = on(up, "main", "ls", "/var/lib/cloud/instances").split()
     for name in ("w1", "main"):
-        cluster.reboot(spec, name)
+        access.reboot(spec, name)
     wait_serving(up, timeout=900)
     statuses = cluster.read_status(spec)
     assert statuses["main"]["download_skipped"] is True
@@ -525,7 +528,7 @@ def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
     for name in ("main", "w1"):
         ip = network.node_ips[network.node_names.index(name)]
         wait_for(  # asked by the main node, the one node each exporter answers
-            lambda ip=ip: port_answers(cluster.exec_argv(up["spec"], "main", []), ip, METRICS_PORT),
+            lambda ip=ip: port_answers(access.exec_argv(up["spec"], "main", []), ip, METRICS_PORT),
             120,
             f"{name}'s exporter after its reboot",
         )
@@ -588,7 +591,7 @@ def test_bad_boot_inputs_fail_under_systemd_as_designed(up) -> None:
             else:
                 assert state["ActiveState"] == "activating", (settings, state)
             shown = subprocess.run(
-                cluster.exec_argv(up["spec"], "main", ["systemctl", "status", BOOT_UNIT]),
+                access.exec_argv(up["spec"], "main", ["systemctl", "status", BOOT_UNIT]),
                 capture_output=True, text=True, check=False,
             ).stdout  # fmt: skip
             assert ("failed" if final else "auto-restart") in shown, shown
@@ -607,18 +610,18 @@ def test_a_failed_up_stops_every_machine_and_keeps_their_journals(up) -> None:
     broken = dataclasses.replace(
         options, cluster_id=f"{options.cluster_id}f", cidr="10.214.99.0/24", model_sha256="0" * 64
     )
-    with pytest.raises(cluster.LocalClusterError) as failed:
+    with pytest.raises(LocalClusterError) as failed:
         cluster.up(broken, timeout=600)
     message = str(failed.value)
     assert message.startswith("node main failed: checksum mismatch"), message
     assert "llama-rpc-boot.service" in message  # the journal's lines
-    spec = cluster.load_spec(options.cache, broken.cluster_id)
+    spec = ClusterSpec.load(options.cache, broken.cluster_id)
     try:
-        for node in spec["nodes"]:
-            machine_ = cluster.machine_of(node)
+        for node in spec.nodes:
+            machine_ = node.booted()
             assert not machine_.running() and not machine_.root.is_mount()
         journal = subprocess.run(
-            cluster.journal_argv(spec, "main", ["-u", BOOT_UNIT, "-o", "cat"]),
+            access.journal_argv(spec, "main", ["-u", BOOT_UNIT, "-o", "cat"]),
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         assert "checksum mismatch" in journal

@@ -18,7 +18,9 @@ import pytest
 from infra.core import outputs, placement
 from infra.local import cluster
 from infra.local.model import real_model
+from infra.local.options import UpOptions
 from infra.local.source import cache_dir
+from infra.local.spec import ClusterSpec
 from tests.conftest import post, require_netns, tokens_of_length
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -45,7 +47,7 @@ def bring_up(
 ) -> dict[str, Any]:
     require_netns()
     cache = cache_dir()
-    options = cluster.UpOptions(
+    options = UpOptions(
         workers=workers,
         model=model,
         source=llama_source,
@@ -58,7 +60,7 @@ def bring_up(
         worker_wait_seconds=300,
     )
     contract = cluster.up(options, timeout=2400)
-    spec = cluster.load_spec(cache, options.cluster_id)
+    spec = ClusterSpec.load(cache, options.cluster_id)
     return {"contract": contract, "spec": spec, "options": options}
 
 
@@ -124,7 +126,7 @@ def test_the_default_cluster_and_one_node_agree_on_the_answer(two_workers, one_n
 @pytest.mark.parametrize("where", ["two_workers", "one_node"])
 def test_the_placement_reported_is_the_one_computed(where: str, request) -> None:
     up = request.getfixturevalue(where)
-    planned = up["spec"]["placement"]
+    planned = up["spec"].placement
     placed = cluster.read_status(up["spec"])["main"]["placement"]
     assert [(p["node"], p["layers"]) for p in placed] == [(p["node"], p["layers"]) for p in planned]
     assert sum(p["layers"] for p in placed) == 18

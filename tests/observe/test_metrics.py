@@ -3,22 +3,22 @@ recorded from the real exporters (tests/fixtures/metrics/README.md says how)."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.core import outputs
-from infra.local import cluster, top
+from infra.local import top
+from infra.local.options import LocalClusterError
+from infra.local.spec import ClusterSpec, LocalNode
 from infra.observe import metrics, topview
 from infra.observe.metrics import MetricsError, Snapshot
-from tests.conftest import REPO, generating, one_plus_two, require_netns
+from tests.conftest import REPO, generating
 
 FIXTURES = REPO / "tests" / "fixtures" / "metrics"
 # The recorded scrapes were about this far apart.
@@ -310,8 +310,8 @@ def test_a_machines_main_node_row_has_every_figure(node, server) -> None:
 def test_processes_count_their_cpu_time_over_this_machines_cores() -> None:
     """In processes mode a node's CPU is its processes' time; a process that started in the
     interval counts whole, one that ended does not make the figure negative."""
-    start = topview.ProcessUse({1: 10.0, 2: 5.0, 3: 1.0}, 1000)
-    end = topview.ProcessUse({1: 12.0, 2: 5.5, 4: 0.5}, 3000)  # 3 ended, 4 started
+    start = topview.ProcessUse({(1, 7): 10.0, (2, 7): 5.0, (3, 7): 1.0}, 1000)
+    end = topview.ProcessUse({(1, 7): 12.0, (2, 7): 5.5, (4, 9): 0.5}, 3000)  # 3 ended, 4 started
     assert topview.process_cpu_percent(start, end, elapsed=2.0, cpus=2) == pytest.approx(75.0)
     assert topview.process_cpu_percent(start, start, elapsed=2.0, cpus=2) == 0.0
     dev = Snapshot.of(metrics.proc_net_dev_samples(PROC_NET_DEV), 0)
@@ -381,12 +381,12 @@ def frame_rows(text: str, names: list[str]) -> dict[str, list[str]]:
     return rows
 
 
-def top_once_while_generating(spec: dict, url: str, interval: float = 2.0) -> str:
+def top_once_while_generating(spec: ClusterSpec, url: str, interval: float = 2.0) -> str:
     """`python -m infra.local top --once` while the main node generates, so that every column
     has something to show."""
     with generating(url):
         result = subprocess.run(
-            [sys.executable, "-m", "infra.local", "top", "--id", spec["id"], "--once",
+            [sys.executable, "-m", "infra.local", "top", "--id", spec.id, "--once",
              "--interval", str(interval)],
             capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
         )  # fmt: skip
@@ -396,23 +396,15 @@ def top_once_while_generating(spec: dict, url: str, interval: float = 2.0) -> st
 
 @pytest.mark.slow
 @pytest.mark.netns
-def test_top_once_shows_each_node_of_a_running_cluster(llama_source: Path) -> None:
-    require_netns()
-    options = dataclasses.replace(
-        one_plus_two(llama_source, "tp", 219), workers=1, cidr=f"10.219.{os.getpid() % 100}.0/24"
-    )
-    try:
-        contract = cluster.up(options, timeout=1200)
-        spec = cluster.load_spec(options.cache, options.cluster_id)
-        shown = top_once_while_generating(spec, contract[outputs.LLAMA_SERVER_URL])
-    finally:
-        cluster.down(options.cache, options.cluster_id)
-    rows = frame_rows(shown, ["main", "w1"])
-    assert "(processes, 2 nodes)" in shown.splitlines()[0]
+def test_top_once_shows_each_node_of_a_running_cluster(cluster_1p2: dict[str, Any]) -> None:
+    spec, contract = cluster_1p2["spec"], cluster_1p2["contract"]
+    shown = top_once_while_generating(spec, contract[outputs.LLAMA_SERVER_URL])
+    rows = frame_rows(shown, ["main", "w1", "w2"])
+    assert "(processes, 3 nodes)" in shown.splitlines()[0]
     for words in rows.values():
         assert words[2] == "serving", shown
         assert 0 <= float(words[3]) <= 100, shown  # CPU %
-        assert words[5] in ("KiB", "MiB", "GiB"), shown  # resident memory
+        assert words[5] in ("KiB", "MiB", "GiB"), shown  # the node's memory
     main, worker = rows["main"], rows["w1"]
     # The main node sent the worker its layers' inputs and got their outputs back.
     assert float(main[-2]) > 0, shown  # tokens/s
@@ -432,7 +424,10 @@ def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatc
         return [topview.NodeReading("w1", "worker", "serving", 100.0 + n, exporter=exporter)]
 
     monkeypatch.setattr(top, "read_cluster", read)
-    spec = {"id": "t", "nodes": [{"name": "w1"}], "machines": True, "netns": True}
+    node_ = LocalNode("w1", "worker", "10.0.0.11", "lrc-t-w1", 0, "/nonexistent/status.json")
+    spec = ClusterSpec("t", netns=True, machines=True, cidr="10.0.0.0/24", commit="0" * 40,
+                       rpc_port=50052, server_port=8080, context_size=4096, slots=1, placement=(),
+                       nodes=(node_,))  # fmt: skip
     naps = []
 
     def nap(seconds: float) -> None:
@@ -448,5 +443,5 @@ def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatc
     once = io.StringIO()
     assert top.run(spec, 0.5, once=True, out=once, sleep=lambda _: None) == 0
     assert topview.CLEAR_SCREEN not in once.getvalue() and "every 0.5 s" in once.getvalue()
-    with pytest.raises(cluster.LocalClusterError, match="--interval 0"):
+    with pytest.raises(LocalClusterError, match="--interval 0"):
         top.run(spec, 0, once=True, out=once)

@@ -1,0 +1,215 @@
+"""Where each node of a local cluster goes and what it boots with: the stacks' address plan and
+the same ``NodeBoot`` a cloud node's user data is rendered from (a machine gets that user data
+itself, delivered and decoded as its cloud would)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.boot import SCRIPTS_DIR, VM_PATHS, NodeBoot, NodePaths, deliver, render, render_env_file
+from infra.core import layout, placement
+from infra.core.limits import Role
+from infra.local import image as node_image
+from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine
+from infra.local.netns import VpcNetwork
+from infra.local.options import LocalClusterError, UpOptions, build_prefix, state_dir
+from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry
+from infra.models.parts import part_paths
+
+
+def node_short_name(index: int, group: int) -> str:
+    """A node's short name (it names the node's namespace and its link on the bridge, at most 15
+    characters): ``main``, ``w1``, ``w2``, … in the first group, ``r2main``, ``r2w1``, … in the
+    second, and so on."""
+    prefix = "" if group == 0 else f"r{group + 1}"
+    return prefix + ("main" if index == 0 else f"w{index}")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a node goes: its serving group, short name and address, and its group's addresses
+    (main first)."""
+
+    group: int
+    name: str
+    ip: str
+    group_ips: list[str]
+
+    @property
+    def role(self) -> Role:
+        return "main" if self.ip == self.group_ips[0] else "worker"
+
+
+def node_layout(cidr: ipaddress.IPv4Network, workers: int, replicas: int = 1) -> list[Slot]:
+    """Every node of every serving group, group by group, main first, as the stacks lay them
+    out (``infra.core.layout``)."""
+    subnet = layout.private_subnet(cidr)
+    slots = []
+    for group in range(replicas):
+        ips = layout.node_ips(subnet, workers, group=group)
+        slots += [Slot(group, node_short_name(i, group), ip, ips) for i, ip in enumerate(ips)]
+    return slots
+
+
+def balancer_entry(
+    cidr: ipaddress.IPv4Network, network: VpcNetwork | None, state: Path
+) -> BalancerEntry:
+    """The balancer's place: its namespace (None on loopback), its address, its directory."""
+    return BalancerEntry(
+        name=BALANCER_NODE,
+        ip=layout.balancer_ip(layout.private_subnet(cidr)),
+        namespace=network.namespace(BALANCER_NODE) if network else None,
+        directory=str(state / "balancer"),
+    )
+
+
+@dataclass(frozen=True)
+class Where:
+    """A node's place in the cluster: its address, the network, its serving group's addresses
+    (main first), the layers."""
+
+    ip: str
+    cidr: ipaddress.IPv4Network
+    ips: list[str]
+    shares: placement.Placement
+
+
+def node_boot(
+    options: UpOptions,
+    role: Role,
+    where: Where,
+    *,
+    source: str | None = None,
+    model_urls: tuple[str, ...] | None = None,
+) -> NodeBoot:
+    ips, shares = where.ips, where.shares
+    return NodeBoot(
+        role=role,
+        node_ip=where.ip,
+        llama_cpp_commit=options.commit,
+        llama_cpp_source=source or str(options.source),
+        rpc_allowed_sources=(f"{ips[0]}/32",),
+        cluster_cidr=str(where.cidr),
+        rpc_workers=tuple(ips[1:]),
+        model_urls=model_urls or tuple(p.resolve().as_uri() for p in part_paths(options.model)),
+        model_sha256=(options.model_sha256,) if options.model_sha256 else (),
+        context_size=options.context_size,
+        slots=options.slots,
+        gpu_layers=shares.gpu_layers,
+        tensor_split=shares.tensor_split,
+        worker_wait_seconds=options.worker_wait_seconds,
+        threads=options.threads,
+        extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
+        if role == "main" and options.server_args
+        else {},
+    )
+
+
+def node_entry(
+    options: UpOptions,
+    slot: Slot,
+    where: Where,
+    *,
+    state: Path,
+    network: VpcNetwork | None,
+    image: node_image.Image | None,
+    index: int,
+) -> LocalNode:
+    """A node of the cluster, its boot settings written where it reads them."""
+    node_dir = state / "nodes" / slot.name
+    node_dir.mkdir(parents=True, exist_ok=True)
+    namespace = network.namespace(slot.name) if network else None
+    if image and network:
+        # The machine's own view: the host's source and model appear at fixed paths.
+        boot = node_boot(
+            options,
+            slot.role,
+            where,
+            source=SOURCE_MOUNT,
+            model_urls=tuple(f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)),
+        )
+        machine = machine_node(
+            options, slot.name, image_root=image.root, network=network, boot=boot, index=index
+        )
+        return LocalNode(
+            name=slot.name,
+            role=slot.role,
+            ip=slot.ip,
+            namespace=namespace,
+            group=slot.group,
+            status_file=str(machine.machine(network.namespace(slot.name)).status_file),
+            machine=machine,
+        )
+    boot = node_boot(options, slot.role, where)
+    env_file = node_dir / "node.env"
+    paths = NodePaths(
+        bin_dir=str(SCRIPTS_DIR),
+        env_file=str(env_file),
+        data_dir=str(node_dir),
+        prefix=str(build_prefix(options.cache)),
+    )
+    env_file.write_text(render_env_file(boot.env(paths)))
+    return LocalNode(
+        name=slot.name,
+        role=slot.role,
+        ip=slot.ip,
+        namespace=namespace,
+        group=slot.group,
+        status_file=str(node_dir / "status.json"),
+        env_file=str(env_file),
+    )
+
+
+def machine_node(
+    options: UpOptions,
+    name: str,
+    *,
+    image_root: Path,
+    network: VpcNetwork,
+    boot: NodeBoot,
+    index: int,
+) -> MachineEntry:
+    """A machine node: its user data rendered and delivered as its cloud would, decoded as that
+    cloud's datasource decodes it, in the machine's NoCloud seed."""
+    parts = part_paths(options.model)
+    cloud = options.deliveries[index % len(options.deliveries)]
+    delivery = deliver(render(boot), cloud)
+    received = delivery.received()
+    host_bin = build_prefix(options.cache) / options.commit / "bin"
+    machine = Machine(
+        name=network.namespace(name),
+        namespace=network.namespace(name),
+        directory=state_dir(options.cache, options.cluster_id) / "nodes" / name,
+        image_root=image_root,
+        binds=(
+            (str(options.source.resolve()), SOURCE_MOUNT),
+            (str(parts[0].resolve().parent), MODELS_MOUNT),
+            (str(host_bin), f"{VM_PATHS.prefix}/{options.commit}/bin"),
+        ),
+    )
+    (machine.directory / "user-data").write_bytes(received)
+    machine.seed(received, instance_id=f"{machine.name}-{os.urandom(4).hex()}")
+    return MachineEntry(
+        name=machine.name,
+        directory=str(machine.directory),
+        image_root=str(image_root),
+        binds=machine.binds,
+        cloud=cloud,
+        field=delivery.field,
+        gzipped=delivery.gzipped,
+    )
+
+
+def machine_image(options: UpOptions) -> node_image.Image:
+    if not options.netns:
+        raise LocalClusterError("machines need network namespaces (root, iproute2, nftables)")
+    image = node_image.cached(options.cache)
+    if image is None:
+        raise LocalClusterError(
+            "the node image is not built; run `python -m infra.local image` (once: it fetches "
+            f"Debian {node_image.RELEASE}'s packages)"
+        )
+    return image

@@ -1,0 +1,162 @@
+"""What a local cluster is asked to be (``UpOptions``), checked before anything starts, and the
+placement its nodes get: the same rule the cloud stacks use."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.core import layout, placement, sizing
+from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, Cloud
+from infra.core.pins import LLAMA_CPP_COMMIT
+from infra.models import ModelError
+from infra.models.parts import part_paths
+
+DEFAULT_CIDR = "10.213.77.0/24"
+
+
+LOOPBACK_CIDR = "127.0.0.0/24"
+
+
+class LocalClusterError(RuntimeError):
+    """The local cluster could not be brought up, read or taken down."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    workers: int  # per serving group
+    model: Path
+    source: Path
+    cache: Path
+    cluster_id: str = "local"
+    cidr: str = DEFAULT_CIDR
+    commit: str = LLAMA_CPP_COMMIT
+    model_sha256: str | None = None
+    threads: int | None = None
+    context_size: int = sizing.DEFAULT_CONTEXT
+    slots: int = sizing.DEFAULT_SLOTS
+    # Memory each node may use, as a VM's would be: by default an equal share of this machine's.
+    node_memory_bytes: int | None = None
+    # Extra llama-server flags for the main node (LLAMA_SERVER_ARGS), e.g. ("--no-repack",).
+    server_args: tuple[str, ...] = ()
+    worker_wait_seconds: int = 900
+    netns: bool = True
+    # Boot each node as a systemd-nspawn machine (needs netns, root and the node image).
+    machines: bool = False
+    # Machines: whose delivery of the user data each node gets (main first, repeated over the
+    # workers), decoded as that cloud's datasource decodes it.
+    deliveries: tuple[Cloud, ...] = ("aws",)
+    # Serving groups (each a main node and ``workers`` workers) behind one balancer.
+    replicas: int = 1
+
+
+def state_dir(cache: Path, cluster_id: str) -> Path:
+    return cache / "clusters" / cluster_id
+
+
+def can_use_netns() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None
+
+
+def validate(options: UpOptions) -> ipaddress.IPv4Network:
+    if not 0 <= options.workers <= MAX_WORKERS:
+        raise LocalClusterError(
+            f"--workers {options.workers}: give 0 to {MAX_WORKERS} workers (llama.cpp's RPC "
+            "limit; 0 serves the model from the main node alone)"
+        )
+    if not re.fullmatch(r"[a-z0-9]{1,10}", options.cluster_id):
+        raise LocalClusterError(
+            f"--id {options.cluster_id!r}: use 1-10 lowercase letters or digits"
+        )
+    try:
+        cidr = ipaddress.IPv4Network(options.cidr)
+    except ValueError as error:
+        raise LocalClusterError(f"--cidr {options.cidr!r}: {error}") from None
+    if not cidr.is_private or cidr.prefixlen > 27:
+        raise LocalClusterError(
+            f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger"
+        )
+    if not 1 <= options.replicas <= MAX_REPLICAS:
+        raise LocalClusterError(
+            f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups"
+        )
+    if options.netns:
+        _check_groups_fit(options, cidr)
+    for part in part_paths(options.model):
+        if not part.is_file():
+            raise LocalClusterError(f"--model: {part} does not exist")
+    if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
+        raise LocalClusterError(
+            f"--context {options.context_size} --slots {options.slots}: give a positive context "
+            f"and 1 to {sizing.MAX_SLOTS} slots"
+        )
+    return cidr
+
+
+def _check_groups_fit(options: UpOptions, cidr: ipaddress.IPv4Network) -> None:
+    """Every group's nodes get an address of the private subnet (the broadcast address aside)."""
+    subnet = layout.private_subnet(cidr)
+    last = layout.node_ips(subnet, options.workers, group=options.replicas - 1)[-1]
+    needed = int(ipaddress.IPv4Address(last)) - int(subnet.network_address) + 2
+    if needed > subnet.num_addresses:
+        prefix = 32 - (needed - 1).bit_length()
+        raise LocalClusterError(
+            f"--cidr {options.cidr} --replicas {options.replicas}: the last group's nodes reach "
+            f"{last}, beyond the private subnet {subnet}; give a /{prefix} or larger --cidr, or "
+            "fewer --replicas or --workers"
+        )
+
+
+def machine_memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise LocalClusterError("cannot read this machine's memory from /proc/meminfo")
+
+
+def plan_placement(options: UpOptions) -> placement.Placement:
+    """The layers per node, from the model's GGUF header and each node's memory: the same rule
+    the cloud stacks use."""
+    from infra.models import gguf_header  # noqa: PLC0415 (the gguf package: the local extra)
+
+    try:
+        model = gguf_header.describe(options.model)
+    except ModelError as error:
+        raise LocalClusterError(f"--model: {error.message}") from None
+    nodes = options.workers + 1
+    # By default every node of every group gets an equal share of this machine.
+    memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
+    shares = placement.place(
+        model, options.context_size, options.slots, [sizing.usable_of(memory)] * nodes
+    )
+    if not shares.fits:
+        worst = shares.worst
+        raise LocalClusterError(
+            f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
+            f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
+            f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, raise --node-memory-gib, "
+            f"or lower --context or --slots{_fewer_replicas(options)}"
+        )
+    return shares
+
+
+def _fewer_replicas(options: UpOptions) -> str:
+    if options.replicas > 1 and options.node_memory_bytes is None:
+        return " (or fewer --replicas: every group's nodes share this machine's memory)"
+    return ""
+
+
+def build_prefix(cache: Path) -> Path:
+    """Builds are native to this CPU (-DGGML_NATIVE=ON), so they are cached per CPU model."""
+    flags = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                flags += line
+    return cache / "llama.cpp" / hashlib.sha256(flags.encode()).hexdigest()[:10]

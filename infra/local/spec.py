@@ -1,0 +1,290 @@
+"""A local cluster as it was brought up: its nodes, where each one is and how it runs, kept in
+``cluster.json`` under the cluster's state directory, and the output contract read from it.
+
+Every other part of the local cluster (its life, ``top``, the usage probe, the cost run, the
+supervisor) reads this one typed record: ``ClusterSpec.load``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.core import outputs
+from infra.core.limits import Cloud, Role
+from infra.local.balancer import Balancer
+from infra.local.machines import Machine
+from infra.local.netns import VpcNetwork
+from infra.local.options import LocalClusterError, state_dir
+
+BALANCER_NODE = "lb"  # the balancer's namespace and link name (``lrc-<id>-lb``)
+SPEC_FILE = "cluster.json"
+
+
+@dataclass(frozen=True)
+class MachineEntry:
+    """A node that boots as a ``systemd-nspawn`` machine, and the user data it was given."""
+
+    name: str
+    directory: str
+    image_root: str
+    binds: tuple[tuple[str, str], ...]
+    cloud: Cloud  # whose delivery of the user data it received
+    field: str
+    gzipped: bool
+
+    def machine(self, namespace: str) -> Machine:
+        return Machine(
+            name=self.name,
+            namespace=namespace,
+            directory=Path(self.directory),
+            image_root=Path(self.image_root),
+            binds=self.binds,
+        )
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    name: str  # main, w1, … in the first group; r2main, r2w1, … after it
+    role: Role
+    ip: str
+    namespace: str | None  # None: the nodes share this machine's loopback
+    group: int
+    status_file: str
+    env_file: str | None = None  # a process node's settings, as its boot scripts read them
+    machine: MachineEntry | None = None  # a machine node
+
+    @property
+    def instance_id(self) -> str:
+        """What the output contract calls the node's instance."""
+        return self.namespace or self.name
+
+    def booted(self) -> Machine:
+        if self.machine is None or self.namespace is None:
+            raise LocalClusterError(f"node {self.name} is not a machine")
+        return self.machine.machine(self.namespace)
+
+
+@dataclass(frozen=True)
+class BalancerEntry:
+    name: str
+    ip: str
+    namespace: str | None
+    directory: str
+
+    def balancer(self) -> Balancer:
+        return Balancer(namespace=self.namespace, directory=Path(self.directory))
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    id: str
+    netns: bool
+    machines: bool
+    cidr: str
+    commit: str
+    rpc_port: int
+    server_port: int
+    context_size: int
+    slots: int
+    placement: tuple[dict[str, Any], ...]  # each node's share (``Placement.to_json``)
+    nodes: tuple[LocalNode, ...]
+    replicas: int = 1
+    balancer: BalancerEntry | None = None
+
+    # --- reading it --------------------------------------------------------------------------
+
+    def main_nodes(self) -> list[LocalNode]:
+        """Each serving group's main node, in group order."""
+        return [node for node in self.nodes if node.role == "main"]
+
+    def groups(self) -> list[list[LocalNode]]:
+        """Each serving group's nodes (its main first), in group order."""
+        groups: list[list[LocalNode]] = [[] for _ in range(self.replicas)]
+        for node in self.nodes:
+            groups[node.group].append(node)
+        return groups
+
+    def node(self, name: str) -> LocalNode:
+        """A node by its name, its machine's name or its namespace."""
+        for node in self.nodes:
+            if name in (node.name, node.machine and node.machine.name, node.namespace):
+                return node
+        names = ", ".join(node.name for node in self.nodes)
+        raise LocalClusterError(f"no node {name!r} in cluster {self.id!r}; its nodes: {names}")
+
+    def network(self) -> VpcNetwork | None:
+        """The namespaces and bridge the cluster runs in (None on loopback)."""
+        if not self.netns:
+            return None
+        on_bridge = [(n.name, n.ip) for n in self.nodes]
+        if self.balancer:
+            on_bridge.append((self.balancer.name, self.balancer.ip))
+        return VpcNetwork(
+            self.id,
+            ipaddress.IPv4Network(self.cidr),
+            tuple(name for name, _ in on_bridge),
+            tuple(ip for _, ip in on_bridge),
+        )
+
+    def entry_url(self) -> str:
+        """Where requests go: the balancer with replicas, else the (first) main node."""
+        ip = self.balancer.ip if self.balancer else self.main_nodes()[0].ip
+        return f"http://{ip}:{self.server_port}"
+
+    def from_entry(self, command: str) -> str:
+        """``command`` as run from where the cluster's entry point is reachable. This machine
+        has a route to the first group's main node only; the balancer, like a cloud's internal
+        one, is reached from inside the VPC: from the first main node, as a cloud's tunnel
+        reaches it."""
+        if not self.balancer or not self.netns:
+            return command
+        on = "" if self.id == "local" else f" --id {self.id}"
+        return f"python -m infra.local exec{on} main -- {command}"
+
+    def contract(self) -> dict[str, Any]:
+        """The same output contract as a cloud stack: the top-level node keys are the first
+        serving group's, ``groups`` holds every group's, in order."""
+        groups = [self._group_outputs(nodes) for nodes in self.groups()]
+        first = groups[0]
+        return {
+            outputs.CLOUD: "local",
+            outputs.REGION: "netns" if self.netns else "loopback",
+            outputs.INSTANCE_TYPE: "machine" if self.machines else "process",
+            outputs.WORKER_COUNT: len(first[outputs.WORKER_PRIVATE_IPS]),
+            **first,
+            outputs.CONNECT_COMMAND: self.from_entry(f"curl {self.entry_url()}/v1/models"),
+            outputs.HOURLY_COST_USD: 0.0,
+            outputs.LLAMA_CPP_COMMIT: self.commit,
+            outputs.REPLICAS: len(groups),
+            outputs.BALANCER_URL: (
+                f"http://{self.balancer.ip}:{self.server_port}" if self.balancer else None
+            ),
+            outputs.GROUPS: groups,
+            outputs.METRICS_DOCUMENT: None,
+            outputs.ZONE: None,
+            outputs.RESOURCE_GROUP: None,
+        }
+
+    def _group_outputs(self, nodes: list[LocalNode]) -> dict[str, Any]:
+        main, *workers = nodes
+        worker_ips = [w.ip for w in workers]
+        return {
+            outputs.MAIN_PRIVATE_IP: main.ip,
+            outputs.WORKER_PRIVATE_IPS: worker_ips,
+            outputs.RPC_SERVERS: outputs.rpc_servers(worker_ips, self.rpc_port),
+            outputs.LLAMA_SERVER_URL: f"http://{main.ip}:{self.server_port}",
+            outputs.MAIN_INSTANCE_ID: main.instance_id,
+            outputs.WORKER_INSTANCE_IDS: [w.instance_id for w in workers],
+        }
+
+    # --- storing it --------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "netns": self.netns,
+            "machines": self.machines,
+            "cidr": self.cidr,
+            "commit": self.commit,
+            "rpc_port": self.rpc_port,
+            "server_port": self.server_port,
+            "context_size": self.context_size,
+            "slots": self.slots,
+            "placement": list(self.placement),
+            "nodes": [_node_json(node) for node in self.nodes],
+            "replicas": self.replicas,
+            "balancer": self.balancer and {
+                "name": self.balancer.name,
+                "ip": self.balancer.ip,
+                "namespace": self.balancer.namespace,
+                "directory": self.balancer.directory,
+            },
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterSpec:
+        balancer = data.get("balancer")
+        return cls(
+            id=data["id"],
+            netns=data["netns"],
+            machines=data.get("machines", False),
+            cidr=data["cidr"],
+            commit=data["commit"],
+            rpc_port=data["rpc_port"],
+            server_port=data["server_port"],
+            context_size=data["context_size"],
+            slots=data["slots"],
+            placement=tuple(data.get("placement", ())),
+            nodes=tuple(_node_of_json(node) for node in data["nodes"]),
+            replicas=data.get("replicas", 1),
+            balancer=BalancerEntry(**balancer) if balancer else None,
+        )
+
+    def write(self, state: Path) -> None:
+        (state / SPEC_FILE).write_text(json.dumps(self.to_json(), indent=2))
+
+    @classmethod
+    def read(cls, state: Path) -> ClusterSpec:
+        return cls.from_json(json.loads((state / SPEC_FILE).read_text()))
+
+    @classmethod
+    def load(cls, cache: Path, cluster_id: str) -> ClusterSpec:
+        """The cluster ``cluster_id`` that is up; a clear error when none is."""
+        try:
+            return cls.read(state_dir(cache, cluster_id))
+        except FileNotFoundError:
+            raise LocalClusterError(
+                f"no local cluster {cluster_id!r} is up; start one with `python -m infra.local up`"
+            ) from None
+
+
+def _node_json(node: LocalNode) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": node.name,
+        "role": node.role,
+        "ip": node.ip,
+        "namespace": node.namespace,
+        "group": node.group,
+        "status_file": node.status_file,
+    }
+    if node.env_file is not None:
+        entry["env_file"] = node.env_file
+    if node.machine is not None:
+        m = node.machine
+        entry |= {
+            "machine": m.name,
+            "directory": m.directory,
+            "image_root": m.image_root,
+            "binds": [list(bind) for bind in m.binds],
+            "delivery": {"cloud": m.cloud, "field": m.field, "gzipped": m.gzipped},
+        }
+    return entry
+
+
+def _node_of_json(entry: dict[str, Any]) -> LocalNode:
+    machine = None
+    if "machine" in entry:
+        delivery = entry["delivery"]
+        machine = MachineEntry(
+            name=entry["machine"],
+            directory=entry["directory"],
+            image_root=entry["image_root"],
+            binds=tuple((host, inside) for host, inside in entry["binds"]),
+            cloud=delivery["cloud"],
+            field=delivery["field"],
+            gzipped=delivery["gzipped"],
+        )
+    return LocalNode(
+        name=entry["name"],
+        role=entry["role"],
+        ip=entry["ip"],
+        namespace=entry["namespace"],
+        group=entry.get("group", 0),
+        status_file=entry["status_file"],
+        env_file=entry.get("env_file"),
+        machine=machine,
+    )
