@@ -279,4 +279,6 @@ class PulumiTarget:
             )
         if self.provider == "gcp":
             return gcp_leftovers(self.gcp_project, self.name, self.runner)
-        return azure_leftovers(self.name, self.runner)
+        if self.provider == "azure":
+            return azure_leftovers(self.name, self.runner)
+        raise StepError(f"no audit for {self.provider}: its leftovers cannot be looked for")

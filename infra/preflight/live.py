@@ -76,6 +76,9 @@ def program_reader(cloud: str, settings: Mapping[str, Any]) -> Reader:
 
         return gcp_reader(google)
 
+    if cloud != "azure":
+        raise CredentialsError(f"no preflight reader for {cloud!r}")
+
     def microsoft() -> tuple[str, str]:
         import pulumi_azure_native as azure_native  # noqa: PLC0415
 
@@ -113,6 +116,8 @@ def cli_reader(cloud: str, settings: Mapping[str, Any]) -> Reader:
             return token, project
 
         return gcp_reader(google)
+    if cloud != "azure":
+        raise CredentialsError(f"no preflight reader for {cloud!r}")
 
     def microsoft() -> tuple[str, str]:
         login = "no Azure login: install the Azure CLI and run `az login`"

@@ -17,7 +17,7 @@ import pytest
 from botocore.stub import Stubber
 
 from infra import preflight
-from infra.preflight import aws, azure, gcp
+from infra.preflight import aws, azure, gcp, live
 from infra.preflight.api import JsonApi
 from infra.preflight.cli import main
 from infra.preflight.live import Reader
@@ -545,3 +545,9 @@ def test_the_command_names_a_missing_stack_and_a_bad_setting(
 ) -> None:
     assert main(["no-such-stack"]) == 2
     assert "stack 'no-such-stack': no stacks/Pulumi.no-such-stack.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reader", [live.program_reader, live.cli_reader])
+def test_a_cloud_without_a_reader_is_refused_not_read_as_another(reader: Any) -> None:
+    with pytest.raises(live.CredentialsError, match="no preflight reader for 'oci'"):
+        reader("oci", {})
