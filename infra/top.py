@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from infra.cli.naming import prog
 from infra.core import outputs as keys
 from infra.observe.channels import ChannelError, stack_channels
 from infra.observe.top import DEFAULT_INTERVAL_SECONDS, run, stack_groups
@@ -29,7 +30,7 @@ def stack_outputs(stack: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.top", description=(__doc__ or "").split("\n")[0]
+        prog=prog("infra.top"), description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("stack", help="a deployed stack, as `pulumi up --stack` named it")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_SECONDS)

@@ -182,7 +182,8 @@ LAYERS = {
     "infra.stage": 2,
 }
 COMMAND_LINE = 3  # the commands: they may import anything, and only each other import them
-COMMAND_MODULES = ("infra.top", "infra.plan")  # the commands that live at the package's root
+# The commands outside infra/cli/ (lrc's own package) and the packages' cli and __main__ modules.
+COMMAND_MODULES = ("infra.top", "infra.plan")
 # Imports that the layers allow but the design does not: the Pulumi program never depends on
 # how a stack is planned or watched.
 NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
@@ -191,7 +192,7 @@ NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
 def unit_of(module: str) -> tuple[str, int]:
     """The package a module belongs to in the layer table, and its layer."""
     last = module.rsplit(".", 1)[-1]
-    if module in COMMAND_MODULES or last in ("cli", "__main__"):
+    if module in COMMAND_MODULES or last in ("cli", "__main__") or module.startswith("infra.cli."):
         return module, COMMAND_LINE
     for package, layer in LAYERS.items():
         if module == package or module.startswith(package + "."):

@@ -11,13 +11,14 @@ import sys
 from infra.boot.deliver import deliver
 from infra.boot.node import example
 from infra.boot.render import render
+from infra.cli.naming import prog
 from infra.clouds import FACTS
 from infra.core.limits import ROLES
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.boot", description="Print the cloud-config a node boots with."
+        prog=prog("infra.boot"), description="Print the cloud-config a node boots with."
     )
     parser.add_argument("--role", choices=ROLES, required=True)
     parser.add_argument(

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 from infra import catalog
 from infra.catalog import refresh
+from infra.cli.naming import prog
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.catalog")
+    parser = argparse.ArgumentParser(prog=prog("infra.catalog"))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("show", help="print the catalog's rows")
     update = commands.add_parser(

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from infra.cli.naming import prog
 from infra.costrun import report
 from infra.costrun.events import (
     RUN_FILE,
@@ -52,9 +53,7 @@ def duration(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="python -m infra.costrun", description=__doc__.splitlines()[0]
-    )
+    top = argparse.ArgumentParser(prog=prog("infra.costrun"), description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="deploy, measure, destroy, audit and report each stack")
     which = run.add_mutually_exclusive_group(required=True)

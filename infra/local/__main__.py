@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.boot import BootConfigError
+from infra.cli.naming import prog
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import MAX_REPLICAS
@@ -244,9 +245,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--id", default="local", help="cluster name, to run several (default: local)"
     )
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.local", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=prog("infra.local"), description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     start = sub.add_parser(

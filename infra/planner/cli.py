@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra import catalog, models
+from infra.cli.naming import prog
 from infra.core import sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import Model, ModelError
@@ -24,7 +25,7 @@ STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m infra.planner",
+        prog=prog("infra.planner"),
         description="The smallest Arm cluster of each type that holds a model, ranked per "
         "provider by cost per token (or --sort), with its predicted decode speed, time to serve "
         "and cost. Offline: prices come from "

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from infra import preflight
+from infra.cli.naming import prog
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
@@ -50,7 +51,7 @@ def _report(needs: preflight.Needs, account: Account, found: list[preflight.Prob
 
 def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_reader) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.preflight",
+        prog=prog("infra.preflight"),
         description="Check, read-only, that the cloud account has what a stack needs.",
     )
     parser.add_argument("stack", help="a stack of stacks/, as `pulumi up --stack` names it")

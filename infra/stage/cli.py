@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import IO, Any
 
+from infra.cli.naming import prog
 from infra.models.parts import saved_name
 
 SHA256_METADATA = "sha256"
@@ -90,9 +91,7 @@ def stage(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.stage", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=prog("infra.stage"), description=__doc__.splitlines()[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--stack", help="stage this stack's model, in its region")
     which.add_argument("--region", help="the region of the stack that will read it")

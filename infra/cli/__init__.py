@@ -1,0 +1,1 @@
+"""The command line: ``lrc`` (``infra.cli.lrc``) and what every command shares."""

@@ -1,0 +1,96 @@
+"""``lrc``: the product's one command, beside ``pulumi up`` and ``pulumi destroy``.
+
+Each command is the module that also answers to ``python -m infra.<name>``; it is imported only
+when run, so that ``lrc plan`` loads no cloud SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+from infra.cli.naming import RUNNING_AS
+from infra.core.pins import LLAMA_CPP_COMMIT
+
+PROGRAM = "lrc"
+DISTRIBUTION = "llama-rpc-cluster"
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str  # where its ``main(argv) -> int`` lives
+    summary: str
+
+
+COMMANDS = {
+    "plan": Command("infra.planner.cli", "size and price a cluster for a model on every cloud"),
+    "check": Command(
+        "infra.preflight.cli", "read what a stack needs of its cloud account, before pulumi up"
+    ),
+    "top": Command("infra.top", "watch a deployed stack's nodes, live"),
+    "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),
+    "costrun": Command(
+        "infra.costrun.cli", "deploy, benchmark, destroy and audit stacks; report what each cost"
+    ),
+    "local": Command("infra.local.__main__", "a cluster on this machine, no cloud account"),
+    "catalog": Command("infra.catalog.__main__", "the instance catalog: show, refresh prices"),
+    "boot": Command("infra.boot.__main__", "print the cloud-config a node boots with"),
+}
+
+
+def version() -> str:
+    try:
+        own = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        own = "unknown"
+    return f"{PROGRAM} {own} (llama.cpp {LLAMA_CPP_COMMIT[:12]})"
+
+
+def usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [
+        f"usage: {PROGRAM} [--version] COMMAND [ARGS...]",
+        "",
+        "Private llama.cpp RPC clusters on Arm cloud CPUs. Create and destroy a stack with",
+        "`pulumi up` and `pulumi destroy`; lrc does the rest.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()),
+        "",
+        f"`{PROGRAM} COMMAND --help` shows a command's options.",
+    ]
+    return "\n".join(lines)
+
+
+def entry(name: str) -> Callable[[list[str]], int]:
+    module = importlib.import_module(COMMANDS[name].module)
+    run: Callable[[list[str]], int] = module.main
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name == "--version":
+        print(version())
+        return 0
+    if name not in COMMANDS:
+        print(f"{PROGRAM}: unknown command {name!r}; the commands: {', '.join(COMMANDS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if rest == ["--version"]:
+        print(version())
+        return 0
+    token = RUNNING_AS.set(f"{PROGRAM} {name}")
+    try:
+        return entry(name)(rest)
+    except SystemExit as stop:  # argparse's --help (0) and usage errors (2)
+        return stop.code if isinstance(stop.code, int) else 1
+    finally:
+        RUNNING_AS.reset(token)

@@ -1,0 +1,78 @@
+"""``lrc``: one command for everything beside ``pulumi up``, installed by the project and run
+from any directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.cli import lrc as cli
+from infra.core.pins import LLAMA_CPP_COMMIT
+from tests.conftest import REPO
+
+INSTALLED = Path(sys.executable).parent / "lrc"  # the console script the project installs
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    for name, command in cli.COMMANDS.items():
+        assert f"  {name}" in shown and command.summary in shown
+    assert cli.main([]) == 2  # nothing asked: the usage, as an error
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_each_command_answers_help_version_and_a_usage_error_under_its_lrc_name(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([name, "--help"]) == 0
+    assert capsys.readouterr().out.startswith(f"usage: lrc {name} ")
+    assert cli.main([name, "--version"]) == 0
+    assert capsys.readouterr().out.strip() == cli.version()
+    assert cli.main([name, "--no-such-option"]) == 2
+    assert f"usage: lrc {name}" in capsys.readouterr().err
+
+
+def test_the_version_names_the_release_and_the_llama_cpp_it_builds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--version"]) == 0
+    shown = capsys.readouterr().out.strip()
+    assert shown.startswith("lrc ") and LLAMA_CPP_COMMIT[:12] in shown
+    assert "unknown" not in shown  # the project is installed: its version is known
+
+
+def test_an_unknown_command_is_a_usage_error_naming_the_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["deploy"]) == 2
+    assert "unknown command 'deploy'; the commands: plan, check, top" in capsys.readouterr().err
+
+
+def test_the_python_dash_m_names_still_answer_as_themselves() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.planner", "--help"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.stdout.startswith("usage: python -m infra.planner ")
+
+
+def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) -> None:
+    assert INSTALLED.is_file(), "the project's environment installs lrc (uv sync)"
+    help_ = subprocess.run([INSTALLED, "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert help_.returncode == 0 and "commands:" in help_.stdout
+    planned = subprocess.run(
+        [INSTALLED, "plan", "llama-3.1-8b-q4_0", "--provider", "aws", "--json"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["options"]
+    # The boot files come with it: a node's cloud-config renders from here too.
+    booted = subprocess.run(
+        [INSTALLED, "boot", "--role", "worker"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert booted.returncode == 0 and booted.stdout.startswith("#cloud-config"), booted.stderr
