@@ -15,7 +15,7 @@ from infra.core.limits import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
 from infra.core.outputs import rpc_servers
 from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
 from infra.errors import SettingError
-from infra.models.parts import saved_name
+from infra.models.parts import saved_name, split_parts_problem
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Object-store URLs the boot reads with rclone (fetch-model.sh), the others with curl: S3,
@@ -341,6 +341,8 @@ def _validate_main(boot: NodeBoot) -> None:
                 "needs a file name of its own",
             )
         saved_as[name] = url
+    if problem := split_parts_problem([saved_name(url) for url in boot.model_urls]):
+        raise BootConfigError("model_urls", problem)
     problem = checksums_problem(boot.model_urls, boot.model_sha256)
     if problem:
         raise BootConfigError("model_sha256", problem)

@@ -25,13 +25,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)
     if args.command == "show":
+        print(f"{'cloud':<6} {'region':<12} {'instance type':<18} {'vCPU':>8} {'memory':>9}  "
+              f"{'$/h':<12} price source and date; spot $/h")  # fmt: skip
         for e in catalog.load():
+            # An unknown price says how to fetch it, for this row's cloud and region.
+            fetch = (
+                f"run `{prog('infra.catalog')} refresh --provider {e.provider} --region {e.region}`"
+            )
             price = "unknown" if e.hourly_usd is None else f"${e.hourly_usd:g}/h"
-            spot = "unknown" if e.spot_hourly_usd is None else f"${e.spot_hourly_usd:g}/h"
+            source = f"{e.price_source} {e.price_date}" if e.hourly_usd is not None else fetch
+            spot = (
+                f"spot ${e.spot_hourly_usd:g}/h ({e.spot_price_source} {e.spot_price_date})"
+                if e.spot_hourly_usd is not None
+                else f"spot unknown ({fetch})"
+            )
             size = f"{e.vcpus:>3} vCPU {e.memory_gib:>5g} GiB"
             print(f"{e.provider:<6} {e.region:<12} {e.name:<18} {size}  {price:<12} "
-                  f"{e.price_source} {e.price_date}; spot {spot} "
-                  f"({e.spot_price_source} {e.spot_price_date})".rstrip())  # fmt: skip
+                  f"{source}; {spot}")  # fmt: skip
         return 0
     if args.region and not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", args.region):
         print(f"error: --region {args.region!r} is not a region name (us-east-1, eastus, "

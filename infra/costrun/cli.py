@@ -9,7 +9,9 @@ python -m infra.costrun status|report|cleanup RUN [--out runs/]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.cli.naming import prog
+from infra.core.units import duration as shown_duration
+from infra.core.units import money
 from infra.costrun import report
 from infra.costrun.events import (
     RUN_FILE,
@@ -65,13 +69,18 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-usd", type=float, help="refuse a run predicted over it; stop one going over"
     )
-    run.add_argument("--timeout", type=duration, default=3600.0, help="per stack, up to serving")
+    run.add_argument(
+        "--timeout",
+        type=duration,
+        help="per stack, from up until it serves (default: 1.5 x its predicted time to serve, "
+        "at least 1h)",
+    )
     run.add_argument("--parallel", action="store_true", help="all stacks at once")
     run.add_argument("--keep", action="store_true", help="leave the stacks up (and costing)")
     run.add_argument("--dry-run", action="store_true", help="predictions only; nothing is created")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT)
     run.add_argument("--model", type=Path, help="--local: a GGUF (default: Gemma 3 270M)")
-    run.add_argument("--workers", type=int, default=2, help="--local: RPC workers")
+    run.add_argument("--workers", type=int, help="--local: RPC workers (default 2)")
     run.add_argument("--threads", type=int, help="--local: threads per node")
     for name, text in (
         ("status", "each stack's phase, elapsed time and $ so far"),
@@ -93,7 +102,7 @@ def _local_target(args: argparse.Namespace, cluster_id: str = "costrun") -> Targ
     cache = cache_dir()
     model = args.model or real_model(cache)
     options = UpOptions(
-        workers=args.workers,
+        workers=2 if args.workers is None else args.workers,
         model=model,
         source=sdist_tree(cache, download=False),
         cache=cache,
@@ -103,7 +112,7 @@ def _local_target(args: argparse.Namespace, cluster_id: str = "costrun") -> Targ
         worker_wait_seconds=600,
         machines=True,
     )
-    return LocalTarget(options, timeout=args.timeout)
+    return LocalTarget(options, timeout=args.timeout or 1800.0)
 
 
 def _cloud_target(stack: str) -> Target:
@@ -115,6 +124,11 @@ def _cloud_target(stack: str) -> Target:
 def targets_from(args: argparse.Namespace) -> list[Target]:
     if args.local:
         return [_local_target(args)]
+    # The local cluster's options mean nothing to a stack, whose file says what it runs.
+    for flag, given in (("--model", args.model), ("--workers", args.workers),
+                        ("--threads", args.threads)):  # fmt: skip
+        if given is not None:
+            raise CostRunError(f"{flag} is for --local; a stack's file says its model and nodes")
     names = [n.strip() for n in args.stacks.split(",") if n.strip()]
     if len(set(names)) != len(names) or not names:
         raise CostRunError(f"--stacks {args.stacks!r}: give each stack once")
@@ -153,22 +167,45 @@ def _dry_run(targets: list[Target]) -> tuple[list[dict[str, Any]], float | None]
     return rows, total
 
 
+def default_timeout(serve_seconds: float | None) -> float:
+    """Half again the predicted time to serve, and at least an hour: a slow download or build
+    is not a failure, a node that never serves is."""
+    return max(3600.0, math.ceil(1.5 * serve_seconds)) if serve_seconds else 3600.0
+
+
 def run(args: argparse.Namespace) -> int:
     targets = targets_from(args)
     rows, total = _dry_run(targets)
     for row in rows:
         predicted = row["predicted"]
         usd = row["predicted_run_usd"]
+        serve = predicted["serve_seconds"].get("total")
+        hourly = predicted["hourly_usd"]
         print(
-            f"{row['stack']:<16} serve {predicted['serve_seconds'].get('total') or 'n/a'} s, "
-            f"decode {_number(predicted['decode_tps'])} tok/s, ${predicted['hourly_usd']}/h, "
-            f"this run {'unknown' if usd is None else f'${usd:.2f}'}"
+            f"{row['stack']:<16} serve {'n/a' if serve is None else shown_duration(serve)}, "
+            f"decode {_number(predicted['decode_tps'])} tok/s, "
+            + (
+                f"{money(hourly)}/h"
+                if hourly is not None
+                else f"$/h unknown ({predicted['note'].removeprefix('unknown: ')})"
+            )
+            + f", this run {money(usd)}"
         )
-    print(f"predicted cost of the run: {'unknown' if total is None else f'${total:.2f}'}")
+    print(f"predicted cost of the run: {money(total)}")
+    timeouts = {}
+    for row in rows:  # a timeout the prediction says cannot be met only spends money
+        serve = row["predicted"]["serve_seconds"].get("total")
+        timeouts[row["stack"]] = args.timeout or default_timeout(serve)
+        if serve is not None and args.timeout is not None and args.timeout < serve:
+            raise CostRunError(
+                f"--timeout {args.timeout:g}s: {row['stack']} is predicted to serve after "
+                f"{shown_duration(serve)}; give at least --timeout {math.ceil(serve / 60)}m "
+                "(a number alone is seconds)"
+            )
     if args.max_usd is not None and (total is None or total > args.max_usd):
         raise CostRunError(
             f"--max-usd {args.max_usd}: the run is predicted at "
-            f"{'an unknown cost' if total is None else f'${total:.2f}'}; raise --max-usd or run "
+            f"{'an unknown cost' if total is None else money(total)}; raise --max-usd or run "
             "fewer stacks"
         )
     if args.dry_run:
@@ -189,19 +226,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {run_id}: events in {run_dir}/<stack>/events.jsonl", file=sys.stderr)
     options = RunOptions(
         bench_args=tuple(shlex.split(args.bench)),
-        timeout_seconds=args.timeout,
         max_usd=args.max_usd,
         keep=args.keep,
         poll_seconds=2 if args.local else 15,
     )
+
+    def options_for(target: Target) -> RunOptions:
+        return dataclasses.replace(options, timeout_seconds=timeouts[target.name])
+
     echo = _echo(time.monotonic())
     logs = [EventLog(run_dir / t.name, echo=echo) for t in targets]
     if args.parallel and len(targets) > 1:
         with ThreadPoolExecutor(len(targets)) as pool:
             pairs = zip(targets, logs, strict=True)
-            results = list(pool.map(lambda pair: run_stack(pair[0], pair[1], options), pairs))
+            results = list(
+                pool.map(lambda pair: run_stack(pair[0], pair[1], options_for(pair[0])), pairs)
+            )
     else:
-        results = [run_stack(t, log, options) for t, log in zip(targets, logs, strict=True)]
+        results = [run_stack(t, log, options_for(t)) for t, log in zip(targets, logs, strict=True)]
     written = report.write(run_dir)
     print(f"report: {run_dir / 'report.md'}")
     for stack in written["stacks"]:
@@ -216,7 +258,7 @@ def _target_spec(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
     if isinstance(target, LocalTarget):
         return {"kind": "local", "model": str(target.options.model),
-                "workers": args.workers, "threads": args.threads}  # fmt: skip
+                "workers": target.options.workers, "threads": args.threads}  # fmt: skip
     return {"kind": "pulumi", "stack": target.name}
 
 

@@ -15,6 +15,39 @@ def split_position(name: str) -> tuple[int, int] | None:
     return None if match is None else (int(match["number"]), int(match["count"]))
 
 
+def split_parts_problem(names: list[str]) -> str | None:
+    """What is wrong with a model's file names as a split GGUF, or None: the first must be part 1
+    (llama-server opens it and finds the others beside it), and every part of it must be there,
+    and no part of another split."""
+    positions = [split_position(name) for name in names]
+    if not any(positions):
+        return None
+    first = positions[0]
+    if first is None or first[0] != 1:
+        return (
+            f"model file {names[0]!r} is not part 1 of a split GGUF (…-00001-of-000NN.gguf), "
+            "and the first URL is the file llama-server opens: list part 1 first"
+        )
+    count = first[1]
+    stem = names[0].rsplit("-00001-of-", 1)[0]
+    wanted = [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    missing = [name for name in wanted if name not in names]
+    # Other files (not named as parts) are fetched beside the model; parts of another split are
+    # a mistake.
+    others = [name for name in names if name not in wanted and split_position(name)]
+    if missing or others:
+        wrong = []
+        if missing:
+            wrong.append(f"missing {', '.join(missing)}")
+        if others:
+            wrong.append(f"not its parts: {', '.join(others)}")
+        return (
+            f"model URLs list {count - len(missing)} of the {count} parts of the split GGUF "
+            f"{stem}: {'; '.join(wrong)}; list every part's URL, part 1 first"
+        )
+    return None
+
+
 def part_paths(first: Path, count: int | None = None) -> list[Path]:
     """Every part of the split GGUF whose first part is ``first`` (``count`` of them, by default
     as many as its name says); ``[first]`` for a file that is not the first part of a split."""

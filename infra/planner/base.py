@@ -224,13 +224,15 @@ class Plan:
     alternatives: list[Option] = field(default_factory=list)
 
     def recommendation(self, provider: str) -> Option | None:
-        return next((o for o in self.options if o.provider == provider), None)
+        return next((o for o in self.options if o.provider == provider and o.fits), None)
 
     def picks(self) -> list[Option]:
-        """Each provider's pick, in the order of ``sort``."""
+        """Each provider's pick, in the order of ``sort``: a cluster that does not hold the model
+        (one evaluated as asked, with ``--instance-type``) is nobody's pick."""
         seen: dict[str, Option] = {}
         for option in self.options:
-            seen.setdefault(option.provider, option)
+            if option.fits:
+                seen.setdefault(option.provider, option)
         return list(seen.values())
 
     def only(self, options: Sequence[Option]) -> Plan:

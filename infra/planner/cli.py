@@ -322,13 +322,21 @@ def write_stack(
     return path
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that mean nothing without another are refused, not ignored."""
+    if args.count is not None and not args.instance_type:
+        raise PlanError("--count", "goes with --instance-type")
+    for flag, given in (("--model-url", args.model_url), ("--model-sha256", args.model_sha256)):
+        if given and not args.write_stack:
+            raise PlanError(flag, "goes with --write-stack NAME, which writes it into the stack")
+    if args.download_gbps <= 0:
+        raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    if args.count is not None and not args.instance_type:
-        raise PlanError("--count", "--count goes with --instance-type")
-    if args.download_gbps <= 0:
-        raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+    _check_flags(args)
     goal = _target(args)
     args.sort = args.sort or (target.default_sort(goal) if goal else base.SORTS[0])
     if args.stack:

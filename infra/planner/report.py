@@ -13,6 +13,7 @@ import yaml
 
 from infra.clouds import FACTS
 from infra.core.layout import PROJECT
+from infra.core.units import duration, money
 from infra.models import PRESETS, Model
 from infra.planner import perf, serve, target, verdict
 from infra.planner.base import Option, Plan
@@ -177,17 +178,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _money(value: float | None, digits: int = 2) -> str:
-    return "unknown" if value is None else f"${value:,.{digits}f}"
-
-
-def _duration(seconds: float) -> str:
-    minutes = seconds / 60
-    return f"{minutes:.0f} min" if minutes >= 1 else f"{seconds:.0f} s"
-
-
 def _serve_times(option: Option) -> str:
-    return " / ".join(_duration(option.serve[path].total_seconds) for path in serve.PATHS)
+    return " / ".join(duration(option.serve[path].total_seconds) for path in serve.PATHS)
 
 
 def _per_mtok(value: float) -> str:
@@ -197,7 +189,7 @@ def _per_mtok(value: float) -> str:
 
 def _price(option: Option) -> str:
     # "+": the total leaves out a part the catalog cannot price (named in the notes).
-    return _money(option.hourly_usd) + ("+" if option.price_is_partial else "")
+    return money(option.hourly_usd) + ("+" if option.price_is_partial else "")
 
 
 def _spot(option: Option) -> str:
@@ -259,8 +251,9 @@ def table(plan: Plan, verbose: bool = False) -> str:
     lines += ["", sort, *([sets] if sets else []), "", header]
     picked = set(map(id, plan.picks()))
     for option in plan.options:
-        tps = "n/a" if option.tps is None else f"{option.tps:,.2f}"
-        per_mtok = option.usd_per_million_tokens
+        # A cluster that does not hold the model has no speed, cost per token or serve time.
+        tps = "n/a" if option.tps is None or not option.fits else f"{option.tps:,.2f}"
+        per_mtok = option.usd_per_million_tokens if option.fits else None
         partial = "+" if option.price_is_partial else ""
         mark = "*" if id(option) in picked else " "
         extra = [*notes(option), *filter(None, [_unranked(plan, option)])]
@@ -277,7 +270,8 @@ def table(plan: Plan, verbose: bool = False) -> str:
             f"{mark} {option.provider:<8}  {option.instance.region:<11}  "
             f"{option.name:<17}  {size}  "
             f"{'n/a' if per_mtok is None else _per_mtok(per_mtok) + partial:>6}  "
-            f"{_serve_times(option):>26}  {option.instance.price_date or '-':<10}"
+            f"{_serve_times(option) if option.fits else 'n/a':>26}  "
+            f"{option.instance.price_date or '-':<10}"
             f"  {_spot(option):<21}  {option.placement.describe()}{tail}"
         )
     lines.append("")
@@ -490,7 +484,7 @@ def stack_yaml(option: Option, plan: Plan, settings: dict[str, Any], command: st
         + (f"; {option.slots} slots each" if plan.target is not None else "")
         + ").",
         f"# Planned {datetime.date.today().isoformat()} by `{command}`:",
-        f"# {_money(option.hourly_usd)}/h ({option.instance.price_source}, "
+        f"# {money(option.hourly_usd)}/h ({option.instance.price_source}, "
         f"{option.instance.price_date or 'no date'}), predicted {tps} tok/s"
         + (f" in all for {load.streams} streams" if load is not None else "")
         + ".",

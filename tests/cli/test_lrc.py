@@ -76,3 +76,21 @@ def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) ->
         [INSTALLED, "boot", "--role", "worker"], capture_output=True, text=True, cwd=tmp_path
     )
     assert booted.returncode == 0 and booted.stdout.startswith("#cloud-config"), booted.stderr
+
+
+def test_an_unknown_catalog_price_names_the_refresh_that_fetches_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["catalog", "show"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["cloud", "region", "instance"]
+    advised = {
+        row.split("(run `", 1)[1].split("`", 1)[0] for row in rows if "unknown (run `" in row
+    }
+    assert advised, "the fixture catalog has rows without a spot price"
+    for command in advised:
+        words = command.split()
+        assert words[:3] == ["lrc", "catalog", "refresh"] and "--provider" in words
+        # The advice parses: argparse reads every option before it reaches --help.
+        assert cli.main([*words[1:], "--help"]) == 0
+        capsys.readouterr()

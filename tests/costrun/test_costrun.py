@@ -5,6 +5,8 @@ recorded gcloud and az output. Nothing here reaches a network."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -16,6 +18,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from infra.core import outputs
+from infra.core.units import money
 from infra.costrun import cli, report, rpc_bytes
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
@@ -30,6 +33,7 @@ from infra.observe.channels import (
     run_cli,
 )
 from infra.observe.usage import UsageUnavailable
+from infra.stack.files import stack_config
 from tests.conftest import REPO
 from tests.observe.test_usage import SimulatedCluster
 
@@ -330,6 +334,49 @@ def test_a_dry_run_creates_nothing(tmp_path, fake_targets, capsys) -> None:
     assert cli.main(["run", "--stacks", "a", "--dry-run", "--out", str(tmp_path)]) == 0
     assert "predicted cost of the run: $2.50" in capsys.readouterr().out
     assert fake_targets["a"].calls == [] and not list(tmp_path.iterdir())
+
+
+def test_a_dry_run_of_the_shipped_stacks_reads_as_the_planner_does(tmp_path, capsys) -> None:
+    """Dollars to the cent and serve times in minutes, as the planner shows them; a price the
+    catalog lacks is said so, with the parts it lacks, never printed as None."""
+    stacks = ["aws-c8g", "gcp-c4a", "azure-cobalt"]
+    assert cli.main(["run", "--stacks", ",".join(stacks), "--dry-run", "--out", str(tmp_path)]) in (
+        0,
+        2,
+    )
+    out = capsys.readouterr().out
+    assert "None" not in out
+    for stack in stacks:
+        [line] = [row for row in out.splitlines() if row.startswith(stack)]
+        total = stack_config(stack).hourly_cost.total
+        hourly = f"{money(total)}/h" if total is not None else "$/h unknown (no catalog price for "
+        assert hourly in line and re.search(r"serve \d+ min,", line), line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--timeout", "45"], "--timeout 45s: aws-c8g is predicted to serve after "),
+        (["--workers", "3"], "--workers is for --local"),
+        (["--model", "m.gguf"], "--model is for --local"),
+        (["--threads", "2"], "--threads is for --local"),
+    ],
+)
+def test_an_option_that_cannot_work_for_a_stack_is_refused(tmp_path, capsys, extra, says) -> None:
+    args = ["run", "--stacks", "aws-c8g", "--dry-run", "--out", str(tmp_path), *extra]
+    assert cli.main(args) == 2
+    assert says in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_default_timeout_leaves_a_slow_stack_time_to_serve() -> None:
+    """Azure's stack is predicted to serve after 94 min: an hour's timeout would tear it down
+    while it loads. The default is half again the prediction, and at least an hour."""
+    azure = PulumiTarget("azure-cobalt").predict().serve_seconds["total"]
+    assert cli.default_timeout(azure) == max(3600, math.ceil(1.5 * azure)) >= azure
+    assert cli.default_timeout(600) == 3600 and cli.default_timeout(None) == 3600
+    assert cli.default_timeout(5619.5) == 8430
 
 
 def test_the_command_reports_every_stack_and_fails_loudly_on_a_leftover(

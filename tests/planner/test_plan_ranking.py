@@ -206,8 +206,13 @@ def test_a_cluster_that_does_not_fit_says_why_and_exits_1(
     args = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "1")
     code, out, err = run(capsys, *args)
     assert code == 1
-    assert "DOES NOT FIT" in out
+    [row] = [line for line in out.splitlines() if "DOES NOT FIT" in line]
+    assert re.search(r"\$2\.\d\d +n/a +n/a +n/a ", row), row  # no speed, $/Mtok or serve time
+    # Nothing that cannot hold the model is anyone's pick, or said to fit.
+    assert not row.startswith("*") and "* aws:" not in out and "fits on one" not in out
     assert re.search(r"needs [\d.]+ GiB and has [\d.]+ GiB usable; 2 nodes .* \(--count 2\)", err)
+    code, out, _ = run(capsys, *args, "--json")
+    assert code == 1 and json.loads(out)["picks"] == {}
 
 
 def test_a_type_too_small_for_any_cluster_is_an_error_naming_the_option(

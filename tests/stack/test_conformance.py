@@ -23,9 +23,9 @@ from tests.pulumi_mocks import Deployment, deploy, stack_config, stack_names
 
 P = "llama-rpc-cluster:"
 STORE_URLS = {
-    "aws": ["s3://my-models/llama/part-00001-of-00002.gguf"],
-    "gcp": ["gs://my-models/llama/part-00001-of-00002.gguf"],
-    "azure": ["az://mymodels/models/llama/part-00001-of-00002.gguf"],
+    "aws": ["s3://my-models/llama/model.gguf"],
+    "gcp": ["gs://my-models/llama/model.gguf"],
+    "azure": ["az://mymodels/models/llama/model.gguf"],
 }
 SMALL_MODEL = stack_config("aws-small")[f"{P}model"]
 KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"

@@ -59,6 +59,33 @@ def tags(count: int, prefix: str = "t") -> dict[str, str]:
 
 # (cloud, the setting the error names, overrides, what the error says)
 BAD: list[tuple[str, str, dict[str, Any], str]] = [
+    # A split GGUF: every part, part 1 first (llama-server opens the first URL).
+    *[
+        (cloud, "model.urls", with_urls(cloud, urls), says)
+        for cloud in ("aws", "gcp", "azure")
+        for urls, says in (
+            (
+                [
+                    "https://huggingface.co/o/m/resolve/0123456789abcdef0123456789abcdef01234567/M-00001-of-00005.gguf"
+                ],
+                "list 1 of the 5 parts of the split GGUF M: missing M-00002",
+            ),
+            (
+                [
+                    "https://huggingface.co/o/m/resolve/0123456789abcdef0123456789abcdef01234567/M-00002-of-00002.gguf",
+                    "https://huggingface.co/o/m/resolve/0123456789abcdef0123456789abcdef01234567/M-00001-of-00002.gguf",
+                ],
+                "is not part 1 of a split GGUF",
+            ),
+            (
+                [
+                    "https://huggingface.co/o/m/resolve/0123456789abcdef0123456789abcdef01234567/M-00001-of-00002.gguf",
+                    "https://huggingface.co/o/m/resolve/0123456789abcdef0123456789abcdef01234567/M-00002-of-00003.gguf",
+                ],
+                "not its parts: M-00002-of-00003.gguf",
+            ),
+        )
+    ],
     # What each cloud's types, regions and tags allow.
     ("aws", "instanceType", {f"{P}instanceType": "c7i.16xlarge"}, "c7i.16xlarge is not an Arm"),
     (
