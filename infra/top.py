@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infra.cli.naming import prog
+from infra.cli.options import add_stack, stack_of
 from infra.core import outputs as keys
 from infra.observe.channels import ChannelError, stack_channels
 from infra.observe.top import DEFAULT_INTERVAL_SECONDS, run, stack_groups
@@ -32,10 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog("infra.top"), description=(__doc__ or "").split("\n")[0]
     )
-    parser.add_argument("stack", help="a deployed stack, as `pulumi up --stack` named it")
+    add_stack(parser, "a deployed stack, as `pulumi up --stack` named it")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_SECONDS)
     parser.add_argument("--once", action="store_true", help="print one frame and stop")
     args = parser.parse_args(argv)
+    args.stack = stack_of(parser, args)
     if args.interval <= 0:
         parser.error(f"--interval {args.interval}: give a positive number of seconds")
     try:

@@ -20,7 +20,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     update = commands.add_parser(
         "refresh", help="fetch on-demand and spot prices and update the CSV"
     )
-    update.add_argument("--provider", required=True, choices=sorted(refresh.PROVIDERS))
+    update.add_argument(
+        "--cloud", "--provider", dest="provider", required=True, choices=sorted(refresh.PROVIDERS)
+    )
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)
@@ -30,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in catalog.load():
             # An unknown price says how to fetch it, for this row's cloud and region.
             fetch = (
-                f"run `{prog('infra.catalog')} refresh --provider {e.provider} --region {e.region}`"
+                f"run `{prog('infra.catalog')} refresh --cloud {e.provider} --region {e.region}`"
             )
             price = "unknown" if e.hourly_usd is None else f"${e.hourly_usd:g}/h"
             source = f"{e.price_source} {e.price_date}" if e.hourly_usd is not None else fetch

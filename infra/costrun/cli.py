@@ -61,7 +61,10 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="deploy, measure, destroy, audit and report each stack")
     which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--stacks", help="stack names from stacks/, comma-separated")
+    which.add_argument(
+        "--stack", action="append", metavar="NAME", help="a stack of stacks/ (repeat for several)"
+    )
+    which.add_argument("--stacks", help=argparse.SUPPRESS)  # the older spelling: a,b,c
     which.add_argument("--local", action="store_true", help="the local cluster (machines; root)")
     run.add_argument(
         "--bench", default="", help="arguments for llama-rpc-bench on the main node, quoted"
@@ -129,9 +132,9 @@ def targets_from(args: argparse.Namespace) -> list[Target]:
                         ("--threads", args.threads)):  # fmt: skip
         if given is not None:
             raise CostRunError(f"{flag} is for --local; a stack's file says its model and nodes")
-    names = [n.strip() for n in args.stacks.split(",") if n.strip()]
+    names = args.stack or [n.strip() for n in args.stacks.split(",") if n.strip()]
     if len(set(names)) != len(names) or not names:
-        raise CostRunError(f"--stacks {args.stacks!r}: give each stack once")
+        raise CostRunError(f"--stack {' --stack '.join(names)}: give each stack once")
     return [_cloud_target(name) for name in names]
 
 

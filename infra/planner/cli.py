@@ -59,12 +59,14 @@ def parser() -> argparse.ArgumentParser:
         "chooses unless given)",
     )
     p.add_argument(
+        "--cloud",
         "--provider",
+        dest="provider",
         action="append",
         choices=catalog.providers(),
-        help="only this provider (repeat for several; default: all)",
+        help="only this cloud (repeat for several; default: all)",
     )
-    p.add_argument("--region", help="the region to plan in (with one --provider)")
+    p.add_argument("--region", help="the region to plan in (with one --cloud)")
     p.add_argument(
         "--instance-type",
         help="evaluate this type instead of searching (the fewest nodes that hold the model, "
@@ -177,7 +179,7 @@ def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
     providers = args.provider or catalog.providers()
     if args.region:
         if len(providers) != 1:
-            raise PlanError("--region", "give exactly one --provider with --region")
+            raise PlanError("--region", "give exactly one --cloud with --region")
         return [(providers[0], args.region)]
     return [(p, r) for p in providers for r in search.regions(p)]
 
@@ -250,7 +252,7 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
         ("a model", args.model), ("--gguf", args.gguf), ("--size-gb", args.size_gb),
         ("--layers", args.layers), ("--kv-bytes-per-token", args.kv_bytes_per_token),
         ("--instance-type", args.instance_type), ("--count", args.count),
-        ("--provider", args.provider), ("--region", args.region),
+        ("--cloud", args.provider), ("--region", args.region),
         ("--context", args.context != sizing.DEFAULT_CONTEXT),
         ("--slots", args.slots is not None),
     ) if value]  # fmt: skip

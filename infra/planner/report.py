@@ -310,7 +310,7 @@ def summary(plan: Plan, best: Option) -> str:
         )
     if best.hourly_usd is None:
         price = (
-            "price unknown: run `python -m infra.catalog refresh --provider "
+            "price unknown: run `lrc catalog refresh --cloud "
             f"{best.provider}` (chosen as the smallest that fits)"
         )
         return f"{best.shape}, {how}; {price}"

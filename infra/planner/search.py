@@ -196,14 +196,14 @@ def arm_types(provider: str, region: str) -> list[InstanceType]:
     """The Arm types the catalog has for this provider and region; an error if there are none."""
     known_providers = catalog.providers()
     if provider not in known_providers:
-        raise PlanError("--provider", f"{provider!r} is not one of {', '.join(known_providers)}")
+        raise PlanError("--cloud", f"{provider!r} is not one of {', '.join(known_providers)}")
     found = [t for t in catalog.types_in(provider, region) if t.arch == "arm64"]
     if not found:
         raise PlanError(
             "--region",
             f"the catalog has no Arm instance types for {provider} in {region!r}; "
             f"known regions: {', '.join(regions(provider))}. Add the region with "
-            f"`python -m infra.catalog refresh --provider {provider} --region {region}`",
+            f"`lrc catalog refresh --cloud {provider} --region {region}`",
         )
     return found
 

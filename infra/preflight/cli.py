@@ -16,6 +16,7 @@ from typing import Any
 
 from infra import preflight
 from infra.cli.naming import prog
+from infra.cli.options import add_stack, stack_of
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
@@ -54,9 +55,10 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
         prog=prog("infra.preflight"),
         description="Check, read-only, that the cloud account has what a stack needs.",
     )
-    parser.add_argument("stack", help="a stack of stacks/, as `pulumi up --stack` names it")
+    add_stack(parser, "a stack of stacks/, as `pulumi up --stack` names it")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
+    args.stack = stack_of(parser, args)
     try:
         values = stack_values(args.stack)
         config = config_of(values)

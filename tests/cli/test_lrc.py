@@ -66,7 +66,7 @@ def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) ->
     help_ = subprocess.run([INSTALLED, "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert help_.returncode == 0 and "commands:" in help_.stdout
     planned = subprocess.run(
-        [INSTALLED, "plan", "llama-3.1-8b-q4_0", "--provider", "aws", "--json"],
+        [INSTALLED, "plan", "llama-3.1-8b-q4_0", "--cloud", "aws", "--json"],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
@@ -90,7 +90,23 @@ def test_an_unknown_catalog_price_names_the_refresh_that_fetches_it(
     assert advised, "the fixture catalog has rows without a spot price"
     for command in advised:
         words = command.split()
-        assert words[:3] == ["lrc", "catalog", "refresh"] and "--provider" in words
+        assert words[:3] == ["lrc", "catalog", "refresh"] and "--cloud" in words
         # The advice parses: argparse reads every option before it reaches --help.
         assert cli.main([*words[1:], "--help"]) == 0
         capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["check", "top"])
+def test_a_stack_is_named_with_stack_once(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([name, "--stack", "no-such-stack"]) == 2
+    assert "no-such-stack" in capsys.readouterr().err  # read as the stack, and not found
+    for twice in (["a", "--stack", "b"], []):
+        assert cli.main([name, *twice]) == 2
+        assert "give the stack once: --stack NAME" in capsys.readouterr().err
+
+
+def test_a_cloud_is_named_with_cloud(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "llama-3.1-8b-q4_0", "--cloud", "gcp", "--json"]) == 0
+    assert {o["provider"] for o in json.loads(capsys.readouterr().out)["options"]} == {"gcp"}
+    assert cli.main(["plan", "llama-3.1-8b-q4_0", "--cloud", "oci"]) == 2
+    assert "--cloud" in capsys.readouterr().err

@@ -310,13 +310,13 @@ def test_json_lists_options_cheapest_first_with_the_contract_keys(capsys) -> Non
 
 
 def test_table_says_when_rpc_is_not_needed(capsys) -> None:
-    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--sort", "usd-per-hour")
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--sort", "usd-per-hour")
     assert code == 0
     assert "* aws: 1 x r8g.large, one node, no RPC needed" in out
 
 
 def test_verbose_gives_the_reason_each_type_was_rejected(capsys) -> None:
-    code, out, _ = run(capsys, "deepseek-r1-q4_k_m", "--provider", "aws", "--verbose")
+    code, out, _ = run(capsys, "deepseek-r1-q4_k_m", "--cloud", "aws", "--verbose")
     assert code == 0
     assert (
         "rejected:" in out and "c8g.large" in out and "too small: even 16 nodes (15 workers)" in out
@@ -335,7 +335,7 @@ def test_one_named_cluster_is_evaluated(capsys) -> None:
 
 
 def test_min_tps_keeps_only_fast_enough_clusters(capsys) -> None:
-    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "aws", "--min-tps", "1.5",
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "aws", "--min-tps", "1.5",
                        "--json")  # fmt: skip
     assert code == 0
     options = json.loads(out)["options"]
@@ -356,9 +356,9 @@ def test_min_tps_keeps_only_fast_enough_clusters(capsys) -> None:
         (["qwen2.5-72b-q4_k_m", "--context", "65536"],
          "--context: 65536 tokens is more than qwen2.5-72b-q4_k_m supports (32768)"),
         (["llama-3.1-8b-q4_0", "--context", "0"], "--context: must be a positive number"),
-        (["llama-3.1-8b-q4_0", "--provider", "gcp", "--region", "europe-west4"],
+        (["llama-3.1-8b-q4_0", "--cloud", "gcp", "--region", "europe-west4"],
          "--region: the catalog has no Arm instance types for gcp in 'europe-west4'"),
-        (["llama-3.1-8b-q4_0", "--region", "us-east-1"], "--region: give exactly one --provider"),
+        (["llama-3.1-8b-q4_0", "--region", "us-east-1"], "--region: give exactly one --cloud"),
         (["llama-3.1-8b-q4_0", "--instance-type", "c7i.large", "--count", "2"],
          "--instance-type: 'c7i.large' is not in the catalog"),
         (["llama-3.1-8b-q4_0", "--instance-type", "c8g.large", "--count", "17"],
@@ -405,7 +405,7 @@ ARM_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count"
 @pytest.mark.parametrize(
     ("args", "workers"),
     [
-        (["llama-3.1-405b-q4_0", "--provider", "aws"], 0),
+        (["llama-3.1-405b-q4_0", "--cloud", "aws"], 0),
         (
             [
                 "--size-gb",
@@ -414,7 +414,7 @@ ARM_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count"
                 "120",
                 "--kv-bytes-per-token",
                 "524288",
-                "--provider",
+                "--cloud",
                 "gcp",
             ],
             1,
@@ -444,7 +444,7 @@ def test_write_stack_needs_the_model_url(capsys, tmp_path: Path) -> None:
 
 
 def test_the_download_rate_given_is_the_one_used_and_stated(capsys) -> None:
-    code, out, _ = run(capsys, "llama-3.1-70b-q4_0", "--provider", "aws", "--json",
+    code, out, _ = run(capsys, "llama-3.1-70b-q4_0", "--cloud", "aws", "--json",
                        "--download-gbps", "8")  # fmt: skip
     document = json.loads(out)
     assert code == 0 and "a 8 Gbit/s model host" in document["assumptions"]["serve"]
@@ -461,7 +461,7 @@ def test_the_download_rate_given_is_the_one_used_and_stated(capsys) -> None:
 def test_every_option_places_layers_on_every_node_main_included(capsys) -> None:
     """The 405B plan once offered 10 x r8g.xlarge whose 32 GiB main node could not hold the 28
     layers llama.cpp kept on it; now each node's layers, main first, are in the plan and fit."""
-    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "aws", "--json")
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "aws", "--json")
     assert code == 0
     for option in json.loads(out)["options"]:
         placement = option["placement"]

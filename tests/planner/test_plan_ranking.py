@@ -139,7 +139,7 @@ def test_partial_and_unknown_prices_never_rank_above_a_full_price() -> None:
 def test_gcp_rows_that_leave_out_disks_are_marked_in_table_json_and_chart(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "gcp", "--json")
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "gcp", "--json")
     assert code == 0
     for option in json.loads(out)["options"]:
         assert option["pricePartial"] and option["unpriced"]
@@ -161,7 +161,7 @@ def test_gcp_rows_that_leave_out_disks_are_marked_in_table_json_and_chart(
 def test_min_tps_summary_and_written_stack_name_a_shown_cluster(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--provider", "aws", "--min-tps", "1.5",
+    code, out, _ = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "aws", "--min-tps", "1.5",
                        "--write-stack", "fast", "--model-url", "https://example.invalid/m.gguf",
                        "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0
@@ -180,7 +180,7 @@ def test_min_tps_summary_and_written_stack_name_a_shown_cluster(
 def test_nothing_at_min_tps_says_what_is_fastest_and_exits_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = run(capsys, "llama-3.1-405b-q4_0", "--provider", "gcp", "--min-tps", "50")
+    code, _, err = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "gcp", "--min-tps", "50")
     assert code == 1
     assert "9 cluster(s) hold the model, none predicted at 50 tok/s; the fastest is" in err
     code, out, err = run(capsys, "llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge",
@@ -297,7 +297,7 @@ def test_a_written_stack_never_joins_the_mock_sweep(
     monkeypatch.setattr(files, "STACKS_DIR", tmp_path)
     for name in pulumi_mocks.REPOSITORY_STACKS:
         (tmp_path / f"Pulumi.{name}.yaml").write_text("config: {}\n")
-    code, _, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--write-stack", "mine",
+    code, _, _ = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--write-stack", "mine",
                      "--model-url", "https://example.invalid/m.gguf",
                      "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0 and "mine" in files.stack_names()

@@ -326,7 +326,7 @@ def test_when_no_single_group_is_fast_enough_replicas_win_and_say_why() -> None:
 def test_streams_json_has_the_sets_keys_and_the_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--streams", "24",
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--streams", "24",
                        "--json")  # fmt: skip
     assert code == 0
     document = json.loads(out)
@@ -354,7 +354,7 @@ def test_streams_json_has_the_sets_keys_and_the_verdict(
 
 
 def test_without_a_target_the_json_keeps_one_group(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--json")
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--json")
     assert code == 0
     document = json.loads(out)
     assert document["target"] is None and document["replicasVerdict"] == {}
@@ -366,7 +366,7 @@ def test_without_a_target_the_json_keeps_one_group(capsys: pytest.CaptureFixture
 def test_the_table_shows_groups_slots_and_the_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--aggregate-tps", "400")
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--aggregate-tps", "400")
     assert code == 0
     assert "for 400 tok/s in all; sorted by $ per hour" in out
     assert "groups x nodes  slots" in out
@@ -377,7 +377,7 @@ def test_the_table_shows_groups_slots_and_the_verdict(
 def test_write_stack_writes_the_replicas_and_slots_the_target_took(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, out, err = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--streams", "32",
+    code, out, err = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--streams", "32",
                          "--min-tps", "15", "--json", "--write-stack", "busy", "--model-url", URL,
                          "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0, err
@@ -391,7 +391,7 @@ def test_write_stack_writes_the_replicas_and_slots_the_target_took(
     header = (tmp_path / "Pulumi.busy.yaml").read_text().splitlines()[0]
     assert f"{pick['replicas']} groups of" in header and "behind a private balancer" in header
     # Without a target the key is left out: the stack's default, one group.
-    code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--provider", "aws", "--write-stack", "plain",
+    code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--cloud", "aws", "--write-stack", "plain",
                        "--model-url", URL, "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0, err
     plain = yaml.safe_load((tmp_path / "Pulumi.plain.yaml").read_text())["config"]
@@ -456,7 +456,7 @@ def test_a_stack_refuses_a_slots_flag_with_a_target(capsys: pytest.CaptureFixtur
           "--aggregate-tps", "10"], "--aggregate-tps", "1 x c8g.large does not hold"),
         (["--stack", "aws-small", "--aggregate-tps", "100000"], "--aggregate-tps",
          "replicas of 3 x c8g.large"),
-        (["llama-3.1-70b-q4_0", "--provider", "aws", "--streams", "8", "--min-tps", "500"],
+        (["llama-3.1-70b-q4_0", "--cloud", "aws", "--streams", "8", "--min-tps", "500"],
          "--streams", "each stream gets"),
     ],
 )  # fmt: skip

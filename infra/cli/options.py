@@ -1,0 +1,19 @@
+"""Options every command spells the same way."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_stack(parser: argparse.ArgumentParser, meaning: str) -> None:
+    """``--stack NAME``; a bare NAME, the older spelling, still works."""
+    parser.add_argument("--stack", dest="stack_option", metavar="NAME", help=meaning)
+    parser.add_argument("stack", nargs="?", help=argparse.SUPPRESS)
+
+
+def stack_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The one stack the command is about (a usage error, exit 2, when none or two are given)."""
+    given: list[str] = [str(name) for name in (args.stack_option, args.stack) if name]
+    if len(given) != 1:
+        parser.error("give the stack once: --stack NAME")
+    return given[0]
