@@ -12,6 +12,7 @@ from infra.boot.deliver import deliver
 from infra.boot.node import example
 from infra.boot.render import render
 from infra.cli.naming import prog
+from infra.cli.options import add_json, print_json
 from infra.clouds import FACTS
 from infra.core.limits import ROLES
 
@@ -29,8 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--encoded", action="store_true", help="print the delivered value itself (with --cloud)"
     )
+    add_json(parser)
     args = parser.parse_args(argv)
     user_data = render(example(args.role))
+    if args.json:
+        document: dict[str, object] = {"role": args.role, "userData": user_data}
+        if args.cloud:
+            delivered = deliver(user_data, args.cloud)
+            document["delivery"] = {
+                "cloud": args.cloud, "field": delivered.field, "gzipped": delivered.gzipped,
+                "bytes": delivered.size, "limitBytes": delivered.limit, "value": delivered.value,
+            }  # fmt: skip
+        print_json(document)
+        return 0
     if args.cloud:
         delivery = deliver(user_data, args.cloud)
         print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import urllib.error
@@ -11,12 +12,14 @@ from collections.abc import Sequence
 from infra import catalog
 from infra.catalog import refresh
 from infra.cli.naming import prog
+from infra.cli.options import add_json, print_json
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog("infra.catalog"))
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("show", help="print the catalog's rows")
+    show = commands.add_parser("show", help="print the catalog's rows")
+    add_json(show)
     update = commands.add_parser(
         "refresh", help="fetch on-demand and spot prices and update the CSV"
     )
@@ -26,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)
+    if args.command == "show" and args.json:
+        rows = [dataclasses.asdict(e) for e in catalog.load()]
+        print_json({"instances": rows})
+        return 0
     if args.command == "show":
         print(f"{'cloud':<6} {'region':<12} {'instance type':<18} {'vCPU':>8} {'memory':>9}  "
               f"{'$/h':<12} price source and date; spot $/h")  # fmt: skip

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
 
 
 def add_stack(parser: argparse.ArgumentParser, meaning: str) -> None:
@@ -17,3 +20,17 @@ def stack_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     if len(given) != 1:
         parser.error("give the stack once: --stack NAME")
     return given[0]
+
+
+# Every JSON document a command prints carries it; it grows when a key changes meaning or goes.
+SCHEMA_VERSION = 1
+
+
+def print_json(document: Mapping[str, Any]) -> None:
+    print(json.dumps({"schemaVersion": SCHEMA_VERSION, **document}, indent=2))
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help=f"print JSON (schemaVersion {SCHEMA_VERSION})"
+    )

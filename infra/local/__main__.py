@@ -14,7 +14,6 @@ python -m infra.local image | fetch-source        (install steps: the node image
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any
 
 from infra.boot import BootConfigError
 from infra.cli.naming import prog
+from infra.cli.options import print_json
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import MAX_REPLICAS
@@ -33,7 +33,13 @@ from infra.local import image as node_image
 from infra.local.balancer import BalancerError
 from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
-from infra.local.options import DEFAULT_CIDR, LocalClusterError, UpOptions, can_use_netns
+from infra.local.options import (
+    DEFAULT_CIDR,
+    LocalClusterError,
+    OptionError,
+    UpOptions,
+    can_use_netns,
+)
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.spec import ClusterSpec
 from infra.local.supervisor import supervise
@@ -41,7 +47,7 @@ from infra.local.supervisor import supervise
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(contract, indent=2))
+        print_json(contract)
         return
     width = max(len(k) for k in contract)
     for key, value in contract.items():
@@ -195,7 +201,7 @@ def _status(args: argparse.Namespace) -> int:
             "nodes": statuses,
             "balancer": checks,
         }
-        print(json.dumps(document, indent=2))
+        print_json(document)
         return 0
     _print_contract(spec.contract(), False)
     if spec.placement:  # clusters brought up before placements were planned have none
@@ -380,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code: int = COMMANDS[args.command](args)
+    except OptionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (
         LocalClusterError,
         BootConfigError,

@@ -27,6 +27,10 @@ class LocalClusterError(RuntimeError):
     """The local cluster could not be brought up, read or taken down."""
 
 
+class OptionError(LocalClusterError):
+    """An option of ``up`` that cannot work, refused before anything starts (exit 2)."""
+
+
 @dataclass(frozen=True)
 class UpOptions:
     workers: int  # per serving group
@@ -65,33 +69,27 @@ def can_use_netns() -> bool:
 
 def validate(options: UpOptions) -> ipaddress.IPv4Network:
     if not 0 <= options.workers <= MAX_WORKERS:
-        raise LocalClusterError(
+        raise OptionError(
             f"--workers {options.workers}: give 0 to {MAX_WORKERS} workers (llama.cpp's RPC "
             "limit; 0 serves the model from the main node alone)"
         )
     if not re.fullmatch(r"[a-z0-9]{1,10}", options.cluster_id):
-        raise LocalClusterError(
-            f"--id {options.cluster_id!r}: use 1-10 lowercase letters or digits"
-        )
+        raise OptionError(f"--id {options.cluster_id!r}: use 1-10 lowercase letters or digits")
     try:
         cidr = ipaddress.IPv4Network(options.cidr)
     except ValueError as error:
-        raise LocalClusterError(f"--cidr {options.cidr!r}: {error}") from None
+        raise OptionError(f"--cidr {options.cidr!r}: {error}") from None
     if not cidr.is_private or cidr.prefixlen > 27:
-        raise LocalClusterError(
-            f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger"
-        )
+        raise OptionError(f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger")
     if not 1 <= options.replicas <= MAX_REPLICAS:
-        raise LocalClusterError(
-            f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups"
-        )
+        raise OptionError(f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups")
     if options.netns:
         _check_groups_fit(options, cidr)
     for part in part_paths(options.model):
         if not part.is_file():
-            raise LocalClusterError(f"--model: {part} does not exist")
+            raise OptionError(f"--model: {part} does not exist")
     if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
-        raise LocalClusterError(
+        raise OptionError(
             f"--context {options.context_size} --slots {options.slots}: give a positive context "
             f"and 1 to {sizing.MAX_SLOTS} slots"
         )
@@ -105,7 +103,7 @@ def _check_groups_fit(options: UpOptions, cidr: ipaddress.IPv4Network) -> None:
     needed = int(ipaddress.IPv4Address(last)) - int(subnet.network_address) + 2
     if needed > subnet.num_addresses:
         prefix = 32 - (needed - 1).bit_length()
-        raise LocalClusterError(
+        raise OptionError(
             f"--cidr {options.cidr} --replicas {options.replicas}: the last group's nodes reach "
             f"{last}, beyond the private subnet {subnet}; give a /{prefix} or larger --cidr, or "
             "fewer --replicas or --workers"
@@ -127,7 +125,7 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     try:
         model = gguf_header.describe(options.model)
     except ModelError as error:
-        raise LocalClusterError(f"--model: {error.message}") from None
+        raise OptionError(f"--model: {error.message}") from None
     nodes = options.workers + 1
     # By default every node of every group gets an equal share of this machine.
     memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
@@ -136,7 +134,7 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     )
     if not shares.fits:
         worst = shares.worst
-        raise LocalClusterError(
+        raise OptionError(
             f"{model.name} does not fit {nodes} nodes of {memory / 1024**3:.1f} GiB: the "
             f"{worst.node} node would need {worst.need_bytes / 1024**3:.1f} GiB of "
             f"{worst.usable_bytes / 1024**3:.1f} usable; add --workers, raise --node-memory-gib, "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from infra import catalog, models
 from infra.cli.naming import prog
+from infra.cli.options import print_json
 from infra.core import sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import Model, ModelError
@@ -371,7 +371,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         ]
     )
     if args.json:
-        print(json.dumps(report.to_json(shown), indent=2))
+        print_json(report.to_json(shown))
     else:
         print(report.table(shown, verbose=args.verbose))
     if not shown.options:

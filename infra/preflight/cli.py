@@ -9,14 +9,13 @@ stack or its settings are wrong or no credentials are found.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from infra import preflight
 from infra.cli.naming import prog
-from infra.cli.options import add_stack, stack_of
+from infra.cli.options import add_stack, print_json, stack_of
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
@@ -76,7 +75,7 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
             "problems": [{"about": p.what, "message": p.message} for p in found],
             "notChecked": [str(u) for u in account.unread],
         }
-        print(json.dumps(report, indent=2))
+        print_json(report)
     else:
         print(_report(needs, account, found))
     return 1 if found else 0

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from infra.cli.naming import prog
+from infra.cli.options import add_json, print_json
 from infra.models.parts import saved_name
 
 SHA256_METADATA = "sha256"
@@ -100,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", action="append", default=[], help="a part's URL (repeat)")
     parser.add_argument("--sha256", action="append", default=[], help="a part's sha256 (repeat)")
     parser.add_argument("--endpoint", help="another S3 API (default: AWS's)")
+    add_json(parser)
     args = parser.parse_args(argv)
     urls, sums, region = list(args.url), list(args.sha256), args.region
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
@@ -107,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.stack.config import ConfigError  # noqa: PLC0415
     from infra.stack.files import StackFileError, stack_config  # noqa: PLC0415
 
-    try:
+    try:  # what was asked: a mistake here is a usage error (2)
         if args.stack:
             config = stack_config(args.stack)
             if config.cloud != "aws":
@@ -119,13 +121,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StageError("no model URL: give --url (every part, in order) or --stack")
         if sums and len(sums) != len(urls):
             raise StageError(f"{len(sums)} --sha256 for {len(urls)} --url: give one per part")
+    except (StageError, StackFileError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:  # the copy itself: a part that fails its checksum, a bucket elsewhere (1)
         import boto3  # noqa: PLC0415
 
         s3 = boto3.client("s3", region_name=region, endpoint_url=args.endpoint)
         staged, digests = stage(
             s3, urls, sums, bucket=args.bucket, prefix=args.prefix, region=region
         )
-    except (StageError, StackFileError, ConfigError) as error:
+    except StageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except (BotoCoreError, ClientError) as error:
@@ -136,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     print("# in the stack's llama-rpc-cluster:model:")
+    if args.json:
+        print_json({"urls": staged, "sha256": digests})
+        return 0
     print(f"urls: {json.dumps(staged)}")
     print(f"sha256: {json.dumps(digests)}")
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from infra.cli import lrc as cli
+from infra.cli import options
 from infra.core.pins import LLAMA_CPP_COMMIT
 from tests.conftest import REPO
 
@@ -110,3 +111,27 @@ def test_a_cloud_is_named_with_cloud(capsys: pytest.CaptureFixture[str]) -> None
     assert {o["provider"] for o in json.loads(capsys.readouterr().out)["options"]} == {"gcp"}
     assert cli.main(["plan", "llama-3.1-8b-q4_0", "--cloud", "oci"]) == 2
     assert "--cloud" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "llama-3.1-8b-q4_0", "--cloud", "aws", "--json"],
+        ["catalog", "show", "--json"],
+        ["boot", "--role", "main", "--cloud", "azure", "--json"],
+    ],
+    ids=["plan", "catalog", "boot"],
+)
+def test_json_output_names_its_schema(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(args) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schemaVersion"] == options.SCHEMA_VERSION
+    assert len(document) > 1  # and says something
+
+
+def test_the_boot_document_is_what_the_node_gets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["boot", "--role", "worker", "--cloud", "aws", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["userData"].startswith("#cloud-config")
+    delivery = document["delivery"]
+    assert delivery["cloud"] == "aws" and delivery["bytes"] <= delivery["limitBytes"]

@@ -35,7 +35,7 @@ def test_bad_settings_are_refused_before_anything_starts(
     cache = tmp_path / "cache"
     code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
                  "--loopback", "--id", "cli", *args])  # fmt: skip
-    assert code == 1 and message in capsys.readouterr().err
+    assert code == 2 and message in capsys.readouterr().err
     assert not state_dir(cache, "cli").exists()
 
 
@@ -44,7 +44,7 @@ def test_a_file_that_is_not_a_model_is_named(capsys, tmp_path: Path) -> None:
     text.write_text("not a model")
     code = main(["up", "--model", str(text), "--source", str(tmp_path),
                  "--cache", str(tmp_path / "cache"), "--loopback"])  # fmt: skip
-    assert code == 1
+    assert code == 2
     assert f"error: --model: {text} is not a GGUF file" in capsys.readouterr().err
 
 
@@ -68,7 +68,7 @@ def test_machines_that_cannot_run_fall_back_to_processes_and_say_why(
     code = main(["up", "--machines", "--model", str(model), "--source", str(tmp_path),
                  "--cache", str(tmp_path / "cache"), "--loopback", "--context", "0"])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 1 and "--context 0" in err  # the settings are still checked, after the note
+    assert code == 2 and "--context 0" in err  # the settings are still checked, after the note
     assert "note: machines need network namespaces: the nodes run as processes" in err
 
 

@@ -83,7 +83,7 @@ def test_replicas_out_of_range_are_refused(capsys, tmp_path: Path, model: Path, 
     cache = tmp_path / "cache"
     code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
                  "--loopback", "--id", "cli", "--replicas", str(replicas)])  # fmt: skip
-    assert code == 1
+    assert code == 2
     assert f"--replicas {replicas}: give 1 to {MAX_REPLICAS} serving groups" in (
         capsys.readouterr().err
     )

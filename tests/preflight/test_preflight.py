@@ -536,6 +536,7 @@ def test_the_command_says_ready_or_names_each_problem(capsys: pytest.CaptureFixt
     assert main(["gcp-c4a", "--json"], reader_for=factory) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ready"] is False and report["zone"] == "us-central1-b"
+    assert report["schemaVersion"] == 1
     [problem] = report["problems"]
     assert problem["about"] == "quota" and "24 vCPUs" in problem["message"]
 

@@ -30,7 +30,7 @@ from infra.stage.cli import main
     ],
 )
 def test_bad_staging_input_is_refused_with_the_reason(capsys, args, says) -> None:
-    assert main([*args, "--bucket", "my-models"]) == 1
+    assert main([*args, "--bucket", "my-models"]) == 2
     assert says in capsys.readouterr().err
 
 
