@@ -30,6 +30,7 @@ COMMANDS = {
     "check": Command(
         "infra.preflight.cli", "read what a stack needs of its cloud account, before pulumi up"
     ),
+    "wait": Command("infra.cli.wait", "after pulumi up: wait until every group of a stack serves"),
     "top": Command("infra.top", "watch a deployed stack's nodes, live"),
     "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),
     "costrun": Command(

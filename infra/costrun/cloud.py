@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +16,9 @@ from infra.clouds import gcp as gcp_facts
 from infra.core.layout import PROJECT
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
-from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
+from infra.costrun.target import Prediction, StepError, parse_status
 from infra.observe.channels import Channel, ChannelError, Runner, run_cli, stack_channels
+from infra.observe.status import STATUS_COMMAND
 from infra.stack.config import ClusterConfig
 from infra.stack.files import REPO, stack_config, stack_values
 
@@ -88,8 +90,11 @@ class PulumiTarget:
         runner: Runner = run_cli,
         which: Callable[[str], str | None] = shutil.which,
         environ: dict[str, str] | None = None,
+        pulumi_output: Callable[[str], None] | None = None,
     ) -> None:
         self.name = stack
+        # Pulumi's own lines, as `pulumi up` prints them: a long up or destroy is not silent.
+        self.pulumi_output = pulumi_output or self._echo
         self.config: ClusterConfig = stack_config(stack)
         self.provider = self.config.cloud
         self.values = stack_values(stack)
@@ -99,6 +104,10 @@ class PulumiTarget:
         self.environ = os.environ if environ is None else environ
         self._stack: Any = None
         self.outputs: dict[str, Any] = {}
+
+    def _echo(self, line: str) -> None:
+        if line.strip():
+            print(f"  {self.name} | {line.rstrip()}", file=sys.stderr)
 
     # --- what the run reports and predicts ---------------------------------------------------
 
@@ -222,7 +231,7 @@ class PulumiTarget:
 
     def up(self) -> dict[str, Any]:
         try:
-            result = self._pulumi_stack().up(on_output=lambda _line: None)
+            result = self._pulumi_stack().up(on_output=self.pulumi_output)
         except Exception as error:  # noqa: BLE001 (the Automation API raises many kinds: each is a failed step)
             raise StepError(f"pulumi up {self.name} failed: {error}") from None
         self.outputs = {key: item.value for key, item in result.outputs.items()}
@@ -268,7 +277,7 @@ class PulumiTarget:
 
     def destroy(self) -> None:
         try:
-            self._pulumi_stack().destroy(on_output=lambda _line: None)
+            self._pulumi_stack().destroy(on_output=self.pulumi_output)
         except Exception as error:  # noqa: BLE001 (the Automation API raises many kinds: each is a failed step)
             raise StepError(f"pulumi destroy {self.name} failed: {error}") from None
 

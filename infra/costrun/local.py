@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.costrun.rpc_bytes import ActivationShape, activation_shape
-from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
+from infra.costrun.target import Prediction, StepError, parse_status
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.access import LocalChannel
@@ -20,6 +20,7 @@ from infra.local.options import LocalClusterError, UpOptions, can_use_netns, sta
 from infra.local.spec import ClusterSpec
 from infra.local.usage import LocalProbe
 from infra.observe.channels import ChannelError
+from infra.observe.status import STATUS_COMMAND
 
 
 class LocalTarget:

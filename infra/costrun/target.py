@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infra.boot import VM_PATHS
-from infra.core.node_text import printable, printable_values
 from infra.costrun.rpc_bytes import ActivationShape
+from infra.observe.status import StatusError
+from infra.observe.status import parse_status as read_status
 from infra.observe.usage import UsageProbe
-
-# How the cost run reads a node's status: through the status tool, which takes the file's lock
-# and never follows a link (a plain `cat` could catch a write half-way).
-STATUS_COMMAND = [
-    f"{VM_PATHS.bin_dir}/llama-rpc-status",
-    "--file",
-    f"{VM_PATHS.data_dir}/status.json",
-    "show",
-]
 
 
 def parse_status(text: str) -> dict[str, Any]:
-    """A node's status, its text made printable (the service user writes the file)."""
+    """A node's status (``infra.observe.status``); a file not readable yet fails the step."""
     try:
-        status = json.loads(text)
-    except json.JSONDecodeError:
-        raise StepError(f"the status file is not JSON yet: {printable(text[:200])!r}") from None
-    if not isinstance(status, dict):
-        raise StepError("the status file holds no JSON object")
-    found: dict[str, Any] = printable_values(status)
-    return found
+        return read_status(text)
+    except StatusError as error:
+        raise StepError(str(error)) from None
 
 
 class StepError(RuntimeError):

@@ -24,7 +24,7 @@ from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
-from infra.costrun.target import STATUS_COMMAND, Prediction, StepError, parse_status
+from infra.costrun.target import Prediction, StepError, parse_status
 from infra.observe.channels import (
     ChannelError,
     IapChannel,
@@ -32,6 +32,7 @@ from infra.observe.channels import (
     SsmChannel,
     run_cli,
 )
+from infra.observe.status import STATUS_COMMAND
 from infra.observe.usage import UsageUnavailable
 from infra.stack.files import stack_config
 from tests.conftest import REPO
@@ -431,6 +432,8 @@ class FakeStack:
 
     def up(self, on_output: Any = None) -> Any:
         self.calls.append("up")
+        on_output("Updating (aws-c8g):\n")
+        on_output("    + aws:ec2:Instance llama-rpc-cluster-main creating (12s)\n")
 
         class Output:
             def __init__(self, value: Any) -> None:
@@ -450,6 +453,7 @@ class FakeStack:
 
     def destroy(self, on_output: Any = None) -> None:
         self.calls.append("destroy")
+        on_output("Destroying (aws-c8g):\n")
 
 
 class FakeAutomation:
@@ -462,6 +466,20 @@ class FakeAutomation:
         where = "the project" if Path(work_dir) == REPO else work_dir
         self.calls.append(f"select {stack_name} in {where}")
         return FakeStack(self.calls)
+
+
+def test_pulumis_own_output_is_shown_as_the_stack_deploys(capsys) -> None:
+    """`pulumi up` takes minutes: its lines reach the terminal as it prints them."""
+    target = PulumiTarget("aws-c8g", automation=FakeAutomation())
+    target.up()
+    target.destroy()
+    err = capsys.readouterr().err
+    assert "  aws-c8g | Updating (aws-c8g):" in err
+    assert "  aws-c8g |     + aws:ec2:Instance llama-rpc-cluster-main creating (12s)" in err
+    assert "  aws-c8g | Destroying (aws-c8g):" in err
+    kept: list[str] = []
+    PulumiTarget("aws-c8g", automation=FakeAutomation(), pulumi_output=kept.append).up()
+    assert kept[0] == "Updating (aws-c8g):\n"
 
 
 def aws_clients() -> tuple[dict[str, Any], dict[str, Stubber]]:

@@ -1,0 +1,70 @@
+"""Until a deployed stack serves: each serving group's main node read through its command
+channel, every few seconds, its phase reported as it changes (``booted``, ``building``,
+``downloading``, ``waiting-for-workers``, ``loading``, ``serving``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infra.observe.channels import Channel, ChannelError
+from infra.observe.status import STATUS_COMMAND, StatusError, parse_status
+
+READ_TIMEOUT_SECONDS = 120.0
+
+
+class WaitError(RuntimeError):
+    """A group failed, or did not serve in time; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class GroupState:
+    group: int  # 1-based, as the README and `top` number them
+    phase: str
+    detail: str = ""  # the node's last error, or why it could not be read
+
+    def line(self) -> str:
+        return f"group {self.group}: {self.phase}" + (f" ({self.detail})" if self.detail else "")
+
+
+def read_group(number: int, channel: Channel) -> GroupState:
+    try:
+        status: dict[str, Any] = parse_status(channel.run(STATUS_COMMAND, READ_TIMEOUT_SECONDS))
+    except (ChannelError, StatusError) as error:  # not up yet, or its agent not yet registered
+        return GroupState(number, "unreachable", str(error)[:200])
+    phase = str(status.get("phase") or "starting")
+    return GroupState(
+        number, phase, str(status.get("last_error") or "") if phase == "failed" else ""
+    )
+
+
+def wait_until_serving(
+    channels: Sequence[Channel],
+    *,
+    timeout: float,
+    interval: float = 15.0,
+    report: Callable[[GroupState], None] = lambda _state: None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[GroupState]:
+    """Every group's state once all serve; ``WaitError`` when one fails or ``timeout`` passes.
+    ``report`` hears each group's state when it changes."""
+    deadline = clock() + timeout
+    last: dict[int, GroupState] = {}
+    while True:
+        states = [read_group(number, channel) for number, channel in enumerate(channels, 1)]
+        for state in states:
+            if last.get(state.group) != state:
+                report(state)
+                last[state.group] = state
+        failed = [s for s in states if s.phase == "failed"]
+        if failed:
+            raise WaitError("; ".join(s.line() for s in failed))
+        if all(s.phase == "serving" for s in states):
+            return states
+        if clock() >= deadline:
+            waiting = ", ".join(s.line() for s in states if s.phase != "serving")
+            raise WaitError(f"not serving after {timeout:g} s: {waiting}")
+        sleep(interval)

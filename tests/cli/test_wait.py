@@ -1,0 +1,95 @@
+"""``lrc wait``: after ``pulumi up``, until every serving group serves, each phase as it comes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from infra import top
+from infra.cli import lrc
+from infra.cli import wait as wait_command
+from infra.core import outputs
+from infra.observe.channels import ChannelError
+from infra.observe.status import STATUS_COMMAND
+from infra.observe.wait import WaitError, wait_until_serving
+
+
+class Scripted:
+    """A main node's channel that answers the status command from a script, one per read."""
+
+    max_output = None
+
+    def __init__(self, *answers: str | Exception) -> None:
+        self.answers: Iterator[str | Exception] = iter(answers)
+        self.last: str | Exception = ""
+
+    def run(self, command: list[str], timeout: float) -> str:
+        assert command == STATUS_COMMAND and timeout > 0
+        self.last = next(self.answers, self.last)
+        if isinstance(self.last, Exception):
+            raise self.last
+        return self.last
+
+
+def status(phase: str, **more: Any) -> str:
+    return json.dumps({"phase": phase, **more})
+
+
+def test_each_groups_phase_is_reported_once_as_it_changes_until_all_serve() -> None:
+    one = Scripted(status("building"), status("downloading"), status("serving"))
+    two = Scripted(ChannelError("InvocationDoesNotExist"), status("loading"), status("serving"))
+    seen: list[str] = []
+    naps: list[float] = []
+    states = wait_until_serving(
+        [one, two], timeout=600, interval=15, report=lambda s: seen.append(s.line()),
+        clock=lambda: 0.0, sleep=naps.append,
+    )  # fmt: skip
+    assert [s.phase for s in states] == ["serving", "serving"]
+    assert seen == [
+        "group 1: building",
+        "group 2: unreachable (InvocationDoesNotExist)",
+        "group 1: downloading",
+        "group 2: loading",
+        "group 1: serving",
+        "group 2: serving",
+    ]
+    assert naps == [15, 15]
+
+
+def test_a_failed_group_stops_the_wait_with_its_error() -> None:
+    failed = Scripted(status("failed", last_error="checksum mismatch for part-00002"))
+    with pytest.raises(WaitError, match="group 2: failed \\(checksum mismatch for part-00002\\)"):
+        wait_until_serving([Scripted(status("serving")), failed], timeout=600, sleep=lambda _: None)
+
+
+def test_the_wait_ends_at_its_timeout_naming_who_is_not_serving() -> None:
+    now = iter(range(0, 10_000, 100))
+    with pytest.raises(WaitError, match="not serving after 250 s: group 1: loading"):
+        wait_until_serving(
+            [Scripted(status("loading"))], timeout=250, clock=lambda: float(next(now)),
+            sleep=lambda _: None,
+        )  # fmt: skip
+
+
+def test_the_command_reads_the_stack_and_waits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deployed = {
+        outputs.CLOUD: "aws", outputs.REGION: "us-east-1", outputs.MAIN_INSTANCE_ID: "i-1",
+        outputs.GROUPS: [{outputs.MAIN_INSTANCE_ID: "i-1"}],
+    }  # fmt: skip
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: deployed)
+    monkeypatch.setattr(
+        wait_command, "stack_channels",
+        lambda found, **_: [Scripted(status("loading"), status("serving"))],
+    )  # fmt: skip
+    assert lrc.main(["wait", "--stack", "aws-c8g", "--interval", "0.01"]) == 0
+    captured = capsys.readouterr()
+    assert "group 1: loading" in captured.err and "group 1: serving" in captured.err
+    assert "stack 'aws-c8g' serves" in captured.out
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
+    assert lrc.main(["wait", "--stack", "aws-c8g"]) == 2
+    assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
