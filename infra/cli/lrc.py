@@ -31,6 +31,7 @@ COMMANDS = {
         "infra.preflight.cli", "read what a stack needs of its cloud account, before pulumi up"
     ),
     "wait": Command("infra.cli.wait", "after pulumi up: wait until every group of a stack serves"),
+    "status": Command("infra.cli.status", "each serving group's phase, read once"),
     "top": Command("infra.top", "watch a deployed stack's nodes, live"),
     "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),
     "costrun": Command(

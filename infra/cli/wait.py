@@ -8,10 +8,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from infra.cli.deployed import NotReachable, main_channels
 from infra.cli.naming import prog
 from infra.cli.options import add_stack, stack_of
-from infra.core import outputs as keys
-from infra.observe.channels import ChannelError, stack_channels
 from infra.observe.wait import GroupState, WaitError, wait_until_serving
 
 
@@ -26,24 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack = stack_of(parser, args)
     if args.timeout <= 0 or args.interval <= 0:
         parser.error("--timeout and --interval: give positive numbers of seconds")
-    from infra import top  # noqa: PLC0415 (the Automation API: only when run)
-
     try:
-        outputs = top.stack_outputs(stack)
-    except Exception as error:  # noqa: BLE001 (any reason the outputs are unreadable ends in exit 2, with it)
-        print(f"cannot read stack {stack!r}'s outputs: {error}", file=sys.stderr)
-        return 2
-    if not outputs:
-        print(f"stack {stack!r} has no outputs: deploy it with `pulumi up`", file=sys.stderr)
-        return 2
-    try:
-        channels = stack_channels(
-            outputs,
-            aws_ssm=lambda: top._ssm_client(str(outputs[keys.REGION])),
-            gcp_project=top._gcp_project(stack),
-        )
-    except ChannelError as error:
-        print(f"stack {stack!r}: {error}", file=sys.stderr)
+        channels = main_channels(stack)
+    except NotReachable as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     started = time.monotonic()
 

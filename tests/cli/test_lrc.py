@@ -51,7 +51,10 @@ def test_an_unknown_command_is_a_usage_error_naming_the_commands(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert cli.main(["deploy"]) == 2
-    assert "unknown command 'deploy'; the commands: plan, check, wait" in capsys.readouterr().err
+    assert (
+        "unknown command 'deploy'; the commands: plan, check, wait, status"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_python_dash_m_names_still_answer_as_themselves() -> None:

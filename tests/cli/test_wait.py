@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from infra import top
+from infra.cli import deployed as deployed_module
 from infra.cli import lrc
-from infra.cli import wait as wait_command
 from infra.core import outputs
 from infra.observe.channels import ChannelError
 from infra.observe.status import STATUS_COMMAND
@@ -83,7 +83,7 @@ def test_the_command_reads_the_stack_and_waits(
     }  # fmt: skip
     monkeypatch.setattr(top, "stack_outputs", lambda stack: deployed)
     monkeypatch.setattr(
-        wait_command, "stack_channels",
+        deployed_module, "stack_channels",
         lambda found, **_: [Scripted(status("loading"), status("serving"))],
     )  # fmt: skip
     assert lrc.main(["wait", "--stack", "aws-c8g", "--interval", "0.01"]) == 0
@@ -93,3 +93,22 @@ def test_the_command_reads_the_stack_and_waits(
     monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
     assert lrc.main(["wait", "--stack", "aws-c8g"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
+
+
+def test_status_reads_each_group_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deployed = {
+        outputs.CLOUD: "aws", outputs.REGION: "us-east-1", outputs.MAIN_INSTANCE_ID: "i-1",
+    }  # fmt: skip
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: deployed)
+    monkeypatch.setattr(
+        deployed_module, "stack_channels",
+        lambda found, **_: [Scripted(status("serving")), Scripted(status("downloading"))],
+    )  # fmt: skip
+    assert lrc.main(["status", "--stack", "aws-c8g"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["group 1: serving", "group 2: downloading"]
+    assert lrc.main(["status", "--stack", "aws-c8g", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schemaVersion"] == 1 and document["stack"] == "aws-c8g"
+    assert [g["phase"] for g in document["groups"]] == ["serving", "downloading"]
