@@ -1,9 +1,10 @@
 """Every setting of the stack, declared once: its type, default, description and value check.
 
 This table drives the config check (``infra.stack.config``), the ``config:`` block of
-``Pulumi.yaml`` and the README's settings table; ``tests/stack/test_stack_settings.py`` checks that
-the two files say what this table says. A setting that a cloud cannot honour is refused there by
-that cloud's facts (``CloudFacts.refuses``), and the table names it.
+``Pulumi.yaml`` and the settings table (``docs/settings.md``);
+``tests/stack/test_stack_settings.py`` checks that the two files say what this table says. A
+setting that a cloud cannot honour is refused there by that cloud's facts
+(``CloudFacts.refuses``), and the table names it.
 
 ``python -m infra.stack.settings --pulumi-yaml`` prints the ``config:`` block, ``--readme`` the
 table.
@@ -60,7 +61,7 @@ class Setting:
     description: str
     # The value when the setting is not given; None: required, or computed (``default_text``).
     default: Any = None
-    default_text: str = ""  # how a computed default is chosen, for the README
+    default_text: str = ""  # how a computed default is chosen, for the table
     required: bool = False
     # For whole numbers: the range they must fall in.
     low: int | None = None
@@ -334,7 +335,7 @@ def refused_on(key: str) -> list[str]:
 def in_project_file(setting: Setting) -> bool:
     """Whether ``Pulumi.yaml`` declares the setting. Pulumi asks every stack for a declared key
     that has no default, so only the required settings and those with a fixed default are
-    declared; a computed or unset default stays out (the README's table lists every setting)."""
+    declared; a computed or unset default stays out (docs/settings.md lists every setting)."""
     return setting.required or setting.default is not None
 
 
@@ -364,7 +365,7 @@ def project_file_block() -> str:
     comment = (
         "Written by `python -m infra.stack.settings --pulumi-yaml` from infra/stack/settings.py. "
         "Settings whose default is computed or unset are not declared here (Pulumi asks every "
-        f"stack for a declared key that has no default): {left_out}. The README's settings "
+        f"stack for a declared key that has no default): {left_out}. The settings table "
         "table lists every setting."
     )
     body = yaml.safe_dump({"config": project_config()}, sort_keys=False, width=96)
@@ -372,7 +373,7 @@ def project_file_block() -> str:
 
 
 def readme_table() -> str:
-    """The README's settings table, in Markdown."""
+    """The settings table table, in Markdown."""
     rows = ["| Setting | Type | Default | What it is |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         if setting.required:
@@ -394,7 +395,7 @@ def readme_table() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m infra.stack.settings",
-        description="Print the settings as Pulumi.yaml's config block or as the README's table.",
+        description="Print the settings as Pulumi.yaml's config block or as a Markdown table.",
     )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--pulumi-yaml", action="store_true", help="the config: block")

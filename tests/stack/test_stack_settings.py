@@ -19,7 +19,7 @@ from tests.conftest import REPO
 from tests.pulumi_mocks import stack_config, stack_names
 
 PULUMI_YAML = REPO / "Pulumi.yaml"
-README = REPO / "README.md"
+README = REPO / "docs" / "settings.md"  # where the settings table lives
 CONFIG_PY = REPO / "infra" / "stack" / "config.py"
 README_START = "<!-- settings:start -->"
 README_END = "<!-- settings:end -->"
