@@ -33,6 +33,7 @@ COMMANDS = {
     "wait": Command("infra.cli.wait", "after pulumi up: wait until every group of a stack serves"),
     "status": Command("infra.cli.status", "each serving group's phase, read once"),
     "top": Command("infra.top", "watch a deployed stack's nodes, live"),
+    "exec": Command("infra.cli.exec_command", "run a command as root on a group's main node"),
     "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),
     "costrun": Command(
         "infra.costrun.cli", "deploy, benchmark, destroy and audit stacks; report what each cost"

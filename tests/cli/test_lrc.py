@@ -52,7 +52,7 @@ def test_an_unknown_command_is_a_usage_error_naming_the_commands(
 ) -> None:
     assert cli.main(["deploy"]) == 2
     assert (
-        "unknown command 'deploy'; the commands: plan, check, wait, status"
+        "unknown command 'deploy'; the commands: plan, check, wait, status, top, exec"
         in capsys.readouterr().err
     )
 

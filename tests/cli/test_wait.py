@@ -112,3 +112,31 @@ def test_status_reads_each_group_once(
     document = json.loads(capsys.readouterr().out)
     assert document["schemaVersion"] == 1 and document["stack"] == "aws-c8g"
     assert [g["phase"] for g in document["groups"]] == ["serving", "downloading"]
+
+
+def test_exec_runs_a_command_on_a_groups_main_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[tuple[int, list[str]]] = []
+
+    class Recording:
+        max_output = None
+
+        def __init__(self, group: int) -> None:
+            self.group = group
+
+        def run(self, command: list[str], timeout: float) -> str:
+            ran.append((self.group, command))
+            return f"ran on group {self.group}\n"
+
+    monkeypatch.setattr(top, "stack_outputs", lambda stack: {outputs.CLOUD: "aws"})
+    monkeypatch.setattr(
+        deployed_module, "stack_channels", lambda found, **_: [Recording(1), Recording(2)]
+    )
+    assert lrc.main(["exec", "--stack", "s", "--", "journalctl", "-n", "5"]) == 0
+    assert capsys.readouterr().out == "ran on group 1\n"
+    assert lrc.main(["exec", "--stack", "s", "--group", "2", "--", "uptime"]) == 0
+    assert ran == [(1, ["journalctl", "-n", "5"]), (2, ["uptime"])]
+    assert lrc.main(["exec", "--stack", "s", "--group", "3", "--", "uptime"]) == 2
+    assert "--group 3: the stack has 2 serving group(s)" in capsys.readouterr().err
+    assert lrc.main(["exec", "--stack", "s"]) == 2  # no command

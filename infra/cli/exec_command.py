@@ -1,0 +1,41 @@
+"""``lrc exec --stack S [--group N] -- COMMAND...``: run a command as root on a serving group's
+main node, through the cloud's command channel (SSM, IAP SSH, Run Command), and print its output.
+The workers take no commands: they have no identity and admit nothing but their main node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from infra.cli.deployed import NotReachable, main_channels
+from infra.cli.naming import prog
+from infra.observe.channels import ChannelError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog("infra.cli.exec_command"), description=__doc__)
+    parser.add_argument(
+        "--stack", required=True, metavar="NAME", help="a deployed stack, as `pulumi up` named it"
+    )
+    parser.add_argument("--group", type=int, default=1, help="the serving group (default 1)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
+    parser.add_argument("command_line", nargs=argparse.REMAINDER, help="-- COMMAND...")
+    args = parser.parse_args(argv)
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    stack = args.stack
+    if not command:
+        parser.error("give a command after --: lrc exec --stack NAME -- COMMAND...")
+    try:
+        channels = main_channels(stack)
+    except NotReachable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not 1 <= args.group <= len(channels):
+        parser.error(f"--group {args.group}: the stack has {len(channels)} serving group(s)")
+    try:
+        sys.stdout.write(channels[args.group - 1].run(command, args.timeout))
+    except ChannelError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
