@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
 from infra.cli.naming import prog
+from infra.cli.options import add_json, print_json
 from infra.observe.channels import ChannelError
 
 
@@ -20,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--group", type=int, default=1, help="the serving group (default 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
+    add_json(parser)
     parser.add_argument("command_line", nargs=argparse.REMAINDER, help="-- COMMAND...")
     args = parser.parse_args(argv)
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
@@ -34,8 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.group <= len(channels):
         parser.error(f"--group {args.group}: the stack has {len(channels)} serving group(s)")
     try:
-        sys.stdout.write(channels[args.group - 1].run(command, args.timeout))
+        output = channels[args.group - 1].run(command, args.timeout)
     except ChannelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if args.json:
+        print_json({"stack": stack, "group": args.group, "command": command, "output": output})
+    else:
+        sys.stdout.write(output)
     return 0

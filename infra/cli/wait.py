@@ -4,13 +4,14 @@ serves, showing each group's boot phase as it changes."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
 from infra.cli.naming import prog
-from infra.cli.options import add_stack, stack_of
+from infra.cli.options import add_json, add_stack, print_json, stack_of
 from infra.observe.wait import GroupState, WaitError, wait_until_serving
 
 
@@ -21,6 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout", type=float, default=7200, help="seconds to wait (default 7200)"
     )
     parser.add_argument("--interval", type=float, default=15, help="seconds between reads")
+    add_json(parser)
     args = parser.parse_args(argv)
     stack = stack_of(parser, args)
     if args.timeout <= 0 or args.interval <= 0:
@@ -36,9 +38,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{time.monotonic() - started:6.0f}s  {state.line()}", file=sys.stderr)
 
     try:
-        wait_until_serving(channels, timeout=args.timeout, interval=args.interval, report=report)
+        states = wait_until_serving(
+            channels, timeout=args.timeout, interval=args.interval, report=report
+        )
     except WaitError as error:
         print(f"error: {error}", file=sys.stderr)
+        if args.json:
+            print_json({"stack": stack, "serving": False, "error": str(error)})
         return 1
-    print(f"stack {stack!r} serves: every group answered `serving`")
+    if args.json:
+        groups = [dataclasses.asdict(state) for state in states]
+        print_json({"stack": stack, "serving": True, "groups": groups})
+    else:
+        print(f"stack {stack!r} serves: every group answered `serving`")
     return 0

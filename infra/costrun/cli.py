@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.cli.naming import prog
+from infra.cli.options import add_json, print_json
 from infra.core.units import duration as shown_duration
 from infra.core.units import money
 from infra.costrun import report
@@ -93,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=text)
         command.add_argument("run", help="the run's id (a directory under --out)")
         command.add_argument("--out", type=Path, default=DEFAULT_OUT)
+        if name == "status":
+            add_json(command)
     return top
 
 
@@ -274,7 +277,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 def status(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args)
-    print(f"{'stack':<16} {'phase':<10} {'elapsed':>9} {'$ so far':>10}")
+    rows: list[dict[str, Any]] = []
     for directory in stack_dirs(run_dir):
         events = read_events(directory / "events.jsonl")
         predicted = (last(events, "predicted") or {}).get("prediction", {})
@@ -282,7 +285,15 @@ def status(args: argparse.Namespace) -> int:
         end = last(events, "destroyed") or last(events, "finished")
         elapsed = ((end or {"at": time.time()})["at"] - up["at"]) if up else 0.0
         spent = (predicted.get("hourly_usd") or 0) * elapsed / 3600 if up else 0.0
-        print(f"{directory.name:<16} {phase_of(events):<10} {elapsed:>8.0f}s {spent:>10.4f}")
+        rows.append({"stack": directory.name, "phase": phase_of(events),
+                     "elapsedSeconds": round(elapsed, 1), "spentUsd": round(spent, 4)})  # fmt: skip
+    if args.json:
+        print_json({"run": args.run, "stacks": rows})
+        return 0
+    print(f"{'stack':<16} {'phase':<10} {'elapsed':>9} {'$ so far':>10}")
+    for row in rows:
+        print(f"{row['stack']:<16} {row['phase']:<10} {row['elapsedSeconds']:>8.0f}s "
+              f"{money(float(row['spentUsd']), 4):>10}")  # fmt: skip
     return 0
 
 

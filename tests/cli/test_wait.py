@@ -90,6 +90,10 @@ def test_the_command_reads_the_stack_and_waits(
     captured = capsys.readouterr()
     assert "group 1: loading" in captured.err and "group 1: serving" in captured.err
     assert "stack 'aws-c8g' serves" in captured.out
+    assert lrc.main(["wait", "--stack", "aws-c8g", "--interval", "0.01", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schemaVersion"] == 1 and document["serving"] is True
+    assert [g["phase"] for g in document["groups"]] == ["serving"]
     monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
     assert lrc.main(["wait", "--stack", "aws-c8g"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
@@ -137,6 +141,10 @@ def test_exec_runs_a_command_on_a_groups_main_node(
     assert capsys.readouterr().out == "ran on group 1\n"
     assert lrc.main(["exec", "--stack", "s", "--group", "2", "--", "uptime"]) == 0
     assert ran == [(1, ["journalctl", "-n", "5"]), (2, ["uptime"])]
+    capsys.readouterr()
+    assert lrc.main(["exec", "--stack", "s", "--json", "--", "uptime"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schemaVersion"] == 1 and document["output"] == "ran on group 1\n"
     assert lrc.main(["exec", "--stack", "s", "--group", "3", "--", "uptime"]) == 2
     assert "--group 3: the stack has 2 serving group(s)" in capsys.readouterr().err
     assert lrc.main(["exec", "--stack", "s"]) == 2  # no command

@@ -401,7 +401,9 @@ def test_the_command_reports_every_stack_and_fails_loudly_on_a_leftover(
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_crashed_run_is_cleaned_up_and_reported(tmp_path, fake_targets, monkeypatch) -> None:
+def test_a_crashed_run_is_cleaned_up_and_reported(
+    tmp_path, fake_targets, monkeypatch, capsys
+) -> None:
     run_dir = tmp_path / "crashed"
     (run_dir).mkdir()
     (run_dir / "run.json").write_text(json.dumps({"id": "crashed", "targets": {}}))
@@ -413,6 +415,11 @@ def test_a_crashed_run_is_cleaned_up_and_reported(tmp_path, fake_targets, monkey
     assert cli.main(["cleanup", "crashed", "--out", str(tmp_path)]) == 0
     assert fake_targets["s1"].calls == ["destroy", "audit"] and "s2" not in fake_targets
     assert not needs_cleanup(read_events(run_dir / "s1" / "events.jsonl"))
+    capsys.readouterr()
+    assert cli.main(["status", "crashed", "--out", str(tmp_path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["schemaVersion"] == 1 and shown["run"] == "crashed"
+    assert {row["stack"] for row in shown["stacks"]} == {"s1", "s2"}
     assert cli.main(["status", "crashed", "--out", str(tmp_path)]) == 0
     assert (run_dir / "report.md").exists()
 
