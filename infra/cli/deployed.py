@@ -3,6 +3,9 @@ command channel to each serving group's main node."""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from infra.core import outputs as keys
 from infra.observe.channels import Channel, ChannelError, stack_channels
 
@@ -11,20 +14,50 @@ class NotReachable(RuntimeError):
     """The stack's outputs or nodes cannot be reached; the message says why (exit 2)."""
 
 
-def main_channels(stack: str) -> list[Channel]:
-    from infra import top  # noqa: PLC0415 (the Automation API: only when run)
+def stack_outputs(stack: str) -> dict[str, Any]:
+    """The deployed stack's outputs, from its Pulumi state (the CLI must be logged in)."""
+    from pulumi import automation  # noqa: PLC0415 (the Automation API: only when run)
 
+    from infra.stack.files import REPO  # noqa: PLC0415
+
+    selected = automation.select_stack(stack_name=stack, work_dir=str(REPO))
+    return {key: item.value for key, item in selected.outputs().items()}
+
+
+def reach(stack: str) -> tuple[dict[str, Any], list[Channel]]:
+    """The stack's outputs and a channel to each serving group's main node."""
     try:
-        found = top.stack_outputs(stack)
+        found = stack_outputs(stack)
     except Exception as error:  # noqa: BLE001 (any reason the outputs are unreadable is said)
         raise NotReachable(f"cannot read stack {stack!r}'s outputs: {error}") from None
     if not found:
         raise NotReachable(f"stack {stack!r} has no outputs: deploy it with `pulumi up`")
     try:
-        return stack_channels(
+        channels = stack_channels(
             found,
-            aws_ssm=lambda: top._ssm_client(str(found[keys.REGION])),
-            gcp_project=top._gcp_project(stack),
+            aws_ssm=lambda: _ssm_client(str(found[keys.REGION])),
+            gcp_project=_gcp_project(stack),
         )
     except ChannelError as error:
         raise NotReachable(f"stack {stack!r}: {error}") from None
+    return found, channels
+
+
+def main_channels(stack: str) -> list[Channel]:
+    return reach(stack)[1]
+
+
+def _ssm_client(region: str) -> Any:
+    import boto3  # noqa: PLC0415
+
+    return boto3.client("ssm", region_name=region)
+
+
+def _gcp_project(stack: str) -> str:
+    from infra.stack.files import stack_values  # noqa: PLC0415
+
+    try:
+        configured = stack_values(stack).get("gcp:project")
+    except Exception:  # noqa: BLE001 (a stack without a file here: the environment may name the project)
+        configured = None
+    return str(configured or os.environ.get("GOOGLE_CLOUD_PROJECT", ""))

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from infra import top
 from infra.cli import deployed as deployed_module
 from infra.cli import lrc
 from infra.core import outputs
@@ -81,7 +80,7 @@ def test_the_command_reads_the_stack_and_waits(
         outputs.CLOUD: "aws", outputs.REGION: "us-east-1", outputs.MAIN_INSTANCE_ID: "i-1",
         outputs.GROUPS: [{outputs.MAIN_INSTANCE_ID: "i-1"}],
     }  # fmt: skip
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: deployed)
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: deployed)
     monkeypatch.setattr(
         deployed_module, "stack_channels",
         lambda found, **_: [Scripted(status("loading"), status("serving"))],
@@ -94,7 +93,7 @@ def test_the_command_reads_the_stack_and_waits(
     document = json.loads(capsys.readouterr().out)
     assert document["schemaVersion"] == 1 and document["serving"] is True
     assert [g["phase"] for g in document["groups"]] == ["serving"]
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: {})
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: {})
     assert lrc.main(["wait", "--stack", "aws-c8g"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
 
@@ -105,7 +104,7 @@ def test_status_reads_each_group_once(
     deployed = {
         outputs.CLOUD: "aws", outputs.REGION: "us-east-1", outputs.MAIN_INSTANCE_ID: "i-1",
     }  # fmt: skip
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: deployed)
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: deployed)
     monkeypatch.setattr(
         deployed_module, "stack_channels",
         lambda found, **_: [Scripted(status("serving")), Scripted(status("downloading"))],
@@ -133,7 +132,7 @@ def test_exec_runs_a_command_on_a_groups_main_node(
             ran.append((self.group, command))
             return f"ran on group {self.group}\n"
 
-    monkeypatch.setattr(top, "stack_outputs", lambda stack: {outputs.CLOUD: "aws"})
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: {outputs.CLOUD: "aws"})
     monkeypatch.setattr(
         deployed_module, "stack_channels", lambda found, **_: [Recording(1), Recording(2)]
     )

@@ -7,8 +7,10 @@ Traffic goes only to loopback and to the namespaces these tests create.
 
 from __future__ import annotations
 
+import json
 import random
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,28 @@ def test_chat_gets_an_answer_from_a_model_without_a_chat_template(two_workers) -
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"].strip()
     assert body["usage"]["completion_tokens"] > 0
+
+
+def test_a_streamed_chat_as_the_readmes_openai_client_sends_it(two_workers) -> None:
+    """The README's client: any model name (llama-server serves its one model), `stream: true`;
+    the answer arrives as server-sent events, a piece at a time, and ends with [DONE]."""
+    body = {
+        "model": "served",
+        "messages": [{"role": "user", "content": "Name the capital of France."}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": True,
+    }
+    request = urllib.request.Request(
+        f"{url_of(two_workers)}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        events = [line[len(b"data: ") :] for line in response if line.startswith(b"data: ")]
+    assert events[-1].strip() == b"[DONE]"
+    pieces = [json.loads(event)["choices"][0]["delta"].get("content") for event in events[:-1]]
+    assert len([p for p in pieces if p]) > 1 and "".join(p for p in pieces if p).strip()
 
 
 @pytest.mark.parametrize("where", ["two_workers", "one_node"])

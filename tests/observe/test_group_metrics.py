@@ -25,6 +25,7 @@ import pytest
 from infra import top as top_command
 from infra.boot import metrics_command
 from infra.boot.installed import installed_text
+from infra.cli import deployed
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import MAX_WORKERS
@@ -366,19 +367,19 @@ def test_the_command_installs_the_script_once_per_version_and_runs_it(
 def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     group, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(top_command, "stack_outputs", lambda stack: stack_outputs(group.ips))
+    monkeypatch.setattr(deployed, "stack_outputs", lambda stack: stack_outputs(group.ips))
     asked: list[dict[str, Any]] = []
 
     def channels(found: Mapping[str, Any], **options: Any) -> list[ScriptChannel]:
         asked.append(dict(found))
         return [ScriptChannel(group)]
 
-    monkeypatch.setattr(top_command, "stack_channels", channels)
+    monkeypatch.setattr(deployed, "stack_channels", channels)
     assert top_command.main(["aws-c8g", "--once", "--interval", "0.2"]) == 0
     shown = capsys.readouterr().out
     assert "stack 'aws-c8g' (3 nodes)" in shown and "worker-2" in shown
     assert asked == [stack_outputs(group.ips)]
-    monkeypatch.setattr(top_command, "stack_outputs", lambda stack: {})
+    monkeypatch.setattr(deployed, "stack_outputs", lambda stack: {})
     assert top_command.main(["aws-c8g", "--once"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
 
