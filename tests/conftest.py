@@ -164,14 +164,15 @@ class FlakyServer:
     ``faults[path]`` lists what the next requests for ``path`` get, one entry each, before the
     file is served properly (with ``Range: bytes=N-`` support): ``"drop"`` (the full
     Content-Length, half the body, then the connection closed), ``"reset"`` (the same, ended by
-    a TCP reset), ``"429"`` (Too Many Requests, Retry-After: 1), ``"503"``, or ``"redirect:URL"``
-    (302 to URL).
+    a TCP reset), ``"429"`` (Too Many Requests, Retry-After: 1), ``"503"``, ``"redirect:URL"``
+    (302 to URL), or ``"hold"`` (half the body, the rest once ``release`` is set).
     """
 
     url: str
     root: Path
     faults: dict[str, list[str]] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, range
+    release: threading.Event = field(default_factory=threading.Event)
 
     def paths(self) -> list[str]:
         return [path for _, path, _ in self.requests]
@@ -217,6 +218,12 @@ def _flaky_handler(server: FlakyServer) -> type[http.server.BaseHTTPRequestHandl
             self.send_header("Content-Length", str(len(data) - start))
             self.end_headers()
             body = data[start:]
+            if fault == "hold":
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                server.release.wait(30)
+                self.wfile.write(body[len(body) // 2 :])
+                return
             if fault in ("drop", "reset"):
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()

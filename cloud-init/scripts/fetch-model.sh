@@ -14,10 +14,12 @@ DOWNLOAD_ATTEMPTS="${DOWNLOAD_ATTEMPTS:-8}"
 DOWNLOAD_RETRY_DELAY="${DOWNLOAD_RETRY_DELAY:-5}" # seconds, doubled after each attempt
 STAGED_STREAMS="${STAGED_STREAMS:-16}"                # ranged reads at once, per staged part
 STAGED_CUTOFF="${STAGED_CUTOFF:-64M}"                 # smaller objects are read in one stream
-for setting in DOWNLOAD_JOBS DOWNLOAD_ATTEMPTS DOWNLOAD_RETRY_DELAY STAGED_STREAMS; do
+DOWNLOAD_PROGRESS_SECONDS="${DOWNLOAD_PROGRESS_SECONDS:-10}" # how often the status file hears
+for setting in DOWNLOAD_JOBS DOWNLOAD_ATTEMPTS DOWNLOAD_RETRY_DELAY STAGED_STREAMS DOWNLOAD_PROGRESS_SECONDS; do
   require_count "$setting"
 done
 [[ $DOWNLOAD_JOBS -gt 0 ]] || DOWNLOAD_JOBS=1
+[[ $DOWNLOAD_PROGRESS_SECONDS -gt 0 ]] || DOWNLOAD_PROGRESS_SECONDS=1
 if [[ ${#sums[@]} -gt 0 && ${#sums[@]} -ne ${#urls[@]} ]]; then
   fail_final "MODEL_SHA256 has ${#sums[@]} checksums for ${#urls[@]} model URLs; give one per part, in order, or none"
 fi
@@ -41,6 +43,7 @@ scratch="$(mktemp -d)"
 # Whatever stops this script, the status must not stay "downloading".
 finish() {
   local code=$?
+  [[ -z "${reporter:-}" ]] || kill "$reporter" 2>/dev/null || true
   rm -rf "$scratch"
   if [[ $code -ne 0 && -z "${FAILURE_RECORDED:-}" ]]; then
     status phase=failed "last_error=model download stopped unexpectedly (exit status $code)" || true
@@ -91,7 +94,7 @@ download() {
     # is followed to https only, never to plain http (or file://, or anything else).
     reply="$(curl --globoff --proto-redir =https --fail --location --silent --show-error --continue-at - \
       --retry 5 --connect-timeout 20 --speed-limit 1024 --speed-time 60 \
-      --write-out '%{http_code} %header{content-length}' \
+      --write-out '%{http_code} %header{content-length}' --dump-header "$scratch/$index.headers" \
       --output "$partial" "$url" 2>"$scratch/$index.curl")" || code=$?
     [[ $code -ne 0 ]] || return 0
     read -r http length <<<"$reply"
@@ -177,6 +180,7 @@ download_staged() {
     fi
     [[ $code -ne 0 ]] || "${rclone[@]}" copyto "$remote" "$partial" \
       --multi-thread-streams "$STAGED_STREAMS" --multi-thread-cutoff "$STAGED_CUTOFF" \
+      --stats "${DOWNLOAD_PROGRESS_SECONDS}s" --stats-one-line --stats-log-level NOTICE \
       2>"$scratch/$index.rclone" || code=$?
     [[ $code -ne 0 ]] || return 0
     rm -f "$partial"
@@ -246,9 +250,15 @@ fetch_part() {
 
 status phase=downloading "model_path=$(model_file "${urls[0]}")" "model_parts:=${#urls[@]}"
 started=$EPOCHREALTIME
+parts=()
+for url in "${urls[@]}"; do parts+=("$(model_file "$url")"); done
+progress() { llama_rpc_status download-progress "$scratch" "${parts[@]}" || true; }
+# Bytes done and in all, in the status file while the parts come (`lrc wait` shows them).
+while sleep "$DOWNLOAD_PROGRESS_SECONDS"; do progress; done &
+reporter=$!
 pids=()
 for i in "${!urls[@]}"; do
-  while [[ $(jobs -rp | wc -l) -ge $DOWNLOAD_JOBS ]]; do
+  while [[ $(jobs -rp | wc -l) -gt $DOWNLOAD_JOBS ]]; do # the reporter is one of the jobs
     wait -n || true # a throttle only: each part's status is collected below
   done
   fetch_part "$i" "${urls[$i]}" "${sums[$i]:-}" &
@@ -266,6 +276,8 @@ for i in "${!urls[@]}"; do
   reason="$(cat "$scratch/$i" 2>/dev/null || true)"
   failures+=("${reason:-download of ${urls[$i]} failed (exit status $code; see the log)}")
 done
+kill "$reporter" 2>/dev/null || true
+progress
 if [[ ${#failures[@]} -gt 0 ]]; then
   message="$(printf '%s; ' "${failures[@]}")"
   fail_with "$exit_code" "${message%; }"

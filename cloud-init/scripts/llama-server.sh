@@ -46,9 +46,15 @@ on_ready() {
   status "placement:=$placed"
 }
 
+# The weights sent to the workers so far, against the planned bytes (`lrc wait` shows it).
+while_loading() {
+  [[ -n "${RPC_WORKERS:-}" && "${RPC_LOAD_BYTES:-0}" -gt 0 ]] || return 0
+  ss -tinH state established | llama_rpc_status load-progress "$RPC_WORKERS" "$RPC_LOAD_BYTES"
+}
+
 # Extra llama-server flags, word-split on purpose (for example "--threads-batch 8").
 read -r -a extra_args <<<"${LLAMA_SERVER_ARGS:-}"
-status phase=loading
+status phase=loading load_sent_bytes:=null
 # --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
 # own. --fit off: the placement and the context are planned, llama.cpp must not change them.
 run_until_ready llama-server load_seconds LOAD_TIMEOUT_SECONDS \

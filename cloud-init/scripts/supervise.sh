@@ -6,8 +6,8 @@
 # the node serving once PROBE succeeds (recording the wait as SECONDS_KEY), and exit with
 # COMMAND's status so the service manager restarts it on failure. COMMAND that is not ready
 # within TIMEOUT_SETTING's seconds (a hung load) is stopped, and the node fails. A function
-# on_ready, if the caller defines one, runs just before the node is marked serving; it
-# reports, and its failure stops nothing.
+# on_ready, if the caller defines one, runs just before the node is marked serving, and
+# while_loading every 10 s until then; they report, and their failure stops nothing.
 run_until_ready() {
   local name="$1" seconds_key="$2" timeout_setting="$3"
   shift 3
@@ -38,6 +38,9 @@ run_until_ready() {
     # Often for the first second, so that a quick start (ggml-rpc-server listens within
     # milliseconds) is timed as it happens; then every half second through a long load.
     if ((++polls <= 10)); then sleep 0.1; else sleep 0.5; fi
+    if ((polls % 20 == 0)) && declare -F while_loading >/dev/null; then
+      while_loading || true
+    fi
   done
   if declare -F on_ready >/dev/null; then
     on_ready || log "warning: $name is ready, but on_ready failed"

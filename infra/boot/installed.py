@@ -3,11 +3,13 @@
 Comments are for the repository; on a node they only take user-data space, of which AWS gives
 16 KB compressed. Nothing else changes: shell scripts keep every line bash parses (heredoc
 bodies and multi-line strings included; the tests compare bash's own reading of both), Python
-scripts lose only their comment tokens, and unit files only their ``#`` and ``;`` lines.
+scripts lose only their comment tokens and their module docstring after its first line (the
+summary their ``--help`` prints), and unit files only their ``#`` and ``;`` lines.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -73,7 +75,9 @@ def _open_quote(line: str, quote: str | None) -> str | None:
 
 
 def _python_without_comments(text: str) -> str:
-    """Comment tokens out (the shebang stays); lines left empty by that go too."""
+    """Comment tokens out (the shebang stays); lines left empty by that go too. The module
+    docstring keeps its first line."""
+    text = _first_docstring_line(text)
     comments = {
         token.start[0]: token.start[1]
         for token in tokenize.generate_tokens(io.StringIO(text).readline)
@@ -88,3 +92,15 @@ def _python_without_comments(text: str) -> str:
             continue
         kept.append(line)
     return "".join(kept)
+
+
+def _first_docstring_line(text: str) -> str:
+    body = ast.parse(text).body
+    if not body or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
+        return text
+    doc, node = body[0].value.value, body[0]
+    if not isinstance(doc, str) or node.end_lineno is None:
+        return text
+    lines = text.splitlines(keepends=True)
+    summary = repr(doc.strip().splitlines()[0] if doc.strip() else "") + "\n"
+    return "".join([*lines[: node.lineno - 1], summary, *lines[node.end_lineno :]])

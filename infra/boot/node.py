@@ -91,6 +91,8 @@ class NodeBoot:
     # --tensor-split, one value per worker. Needed with workers, meaningless without.
     gpu_layers: int = 0
     tensor_split: tuple[int, ...] = ()
+    # The weights the workers get from the main node (the placement's): the load's progress.
+    worker_weight_bytes: int = 0
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -149,6 +151,7 @@ class NodeBoot:
                 "SLOTS": str(self.slots),
                 "LLAMA_GPU_LAYERS": str(self.gpu_layers) if self.rpc_workers else "",
                 "LLAMA_TENSOR_SPLIT": ",".join(map(str, self.tensor_split)),
+                "RPC_LOAD_BYTES": str(self.worker_weight_bytes),
                 "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
                 "LOAD_TIMEOUT_SECONDS": str(self.load_timeout_seconds),
             }
@@ -190,6 +193,7 @@ _ENV_FIELDS = {
     "SLOTS": "slots",
     "LLAMA_GPU_LAYERS": "gpu_layers",
     "LLAMA_TENSOR_SPLIT": "tensor_split",
+    "RPC_LOAD_BYTES": "worker_weight_bytes",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",

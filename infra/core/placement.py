@@ -76,6 +76,11 @@ class Placement:
             split[-1] += 1
         return tuple(split)
 
+    @property
+    def worker_weight_bytes(self) -> int:
+        """The weights the main node sends to the workers as it loads."""
+        return sum(share.weight_bytes for share in self.shares[1:])
+
     def to_json(self) -> list[dict[str, int | str]]:
         return [{"node": s.node, "layers": s.layers, "bytes": s.bytes} for s in self.shares]
 

@@ -43,6 +43,7 @@ from infra.local.options import (
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.spec import ClusterSpec
 from infra.local.supervisor import supervise
+from infra.observe.status import phase_text
 
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
@@ -225,7 +226,7 @@ def _status(args: argparse.Namespace) -> int:
             indent = "  "
         for node in nodes:
             status = statuses[node.name]
-            phase = "machine stopped" if node.name in stopped else status.get("phase", "starting")
+            phase = "machine stopped" if node.name in stopped else phase_text(status)
             line = f"{indent}{node.name:<6} {phase:<20}"
             if status.get("last_error"):
                 line += f" last error: {status['last_error']}"

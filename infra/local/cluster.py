@@ -49,6 +49,7 @@ from infra.local.options import (
     validate,
 )
 from infra.local.spec import BALANCER_NODE, SPEC_FILE, ClusterSpec
+from infra.observe.status import phase_text
 
 
 def up(
@@ -245,7 +246,7 @@ def _wait_until_serving(
     last = ""
     while True:
         statuses = read_status(spec)
-        phases = ", ".join(f"{n}: {s.get('phase', 'starting')}" for n, s in statuses.items())
+        phases = ", ".join(f"{n}: {phase_text(s, short=True)}" for n, s in statuses.items())
         if progress and phases != last:
             progress(phases)
             last = phases

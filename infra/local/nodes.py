@@ -100,6 +100,7 @@ def node_boot(
         slots=options.slots,
         gpu_layers=shares.gpu_layers,
         tensor_split=shares.tensor_split,
+        worker_weight_bytes=shares.worker_weight_bytes,
         worker_wait_seconds=options.worker_wait_seconds,
         threads=options.threads,
         extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}

@@ -42,6 +42,7 @@ from infra.local.options import LocalClusterError
 from infra.local.spec import ClusterSpec, LocalNode
 from infra.observe import metrics
 from infra.observe.metrics import MetricsError, Snapshot
+from infra.observe.status import phase_text
 from infra.observe.topview import (
     FOOTER,
     NodeReading,
@@ -147,7 +148,7 @@ def read_cluster(spec: ClusterSpec) -> list[NodeReading]:
 
     def phase(name: str) -> str:
         status = statuses.get(name, {})
-        return "machine stopped" if name in stopped else str(status.get("phase", "starting"))
+        return "machine stopped" if name in stopped else phase_text(status, short=True)
 
     with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
         return list(pool.map(lambda n: read_node(spec, n, phase(n.name)), nodes))

@@ -31,6 +31,7 @@ from infra.core.layout import node_name
 from infra.core.node_text import printable
 from infra.observe import metrics
 from infra.observe.metrics import MetricsError, Sample, Snapshot
+from infra.observe.status import phase_text
 from infra.observe.topview import NodeReading as ViewNode
 from infra.observe.usage import KvCacheReading, NodeCounters, Reading
 
@@ -107,7 +108,7 @@ def parse(text: str) -> GroupReading:
         slots = tuple(server_entry.get("slots") or ())
     return GroupReading(
         at=float(document["at"]),
-        phase=printable(str(document.get("phase", "starting")), PHASE_CHARS),
+        phase=printable(_phase(document), PHASE_CHARS),
         nodes=tuple(nodes),
         server=server,
         slots=slots,
@@ -181,3 +182,11 @@ def node_names(group_ips: Sequence[Sequence[str]]) -> dict[str, str]:
         for group, ips in enumerate(group_ips)
         for index, ip in enumerate(ips)
     }
+
+
+def _phase(document: dict[str, Any]) -> str:
+    """The main node's phase, with the percent it counted of it (``downloading 41%``)."""
+    found = document.get("status")
+    if isinstance(found, dict) and found:
+        return phase_text(found, short=True)
+    return str(document.get("phase", "starting"))

@@ -178,6 +178,7 @@ class ClusterConfig:
             slots=self.slots,
             gpu_layers=self.placement.gpu_layers,
             tensor_split=self.placement.tensor_split,
+            worker_weight_bytes=self.placement.worker_weight_bytes,
             server_listen=listen,
         )
         return [main, *workers]

@@ -6,6 +6,8 @@ the status file, and nothing left running.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -14,7 +16,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -448,6 +452,113 @@ def test_a_dropped_connection_resumes_until_the_part_is_whole(
     assert not list(models.glob("*.partial"))
 
 
+def test_the_status_file_counts_the_download_as_it_comes(run_script, flaky_http, tmp_path) -> None:
+    """Bytes done and in all while a part arrives (a resumed one: 206, its size from
+    Content-Range), and done equal to all at the end."""
+    data = model_bytes(400_000)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    (models / "model.gguf.partial").write_bytes(data[:100_000])
+    flaky_http.faults["/model.gguf"] = ["hold"]
+    status_file = tmp_path / "data" / "status.json"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            run_script, "fetch-model.sh", MODEL_URLS=f"{flaky_http.url}/model.gguf",
+            DOWNLOAD_PROGRESS_SECONDS="1", **FAST_RETRIES,
+        )  # fmt: skip
+        seen: dict = {}
+        deadline = time.monotonic() + 20
+        # curl's own buffer (stdio's) may hold back the last few KB of what has arrived.
+        while seen.get("download_done_bytes", 0) < 200_000 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            with contextlib.suppress(OSError, ValueError):
+                seen = json.loads(status_file.read_text())
+        flaky_http.release.set()
+        result, status = running.result(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert seen["phase"] == "downloading"
+    assert 200_000 <= seen["download_done_bytes"] <= 250_000
+    assert seen["download_total_bytes"] == len(data)
+    assert (status["download_done_bytes"], status["download_total_bytes"]) == (len(data),) * 2
+
+
+def test_download_progress_reads_rclone_and_redirects(tmp_path: Path) -> None:
+    """A staged part counts rclone's own stats; a part whose last response so far is a redirect,
+    or whose size no response gave, makes the total unknown until it is known."""
+    scratch, models = tmp_path / "scratch", tmp_path / "models"
+    scratch.mkdir()
+    models.mkdir()
+    (models / "whole.gguf").write_bytes(b"x" * 1000)
+    (scratch / "1.rclone").write_text(
+        "2026/11/26 14:20:42 NOTICE:    74.996 MiB / 286.102 MiB, 26%, 0 B/s, ETA -\n"
+        "2026/11/26 14:20:43 NOTICE:   224.996 MiB / 286.102 MiB, 79%, 149.834 MiB/s, ETA 0s\n"
+    )
+    (models / "redirected.gguf.partial").write_bytes(b"x" * 10)
+    (scratch / "2.headers").write_text(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\nHTTP/1.1 302 Found\r\n"
+        "Location: https://cdn/x\r\nContent-Length: 0\r\n\r\n"
+    )
+    parts = [models / "whole.gguf", models / "staged.gguf", models / "redirected.gguf"]
+
+    def progress() -> dict:
+        status = tmp_path / "status.json"
+        subprocess.run(
+            [sys.executable, SCRIPTS / "llama-rpc-status", "--file", status, "download-progress",
+             scratch, *parts], check=True,
+        )  # fmt: skip
+        return json.loads(status.read_text())
+
+    first = progress()
+    assert first["download_done_bytes"] == 1000 + round(224.996 * 2**20) + 10
+    assert first["download_total_bytes"] is None
+    (scratch / "2.headers").write_text(
+        (scratch / "2.headers").read_text() + "HTTP/2 200\r\ncontent-length: 7000\r\n\r\n"
+    )
+    assert progress()["download_total_bytes"] == 1000 + round(286.102 * 2**20) + 7000
+
+
+def test_load_progress_counts_what_reached_the_workers() -> None:
+    ss = (
+        "0 0 10.0.0.1:40000 10.0.0.2:50052\n\t cubic bytes_sent:900 bytes_acked:800 segs_out:7\n"
+        "0 0 10.0.0.1:40002 10.0.0.3:50052\n\t cubic bytes_acked:1200 bytes_received:5\n"
+        "0 0 10.0.0.1:40004 10.0.0.9:22\n\t cubic bytes_acked:99999\n"
+    )
+    with tempfile.TemporaryDirectory() as work:
+        status = Path(work) / "status.json"
+        subprocess.run(
+            [sys.executable, SCRIPTS / "llama-rpc-status", "--file", status, "load-progress",
+             "10.0.0.2:50052,10.0.0.3:50052", "5000"], input=ss, text=True, check=True,
+        )  # fmt: skip
+        found = json.loads(status.read_text())
+    assert (found["load_sent_bytes"], found["load_total_bytes"]) == (1998, 5000)  # less each SYN
+
+
+
+def test_load_progress_reads_what_ss_says_of_a_real_connection(tmp_path: Path) -> None:
+    """ss's own output for a loopback connection that carried 300,000 bytes to a "worker"."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        worker = f"127.0.0.1:{server.getsockname()[1]}"
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                client.sendall(b"w" * 300_000)
+                got = 0
+                while got < 300_000:
+                    got += len(accepted.recv(65536))
+                time.sleep(0.2)  # the last acknowledgement
+                ss = subprocess.run(
+                    ["ss", "-tinH", "state", "established"], capture_output=True, text=True,
+                    check=True,
+                ).stdout  # fmt: skip
+    status = tmp_path / "status.json"
+    subprocess.run(
+        [sys.executable, SCRIPTS / "llama-rpc-status", "--file", status, "load-progress",
+         f"{worker},10.0.0.3:50052", "600000"], input=ss, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(status.read_text())["load_sent_bytes"] == 300_000
+
+
 def test_a_429_waits_as_long_as_retry_after_says(run_script, flaky_http, tmp_path) -> None:
     data = model_bytes(10_000)
     (flaky_http.root / "model.gguf").write_bytes(data)
@@ -627,6 +738,56 @@ def test_a_load_that_never_finishes_is_stopped_at_its_deadline(tmp_path: Path) -
     )
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+FAKE_LOADING_SERVER = """#!/usr/bin/env python3
+import os, socket, time
+host, port = os.environ["FAKE_WORKER"].rsplit(":", 1)
+with socket.create_connection((host, int(port))) as worker:
+    worker.sendall(b"w" * 1_000_000)  # weights on their way; /health never answers
+    time.sleep(600)
+"""
+
+
+def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: Path) -> None:
+    """llama-server.sh, with a stand-in server that sends 1 MB to its "worker" and never gets
+    ready: the status file has the bytes sent and the planned total well before the deadline."""
+    prefix, data = tmp_path / "prefix", tmp_path / "data"
+    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_LOADING_SERVER)
+    fake.chmod(0o755)
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        worker = f"127.0.0.1:{listener.getsockname()[1]}"
+        received = bytearray()
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    peer, _ = listener.accept()
+                    with peer:
+                        while chunk := peer.recv(65536):
+                            received.extend(chunk)
+
+        threading.Thread(target=drain, daemon=True).start()
+        env = {
+            "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+            "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
+            "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
+            "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+            "RPC_WORKERS": worker, "LLAMA_GPU_LAYERS": "1", "LLAMA_TENSOR_SPLIT": "1",
+            "RPC_LOAD_BYTES": "4000000", "LOAD_TIMEOUT_SECONDS": "9", "FAKE_WORKER": worker,
+        }  # fmt: skip
+        result = subprocess.run(
+            ["bash", str(SCRIPTS / "llama-server.sh")], env=env, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr  # the deadline, as it should
+    status = json.loads((data / "status.json").read_text())
+    assert len(received) == 1_000_000
+    assert (status["load_sent_bytes"], status["load_total_bytes"]) == (1_000_000, 4_000_000)
 
 
 # --- packages and the llama.cpp source: transient failures are retried, boundedly ---

@@ -58,6 +58,34 @@ def test_each_groups_phase_is_reported_once_as_it_changes_until_all_serve() -> N
     assert naps == [15, 15]
 
 
+def test_the_download_and_the_load_are_reported_by_the_percent() -> None:
+    """A new line per new percent (not per byte), with the bytes; a size not yet known shows
+    what came so far; the load counts the weights sent to the workers."""
+    gb = 10**9
+    node = Scripted(
+        status("downloading", download_done_bytes=3 * gb, download_total_bytes=None),
+        status("downloading", download_done_bytes=94 * gb, download_total_bytes=229 * gb),
+        status("downloading", download_done_bytes=94 * gb + 5, download_total_bytes=229 * gb),
+        status("downloading", download_done_bytes=229 * gb - 1, download_total_bytes=229 * gb),
+        status("loading", download_done_bytes=229 * gb, load_sent_bytes=0, load_total_bytes=None),
+        status("loading", load_sent_bytes=120 * gb, load_total_bytes=190 * gb),
+        status("serving", load_sent_bytes=190 * gb, load_total_bytes=190 * gb),
+    )
+    seen: list[str] = []
+    wait_until_serving(
+        [node], timeout=600, report=lambda s: seen.append(s.line()), clock=lambda: 0.0,
+        sleep=lambda _: None,
+    )  # fmt: skip
+    assert seen == [
+        "group 1: downloading 3.0 GB so far",
+        "group 1: downloading 41% (94.0 of 229.0 GB)",
+        "group 1: downloading 99% (229.0 of 229.0 GB)",
+        "group 1: loading 0.0 GB so far",
+        "group 1: loading 63% (120.0 of 190.0 GB)",
+        "group 1: serving",
+    ]
+
+
 def test_a_failed_group_stops_the_wait_with_its_error() -> None:
     failed = Scripted(status("failed", last_error="checksum mismatch for part-00002"))
     with pytest.raises(WaitError, match="group 2: failed \\(checksum mismatch for part-00002\\)"):

@@ -140,6 +140,8 @@ def test_status_files_record_the_boot(up) -> None:
     for key in ("download_seconds", "load_seconds", "time_to_serve_seconds"):
         assert main[key] >= 0, key
     assert main["build_skipped"] or main["build_seconds"] > 0
+    # The download counted to its end; the load's total is the weights planned for the workers.
+    assert main["download_done_bytes"] == main["download_total_bytes"] == main["model_bytes"]
     for name in ("w1", "w2"):
         assert statuses[name]["phase"] == "serving"
         assert statuses[name]["role"] == "worker"

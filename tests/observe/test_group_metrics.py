@@ -222,6 +222,18 @@ def test_a_reading_keeps_every_figure_the_exporters_and_llama_server_give(group)
     assert metrics.kv_cache_usage(read.server, read.slots) == metrics.kv_cache_usage(server, slots)
 
 
+def test_a_reading_carries_the_percent_the_main_node_counted(group) -> None:
+    """`top`'s phase column: the download's or the load's percent, where the node counts it."""
+    group.status.write_text(json.dumps(
+        {"phase": "downloading", "download_done_bytes": 41, "download_total_bytes": 100}
+    ))  # fmt: skip
+    read = group_metrics.parse(ScriptChannel(group).run(metrics_command.read_command(), 60))
+    assert read.phase == "downloading 41%"
+    group.status.write_text(json.dumps({"phase": "loading", "load_sent_bytes": None}))
+    read = group_metrics.parse(ScriptChannel(group).run(metrics_command.read_command(), 60))
+    assert read.phase == "loading"
+
+
 def test_a_reading_of_the_largest_group_fits_azure_run_commands_cap(tmp_path: Path) -> None:
     """The largest group (a main node and MAX_WORKERS workers) of 64-core nodes with two
     interfaces each, every counter different: one reading fits the smallest channel's cap, so
