@@ -19,6 +19,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog("infra.catalog"))
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("show", help="print the catalog's rows")
+    show.add_argument(
+        "--cloud", "--provider", dest="provider", choices=sorted(refresh.PROVIDERS),
+        help="only this cloud's rows",
+    )  # fmt: skip
     add_json(show)
     update = commands.add_parser(
         "refresh", help="fetch on-demand and spot prices and update the CSV"
@@ -29,14 +33,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)
+    shown = [e for e in catalog.load() if args.provider in (None, e.provider)]
     if args.command == "show" and args.json:
-        rows = [dataclasses.asdict(e) for e in catalog.load()]
+        rows = [dataclasses.asdict(e) for e in shown]
         print_json({"instances": rows})
         return 0
     if args.command == "show":
         print(f"{'cloud':<6} {'region':<12} {'instance type':<18} {'vCPU':>8} {'memory':>9}  "
               f"{'$/h':<12} price source and date; spot $/h")  # fmt: skip
-        for e in catalog.load():
+        for e in shown:
             # An unknown price says how to fetch it, for this row's cloud and region.
             fetch = (
                 f"run `{prog('infra.catalog')} refresh --cloud {e.provider} --region {e.region}`"

@@ -7,6 +7,7 @@ when run, so that ``lrc plan`` loads no cloud SDK.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,10 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest == ["--version"]:
         print(version())
         return 0
+    return run(name, rest)
+
+
+def run(name: str, rest: list[str]) -> int:
+    """Command ``name`` with its arguments, under its ``lrc`` name."""
     token = RUNNING_AS.set(f"{PROGRAM} {name}")
     try:
         return entry(name)(rest)
     except SystemExit as stop:  # argparse's --help (0) and usage errors (2)
         return stop.code if isinstance(stop.code, int) else 1
+    except BrokenPipeError:  # `lrc catalog show | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     finally:
         RUNNING_AS.reset(token)

@@ -26,8 +26,12 @@ def stack_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
 SCHEMA_VERSION = 1
 
 
+def json_text(document: Mapping[str, Any]) -> str:
+    return json.dumps({"schemaVersion": SCHEMA_VERSION, **document}, indent=2) + "\n"
+
+
 def print_json(document: Mapping[str, Any]) -> None:
-    print(json.dumps({"schemaVersion": SCHEMA_VERSION, **document}, indent=2))
+    print(json_text(document), end="")
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

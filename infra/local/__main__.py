@@ -22,7 +22,7 @@ from typing import Any
 
 from infra.boot import BootConfigError
 from infra.cli.naming import prog
-from infra.cli.options import print_json
+from infra.cli.options import add_json, json_text, print_json
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import MAX_REPLICAS
@@ -44,6 +44,7 @@ from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.spec import ClusterSpec
 from infra.local.supervisor import supervise
 from infra.observe.status import phase_text
+from infra.observe.topview import Row, rows_data
 
 
 def _print_contract(contract: dict[str, Any], as_json: bool) -> None:
@@ -235,7 +236,13 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    return top.run(ClusterSpec.load(args.cache, args.id), args.interval, once=args.once)
+    spec = ClusterSpec.load(args.cache, args.id)
+
+    def as_json(rows: list[Row]) -> str:
+        return json_text({"cluster": spec.id, "interval": args.interval,
+                          "nodes": rows_data(rows)})  # fmt: skip
+
+    return top.run(spec, args.interval, once=args.once, draw_rows=as_json if args.json else None)
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -316,16 +323,17 @@ def _parser() -> argparse.ArgumentParser:
         help="machines: each node's user data as these clouds deliver it, main first, repeated "
         "over the workers (default aws; e.g. aws,gcp,azure)",
     )
-    start.add_argument("--json", action="store_true")
+    add_json(start)
     show = sub.add_parser(
         "status", parents=[common], help="the output contract and each node's phase"
     )
-    show.add_argument("--json", action="store_true")
+    add_json(show)
     watch = sub.add_parser(
         "top", parents=[common], help="each node's phase, CPU, memory, traffic and tokens/s, live"
     )
     watch.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
     watch.add_argument("--once", action="store_true", help="print one frame and stop")
+    add_json(watch)  # one reading's rows, over one interval
     run_on = sub.add_parser(
         "exec", parents=[common], help="run a command on a node, as root (the local SSM or IAP)"
     )

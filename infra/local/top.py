@@ -47,6 +47,7 @@ from infra.observe.topview import (
     FOOTER,
     NodeReading,
     ProcessUse,
+    Row,
     live,
     render,
     row,
@@ -164,12 +165,15 @@ def title(spec: ClusterSpec, interval: float) -> str:
     )
 
 
+def rows(before: list[NodeReading], after: list[NodeReading]) -> list[Row]:
+    cpus = os.cpu_count() or 1
+    return [row(b, a, cpus) for b, a in zip(before, after, strict=True)]
+
+
 def frame(
     spec: ClusterSpec, before: list[NodeReading], after: list[NodeReading], interval: float
 ) -> str:
-    cpus = os.cpu_count() or 1
-    rows = [row(b, a, cpus) for b, a in zip(before, after, strict=True)]
-    return render(rows, title(spec, interval), footer(spec, cpus))
+    return render(rows(before, after), title(spec, interval), footer(spec, os.cpu_count() or 1))
 
 
 def run(
@@ -180,13 +184,19 @@ def run(
     out: TextIO = sys.stdout,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    draw_rows: Callable[[list[Row]], str] | None = None,
 ) -> int:
     """Print a frame every ``interval`` seconds until interrupted; with ``once``, one frame after
-    one interval."""
+    one interval; with ``draw_rows``, once, what it draws of the rows (``--json``)."""
     if interval <= 0:
         raise LocalClusterError(f"--interval {interval}: give a positive number of seconds")
+
+    def draw(before: list[NodeReading], after: list[NodeReading]) -> str:
+        if draw_rows is not None:
+            return draw_rows(rows(before, after))
+        return frame(spec, before, after, interval)
+
     return live(
-        lambda: read_cluster(spec),
-        lambda before, after: frame(spec, before, after, interval),
-        interval=interval, once=once, out=out, sleep=sleep, clock=clock,
+        lambda: read_cluster(spec), draw,
+        interval=interval, once=once or draw_rows is not None, out=out, sleep=sleep, clock=clock,
     )  # fmt: skip

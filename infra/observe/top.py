@@ -86,9 +86,12 @@ def safe_row(before: NodeReading, after: NodeReading) -> Row:
         return Row(after.name, after.role, after.phase, notes=(*after.notes, str(error)))
 
 
+def rows(before: Sequence[NodeReading], after: Sequence[NodeReading]) -> list[Row]:
+    return [safe_row(b, a) for b, a in zip(before, after, strict=True)]
+
+
 def frame(title: str, before: Sequence[NodeReading], after: Sequence[NodeReading]) -> str:
-    rows = [safe_row(b, a) for b, a in zip(before, after, strict=True)]
-    return render(rows, title, FOOTER)
+    return render(rows(before, after), title, FOOTER)
 
 
 def run(
@@ -100,9 +103,11 @@ def run(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    draw_rows: Callable[[list[Row]], str] | None = None,
 ) -> int:
     """Print a frame at most every ``interval`` seconds until interrupted; with ``once``, one
-    frame from two readings ``interval`` apart."""
+    frame from two readings ``interval`` apart; with ``draw_rows``, once, what it draws of the
+    rows (``--json``)."""
     if interval <= 0:
         raise ValueError(f"--interval {interval}: give a positive number of seconds")
     names = group_metrics.node_names([g.ips for g in groups])
@@ -116,7 +121,11 @@ def run(
         )
         return frame(title, before, after)
 
+    def shown(before: list[NodeReading], after: list[NodeReading]) -> str:
+        return draw(before, after) if draw_rows is None else draw_rows(rows(before, after))
+
     return live(
-        lambda: read_stack(groups, names), draw,
-        interval=interval, once=once, out=out or sys.stdout, sleep=sleep, clock=clock,
+        lambda: read_stack(groups, names), shown,
+        interval=interval, once=once or draw_rows is not None, out=out or sys.stdout,
+        sleep=sleep, clock=clock,
     )  # fmt: skip

@@ -6,6 +6,7 @@ the rows a frame (``render``). Pure: the readers fetch (``infra.local.top`` on t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
@@ -131,6 +132,11 @@ def row(before: NodeReading, after: NodeReading, cpus: int) -> Row:
         figures["kv_cache_percent"] = None if ratio is None else 100 * ratio
         figures["requests"] = metrics.requests(after.server)
     return Row(after.name, after.role, after.phase, notes=after.notes, **figures)
+
+
+def rows_data(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """The rows as ``--json`` prints them: every figure, None where it is not known."""
+    return [dataclasses.asdict(row_) for row_ in rows]
 
 
 def human_bytes(count: float | None, per_second: bool = False) -> str:

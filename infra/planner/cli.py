@@ -12,7 +12,7 @@ from pathlib import Path
 
 from infra import catalog, models
 from infra.cli.naming import prog
-from infra.cli.options import print_json
+from infra.cli.options import add_json, print_json
 from infra.core import sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import Model, ModelError
@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
         help="the model host's download rate, for the internet path's time to serve "
         "(default %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json(p)
     p.add_argument(
         "--chart",
         metavar="FILE.png",

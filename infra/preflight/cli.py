@@ -15,7 +15,7 @@ from typing import Any
 
 from infra import preflight
 from infra.cli.naming import prog
-from infra.cli.options import add_stack, print_json, stack_of
+from infra.cli.options import add_json, add_stack, print_json, stack_of
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
         description="Check, read-only, that the cloud account has what a stack needs.",
     )
     add_stack(parser, "a stack of stacks/, as `pulumi up --stack` names it")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json(parser)
     args = parser.parse_args(argv)
     args.stack = stack_of(parser, args)
     try:

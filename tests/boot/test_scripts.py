@@ -534,7 +534,6 @@ def test_load_progress_counts_what_reached_the_workers() -> None:
     assert (found["load_sent_bytes"], found["load_total_bytes"]) == (1998, 5000)  # less each SYN
 
 
-
 def test_load_progress_reads_what_ss_says_of_a_real_connection(tmp_path: Path) -> None:
     """ss's own output for a loopback connection that carried 300,000 bytes to a "worker"."""
     with socket.create_server(("127.0.0.1", 0)) as server:

@@ -186,6 +186,7 @@ def test_a_staged_model_is_read_in_parallel_ranges_and_verified(store, tmp_path)
     saved = tmp_path / "data" / "models" / "model.gguf"
     assert saved.read_bytes() == MODEL and (saved.parent / "model.gguf.verified").exists()
     assert status["download_skipped"] is False and status["model_bytes"] == len(MODEL)
+    assert status["download_done_bytes"] == status["download_total_bytes"] == len(MODEL)
     # Four streams, each a ranged GET answered 206.
     assert ranged_gets(store, "models/llama/model.gguf") - before == 4
     code, status = fetch(store, tmp_path, "s3://models/llama/model.gguf", MODEL_SHA256=want)

@@ -4,6 +4,8 @@ from any directory."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,70 @@ def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) ->
         [INSTALLED, "boot", "--role", "worker"], capture_output=True, text=True, cwd=tmp_path
     )
     assert booted.returncode == 0 and booted.stdout.startswith("#cloud-config"), booted.stderr
+
+
+# Where each command prints JSON: the command itself, or those of its subcommands that report.
+JSON_COMMANDS = {
+    "plan": [["plan"]], "check": [["check"]], "wait": [["wait"]], "status": [["status"]],
+    "top": [["top"]], "exec": [["exec"]], "stage": [["stage"]], "boot": [["boot"]],
+    "costrun": [["costrun", "status"]],
+    "local": [["local", "up"], ["local", "status"], ["local", "top"]],
+    "catalog": [["catalog", "show"]],
+}  # fmt: skip
+
+
+def test_every_command_prints_json_with_its_schema_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert set(JSON_COMMANDS) == set(cli.COMMANDS)
+    for paths in JSON_COMMANDS.values():
+        for path in paths:
+            assert cli.main([*path, "--help"]) == 0
+            shown = " ".join(capsys.readouterr().out.split())
+            assert f"--json print JSON (schemaVersion {options.SCHEMA_VERSION})" in shown, path
+
+
+@pytest.mark.slow
+def test_the_readmes_install_step_gives_every_command_in_any_directory(tmp_path: Path) -> None:
+    """`uv tool install --editable .`, as the README says (into directories of the test's; uv
+    reads the package registry as an install does), then every command from outside the
+    checkout."""
+    uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
+    env = {**os.environ, "UV_TOOL_DIR": str(tmp_path / "tools"),
+           "UV_TOOL_BIN_DIR": str(tmp_path / "bin")}  # fmt: skip
+    installed = subprocess.run(
+        [uv, "tool", "install", "--python", sys.executable, "--editable", "."],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    lrc = tmp_path / "bin" / "lrc"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([lrc, *args], capture_output=True, text=True, cwd=elsewhere)
+
+    listed = run("--help")
+    assert listed.returncode == 0
+    for name in cli.COMMANDS:
+        assert f"  {name}" in listed.stdout
+        shown = run(name, "--help")
+        assert shown.returncode == 0 and shown.stdout.startswith(f"usage: lrc {name}"), name
+    # Those that need no cloud, for real: a plan of a shipped stack, a node's boot, the catalog.
+    planned = run("plan", "--stack", "aws-c8g", "--json")
+    assert planned.returncode == 0 and json.loads(planned.stdout)["options"], planned.stderr
+    assert run("boot", "--role", "main").stdout.startswith("#cloud-config")
+    assert run("catalog", "show", "--cloud", "aws").returncode == 0
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`lrc catalog show | head`: a reader that is gone before the output comes (here `true`)."""
+    result = subprocess.run(
+        ["bash", "-c", '"$LRC" catalog show | true; echo "${PIPESTATUS[0]}"'],
+        env={**os.environ, "LRC": str(INSTALLED)}, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.stdout.strip() == "1"
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 
 def test_an_unknown_catalog_price_names_the_refresh_that_fetches_it(

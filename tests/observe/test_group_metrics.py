@@ -391,6 +391,12 @@ def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     shown = capsys.readouterr().out
     assert "stack 'aws-c8g' (3 nodes)" in shown and "worker-2" in shown
     assert asked == [stack_outputs(group.ips)]
+    assert top_command.main(["--stack", "aws-c8g", "--json", "--interval", "0.2"]) == 0
+    document = json.loads(capsys.readouterr().out)  # one reading's rows, as data
+    assert document["schemaVersion"] == 1 and document["stack"] == "aws-c8g"
+    assert [n["name"] for n in document["nodes"]] == ["main", "worker-1", "worker-2"]
+    assert document["nodes"][0]["phase"] == "serving"
+    assert document["nodes"][0]["memory_bytes"] > 0 and document["nodes"][2]["notes"]
     monkeypatch.setattr(deployed, "stack_outputs", lambda stack: {})
     assert top_command.main(["aws-c8g", "--once"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err

@@ -411,6 +411,19 @@ def test_top_once_shows_each_node_of_a_running_cluster(cluster_1p2: dict[str, An
     assert 0 < float(main[-3]) <= 100, shown  # KV cache %
     assert "n/a" not in " ".join(main + worker), shown
     assert "as a share of this machine's" in shown
+    with generating(contract[outputs.LLAMA_SERVER_URL]):
+        result = subprocess.run(
+            [sys.executable, "-m", "infra.local", "top", "--id", spec.id, "--json",
+             "--interval", "2"],
+            capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # one reading, as data
+    assert document["schemaVersion"] == 1 and document["cluster"] == spec.id
+    nodes = {node["name"]: node for node in document["nodes"]}
+    assert sorted(nodes) == ["main", "w1", "w2"]
+    assert {node["phase"] for node in nodes.values()} == {"serving"}
+    assert nodes["main"]["tokens_per_second"] > 0 and nodes["w1"]["sent_bytes"] > 0
 
 
 def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatch, node) -> None:
