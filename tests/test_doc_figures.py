@@ -1,0 +1,256 @@
+"""Every figure the README and docs/ quote that the code computes (prices, speeds, times to serve,
+placements) is the code's figure today, from the product's own catalog: a price refresh or a
+model change that moves one fails here, naming the page, the sentence and the figure it should
+now say."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from infra import catalog
+from infra.cli import lrc
+from infra.core.units import duration
+from infra.stack.files import stack_config
+from infra.stack.needs import needs_of
+from tests.conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def product_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pages quote the product's catalog, not the tests' fixture prices."""
+    monkeypatch.setenv(catalog.DIRECTORY_VARIABLE, str(catalog.PACKAGE_DIR))
+
+
+def command(*args: str) -> tuple[int, str]:
+    """``lrc ARGS`` run here: its exit code and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = lrc.main(list(args))
+    return code, out.getvalue()
+
+
+@functools.cache
+def plan(*args: str) -> dict[str, Any]:
+    code, shown = command("plan", *args, "--json")
+    assert code == 0, (args, shown)
+    document: dict[str, Any] = json.loads(shown)
+    return document
+
+
+def option(document: dict[str, Any], provider: str, instance: str, nodes: int) -> dict[str, Any]:
+    found = [
+        o for o in document["options"]
+        if (o["provider"], o["instanceType"], o["nodes"]) == (provider, instance, nodes)
+    ]  # fmt: skip
+    assert len(found) == 1, f"the planner has no {nodes} x {instance} on {provider}"
+    return found[0]
+
+
+PLAN_405B = ("llama-3.1-405b-q4_0",)
+ARMS_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3")
+
+
+def stack(name: str) -> dict[str, Any]:
+    """The cluster a shipped stack deploys, priced as its ``hourlyCostUsd`` is."""
+    return option(plan("--stack", name), *_only(plan("--stack", name)))
+
+
+def _only(document: dict[str, Any]) -> tuple[str, str, int]:
+    (found,) = document["options"]
+    return found["provider"], found["instanceType"], found["nodes"]
+
+
+def vcpus(name: str) -> str:
+    """The vCPUs a shipped stack asks of its account's quota (the preflight's figure)."""
+    needs = needs_of(stack_config(name), name)
+    return str(sum(count * needs.vcpus[kind] for kind, count in needs.nodes.items()))
+
+
+def layers(name: str) -> list[int]:
+    return [int(share["layers"]) for share in stack(name)["placement"]]
+
+
+def dollars(value: float) -> str:
+    return f"${value:.2f}"
+
+
+def costrun_dry_run() -> dict[str, str]:
+    """Each stack's predicted cost of a cost run, as `lrc costrun run --dry-run` prints it."""
+    code, shown = command(
+        "costrun", "run", "--stack", "aws-c8g", "--stack", "gcp-c4a", "--stack", "azure-cobalt",
+        "--dry-run",
+    )  # fmt: skip
+    assert code == 0, shown
+    return dict(re.findall(r"^(\S+) .*this run (\S+)$", shown, re.M))
+
+
+@dataclass(frozen=True)
+class Figure:
+    page: str
+    says: str  # the sentence, `{}` where the figure stands (line breaks and spaces as one)
+    value: Callable[[], str]
+
+
+FIGURES = [
+    Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
+           lambda: dollars(stack("aws-small")["hourlyUsd"])),
+    Figure("docs/planner.md", "three c8g.16xlarge ({}/h with NAT and disks)",
+           lambda: dollars(option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["hourlyUsd"])),
+    Figure("docs/planner.md", "at the same predicted speed for {}/h",
+           lambda: dollars(option(plan(*PLAN_405B), "aws", "c8g.16xlarge", 2)["hourlyUsd"])),
+    Figure("docs/planner.md", "r8g.12xlarge (384 GiB) holds it alone for {}",
+           lambda: "{}/h at {:.2f} tok/s".format(
+               dollars(option(plan(*PLAN_405B), "aws", "r8g.12xlarge", 1)["hourlyUsd"]),
+               option(plan(*PLAN_405B), "aws", "r8g.12xlarge", 1)["predictedDecodeTps"])),
+    Figure("docs/planner.md", "one r8g.8xlarge costs less per hour ({}) but decodes at",
+           lambda: dollars(option(plan(*PLAN_405B), "aws", "r8g.8xlarge", 1)["hourlyUsd"])),
+    Figure("docs/planner.md", "but decodes at {} tok/s, on 32 of",
+           lambda: "{:.2f}".format(
+               option(plan(*PLAN_405B), "aws", "r8g.8xlarge", 1)["predictedDecodeTps"])),
+    Figure("docs/planner.md", "c4a-highmem-32 is predicted at {} before its disks",
+           lambda: "{:.2f} tok/s for {}/h".format(
+               option(plan(*PLAN_405B), "gcp", "c4a-highmem-32", 1)["predictedDecodeTps"],
+               dollars(option(plan(*PLAN_405B), "gcp", "c4a-highmem-32", 1)["hourlyUsd"]))),
+    Figure("docs/planner.md", "(`aws-small`'s 125 MiB/s main disk: {}/h,",
+           lambda: dollars(stack("aws-small")["hourlyUsd"])),
+    Figure("docs/planner.md", "with the default 1000 MiB/s shows {}/h)",
+           lambda: dollars(option(plan(
+               "--size-gb", "1.12", "--layers", "28", "--kv-bytes-per-token", "28672",
+               "--instance-type", "c8g.large", "--count", "3", "--cloud", "aws",
+           ), "aws", "c8g.large", 3)["hourlyUsd"])),
+    Figure("docs/gcp.md", "c4a-standard-32 main node ({}/h: the instances",
+           lambda: dollars(stack("gcp-c4a")["hourlyUsd"])),
+    Figure("docs/aws.md", "the NAT gateway and its public address ({}/h)",
+           lambda: dollars(stack("aws-c8g")["hourlyUsdParts"]["nat"])),
+    Figure("docs/aws.md", "through the NAT gateway costs about {} for each serving group",
+           lambda: f"${stack('aws-c8g')['downloadUsd']:.0f}"),
+    Figure("docs/aws.md", "per-GB charge (the 405B model: {} at $0.045/GB)",
+           lambda: dollars(option(plan(*PLAN_405B), "aws", "r8g.8xlarge", 1)["downloadUsd"])),
+    Figure("docs/aws.md", "The planner puts the 405B on one r8g.8xlarge at {} to serve staged,",
+           lambda: "{} minutes".format(round(option(plan(*PLAN_405B), "aws", "r8g.8xlarge", 1)
+                                             ["timeToServe"]["staged"]["totalSeconds"] / 60))),
+    Figure("docs/aws.md", "against {} from the internet at 2 Gbit/s",
+           lambda: str(round(option(plan(*PLAN_405B), "aws", "r8g.8xlarge", 1)
+                             ["timeToServe"]["internet"]["totalSeconds"] / 60))),
+    Figure("docs/aws.md", "`aws-c8g` needs {} vCPUs of", lambda: vcpus("aws-c8g")),
+    Figure("docs/azure.md", "(`azure-cobalt` needs {}, within", lambda: vcpus("azure-cobalt")),
+    Figure("docs/placement.md", "aws-c8g's three c8g.16xlarge hold {} layers",
+           lambda: " + ".join(map(str, layers("aws-c8g")))),
+    Figure("docs/placement.md", "aws-r8g's smaller main node {} of 126",
+           lambda: str(layers("aws-r8g")[0])),
+    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (GCP, disks not",
+           lambda: "{} (AWS) and {}".format(costrun_dry_run()["aws-c8g"],
+                                            costrun_dry_run()["gcp-c4a"])),
+]  # fmt: skip
+
+
+def page_text(page: str) -> str:
+    return " ".join((REPO / page).read_text().split())
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.page}: {f.says[:40]}")
+def test_a_quoted_figure_is_the_codes(figure: Figure) -> None:
+    expected = figure.says.format(figure.value())
+    assert expected in page_text(figure.page), f"{figure.page} should say: {expected}"
+
+
+def _table(page: str, header: str) -> list[list[str]]:
+    lines = (REPO / page).read_text().splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+STACKS_TABLE = "| stack | nodes | model | $/h | of which instances |"
+
+
+@pytest.mark.parametrize(("page", "cloud"), [("docs/aws.md", "aws")])
+def test_the_stacks_table_gives_each_stacks_price(page: str, cloud: str) -> None:
+    rows = _table(page, STACKS_TABLE)
+    shipped = sorted(p.name.split(".")[1] for p in (REPO / "stacks").glob(f"Pulumi.{cloud}-*.yaml"))
+    assert sorted(row[0].strip("`") for row in rows) == shipped
+    for name, _nodes, _model, hourly, instances in rows:
+        priced = stack(name.strip("`"))
+        assert (hourly, instances) == (
+            f"{priced['hourlyUsd']:.2f}",
+            f"{priced['hourlyUsdParts']['instances']:.2f}",
+        ), name
+
+
+PLANNER_TABLE = (
+    "| provider | instance type | nodes | layers | $/h | tok/s | $/Mtok "
+    "| to serve: internet / staged |"
+)
+
+
+TIMES = "\N{MULTIPLICATION SIGN}"
+
+
+def _layers(cell: str) -> list[int]:
+    """``15 + 16 TIMES 6 + 15`` (TIMES the multiplication sign) → 15, 16 six times, 15."""
+    counts: list[int] = []
+    for term in cell.split(" + "):
+        count, _, times = term.partition(f" {TIMES} ")
+        counts += [int(count)] * int(times or 1)
+    return counts
+
+
+def test_the_405b_table_is_the_planners() -> None:
+    rows = _table("docs/planner.md", PLANNER_TABLE)
+    assert len(rows) >= 8
+    for provider_cell, instance_cell, nodes, layers, hourly, tps, per_mtok, serve in rows:
+        provider, picked = provider_cell.removesuffix(" *"), provider_cell.endswith(" *")
+        instance = instance_cell.split(" (")[0]
+        document = plan(*ARMS_GUIDE) if "--count 3" in instance_cell else plan(*PLAN_405B)
+        found = option(document, provider, instance, int(nodes))
+        row = f"{provider} {instance} x {nodes}"
+        if document is plan(*PLAN_405B):
+            assert picked == (document["options"].index(found) == document["picks"][provider]), row
+        assert _layers(layers) == [share["layers"] for share in found["placement"]], row
+        partial = "+" if found["pricePartial"] else ""
+        price = "unknown" if found["hourlyUsd"] is None else f"{found['hourlyUsd']:.2f}{partial}"
+        assert hourly.split(" (")[0] == price, row
+        speed = found["predictedDecodeTps"]
+        assert tps.split(" (")[0] == ("n/a" if speed is None else f"{speed:.2f}"), row
+        cost = found["usdPerMillionTokens"]
+        assert per_mtok == ("n/a" if cost is None else f"{cost:,.0f}{partial}"), row
+        internet, staged = (
+            duration(found["timeToServe"][way]["totalSeconds"]) for way in ("internet", "staged")
+        )
+        assert serve == f"{internet.removesuffix(' min')} / {staged}", row
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_shown_planner_output_is_what_the_command_prints() -> None:
+    """The example under "How one group serves several streams": each table line shown begins a
+    line the command prints today (columns on the right left out), and the summary after the
+    rows left out (…) is its text, cut where it shows …."""
+    text = (REPO / "docs" / "planner.md").read_text()
+    block = text.split("\n$ lrc plan ", 1)[1].split("\n```", 1)[0]
+    asked, *shown = block.splitlines()
+    code, printed = command("plan", *shlex.split(asked))
+    assert code == 0
+    lines = [_normal(line) for line in printed.splitlines()]
+    cut = [line.strip() for line in shown].index("…")
+    for line in shown[:cut]:
+        assert any(p.startswith(_normal(line)) for p in lines), f"docs/planner.md: {line}"
+    summary = _normal(" ".join(shown[cut + 1 :]))
+    for piece in filter(None, (part.strip() for part in summary.split("…"))):
+        assert piece in _normal(printed), f"docs/planner.md: {piece}"
