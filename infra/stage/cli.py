@@ -3,78 +3,69 @@
     python -m infra.stage --stack aws-c8g --bucket my-models [--prefix llama-405b/]
     python -m infra.stage --region us-east-1 --bucket my-models --url https://…/model.gguf
 
-Each part streams from its URL into the bucket (multipart, several parts at once), its sha256
+Each part streams from its URL into the bucket (multipart, a few pieces at once), its sha256
 computed on the way and kept as the object's metadata; a part already there with the same
-sha256 is not copied again. Prints the `model.urls` and `model.sha256` to put in the stack.
+sha256 is not copied again, and one a stopped run left half-uploaded is resumed. Reads and
+uploads are retried; progress goes to stderr. Prints the `model.urls` and `model.sha256` to put
+in the stack.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-import urllib.request
-from collections.abc import Sequence
-from typing import IO, Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from infra.cli.naming import prog
 from infra.cli.options import add_json, print_json
 from infra.models.parts import saved_name
+from infra.observe.status import Progress, gigabytes
+from infra.stage.upload import Copied, Report, StageError, copy_part
 
-SHA256_METADATA = "sha256"
-
-
-class StageError(RuntimeError):
-    """The model could not be staged; the message says why and what to do."""
-
-
-class _Hashing:
-    """A readable stream that hashes what passes through it."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.stream, self.digest, self.size = stream, hashlib.sha256(), 0
-
-    def read(self, size: int = -1) -> bytes:
-        chunk = self.stream.read(size)
-        self.digest.update(chunk)
-        self.size += len(chunk)
-        return chunk
+# How the other clouds' own tools copy into their stores.
+OWN_COPY = {"gcp": "`gcloud storage cp`", "azure": "`az storage blob upload-batch`"}
 
 
-def stage_part(s3: Any, url: str, bucket: str, key: str, want: str | None) -> str:
-    """Copy one part unless it is there already; its sha256."""
-    try:
-        head = s3.head_object(Bucket=bucket, Key=key)
-        have = head.get("Metadata", {}).get(SHA256_METADATA)
-        if have and (want is None or have == want):
-            print(f"have s3://{bucket}/{key} (sha256 {have})", file=sys.stderr)
-            return str(have)
-    except s3.exceptions.ClientError as error:
-        if error.response["Error"]["Code"] not in {"404", "NoSuchKey", "NotFound"}:
-            raise StageError(f"s3://{bucket}/{key}: {error}") from None
-    print(f"copying {url} to s3://{bucket}/{key}", file=sys.stderr)
-    try:
-        with urllib.request.urlopen(url, timeout=600) as response:  # noqa: S310 (https URLs)
-            stream = _Hashing(response)
-            s3.upload_fileobj(stream, bucket, f"{key}.staging")
-    except OSError as error:
-        raise StageError(f"could not read {url}: {error}") from None
-    got = stream.digest.hexdigest()
-    if want is not None and got != want:
-        s3.delete_object(Bucket=bucket, Key=f"{key}.staging")
-        raise StageError(f"checksum mismatch for {url}: expected sha256 {want}, got {got}")
-    # The part takes its name only once whole and checked, with its sha256 beside it.
-    s3.copy(
-        {"Bucket": bucket, "Key": f"{key}.staging"}, bucket, key,
-        ExtraArgs={"Metadata": {SHA256_METADATA: got}, "MetadataDirective": "REPLACE"},
-    )  # fmt: skip
-    s3.delete_object(Bucket=bucket, Key=f"{key}.staging")
-    return got
+class Shown:
+    """Each part's progress on stderr: one line redrawn on a terminal, else a line every
+    ``every`` seconds and at the end of each part."""
+
+    def __init__(self, *, every: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.every, self.clock = every, clock
+        self.redraw = sys.stderr.isatty()
+        self.started: dict[str, float] = {}
+        self.last = float("-inf")
+
+    def __call__(self, copied: Copied) -> None:
+        now = self.clock()
+        started = self.started.setdefault(copied.name, now)
+        finished = copied.total is not None and copied.done >= copied.total
+        if not (self.redraw or finished or now - self.last >= self.every):
+            return
+        self.last = now
+        line = f"{copied.name}: {Progress(copied.done, copied.total).describe()}"
+        if now - started >= 1:
+            line += f", {(copied.done - copied.resumed) / (now - started) / 1e6:,.0f} MB/s"
+        if copied.resumed:
+            line += f" ({gigabytes(copied.resumed)} already in S3)"
+        if self.redraw:
+            print(f"\r\x1b[K{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
 
 def stage(
-    s3: Any, urls: Sequence[str], sums: Sequence[str], *, bucket: str, prefix: str, region: str
+    s3: Any,
+    urls: Sequence[str],
+    sums: Sequence[str],
+    *,
+    bucket: str,
+    prefix: str,
+    region: str,
+    report: Report = lambda _copied: None,
 ) -> tuple[list[str], list[str]]:
     location = s3.get_bucket_location(Bucket=bucket).get("LocationConstraint") or "us-east-1"
     if location != region:
@@ -86,7 +77,8 @@ def stage(
     staged, digests = [], []
     for index, url in enumerate(urls):
         key = f"{prefix}{saved_name(url)}"
-        digests.append(stage_part(s3, url, bucket, key, sums[index] if sums else None))
+        want = sums[index] if sums else None
+        digests.append(copy_part(s3, url, bucket, key, want, report=report))
         staged.append(f"s3://{bucket}/{key}")
     return staged, digests
 
@@ -113,12 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.stack:
             config = stack_config(args.stack)
             if config.cloud != "aws":
-                raise StageError(f"stack {args.stack} is on {config.cloud}: staging is for aws")
+                raise StageError(
+                    f"stack {args.stack} is on {config.cloud}: lrc stage copies into S3; copy "
+                    f"the parts with {OWN_COPY[config.cloud]} (it resumes and retries), as "
+                    f"docs/{config.cloud}.md shows"
+                )
             region = config.region
             urls = urls or list(config.model_urls)
             sums = sums or list(config.model_sha256)
         if not urls:
             raise StageError("no model URL: give --url (every part, in order) or --stack")
+        if wrong := [url for url in urls if not url.startswith(("https://", "http://"))]:
+            raise StageError(f"--url {wrong[0]}: give each part's https:// URL")
         if sums and len(sums) != len(urls):
             raise StageError(f"{len(sums)} --sha256 for {len(urls)} --url: give one per part")
     except (StageError, StackFileError, ConfigError) as error:
@@ -129,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         s3 = boto3.client("s3", region_name=region, endpoint_url=args.endpoint)
         staged, digests = stage(
-            s3, urls, sums, bucket=args.bucket, prefix=args.prefix, region=region
+            s3, urls, sums, bucket=args.bucket, prefix=args.prefix, region=region, report=Shown()
         )
     except StageError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -137,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BotoCoreError, ClientError) as error:
         print(
             f"error: S3 said: {error}; check your AWS credentials (AWS_PROFILE) and that "
-            f"--bucket {args.bucket} exists and is yours",
+            f"--bucket {args.bucket} exists and is yours; the pieces already uploaded are kept, "
+            "and the same command resumes",
             file=sys.stderr,
         )
         return 1

@@ -12,7 +12,12 @@ from infra.stage.cli import main
     ("args", "says"),
     [
         (["--stack", "nope"], "error: stack 'nope': no stacks/Pulumi.nope.yaml; the stacks are"),
-        (["--stack", "gcp-c4a"], "error: stack gcp-c4a is on gcp: staging is for aws"),
+        (
+            ["--stack", "gcp-c4a"],
+            "error: stack gcp-c4a is on gcp: lrc stage copies into S3; "
+            "copy the parts with `gcloud storage cp`",
+        ),
+        (["--region", "us-east-1", "--url", "s3://b/k.gguf"], "--url s3://b/k.gguf: give each"),
         (["--region", "us-east-1"], "error: no model URL: give --url"),
         (
             [
