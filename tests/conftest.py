@@ -69,6 +69,14 @@ def assert_valid_cloud_config(text: str, directory: Path) -> None:
     assert "Valid cloud-config" in result.stdout
 
 
+def require_azurite() -> str:
+    """Azurite's blob server, which scripts/install-deps installs from the npm registry."""
+    found = cache_dir() / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    if not found.is_file():
+        unavailable(f"no Azurite at {found}: run scripts/install-deps")
+    return str(found)
+
+
 def require_netns() -> None:
     if os.geteuid() != 0:
         unavailable("network namespaces need root")

@@ -1,9 +1,11 @@
-"""python -m infra.stage: copy a model's parts into S3 once, checked, for a stack to read.
+"""lrc stage: copy a model's parts once into the cloud's object store, checked, for a stack to read.
 
-    python -m infra.stage --stack aws-c8g --bucket my-models [--prefix llama-405b/]
-    python -m infra.stage --region us-east-1 --bucket my-models --url https://…/model.gguf
+    lrc stage --stack aws-c8g --bucket my-models [--prefix llama-405b/]
+    lrc stage --stack gcp-c4a --bucket my-models          (Cloud Storage)
+    lrc stage --stack azure-cobalt --bucket mymodels/models   (Blob Storage: ACCOUNT/CONTAINER)
+    lrc stage --region us-east-1 --bucket my-models --url https://…/model.gguf
 
-Each part streams from its URL into the bucket (multipart, a few pieces at once), its sha256
+Each part streams from its URL into the bucket (in pieces, a few at once), its sha256
 computed on the way and kept as the object's metadata; a part already there with the same
 sha256 is not copied again, and one a stopped run left half-uploaded is resumed. Reads and
 uploads are retried; progress goes to stderr. Prints the `model.urls` and `model.sha256` to put
@@ -14,19 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from infra.cli.naming import prog
 from infra.cli.options import add_json, print_json
 from infra.models.parts import saved_name
 from infra.observe.status import Progress, gigabytes
-from infra.stage.upload import Copied, Report, StageError, copy_part
+from infra.stage.stores import open_store
+from infra.stage.upload import Copied, Report, StageError, Store, copy_part
 
-# How the other clouds' own tools copy into their stores.
-OWN_COPY = {"gcp": "`gcloud storage cp`", "azure": "`az storage blob upload-batch`"}
+# Each cloud's store, as its errors name it.
+OWN_STORE = {"aws": "S3", "gcp": "Cloud Storage", "azure": "Blob Storage"}
 
 
 class Shown:
@@ -57,84 +60,91 @@ class Shown:
             print(line, file=sys.stderr, flush=True)
 
 
+# What each cloud's SDK calls a credentials or access problem, and what to check.
+CREDENTIALS = {
+    "aws": "your AWS credentials (AWS_PROFILE)",
+    "gcp": "your Application Default Credentials (gcloud auth application-default login)",
+    "azure": "your Azure login (az login) and a Storage Blob Data Contributor role on it",
+}
+
+
 def stage(
-    s3: Any,
+    store: Store,
     urls: Sequence[str],
     sums: Sequence[str],
     *,
-    bucket: str,
     prefix: str,
     region: str,
     report: Report = lambda _copied: None,
 ) -> tuple[list[str], list[str]]:
-    location = s3.get_bucket_location(Bucket=bucket).get("LocationConstraint") or "us-east-1"
-    if location != region:
-        raise StageError(
-            f"bucket {bucket} is in {location}, the stack in {region}: the nodes reach only "
-            "their own region's buckets over the gateway endpoint; use a bucket in "
-            f"{region}"
-        )
+    store.check_region(region)
     staged, digests = [], []
     for index, url in enumerate(urls):
         key = f"{prefix}{saved_name(url)}"
         want = sums[index] if sums else None
-        digests.append(copy_part(s3, url, bucket, key, want, report=report))
-        staged.append(f"s3://{bucket}/{key}")
+        digests.append(copy_part(store, url, key, want, report=report))
+        staged.append(store.url(key))
     return staged, digests
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog("infra.stage"), description=__doc__.splitlines()[0])
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--stack", help="stage this stack's model, in its region")
+    which.add_argument("--stack", help="stage this stack's model, in its cloud and region")
     which.add_argument("--region", help="the region of the stack that will read it")
-    parser.add_argument("--bucket", required=True, help="an existing bucket in that region")
+    parser.add_argument(
+        "--cloud", "--provider", dest="cloud", choices=sorted(OWN_STORE),
+        help="with --region: the stack's cloud (default aws)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bucket", required=True,
+        help="an existing bucket in that region (Blob Storage: ACCOUNT/CONTAINER)",
+    )  # fmt: skip
     parser.add_argument("--prefix", default="", help="a key prefix, e.g. llama-405b/")
     parser.add_argument("--url", action="append", default=[], help="a part's URL (repeat)")
     parser.add_argument("--sha256", action="append", default=[], help="a part's sha256 (repeat)")
-    parser.add_argument("--endpoint", help="another S3 API (default: AWS's)")
+    parser.add_argument(
+        "--endpoint", help="another S3 API, a Cloud Storage emulator, or a Blob endpoint URL"
+    )
     add_json(parser)
     args = parser.parse_args(argv)
-    urls, sums, region = list(args.url), list(args.sha256), args.region
-    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-
+    urls, sums, region, cloud = list(args.url), list(args.sha256), args.region, args.cloud
     from infra.stack.config import ConfigError  # noqa: PLC0415
     from infra.stack.files import StackFileError, stack_config  # noqa: PLC0415
 
     try:  # what was asked: a mistake here is a usage error (2)
         if args.stack:
             config = stack_config(args.stack)
-            if config.cloud != "aws":
-                raise StageError(
-                    f"stack {args.stack} is on {config.cloud}: lrc stage copies into S3; copy "
-                    f"the parts with {OWN_COPY[config.cloud]} (it resumes and retries), as "
-                    f"docs/{config.cloud}.md shows"
-                )
-            region = config.region
+            if cloud not in (None, config.cloud):
+                raise StageError(f"--cloud {cloud}: stack {args.stack} is on {config.cloud}")
+            region, cloud = config.region, config.cloud
             urls = urls or list(config.model_urls)
             sums = sums or list(config.model_sha256)
+        cloud = cloud or "aws"
         if not urls:
             raise StageError("no model URL: give --url (every part, in order) or --stack")
         if wrong := [url for url in urls if not url.startswith(("https://", "http://"))]:
             raise StageError(f"--url {wrong[0]}: give each part's https:// URL")
         if sums and len(sums) != len(urls):
             raise StageError(f"{len(sums)} --sha256 for {len(urls)} --url: give one per part")
+        if cloud == "azure" and not re.fullmatch(r"[^/\s]+/[^/\s]+", args.bucket):
+            raise StageError(f"--bucket {args.bucket}: give ACCOUNT/CONTAINER for Blob Storage")
     except (StageError, StackFileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:  # the copy itself: a part that fails its checksum, a bucket elsewhere (1)
-        import boto3  # noqa: PLC0415
-
-        s3 = boto3.client("s3", region_name=region, endpoint_url=args.endpoint)
+        store = open_store(cloud, args.bucket, region=region, endpoint=args.endpoint)
         staged, digests = stage(
-            s3, urls, sums, bucket=args.bucket, prefix=args.prefix, region=region, report=Shown()
+            store, urls, sums, prefix=args.prefix, region=region, report=Shown()
         )
     except StageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except (BotoCoreError, ClientError) as error:
+    except Exception as error:  # the SDKs': credentials, access, a missing bucket
+        if not type(error).__module__.startswith(("botocore", "boto3", "google", "azure")):
+            raise
         print(
-            f"error: S3 said: {error}; check your AWS credentials (AWS_PROFILE) and that "
+            f"error: {OWN_STORE[cloud]} said: {error}; check {CREDENTIALS[cloud]} and that "
             f"--bucket {args.bucket} exists and is yours; the pieces already uploaded are kept, "
             "and the same command resumes",
             file=sys.stderr,

@@ -1,11 +1,11 @@
-"""One model part from its URL into S3: a multipart upload that resumes, retries and reports.
+"""One model part from its URL into an object store: in pieces that resume, retry and report.
 
 The part streams through this machine once, in order: its sha256 is taken on the way, each
-``part_bytes`` piece is uploaded (a few at once) to ``KEY.staging``, and only a whole, checked
-part is copied to ``KEY`` with its sha256 as metadata. A run that stops leaves its multipart
-upload in S3; the next run finds it, reads the part again from the start (the hash needs every
-byte) and uploads only the pieces S3 does not already hold with the same MD5 (a piece's ETag),
-so an interrupted copy of a 50 GB part costs its download again, not its upload.
+``part_bytes`` piece goes up (a few at once) as the store keeps pieces (``infra.stage.stores``),
+and only a whole, checked part takes its name, with its sha256 as metadata. A run that stops
+leaves its pieces in the store; the next run reads the part again from the start (the hash needs
+every byte) and uploads only the pieces the store does not already hold with the same size and
+MD5, so an interrupted copy of a 50 GB part costs its download again, not its upload.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Protocol
 
 SHA256_METADATA = "sha256"
-PART_BYTES = 64 * 2**20  # S3 takes 5 MiB to 5 GiB per piece, and at most 10,000 pieces
+# S3 takes 5 MiB to 5 GiB per piece and at most 10,000 of them; Blob Storage 50,000 blocks of up
+# to 4,000 MiB; Cloud Storage composes any number, 32 at a time.
+PART_BYTES = 64 * 2**20
 MAX_PARTS = 10_000
 IN_FLIGHT = 4  # pieces uploading at once: IN_FLIGHT x part_bytes of memory
 ATTEMPTS = 6  # per GET from an offset, and per piece's upload
@@ -41,7 +43,7 @@ class Copied:
     name: str
     done: int
     total: int | None
-    resumed: int = 0  # bytes S3 already held from an earlier run, not uploaded again
+    resumed: int = 0  # bytes the store already held from an earlier run, not uploaded again
 
 
 Report = Callable[[Copied], None]
@@ -126,112 +128,97 @@ class _Source:
             self.stream = None
 
 
-def _earlier_upload(s3: Any, bucket: str, key: str) -> tuple[str | None, dict[int, Any]]:
-    """An unfinished upload of ``key`` from an earlier run, and its pieces by number."""
-    uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])
-    mine = sorted((u for u in uploads if u["Key"] == key), key=lambda u: u["Initiated"])
-    if not mine:
-        return None, {}
-    upload_id = mine[-1]["UploadId"]
-    pieces: dict[int, Any] = {}
-    for page in s3.get_paginator("list_parts").paginate(Bucket=bucket, Key=key, UploadId=upload_id):
-        pieces |= {p["PartNumber"]: p for p in page.get("Parts", [])}
-    return upload_id, pieces
+@dataclass(frozen=True)
+class Piece:
+    size: int
+    md5: str  # hex
+
+
+class Store(Protocol):
+    """Where parts go, piece by piece (``infra.stage.stores``). ``put`` may run in several
+    threads at once."""
+
+    def url(self, key: str) -> str: ...
+
+    def check_region(self, region: str) -> None:
+        """Refuse a store the stack's nodes would not read from its region."""
+
+    def have(self, key: str) -> str | None:
+        """The sha256 of ``key`` when the store holds it whole."""
+
+    def earlier(self, key: str) -> dict[int, Piece]:
+        """The pieces of ``key`` an earlier run left, by number (1, 2, ...)."""
+
+    def put(self, key: str, number: int, data: bytes) -> None: ...
+
+    def finish(self, key: str, numbers: list[int], sha256: str) -> None:
+        """Join the pieces, in order, into ``key`` with its sha256; drop what staged them."""
+
+    def discard(self, key: str) -> None:
+        """Drop every piece of ``key`` (its bytes were wrong)."""
 
 
 class _Pieces:
-    """The multipart upload of ``KEY.staging``: pieces S3 already holds (same size and MD5) are
-    kept, the others uploaded IN_FLIGHT at a time, each retried."""
+    """The pieces of one part: those the store already holds (same size and MD5) are kept, the
+    others uploaded IN_FLIGHT at a time, each retried."""
 
-    def __init__(self, s3: Any, bucket: str, key: str, sleep: Callable[[float], None]) -> None:
-        self.s3, self.bucket, self.key, self.sleep = s3, bucket, key, sleep
-        upload_id, self.earlier = _earlier_upload(s3, bucket, key)
-        self.resuming = upload_id is not None
-        self.upload_id = upload_id or s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        self.etags: dict[int, str] = {}
+    def __init__(self, store: Store, key: str, sleep: Callable[[float], None]) -> None:
+        self.store, self.key, self.sleep = store, key, sleep
+        self.earlier = store.earlier(key)
+        self.numbers: list[int] = []
         self.kept = 0
         self.pool = concurrent.futures.ThreadPoolExecutor(IN_FLIGHT)
-        self.pending: dict[concurrent.futures.Future[str], int] = {}
+        self.pending: set[concurrent.futures.Future[None]] = set()
 
     def put(self, number: int, data: bytes) -> None:
-        have = self.earlier.get(number)
-        if have and have["Size"] == len(data) and have["ETag"].strip('"') == _md5(data):
-            self.etags[number] = have["ETag"]
+        self.numbers.append(number)
+        if self.earlier.get(number) == Piece(len(data), _md5(data)):
             self.kept += len(data)
             return
         if len(self.pending) >= IN_FLIGHT:
-            done, _ = concurrent.futures.wait(
+            done, self.pending = concurrent.futures.wait(
                 self.pending, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in done:
-                self.etags[self.pending.pop(future)] = future.result()
-        self.pending[self.pool.submit(self._upload, number, data)] = number
+                future.result()
+        self.pending.add(self.pool.submit(self._upload, number, data))
 
-    def _upload(self, number: int, data: bytes) -> str:
+    def _upload(self, number: int, data: bytes) -> None:
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                answer = self.s3.upload_part(
-                    Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-                    PartNumber=number, Body=data,
-                )  # fmt: skip
-                return str(answer["ETag"])
-            except Exception as error:  # botocore's: connection, throttling, a 5xx
-                if attempt == ATTEMPTS or "NoSuchUpload" in str(error):
+                self.store.put(self.key, number, data)
+                return
+            except Exception:  # the SDKs': connection, throttling, a 5xx
+                if attempt == ATTEMPTS:
                     raise
                 self.sleep(min(60, 2**attempt))
-        raise AssertionError("unreachable")
 
     def wait(self) -> None:
         try:
-            for future, number in self.pending.items():
-                self.etags[number] = future.result()
+            for future in self.pending:
+                future.result()
         finally:
             self.pool.shutdown()
 
-    def complete(self) -> None:
-        self.s3.complete_multipart_upload(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-            MultipartUpload={
-                "Parts": [{"PartNumber": n, "ETag": self.etags[n]} for n in sorted(self.etags)]
-            },
-        )  # fmt: skip
-
-    def abort(self) -> None:
-        self.s3.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
-
-
-def _have(s3: Any, bucket: str, key: str, want: str | None) -> str | None:
-    """The sha256 of ``key`` when S3 holds it whole (and it is the one wanted)."""
-    try:
-        head = s3.head_object(Bucket=bucket, Key=key)
-    except s3.exceptions.ClientError as error:
-        if error.response["Error"]["Code"] not in {"404", "NoSuchKey", "NotFound"}:
-            raise StageError(f"s3://{bucket}/{key}: {error}") from None
-        return None
-    have = head.get("Metadata", {}).get(SHA256_METADATA)
-    return str(have) if have and (want is None or have == want) else None
-
 
 def copy_part(
-    s3: Any,
+    store: Store,
     url: str,
-    bucket: str,
     key: str,
     want: str | None,
     *,
     report: Report = lambda _copied: None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Copy one part unless S3 has it already; its sha256."""
-    if have := _have(s3, bucket, key, want):
-        print(f"have s3://{bucket}/{key} (sha256 {have})", file=sys.stderr)
+    """Copy one part unless the store has it already; its sha256."""
+    if (have := store.have(key)) and want in (None, have):
+        print(f"have {store.url(key)} (sha256 {have})", file=sys.stderr)
         return have
-    staging = f"{key}.staging"
-    pieces = _Pieces(s3, bucket, staging, sleep)
-    if pieces.resuming:
-        print(f"resuming s3://{bucket}/{key}: {len(pieces.earlier)} pieces there", file=sys.stderr)
+    pieces = _Pieces(store, key, sleep)
+    if pieces.earlier:
+        print(f"resuming {store.url(key)}: {len(pieces.earlier)} pieces there", file=sys.stderr)
     else:
-        print(f"copying {url} to s3://{bucket}/{key}", file=sys.stderr)
+        print(f"copying {url} to {store.url(key)}", file=sys.stderr)
     source = _Source(url, sleep)
     digest = hashlib.sha256()
     name = key.rsplit("/", 1)[-1]
@@ -255,15 +242,9 @@ def copy_part(
         pieces.wait()
     got = digest.hexdigest()
     if want is not None and got != want:
-        pieces.abort()
+        store.discard(key)
         raise StageError(f"checksum mismatch for {url}: expected sha256 {want}, got {got}")
-    pieces.complete()
-    # The part takes its name only once whole and checked, with its sha256 beside it.
-    s3.copy(
-        {"Bucket": bucket, "Key": staging}, bucket, key,
-        ExtraArgs={"Metadata": {SHA256_METADATA: got}, "MetadataDirective": "REPLACE"},
-    )  # fmt: skip
-    s3.delete_object(Bucket=bucket, Key=staging)
+    store.finish(key, pieces.numbers, got)
     return got
 
 

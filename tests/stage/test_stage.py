@@ -1,4 +1,4 @@
-"""`python -m infra.stage`'s refusals: each says what is wrong, before anything is copied.
+"""`lrc stage`'s refusals: each says what is wrong, before anything is copied.
 Nothing here reaches a network (the copy itself is tested in test_staged_download.py)."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from infra.stage.cli import main
     ("args", "says"),
     [
         (["--stack", "nope"], "error: stack 'nope': no stacks/Pulumi.nope.yaml; the stacks are"),
-        (
-            ["--stack", "gcp-c4a"],
-            "error: stack gcp-c4a is on gcp: lrc stage copies into S3; "
-            "copy the parts with `gcloud storage cp`",
-        ),
+        (["--stack", "gcp-c4a", "--cloud", "aws"], "error: --cloud aws: stack gcp-c4a is on gcp"),
+        (["--stack", "azure-cobalt"], "error: --bucket my-models: give ACCOUNT/CONTAINER"),
         (["--region", "us-east-1", "--url", "s3://b/k.gguf"], "--url s3://b/k.gguf: give each"),
         (["--region", "us-east-1"], "error: no model URL: give --url"),
         (
@@ -52,3 +49,15 @@ def test_missing_aws_credentials_are_named_not_a_traceback(
     assert code == 1
     err = capsys.readouterr().err
     assert "Unable to locate credentials" in err and "check your AWS credentials" in err
+
+
+def test_missing_google_credentials_are_named_not_a_traceback(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # no metadata server is asked
+    code = main(["--stack", "gcp-c4a", "--bucket", "my-models"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Cloud Storage said:" in err and "gcloud auth application-default login" in err

