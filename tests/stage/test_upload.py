@@ -299,3 +299,13 @@ def test_a_piece_is_at_least_s3s_minimum_and_a_part_at_most_its_piece_count(tota
 def test_only_web_urls_are_read() -> None:
     with pytest.raises(StageError, match="give the part's https:// URL"):
         upload._open("file:///etc/passwd", 0)
+
+
+@pytest.mark.parametrize("backend", ["gcs"], indirect=True)
+def test_more_pieces_than_one_compose_takes_are_joined_in_rounds(backend, flaky_http) -> None:
+    """Cloud Storage composes at most 32 objects at once: 70 pieces take two rounds, in order."""
+    data = data_of(70 * PIECE - 7)
+    (flaky_http.root / "model.gguf").write_bytes(data)
+    copy_part(backend.store, f"{flaky_http.url}/model.gguf", "big.gguf", None, sleep=no_sleep)
+    assert backend.read("big.gguf") == data
+    assert backend.names() == ["big.gguf"] and backend.leftovers() == 0
