@@ -52,8 +52,10 @@ while_loading() {
   ss -tinH state established | llama_rpc_status load-progress "$RPC_WORKERS" "$RPC_LOAD_BYTES"
 }
 
-# Extra llama-server flags, word-split on purpose (for example "--threads-batch 8").
+# Extra llama-server flags (serverArgs, checked against an allow-list before anything is
+# created), word-split on purpose (for example "--temp 0.7"), and the id clients send as "model".
 read -r -a extra_args <<<"${LLAMA_SERVER_ARGS:-}"
+[[ -z "${MODEL_ALIAS:-}" ]] || extra_args+=(--alias "$MODEL_ALIAS")
 status phase=loading load_sent_bytes:=null
 # --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
 # own. --fit off: the placement and the context are planned, llama.cpp must not change them.

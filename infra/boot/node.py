@@ -11,9 +11,11 @@ import re
 from dataclasses import dataclass, field
 
 from infra.clouds.stores import STORE_SCHEMES
+from infra.core import server_args
 from infra.core.limits import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
 from infra.core.outputs import rpc_servers
 from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
+from infra.core.server_args import MODEL_ALIAS
 from infra.errors import SettingError
 from infra.models.parts import saved_name, split_parts_problem
 
@@ -93,6 +95,10 @@ class NodeBoot:
     tensor_split: tuple[int, ...] = ()
     # The weights the workers get from the main node (the placement's): the load's progress.
     worker_weight_bytes: int = 0
+    # The id clients send as "model" and /v1/models shows (llama-server's --alias); "": the file's.
+    model_alias: str = ""
+    # llama-server flags a stack adds, each allowed by infra.core.server_args.
+    server_args: tuple[str, ...] = ()
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -152,9 +158,12 @@ class NodeBoot:
                 "LLAMA_GPU_LAYERS": str(self.gpu_layers) if self.rpc_workers else "",
                 "LLAMA_TENSOR_SPLIT": ",".join(map(str, self.tensor_split)),
                 "RPC_LOAD_BYTES": str(self.worker_weight_bytes),
+                "MODEL_ALIAS": self.model_alias,
                 "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
                 "LOAD_TIMEOUT_SECONDS": str(self.load_timeout_seconds),
             }
+            if self.server_args:
+                env["LLAMA_SERVER_ARGS"] = " ".join(self.server_args)
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
             if self.staged:
@@ -194,6 +203,8 @@ _ENV_FIELDS = {
     "LLAMA_GPU_LAYERS": "gpu_layers",
     "LLAMA_TENSOR_SPLIT": "tensor_split",
     "RPC_LOAD_BYTES": "worker_weight_bytes",
+    "MODEL_ALIAS": "model_alias",
+    "LLAMA_SERVER_ARGS": "server_args",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
@@ -284,6 +295,15 @@ def _validate_worker(boot: NodeBoot) -> None:
 
 
 def _validate_main(boot: NodeBoot) -> None:
+    if boot.model_alias and not MODEL_ALIAS.fullmatch(boot.model_alias):
+        raise BootConfigError(
+            "model_alias",
+            f"model_alias {boot.model_alias!r}: give 1-128 letters, digits and . _ - : / +",
+        )
+    if any(not arg or any(c.isspace() for c in arg) for arg in boot.server_args):
+        raise BootConfigError("server_args", "server_args: give each flag and value as one word")
+    if problem := server_args.check(boot.server_args):
+        raise BootConfigError("server_args", f"server_args: {problem}")
     if boot.server_listen is not None:
         _listen_address(boot.server_listen)
     # No workers: the model fits on the main node, which serves it alone without RPC.

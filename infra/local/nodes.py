@@ -17,7 +17,7 @@ from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine
 from infra.local.netns import VpcNetwork
 from infra.local.options import LocalClusterError, UpOptions, build_prefix, state_dir
 from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry
-from infra.models.parts import part_paths
+from infra.models.parts import model_id, part_paths
 
 
 def node_short_name(index: int, group: int) -> str:
@@ -103,9 +103,8 @@ def node_boot(
         worker_weight_bytes=shares.worker_weight_bytes,
         worker_wait_seconds=options.worker_wait_seconds,
         threads=options.threads,
-        extra_env={"LLAMA_SERVER_ARGS": " ".join(options.server_args)}
-        if role == "main" and options.server_args
-        else {},
+        server_args=options.server_args if role == "main" else (),
+        model_alias=model_id(part_paths(options.model)[0].name) if role == "main" else "",
     )
 
 

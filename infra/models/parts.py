@@ -1,5 +1,5 @@
 """Model file names: a split GGUF's parts (``name-0000K-of-0000N.gguf``, as llama.cpp's
-gguf-split writes them), and the name a downloaded part is saved under."""
+gguf-split writes them), the name a downloaded part is saved under, and the model's id."""
 
 from __future__ import annotations
 
@@ -63,3 +63,12 @@ def saved_name(url: str) -> str:
     """The file name a model part is saved as: the URL's last path segment without its query or
     fragment (fetch-model.sh's ``model_name`` applies the same rule on the node)."""
     return re.split(r"[?#]", url, maxsplit=1)[0].rsplit("/", 1)[-1]
+
+
+def model_id(url: str) -> str:
+    """A model's id from its (first) file's URL, as clients send it: the file name without
+    ``.gguf`` or a split's part suffix; characters an id does not take become '-'."""
+    name = saved_name(url)
+    match = _SPLIT_NAME.fullmatch(name)
+    stem = match["stem"] if match else name.removesuffix(".gguf")
+    return re.sub(r"[^A-Za-z0-9._:/+-]", "-", stem)[:128] or "model"

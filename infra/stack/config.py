@@ -20,11 +20,12 @@ from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.core import costs, layout, network_rules, placement, sizing
+from infra.core import costs, layout, network_rules, placement, server_args, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import MAX_WORKERS, METRICS_PORT, Cloud
 from infra.core.placement import Placement
 from infra.models import Model, ModelError
+from infra.models.parts import model_id
 from infra.stack.settings import BY_KEY, MODEL_KEYS, ConfigError, decode
 
 __all__ = ["PROJECT", "ClusterConfig", "ConfigError", "from_settings", "load"]
@@ -49,6 +50,8 @@ BOOT_SETTING_KEYS = {
     "rpc_workers": "vpcCidr",
     "rpc_allowed_sources": "vpcCidr",
     "cluster_cidr": "vpcCidr",
+    "model_alias": "modelAlias",
+    "server_args": "serverArgs",
 }
 
 
@@ -94,6 +97,9 @@ class ClusterConfig:
     model_store_kms_key: str | None = None
     # Serving groups behind a private balancer (one: no balancer).
     replicas: int = 1
+    # The model's id for clients (llama-server's --alias), and llama-server flags a stack adds.
+    model_alias: str = ""
+    server_args: tuple[str, ...] = ()
 
     @property
     def hourly_cost(self) -> costs.HourlyCost:
@@ -179,6 +185,8 @@ class ClusterConfig:
             gpu_layers=self.placement.gpu_layers,
             tensor_split=self.placement.tensor_split,
             worker_weight_bytes=self.placement.worker_weight_bytes,
+            model_alias=self.model_alias,
+            server_args=self.server_args,
             server_listen=listen,
         )
         return [main, *workers]
@@ -374,6 +382,29 @@ def _vpc_cidr(settings: Mapping[str, Any], facts: CloudFacts) -> ipaddress.IPv4N
     if cidr.prefixlen > 23:
         raise ConfigError("vpcCidr", f"{text} is too small; use /23 or larger (two /24 subnets)")
     return cidr
+
+
+def _model_alias(settings: Mapping[str, Any], urls: tuple[str, ...]) -> str:
+    """The setting, else the preset's name, else the first part's file name (``model_id``)."""
+    given = BY_KEY["modelAlias"].read(settings)
+    if given:
+        return str(given)
+    preset = BY_KEY["model"].read(settings).get("preset")
+    if isinstance(preset, str):
+        return models.preset(preset, "model.preset").name
+    return model_id(urls[0])
+
+
+def _server_args(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    given = BY_KEY["serverArgs"].read(settings)
+    if not all(isinstance(arg, str | int | float) and not isinstance(arg, bool) for arg in given):
+        raise ConfigError(
+            "serverArgs", 'give a list of words: flags and their values, e.g. ["--temp", "0.7"]'
+        )
+    words = tuple(str(arg) for arg in given)
+    if problem := server_args.check(words):
+        raise ConfigError("serverArgs", problem)
+    return words
 
 
 def _api_cidrs(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -625,6 +656,8 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         model_store_resource_group=store_group,
         model_store_kms_key=_kms_key(settings, model_setting.urls, region),
         replicas=replicas,
+        model_alias=_model_alias(settings, model_setting.urls),
+        server_args=_server_args(settings),
     )
     _spending(settings, config)
     try:

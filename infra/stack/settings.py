@@ -35,6 +35,7 @@ from infra.core.limits import (
     SERVER_PORT,
 )
 from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
+from infra.core.server_args import MODEL_ALIAS
 from infra.errors import SettingError
 
 # The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
@@ -228,6 +229,22 @@ SETTINGS: tuple[Setting, ...] = (
         range_reason="the number of requests served at once, each with contextSize tokens",
     ),
     Setting(
+        "modelAlias",
+        "string",
+        "the model's id: what clients send as `model` and `/v1/models` shows",
+        default_text="the preset's name, or the first part's file name without `.gguf`",
+        valid=lambda text: MODEL_ALIAS.fullmatch(text) is not None,
+        meaning="1-128 letters, digits and . _ - : / +",
+    ),
+    Setting(
+        "serverArgs",
+        "array",
+        "llama-server flags to add (sampling defaults, KV cache types, batch sizes, chat "
+        "template, ...), each from an allow-list; flags that would change the placement, the "
+        "address, the port, metrics or the key are refused",
+        default=[],
+    ),
+    Setting(
         "mainDiskGb",
         "integer",
         "the main node's boot disk, which holds the model file",
@@ -365,15 +382,15 @@ def project_file_block() -> str:
     comment = (
         "Written by `python -m infra.stack.settings --pulumi-yaml` from infra/stack/settings.py. "
         "Settings whose default is computed or unset are not declared here (Pulumi asks every "
-        f"stack for a declared key that has no default): {left_out}. The settings table "
-        "table lists every setting."
+        f"stack for a declared key that has no default): {left_out}. docs/settings.md "
+        "lists every setting."
     )
     body = yaml.safe_dump({"config": project_config()}, sort_keys=False, width=96)
     return "".join(f"# {line}\n" for line in textwrap.wrap(comment, 98)) + body
 
 
 def readme_table() -> str:
-    """The settings table table, in Markdown."""
+    """The settings table, in Markdown."""
     rows = ["| Setting | Type | Default | What it is |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         if setting.required:

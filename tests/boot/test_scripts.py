@@ -357,6 +357,7 @@ def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
         "RPC_WORKERS": workers, "LLAMA_GPU_LAYERS": "13", "LLAMA_TENSOR_SPLIT": "6,7",
         "CONTEXT_SIZE": "4096", "SLOTS": "3", "LLAMA_THREADS": "1",
         "FAKE_ARGS": str(tmp_path / "args"), "FAKE_LOG": str(log),
+        "MODEL_ALIAS": "gemma-3-270m", "LLAMA_SERVER_ARGS": "--temp 0.5 --jinja",
     }  # fmt: skip
     service = subprocess.Popen(
         ["bash", str(SCRIPTS / "llama-server.sh")], env=env, start_new_session=True,
@@ -399,6 +400,8 @@ def test_the_main_node_serves_with_its_placement_slots_and_context(tmp_path: Pat
         "6,7",
     )
     assert (flag("--ctx-size"), flag("--parallel"), flag("--fit")) == ("12288", "3", "off")
+    # The stack's model id and its allowed flags, after the planned ones.
+    assert (flag("--alias"), flag("--temp")) == ("gemma-3-270m", "0.5") and "--jinja" in args
     assert (flag("--log-verbosity"), flag("--host")) == (
         "5",
         "127.0.0.1",

@@ -23,6 +23,7 @@ from infra.local.model import real_model
 from infra.local.options import UpOptions
 from infra.local.source import cache_dir
 from infra.local.spec import ClusterSpec
+from infra.models.parts import model_id, part_paths
 from tests.conftest import post, require_netns, tokens_of_length
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -161,6 +162,15 @@ def test_chat_gets_an_answer_from_a_model_without_a_chat_template(two_workers) -
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"].strip()
     assert body["usage"]["completion_tokens"] > 0
+
+
+def test_the_model_answers_to_its_id(two_workers, gemma: Path) -> None:
+    """/v1/models names the model by its id (the file's name, as a stack's default modelAlias),
+    not the GGUF's path on the node."""
+    with urllib.request.urlopen(f"{url_of(two_workers)}/v1/models", timeout=60) as response:
+        listed = json.load(response)
+    assert [m["id"] for m in listed["data"]] == [model_id(part_paths(gemma)[0].name)]
+    assert "/" not in listed["data"][0]["id"]
 
 
 def test_a_streamed_chat_as_the_readmes_openai_client_sends_it(two_workers) -> None:

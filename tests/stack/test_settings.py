@@ -23,7 +23,15 @@ from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
 from infra.core import network_rules
 from infra.stack.settings import BY_KEY
-from tests.pulumi_mocks import RecordingMocks, deploy, refusal, refused, stack_config
+from tests.pulumi_mocks import (
+    RecordingMocks,
+    deploy,
+    env_of,
+    refusal,
+    refused,
+    stack_config,
+    user_data_text,
+)
 
 P = "llama-rpc-cluster:"
 # An RSA public key of 1,032 bits (exponent 3): Azure takes 2,048 or more.
@@ -98,6 +106,14 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("aws", "workerCount", {f"{P}workerCount": -1}, "-1 is outside 0-15"),
     ("aws", "workerCount", {f"{P}workerCount": 16}, "16 is outside 0-15"),
     ("aws", "slots", {f"{P}slots": 0}, "0 is outside 1-64"),
+    ("aws", "serverArgs", {f"{P}serverArgs": ["--port", "9000"]}, "--port: the product binds"),
+    ("gcp", "serverArgs", {f"{P}serverArgs": ["--rpc", "x"]}, "--rpc: the placement is planned"),
+    ("azure", "serverArgs", {f"{P}serverArgs": ["--api-key", "k"]}, "the stack's apiKey"),
+    ("aws", "serverArgs", {f"{P}serverArgs": ["--temp", "9"]}, "--temp '9': give a temperature"),
+    ("aws", "serverArgs", {f"{P}serverArgs": ["--grammar", "x"]}, "'--grammar' is not a flag"),
+    ("aws", "serverArgs", {f"{P}serverArgs": "--temp 0.7"}, "serverArgs"),
+    ("aws", "serverArgs", {f"{P}serverArgs": [["--temp"]]}, "give a list of words"),
+    ("aws", "modelAlias", {f"{P}modelAlias": "my model"}, "1-128 letters, digits"),
     ("aws", "slots", {f"{P}slots": "two"}, "must be a whole number"),
     ("aws", "vpcCidr", {f"{P}vpcCidr": "8.8.0.0/16"}, "8.8.0.0/16 is not private address"),
     ("aws", "vpcCidr", {f"{P}vpcCidr": "10.0.0.0/33"}, "'10.0.0.0/33' is not a valid IPv4 CIDR"),
@@ -604,3 +620,17 @@ def test_no_spelling_of_a_forbidden_address_passes(
     except OSError:
         return  # a name, not an address
     assert str(resolved) not in FORBIDDEN, url
+
+
+def test_the_model_alias_and_server_args_reach_the_main_node_only() -> None:
+    """modelAlias and serverArgs are the main node's (llama-server's); the workers get neither.
+    Without modelAlias the id is the preset's name."""
+    given = {f"{P}modelAlias": "team/qwen", f"{P}serverArgs": ["--temp", "0.2", "--jinja"]}
+    d = deploy("aws-small", given)
+    main = env_of(user_data_text(d.named("llama-rpc-cluster-main").inputs))
+    worker = env_of(user_data_text(d.named("llama-rpc-cluster-worker-1").inputs))
+    assert (main["MODEL_ALIAS"], main["LLAMA_SERVER_ARGS"]) == ("team/qwen", "--temp 0.2 --jinja")
+    assert "MODEL_ALIAS" not in worker and "LLAMA_SERVER_ARGS" not in worker
+    default = env_of(user_data_text(deploy("aws-c8g", {}).named("llama-rpc-cluster-main").inputs))
+    assert default["MODEL_ALIAS"] == "llama-3.1-405b-q4_k_m"
+    assert "LLAMA_SERVER_ARGS" not in default
