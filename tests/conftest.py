@@ -340,10 +340,19 @@ http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
     )
 
 
-def post(url: str, path: str, body: dict[str, Any], timeout: float = 60) -> Any:
-    """POST JSON to a llama-server (on loopback or in a namespace this test made); the reply."""
+def post(
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    timeout: float = 60,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """POST JSON to a llama-server (on loopback or in a namespace this test made); the reply.
+    ``headers``: the API key's, for a keyed cluster."""
     request = urllib.request.Request(
-        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.load(response)
@@ -384,10 +393,13 @@ GREEDY_PROMPT = {
 
 
 def complete(
-    url: str, timeout: float = 60, prompt: dict[str, Any] = GREEDY_PROMPT
+    url: str,
+    timeout: float = 60,
+    prompt: dict[str, Any] = GREEDY_PROMPT,
+    headers: dict[str, str] | None = None,
 ) -> tuple[str, list[tuple[int, float]]]:
     """A completion's text and each token's id and log-probability."""
-    body = post(url, "/completion", prompt, timeout)
+    body = post(url, "/completion", prompt, timeout, headers)
     tokens = [(p["id"], p["logprob"]) for p in body["completion_probabilities"]]
     return body["content"], tokens
 
@@ -458,13 +470,13 @@ def cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def generating(url: str) -> Iterator[None]:
+def generating(url: str, headers: dict[str, str] | None = None) -> Iterator[None]:
     """The main node keeps generating, from a thread, for the block."""
     stop = threading.Event()
 
     def generate() -> None:
         while not stop.is_set():
-            complete(url)
+            complete(url, headers=headers)
 
     thread = threading.Thread(target=generate, daemon=True)
     thread.start()

@@ -56,6 +56,14 @@ while_loading() {
 # created), word-split on purpose (for example "--temp 0.7"), and the id clients send as "model".
 read -r -a extra_args <<<"${LLAMA_SERVER_ARGS:-}"
 [[ -z "${MODEL_ALIAS:-}" ]] || extra_args+=(--alias "$MODEL_ALIAS")
+# The API key (apiKey), when the stack has one: the credential systemd hands this service, read
+# by llama-server from its file (never the environment or the command line). Missing, the
+# server does not start: an API meant to be keyed is never served open.
+if [[ -n "${API_KEY_FILE:-}" ]]; then
+  credential="${CREDENTIALS_DIRECTORY:-/nonexistent}/$(basename "$API_KEY_FILE")"
+  [[ -r "$credential" ]] || fail "the API key credential $(basename "$API_KEY_FILE") is missing; root puts it in $API_KEY_FILE at boot"
+  extra_args+=(--api-key-file "$credential")
+fi
 status phase=loading load_sent_bytes:=null
 # --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
 # own. --fit off: the placement and the context are planned, llama.cpp must not change them.

@@ -3,6 +3,8 @@ cloud (``deliver``), from each node's checked settings (``NodeBoot``)."""
 
 from infra.boot.deliver import Delivery, deliver
 from infra.boot.node import (
+    API_KEY_CREDENTIAL,
+    VM_API_KEY_FILE,
     VM_PATHS,
     BootConfigError,
     NodeBoot,
@@ -22,11 +24,13 @@ from infra.boot.render import (
 )
 
 __all__ = [
+    "API_KEY_CREDENTIAL",
     "BOOT_UNIT",
     "ROLE_SCRIPTS",
     "ROLE_UNIT",
     "SCRIPTS_DIR",
     "UNITS_DIR",
+    "VM_API_KEY_FILE",
     "VM_PATHS",
     "BootConfigError",
     "Delivery",

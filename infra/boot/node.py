@@ -49,6 +49,13 @@ class NodePaths:
     prefix: str
 
 
+# The API key (apiKey) reaches llama-server as a systemd credential of this name
+# (ImportCredential= in its unit): root puts it in a credential store (/run/credstore on a VM,
+# fetched from the cloud's secret store at each boot; /etc/credstore on a local machine), and
+# only the service sees it, in $CREDENTIALS_DIRECTORY.
+API_KEY_CREDENTIAL = "llama-rpc-api-key"
+VM_API_KEY_FILE = f"/run/credstore/{API_KEY_CREDENTIAL}"
+
 VM_PATHS = NodePaths(
     bin_dir="/opt/llama-rpc/bin",
     env_file="/etc/llama-rpc/node.env",
@@ -99,6 +106,9 @@ class NodeBoot:
     model_alias: str = ""
     # llama-server flags a stack adds, each allowed by infra.core.server_args.
     server_args: tuple[str, ...] = ()
+    # Where root keeps the API key on the node (its file name is API_KEY_CREDENTIAL); "": the
+    # API takes requests without one. Set, llama-server refuses to start without the key.
+    api_key_file: str = ""
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -164,6 +174,8 @@ class NodeBoot:
             }
             if self.server_args:
                 env["LLAMA_SERVER_ARGS"] = " ".join(self.server_args)
+            if self.api_key_file:
+                env["API_KEY_FILE"] = self.api_key_file
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
             if self.staged:
@@ -205,6 +217,7 @@ _ENV_FIELDS = {
     "RPC_LOAD_BYTES": "worker_weight_bytes",
     "MODEL_ALIAS": "model_alias",
     "LLAMA_SERVER_ARGS": "server_args",
+    "API_KEY_FILE": "api_key_file",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
@@ -304,6 +317,13 @@ def _validate_main(boot: NodeBoot) -> None:
         raise BootConfigError("server_args", "server_args: give each flag and value as one word")
     if problem := server_args.check(boot.server_args):
         raise BootConfigError("server_args", f"server_args: {problem}")
+    if boot.api_key_file and not (
+        boot.api_key_file.startswith("/") and boot.api_key_file.endswith(f"/{API_KEY_CREDENTIAL}")
+    ):
+        raise BootConfigError(
+            "api_key_file", f"api_key_file {boot.api_key_file!r}: an absolute path to a file "
+            f"named {API_KEY_CREDENTIAL}, the credential llama-server's unit imports",
+        )  # fmt: skip
     if boot.server_listen is not None:
         _listen_address(boot.server_listen)
     # No workers: the model fits on the main node, which serves it alone without RPC.

@@ -108,6 +108,7 @@ def _up(args: argparse.Namespace) -> int:
         machines=machines,
         deliveries=tuple(args.delivery),
         replicas=args.replicas,
+        api_key=args.api_key,
     )
     contract = cluster.up(
         options,
@@ -123,7 +124,10 @@ def _up(args: argparse.Namespace) -> int:
 def _try_command(spec: ClusterSpec) -> str:
     """A completion through the cluster's entry point: the balancer when there is one."""
     url = spec.entry_url()
-    request = f"""curl -s {url}/completion -d '{{"prompt": "Hello", "n_predict": 16}}'"""
+    keyed = ""
+    if spec.api_key_file:
+        keyed = f' -H "Authorization: Bearer $(sudo cat {spec.api_key_file})"'
+    request = f"""curl -s {url}/completion{keyed} -d '{{"prompt": "Hello", "n_predict": 16}}'"""
     return spec.from_entry(request)
 
 
@@ -199,6 +203,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         document = {
             "outputs": spec.contract(),
+            "apiKeyFile": spec.api_key_file,
             "placement": list(spec.placement),
             "nodes": statuses,
             "balancer": checks,
@@ -206,6 +211,8 @@ def _status(args: argparse.Namespace) -> int:
         print_json(document)
         return 0
     _print_contract(spec.contract(), False)
+    if spec.api_key_file:
+        print(f"API key: in {spec.api_key_file} (root's); send it as `Authorization: Bearer KEY`")
     if spec.placement:  # clusters brought up before placements were planned have none
         print(f"\ncontext {spec.context_size} tokens per request, {spec.slots} slot(s):")
     recorded = statuses["main"].get("placement") or []
@@ -308,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--threads", type=int, help="threads per node (default: every core)")
     start.add_argument(
         "--worker-wait", type=int, default=900, help="seconds the main node waits for the workers"
+    )
+    start.add_argument(
+        "--api-key",
+        action="store_true",
+        help="generate an API key that every request but /health must carry (its file: "
+        "`local status`)",
     )
     start.add_argument("--timeout", type=float, default=1800)
     start.add_argument("--loopback", action="store_true", help="no namespaces, even as root")

@@ -24,6 +24,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,7 +39,14 @@ from infra.core import layout
 from infra.core.limits import RPC_PORT, SERVER_PORT
 from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.netns import VpcNetwork, namespace_pids
-from infra.local.nodes import Where, balancer_entry, machine_image, node_entry, node_layout
+from infra.local.nodes import (
+    Where,
+    balancer_entry,
+    machine_image,
+    node_entry,
+    node_layout,
+    place_secret,
+)
 from infra.local.options import (
     LOOPBACK_CIDR,
     LocalClusterError,
@@ -48,7 +56,7 @@ from infra.local.options import (
     state_dir,
     validate,
 )
-from infra.local.spec import BALANCER_NODE, SPEC_FILE, ClusterSpec
+from infra.local.spec import API_KEY_NAME, BALANCER_NODE, SPEC_FILE, ClusterSpec
 from infra.observe.status import phase_text
 
 
@@ -94,9 +102,12 @@ def up(
     )
     balancer = balancer_entry(cidr, network, state) if options.replicas > 1 else None
     state.mkdir(parents=True, exist_ok=True)
+    api_key = secrets.token_urlsafe(32) if options.api_key else None
+    if api_key is not None:  # the caller's copy: `local status` names the file, never the key
+        place_secret(state / API_KEY_NAME, api_key)
     nodes = tuple(
         node_entry(options, slot, Where(slot.ip, cidr, slot.group_ips, shares), state=state,
-                   network=network, image=image, index=index)
+                   network=network, image=image, index=index, api_key=api_key)
         for index, slot in enumerate(slots)
     )  # fmt: skip
     spec = ClusterSpec(
@@ -113,6 +124,7 @@ def up(
         nodes=nodes,
         replicas=options.replicas,
         balancer=balancer,
+        api_key_file=str(state / API_KEY_NAME) if api_key is not None else None,
     )
     spec.write(state)
     try:

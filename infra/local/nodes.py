@@ -9,7 +9,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.boot import SCRIPTS_DIR, VM_PATHS, NodeBoot, NodePaths, deliver, render, render_env_file
+from infra.boot import (
+    API_KEY_CREDENTIAL,
+    SCRIPTS_DIR,
+    VM_PATHS,
+    NodeBoot,
+    NodePaths,
+    deliver,
+    render,
+    render_env_file,
+)
 from infra.core import layout, placement
 from infra.core.limits import Role
 from infra.local import image as node_image
@@ -84,6 +93,7 @@ def node_boot(
     *,
     source: str | None = None,
     model_urls: tuple[str, ...] | None = None,
+    api_key_file: str = "",
 ) -> NodeBoot:
     ips, shares = where.ips, where.shares
     return NodeBoot(
@@ -105,6 +115,7 @@ def node_boot(
         threads=options.threads,
         server_args=options.server_args if role == "main" else (),
         model_alias=model_id(part_paths(options.model)[0].name) if role == "main" else "",
+        api_key_file=api_key_file if role == "main" else "",
     )
 
 
@@ -117,11 +128,14 @@ def node_entry(
     network: VpcNetwork | None,
     image: node_image.Image | None,
     index: int,
+    api_key: str | None = None,
 ) -> LocalNode:
-    """A node of the cluster, its boot settings written where it reads them."""
+    """A node of the cluster, its boot settings written where it reads them (and on a main
+    node, ``api_key`` in root's credential store)."""
     node_dir = state / "nodes" / slot.name
     node_dir.mkdir(parents=True, exist_ok=True)
     namespace = network.namespace(slot.name) if network else None
+    keyed = api_key is not None and slot.role == "main"
     if image and network:
         # The machine's own view: the host's source and model appear at fixed paths.
         boot = node_boot(
@@ -130,10 +144,14 @@ def node_entry(
             where,
             source=SOURCE_MOUNT,
             model_urls=tuple(f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)),
+            api_key_file=MACHINE_API_KEY_FILE if keyed else "",
         )
         machine = machine_node(
             options, slot.name, image_root=image.root, network=network, boot=boot, index=index
         )
+        if keyed and api_key is not None:  # root's credential store, as a VM's boot fills it
+            written = machine.machine(network.namespace(slot.name)).written
+            place_secret(written(MACHINE_API_KEY_FILE), api_key)
         return LocalNode(
             name=slot.name,
             role=slot.role,
@@ -143,7 +161,10 @@ def node_entry(
             status_file=str(machine.machine(network.namespace(slot.name)).status_file),
             machine=machine,
         )
-    boot = node_boot(options, slot.role, where)
+    key_file = node_dir / "credstore" / API_KEY_CREDENTIAL
+    if keyed and api_key is not None:  # the supervisor hands it over as systemd would
+        place_secret(key_file, api_key)
+    boot = node_boot(options, slot.role, where, api_key_file=str(key_file) if keyed else "")
     env_file = node_dir / "node.env"
     paths = NodePaths(
         bin_dir=str(SCRIPTS_DIR),
@@ -213,3 +234,17 @@ def machine_image(options: UpOptions) -> node_image.Image:
             f"Debian {node_image.RELEASE}'s packages)"
         )
     return image
+
+
+# Where a machine's root keeps the API key: systemd's persistent credential store (a VM fetches
+# it into /run/credstore at each boot instead).
+MACHINE_API_KEY_FILE = f"/etc/credstore/{API_KEY_CREDENTIAL}"
+
+
+def place_secret(path: Path, secret: str) -> None:
+    """``secret`` in ``path``, root's (0600) in a directory only root enters (0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secret + "\n")

@@ -57,6 +57,8 @@ class UpOptions:
     deliveries: tuple[Cloud, ...] = ("aws",)
     # Serving groups (each a main node and ``workers`` workers) behind one balancer.
     replicas: int = 1
+    # A generated API key that every request but /health must carry (llama-server's own check).
+    api_key: bool = False
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:

@@ -22,6 +22,7 @@ from infra.local.options import LocalClusterError, state_dir
 
 BALANCER_NODE = "lb"  # the balancer's namespace and link name (``lrc-<id>-lb``)
 SPEC_FILE = "cluster.json"
+API_KEY_NAME = "api-key"  # in the state directory, when the cluster has one
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class ClusterSpec:
     nodes: tuple[LocalNode, ...]
     replicas: int = 1
     balancer: BalancerEntry | None = None
+    # The API key's file on this machine (root's, 0600), when requests must carry one.
+    api_key_file: str | None = None
 
     # --- reading it --------------------------------------------------------------------------
 
@@ -203,6 +206,7 @@ class ClusterSpec:
                 "namespace": self.balancer.namespace,
                 "directory": self.balancer.directory,
             },
+            "api_key_file": self.api_key_file,
         }  # fmt: skip
 
     @classmethod
@@ -222,6 +226,7 @@ class ClusterSpec:
             nodes=tuple(_node_of_json(node) for node in data["nodes"]),
             replicas=data.get("replicas", 1),
             balancer=BalancerEntry(**balancer) if balancer else None,
+            api_key_file=data.get("api_key_file"),
         )
 
     def write(self, state: Path) -> None:
@@ -288,3 +293,10 @@ def _node_of_json(entry: dict[str, Any]) -> LocalNode:
         env_file=entry.get("env_file"),
         machine=machine,
     )
+
+
+def api_key_header(spec: ClusterSpec) -> dict[str, str]:
+    """The header a request to the cluster's API carries (none without a key)."""
+    if not spec.api_key_file:
+        return {}
+    return {"Authorization": f"Bearer {Path(spec.api_key_file).read_text().strip()}"}

@@ -4,8 +4,10 @@ would. ``up --machines`` runs the same units under real systemd instead.
 
 It reads the very unit files that the VMs install (``cloud-init/systemd/``): ``ExecStartPre``
 (``+`` marks a step that needs root), ``ExecStart``, ``Restart``, ``RestartSec``, ``RestartSteps``,
-``RestartMaxDelaySec`` and ``RestartPreventExitStatus``. Commands under the VM's script directory
-run from ``cloud-init/scripts/``; ``User=`` and the sandboxing options are not applied.
+``RestartMaxDelaySec``, ``RestartPreventExitStatus`` and ``ImportCredential`` (from the node's
+``credstore/``, handed over in ``$CREDENTIALS_DIRECTORY`` as systemd does). Commands under the
+VM's script directory run from ``cloud-init/scripts/``; ``User=`` and the sandboxing options are
+not applied.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Unit:
     restart_prevent_exit_status: tuple[int, ...] = ()
     requires: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    credentials: tuple[str, ...] = ()  # ImportCredential=
 
     def restart_delay(self, restart: int) -> float:
         """Seconds before restart number ``restart`` (1, 2, ...), as systemd computes it: from
@@ -97,6 +100,7 @@ def parse_unit(path: Path) -> Unit:
         ),
         requires=tuple(u for v in values.get("Requires", []) for u in v.split()),
         after=tuple(u for v in values.get("After", []) for u in v.split()),
+        credentials=tuple(values.get("ImportCredential", [])),
     )
 
 
@@ -127,11 +131,14 @@ class NodeProcess:
         self.current: subprocess.Popen[str] | None = None
         self.lock = threading.Lock()
 
-    def _run(self, argv: list[str]) -> int:
+    def _run(self, argv: list[str], credentials: tuple[str, ...] = ()) -> int:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LLAMA_RPC_ENV_FILE": str(self.env_file),
         }
+        store = self.env_file.parent / "credstore"
+        if any((store / name).is_file() for name in credentials):
+            env["CREDENTIALS_DIRECTORY"] = str(store)
         with self.lock:
             if self.stopping.is_set():
                 return 143
@@ -184,7 +191,7 @@ class NodeProcess:
             code = self._run(local_command(command))
             if code != 0:
                 return code
-        return self._run(local_command(unit.start))
+        return self._run(local_command(unit.start), unit.credentials)
 
     def stop(self) -> None:
         with self.lock:

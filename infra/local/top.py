@@ -39,7 +39,7 @@ from infra.core.limits import METRICS_PORT
 from infra.local import cluster, procfs
 from infra.local.netns import exec_prefix
 from infra.local.options import LocalClusterError
-from infra.local.spec import ClusterSpec, LocalNode
+from infra.local.spec import ClusterSpec, LocalNode, api_key_header
 from infra.observe import metrics
 from infra.observe.metrics import MetricsError, Snapshot
 from infra.observe.status import phase_text
@@ -76,10 +76,12 @@ def footer(spec: ClusterSpec, cpus: int) -> list[str]:
 # --- reading the nodes (I/O) --------------------------------------------------------------
 
 
-def _fetch(namespace: str | None, url: str) -> str:
-    """GET ``url`` from inside ``namespace`` (the node's own), or from here on loopback."""
+def _fetch(namespace: str | None, url: str, headers: dict[str, str] | None = None) -> str:
+    """GET ``url`` from inside ``namespace`` (the node's own), or from here on loopback. The
+    headers (the API key) go to curl on its stdin, never on a command line others can read."""
     if namespace is None:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_SECONDS) as response:  # noqa: S310
+        request = urllib.request.Request(url, headers=headers or {})  # noqa: S310
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_SECONDS) as response:  # noqa: S310
             body: bytes = response.read()
             return body.decode()
     curl = shutil.which("curl")
@@ -87,7 +89,8 @@ def _fetch(namespace: str | None, url: str) -> str:
         raise OSError("curl is not installed")
     result = subprocess.run(
         [*exec_prefix(namespace), curl, "--silent", "--show-error", "--fail",
-         "--max-time", str(FETCH_TIMEOUT_SECONDS), url],
+         "--max-time", str(FETCH_TIMEOUT_SECONDS), "--header", "@-", url],
+        input="".join(f"{name}: {value}\n" for name, value in (headers or {}).items()),
         capture_output=True, text=True, check=False, timeout=FETCH_TIMEOUT_SECONDS + 5,
     )  # fmt: skip
     if result.returncode != 0:
@@ -125,9 +128,11 @@ def read_node(spec: ClusterSpec, node: LocalNode, phase: str) -> NodeReading:
             notes.append(f"its namespace's traffic could not be read ({error})")
     if node.role == "main":
         base = f"http://{node.ip}:{spec.server_port}"
+        keyed = api_key_header(spec)
         try:
-            found["server"] = Snapshot.parse(_fetch(namespace, f"{base}/metrics"), time.monotonic())
-            found["slots"] = json.loads(_fetch(namespace, f"{base}/slots"))
+            text = _fetch(namespace, f"{base}/metrics", keyed)
+            found["server"] = Snapshot.parse(text, time.monotonic())
+            found["slots"] = json.loads(_fetch(namespace, f"{base}/slots", keyed))
         except (OSError, subprocess.SubprocessError, MetricsError, ValueError) as error:
             if phase == "serving":
                 notes.append(f"llama-server's /metrics did not answer ({error})")

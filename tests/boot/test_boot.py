@@ -280,7 +280,7 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     )
     version = int(re.search(r"systemd (\d+)", subprocess.run(
         [analyze, "--version"], capture_output=True, text=True).stdout)[1])  # fmt: skip
-    newer = "RestartSteps|RestartMaxDelaySec|RestartMode"
+    newer = "RestartSteps|RestartMaxDelaySec|RestartMode|ImportCredential"
     allowed = re.compile(rf".*: Unknown key '({newer})' in section \[Service\], ignoring\.")
     complaints = [
         line for line in result.stderr.splitlines()

@@ -37,7 +37,7 @@ from infra.local.__main__ import main
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
 from infra.local.nodes import node_short_name
 from infra.local.options import LocalClusterError, UpOptions, plan_placement, state_dir
-from infra.local.spec import BALANCER_NODE, ClusterSpec
+from infra.local.spec import BALANCER_NODE, ClusterSpec, api_key_header
 from tests.conftest import free_port, one_plus_two, require_netns, require_tool
 from tests.models.test_models import write_gguf
 
@@ -48,14 +48,17 @@ from tests.models.test_models import write_gguf
 CLIENT = r"""
 import json, os, sys, time, urllib.error, urllib.request
 url, stop, count, n_predict = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+key = open(sys.argv[5]).read().strip() if len(sys.argv) > 5 else ""
 body = json.dumps({"prompt": "Hello world, this is", "n_predict": n_predict, "temperature": 0,
                    "cache_prompt": False}).encode()
 done = 0
 while done != count and not os.path.exists(stop):
     row = {"start": time.monotonic(), "status": None, "group": None}
     try:
-        request = urllib.request.Request(url + "/completion", data=body,
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        request = urllib.request.Request(url + "/completion", data=body, headers=headers)
         with urllib.request.urlopen(request, timeout=120) as response:
             reply = json.load(response)
             row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
@@ -254,7 +257,8 @@ def test_only_groups_that_pass_the_health_check_get_requests(tmp_path: Path) -> 
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     require_netns()
     require_tool("haproxy")
-    options = one_plus_two(llama_source, "rep", 217, workers=1, replicas=2)
+    # Keyed: every request through the balancer carries the API key; its checks need none.
+    options = one_plus_two(llama_source, "rep", 217, workers=1, replicas=2, api_key=True)
     started = time.monotonic()
     contract = cluster.up(options, timeout=1200)
     print(f"two groups up in {time.monotonic() - started:.1f} s")
@@ -279,11 +283,16 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
     assert not balancer.alive()
 
 
-def run_client(up: dict[str, Any], count: int, n_predict: int = 8) -> list[dict[str, Any]]:
-    """``count`` requests, one after another, through the balancer from the test's namespace."""
+def run_client(
+    up: dict[str, Any], count: int, n_predict: int = 8, keyed: bool = True
+) -> list[dict[str, Any]]:
+    """``count`` requests, one after another, through the balancer from the test's namespace
+    (``keyed``: with the cluster's API key)."""
+    key_argument = [up["spec"].api_key_file] if keyed else []
     result = subprocess.run(
         [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
-         up["contract"][outputs.BALANCER_URL], "/nonexistent", str(count), str(n_predict)],
+         up["contract"][outputs.BALANCER_URL], "/nonexistent", str(count), str(n_predict),
+         *key_argument],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     return [json.loads(line) for line in result.stdout.splitlines()]
@@ -293,17 +302,18 @@ def start_client(up: dict[str, Any], stop: Path, log: Path) -> subprocess.Popen[
     """Requests through the balancer, one after another, until ``stop`` exists."""
     return subprocess.Popen(
         [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
-         up["contract"][outputs.BALANCER_URL], str(stop), "-1", "32"],
+         up["contract"][outputs.BALANCER_URL], str(stop), "-1", "32", up["spec"].api_key_file],
         stdout=log.open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
 def predicted_tokens(up: dict[str, Any], main_ip: str) -> int:
     """llama-server's own count of tokens generated, read from its /metrics."""
+    key = api_key_header(up["spec"])["Authorization"]
     result = subprocess.run(
-        [*exec_prefix(up["client"]), "curl", "-s", "--max-time", "5",
+        [*exec_prefix(up["client"]), "curl", "-s", "--max-time", "5", "--header", "@-",
          f"http://{main_ip}:{SERVER_PORT}/metrics"],
-        capture_output=True, text=True, check=True,
+        input=f"Authorization: {key}\n", capture_output=True, text=True, check=True,
     )  # fmt: skip
     for line in result.stdout.splitlines():
         if line.startswith("llamacpp:tokens_predicted_total "):
@@ -364,6 +374,21 @@ def test_requests_through_the_balancer_reach_both_groups(up, capsys) -> None:
 
 @pytest.mark.slow
 @pytest.mark.netns
+def test_through_the_balancer_a_request_without_the_key_is_refused(up) -> None:
+    """The balancer passes the key on and the groups check it: without it every request is
+    refused 401 by whichever group gets it, while the balancer's checks (/health) keep both
+    groups up."""
+    rows = run_client(up, 4, keyed=False)
+    assert [r["status"] for r in rows] == [401] * 4, rows
+    assert {r["group"] for r in rows} <= {"group1", "group2", None}
+    assert [r["status"] for r in run_client(up, 2)] == [200, 200]
+    balancer: lb.Balancer = up["balancer"]
+    groups = [row for row in balancer.stats() if row["svname"].startswith("group")]
+    assert [row["status"] for row in groups] == ["UP", "UP"]
+
+
+@pytest.mark.slow
+@pytest.mark.netns
 def test_each_groups_workers_take_rpc_from_their_own_main_only(up) -> None:
     network: VpcNetwork = up["network"]
     groups = up["contract"][outputs.GROUPS]
@@ -413,6 +438,7 @@ def test_killing_one_groups_main_keeps_every_request_answered(up, tmp_path: Path
     main_ns = network.namespace("main")
     stop = tmp_path / "stop"
     logs = [tmp_path / f"client{i}.jsonl" for i in range(2)]
+    logged_before = balancer.log.stat().st_size  # earlier tests' requests are not this one's
     clients = [start_client(up, stop, log) for log in logs]
 
     def rows() -> list[dict[str, Any]]:
@@ -451,12 +477,11 @@ def test_killing_one_groups_main_keeps_every_request_answered(up, tmp_path: Path
     answered = rows()
     # The balancer's log marks a request it sent again to another group with "+" before its
     # retry count: at least the one group 1 had open at the kill.
-    redispatched = REDISPATCHED.findall(balancer.log.read_text())
+    logged = balancer.log.read_bytes()[logged_before:].decode(errors="replace")
+    redispatched = REDISPATCHED.findall(logged)
     failed = [r for r in answered if r["status"] != 200]
     # Requests the balancer answered with an error of its own, and why (HAProxy's log).
-    error_lines = [
-        line for line in balancer.log.read_text().splitlines() if BALANCER_ERROR.search(line)
-    ]
+    error_lines = [line for line in logged.splitlines() if BALANCER_ERROR.search(line)]
     in_flight = [r for r in answered if r["start"] < gone_at and r["end"] > killed_at]
     outage = [r for r in answered if gone_at < r["start"] and r["end"] < back_at]
     outage_groups = {str(r["group"]) for r in outage}

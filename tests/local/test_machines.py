@@ -17,6 +17,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from infra.local.machines import Machine, unavailable_reason
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.options import LocalClusterError, build_prefix, state_dir
 from infra.local.source import cache_dir
-from infra.local.spec import ClusterSpec
+from infra.local.spec import ClusterSpec, api_key_header
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
 from tests.conftest import (
@@ -59,13 +61,17 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
         unavailable(reason)
     if node_image.cached(cache_dir()) is None:
         unavailable("the node image is not built (scripts/install-deps builds it, as root)")
-    options = one_plus_two(llama_source, "m", 214, machines=True, deliveries=DELIVERIES)
+    # Keyed: the API key reaches llama-server as a systemd credential, as on a VM.
+    options = one_plus_two(
+        llama_source, "m", 214, machines=True, deliveries=DELIVERIES, api_key=True
+    )
     cache, cluster_id = options.cache, options.cluster_id
     contract = cluster.up(options, timeout=2400)
     spec = ClusterSpec.load(cache, cluster_id)
     network = spec.network()
     assert network is not None and network.main_is_routed_here()
-    yield {"contract": contract, "spec": spec, "network": network, "options": options}
+    key = api_key_header(spec)
+    yield {"contract": contract, "spec": spec, "network": network, "options": options, "key": key}
     cluster.down(cache, cluster_id)
     assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
     assert not state_dir(cache, cluster_id).exists()
@@ -107,7 +113,7 @@ def wait_serving(up: dict[str, Any], timeout: float = 600) -> None:
         if cluster.read_status(up["spec"])["main"].get("phase") != "serving":
             return False
         try:
-            complete(url, timeout=30)
+            complete(url, timeout=30, headers=up["key"])
         except OSError:
             return False
         return True
@@ -242,10 +248,13 @@ def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
     assert not port_answers(exec_prefix(outsider), w1, 50052)
 
 
-def metrics_text(up: dict[str, Any], where: str, url: str) -> str:
-    """GET a metrics URL from inside a node's namespace (the cluster's own network)."""
-    argv = [*exec_prefix(up["network"].namespace(where)), "curl", "-sf", "--max-time", "5", url]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+def metrics_text(up: dict[str, Any], where: str, url: str, keyed: bool = False) -> str:
+    """GET a metrics URL from inside a node's namespace (the cluster's own network); ``keyed``:
+    with the API key (llama-server's own /metrics and /slots), given to curl on its stdin."""
+    argv = [*exec_prefix(up["network"].namespace(where)), "curl", "-sf", "--max-time", "5",
+            "--header", "@-", url]  # fmt: skip
+    given = "".join(f"{k}: {v}\n" for k, v in up["key"].items()) if keyed else ""
+    result = subprocess.run(argv, input=given, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, (url, result.stderr)
     return result.stdout
 
@@ -281,7 +290,7 @@ def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
         capture_output=True, check=False,
     )  # fmt: skip
     assert host.returncode != 0  # the host's link address is not the cluster's
-    assert complete(up["contract"][outputs.LLAMA_SERVER_URL])[1]  # ... while the API answers
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"])[1]
     outsider = network.add_outsider("mout", "192.168.214.7", 24)
     routes = [network.namespace(n) for n in ("main", "w1")]
     listener = ["timeout", "60", "python3", "-m", "http.server", "--bind", w1, "9999"]
@@ -397,16 +406,16 @@ def test_llama_server_serves_its_metrics_on_the_main_node(up) -> None:
     main_ip = up["network"].node_ips[0]
 
     def read() -> metrics.Snapshot:
-        text = metrics_text(up, "w1", f"http://{main_ip}:8080/metrics")
+        text = metrics_text(up, "w1", f"http://{main_ip}:8080/metrics", keyed=True)
         return metrics.Snapshot.parse(text, time.monotonic())
 
     before = read()
-    complete(url)
+    complete(url, headers=up["key"])
     after = read()
     generated = metrics.tokens_generated(before, after)
     assert generated is not None and generated > 0
     assert metrics.requests(after) == metrics.Requests(0, 0)
-    slots = json.loads(metrics_text(up, "main", f"http://{main_ip}:8080/slots"))
+    slots = json.loads(metrics_text(up, "main", f"http://{main_ip}:8080/slots", keyed=True))
     usage = metrics.kv_cache_usage(after, slots)
     assert usage is not None and 0 < usage <= 1
 
@@ -434,7 +443,7 @@ def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up
     channel = LocalChannel(up["spec"], "main")
     groups = stack_top.stack_groups(up["contract"], [channel])
     out = io.StringIO()
-    with generating(up["contract"][outputs.LLAMA_SERVER_URL]):
+    with generating(up["contract"][outputs.LLAMA_SERVER_URL], up["key"]):
         assert stack_top.run("local", groups, interval=3.0, once=True, out=out) == 0
     shown = out.getvalue()
     rows = frame_rows(shown, ["main", "worker-1", "worker-2"])
@@ -459,7 +468,7 @@ def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -
     on(up, "main", "sh", "-c", f"rm -f /run/{metrics_command.NAME}-*")
     recorder = probe.recorder(0.5).start()
     try:
-        with generating(up["contract"][outputs.LLAMA_SERVER_URL]):
+        with generating(up["contract"][outputs.LLAMA_SERVER_URL], up["key"]):
             time.sleep(4)
     finally:
         readings = recorder.stop()
@@ -475,8 +484,35 @@ def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -
     assert reply["timings"]["predicted_n"] == 4
 
 
+def test_the_api_answers_only_requests_that_carry_the_key(up) -> None:
+    """The key reaches llama-server as a systemd credential (ImportCredential from root's
+    /etc/credstore): a request without it, or with another, is refused 401; with it, answered;
+    /health answers anyone (the balancers' checks). The key is in no user data, environment
+    file or command line on the node."""
+    url = up["contract"][outputs.LLAMA_SERVER_URL]
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            complete(url, headers=headers)
+        assert refused.value.code == 401
+    assert complete(url, headers=up["key"])[1]
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as health:
+        assert health.status == 200
+    key = up["key"]["Authorization"].removeprefix("Bearer ")
+    entry = up["spec"].node("main").machine
+    assert entry is not None
+    machine_dir = Path(entry.directory)
+    assert key not in (machine_dir / "user-data").read_text(errors="replace")
+    assert key not in on(up, "main", "cat", "/etc/llama-rpc/node.env")
+    assert key not in on(up, "main", "sh", "-c", "cat /proc/$(pidof llama-server)/cmdline")
+    assert key not in on(up, "main", "sh", "-c", "cat /proc/$(pidof llama-server)/environ")
+    listed = on(
+        up, "main", "stat", "-c", "%U %a", "/etc/credstore", "/etc/credstore/llama-rpc-api-key"
+    )
+    assert listed.split() == ["root", "700", "root", "600"]
+
+
 def test_greedy_completion_through_machines_equals_one_node(up) -> None:
-    through_machines = complete(up["contract"][outputs.LLAMA_SERVER_URL])
+    through_machines = complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"])
     bin_dir = build_prefix(up["options"].cache) / up["spec"].commit / "bin"
     assert through_machines[1] and through_machines == one_node_completion(
         bin_dir, up["options"].model
@@ -503,7 +539,7 @@ def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(up) -> None:
         "systemd restarting the worker",
     )
     wait_serving(up)
-    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"]) == up["completion"]
 
 
 def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(up) -> None:
@@ -519,7 +555,7 @@ def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(
     # The same instance: cloud-init ran its once-per-instance steps once.
     assert on(up, "main", "ls", "/var/lib/cloud/instances").split() == instances
     assert on(up, "main", "journalctl", "--list-boots", "--no-pager").count("\n") >= 2
-    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"]) == up["completion"]
 
 
 def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
@@ -599,7 +635,7 @@ def test_bad_boot_inputs_fail_under_systemd_as_designed(up) -> None:
         on(up, "main", "tee", env_file, stdin=good)
         on(up, "main", "systemctl", "restart", "--no-block", BOOT_UNIT, ROLE_UNIT["main"])
     wait_serving(up)
-    assert complete(up["contract"][outputs.LLAMA_SERVER_URL]) == up["completion"]
+    assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"]) == up["completion"]
 
 
 def test_a_failed_up_stops_every_machine_and_keeps_their_journals(up) -> None:

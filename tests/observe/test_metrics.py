@@ -15,7 +15,7 @@ import pytest
 from infra.core import outputs
 from infra.local import top
 from infra.local.options import LocalClusterError
-from infra.local.spec import ClusterSpec, LocalNode
+from infra.local.spec import ClusterSpec, LocalNode, api_key_header
 from infra.observe import metrics, topview
 from infra.observe.metrics import MetricsError, Snapshot
 from tests.conftest import REPO, generating
@@ -384,7 +384,7 @@ def frame_rows(text: str, names: list[str]) -> dict[str, list[str]]:
 def top_once_while_generating(spec: ClusterSpec, url: str, interval: float = 2.0) -> str:
     """`python -m infra.local top --once` while the main node generates, so that every column
     has something to show."""
-    with generating(url):
+    with generating(url, api_key_header(spec)):
         result = subprocess.run(
             [sys.executable, "-m", "infra.local", "top", "--id", spec.id, "--once",
              "--interval", str(interval)],
