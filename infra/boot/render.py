@@ -74,8 +74,6 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "supervise.sh",
         "llama-server.sh",
         "llama-server-log",
-        # The cost run's benchmark (infra.costrun), run as root through the command channel.
-        "llama-rpc-bench",
     ),
 }
 

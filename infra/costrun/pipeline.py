@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.boot import VM_PATHS
+from infra.boot import metrics_command
 from infra.costrun import rpc_bytes
 from infra.costrun.events import EventLog
 from infra.costrun.target import Prediction, StepError, Target
@@ -21,7 +21,7 @@ from infra.observe.usage import (
     summarize,
 )
 
-BENCH_COMMAND = (f"{VM_PATHS.bin_dir}/llama-rpc-bench",)
+BENCH_COMMAND = tuple(metrics_command.bench_command())
 # For the predicted cost of a run: the benchmark and the destroy, beyond the time to serve.
 BENCH_ESTIMATE_SECONDS = 600
 DESTROY_ESTIMATE_SECONDS = 300

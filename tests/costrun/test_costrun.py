@@ -512,7 +512,7 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
     ssm = stubs["ssm"]
     for command, stdout in (
         (shlex.join(STATUS_COMMAND), '{"phase": "serving"}'),
-        ("/opt/llama-rpc/bin/llama-rpc-bench --requests 2", json.dumps(BENCH)),
+        (shlex.join([*BENCH_COMMAND, "--requests", "2"]), json.dumps(BENCH)),
     ):
         ssm.add_response(
             "send_command", {"Command": {"CommandId": COMMAND_ID}},
