@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from infra import catalog
+from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.local.source import SourceError, cache_dir, sdist_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -314,6 +315,19 @@ def fake_bin(tmp_path: Path) -> tuple[Path, Callable[[str, str], Path]]:
         return path
 
     return directory, write
+
+
+def fake_main_node(tmp_path: Path, server: str) -> tuple[Path, Path]:
+    """A main node's prefix and data directory on this machine, with ``server`` standing in for
+    llama-server and a model file in place; (prefix, data)."""
+    prefix, data = tmp_path / "prefix", tmp_path / "data"
+    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(server)
+    fake.chmod(0o755)
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    return prefix, data
 
 
 def fake_llama_server(announce: str) -> str:

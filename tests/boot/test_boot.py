@@ -35,6 +35,7 @@ from tests.conftest import (
     SCRIPTS,
     assert_valid_cloud_config,
     fake_llama_server,
+    fake_main_node,
     free_port,
     require_tool,
     unavailable,
@@ -691,13 +692,7 @@ def test_llama_server_listens_where_told_serves_metrics_and_checks_health_on_the
     node = NodeBoot(**{**MAIN.__dict__, "rpc_workers": (), "gpu_layers": 0, "tensor_split": (),
                        "node_ip": "10.0.1.10", "server_listen": listen})  # fmt: skip
     assert env_of(node).get("SERVER_LISTEN") == listen
-    prefix, data = tmp_path / "prefix", tmp_path / "data"
-    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(FAKE_LLAMA_SERVER)
-    fake.chmod(0o755)
-    (data / "models").mkdir(parents=True)
-    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    prefix, data = fake_main_node(tmp_path, FAKE_LLAMA_SERVER)
     # curl, recording where it asks, then the real one.
     wrappers = tmp_path / "wrappers"
     wrappers.mkdir()

@@ -26,7 +26,14 @@ from pathlib import Path
 import pytest
 
 from infra.core.pins import LLAMA_CPP_COMMIT
-from tests.conftest import REPO, SCRIPTS, fake_llama_server, free_port, unavailable
+from tests.conftest import (
+    REPO,
+    SCRIPTS,
+    fake_llama_server,
+    fake_main_node,
+    free_port,
+    unavailable,
+)
 
 
 def sha256(data: bytes) -> str:
@@ -336,13 +343,7 @@ FAKE_SERVER = fake_llama_server('cat "$FAKE_LOG"')
 def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
     """Run llama-server.sh with a fake llama-server that prints ``load_log``, until the node says
     it is serving; return its status, the server's arguments and what reached the journal."""
-    prefix, data = tmp_path / "prefix", tmp_path / "data"
-    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(FAKE_SERVER)
-    fake.chmod(0o755)
-    (data / "models").mkdir(parents=True)
-    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    prefix, data = fake_main_node(tmp_path, FAKE_SERVER)
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     # The recorded log's buffers name 10.0.1.11 and .12: these two workers, in that order.
     workers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in listeners)
@@ -710,13 +711,8 @@ def test_a_redirect_is_followed_to_https_only(run_script, flaky_http, tmp_path) 
 def test_a_load_that_never_finishes_is_stopped_at_its_deadline(tmp_path: Path) -> None:
     """llama-server that never answers /health: after LOAD_TIMEOUT_SECONDS the node is failed,
     says why, and the server is gone (systemd then starts it again, later)."""
-    prefix, data = tmp_path / "prefix", tmp_path / "data"
-    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
-    fake.parent.mkdir(parents=True)
-    fake.write_text('#!/usr/bin/env bash\necho $$ >"$FAKE_PID"\nexec sleep 600\n')
-    fake.chmod(0o755)
-    (data / "models").mkdir(parents=True)
-    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    hung = '#!/usr/bin/env bash\necho $$ >"$FAKE_PID"\nexec sleep 600\n'
+    prefix, data = fake_main_node(tmp_path, hung)
     pid_file = tmp_path / "server.pid"
     env = {
         "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
@@ -754,13 +750,7 @@ with socket.create_connection((host, int(port))) as worker:
 def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: Path) -> None:
     """llama-server.sh, with a stand-in server that sends 1 MB to its "worker" and never gets
     ready: the status file has the bytes sent and the planned total well before the deadline."""
-    prefix, data = tmp_path / "prefix", tmp_path / "data"
-    fake = prefix / LLAMA_CPP_COMMIT / "bin" / "llama-server"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(FAKE_LOADING_SERVER)
-    fake.chmod(0o755)
-    (data / "models").mkdir(parents=True)
-    (data / "models" / "model.gguf").write_bytes(b"GGUF")
+    prefix, data = fake_main_node(tmp_path, FAKE_LOADING_SERVER)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         worker = f"127.0.0.1:{listener.getsockname()[1]}"
         received = bytearray()
