@@ -104,6 +104,9 @@ class Figure:
 FIGURES = [
     Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
            lambda: dollars(stack("aws-small")["hourlyUsd"])),
+    Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",
+           lambda: "{}/h running, {}/h".format(dollars(stack("aws-c8g")["hourlyUsd"]),
+                                               dollars(stack("aws-c8g")["stoppedHourlyUsd"]))),
     Figure("docs/planner.md", "three c8g.16xlarge ({}/h with NAT and disks)",
            lambda: dollars(option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["hourlyUsd"])),
     Figure("docs/planner.md", "at the same predicted speed for {}/h",

@@ -42,6 +42,17 @@ class HourlyCost:
     sources: tuple[str, ...]  # where each price came from, and its date
     instance_counts: tuple[tuple[str, int, float | None], ...]  # (type, count, $/h each)
     balancer: float | None = None  # None: no balancer, or its price is unknown (unpriced)
+    # The NAT with no node running (the gateway and its address go on; GCP's per-VM part stops).
+    nat_stopped: float | None = None
+
+    @property
+    def stopped(self) -> float | None:
+        """What the cluster costs an hour with every instance stopped (AWS stop, GCP stop,
+        Azure deallocate): its disks, its NAT and its balancer, which go on. Parts the catalog
+        does not price are left out, as in ``total`` (``unpriced`` names them); None when no
+        part is priced."""
+        parts = [p for p in (self.nat_stopped, self.disks, self.balancer) if p is not None]
+        return round(sum(parts), 5) if parts else None
 
     @property
     def total(self) -> float | None:
@@ -65,6 +76,8 @@ class HourlyCost:
             parts.append(f"disks ${self.disks}/h")
         if self.balancer is not None:
             parts.append(f"balancer ${self.balancer}/h")
+        if self.stopped is not None:
+            parts.append(f"with every instance stopped ${self.stopped}/h")
         text = "; ".join(parts)
         if self.unpriced:
             text += f"; without {', '.join(self.unpriced)} (no catalog price)"
@@ -152,7 +165,12 @@ def hourly_cost(
         sources=tuple(sources),
         instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
         balancer=balancer_usd,
+        nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(0))),
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 5)
 
 
 def download_usd(provider: str, model_bytes: int) -> float | None:

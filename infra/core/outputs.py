@@ -15,6 +15,8 @@ MAIN_INSTANCE_ID = "mainInstanceId"
 WORKER_INSTANCE_IDS = "workerInstanceIds"
 CONNECT_COMMAND = "connectCommand"
 HOURLY_COST_USD = "hourlyCostUsd"
+# What the stack still costs an hour with every instance stopped (disks, NAT, balancer).
+STOPPED_HOURLY_COST_USD = "stoppedHourlyCostUsd"
 LLAMA_CPP_COMMIT = "llamaCppCommit"
 # Replicas: how many serving groups, the private balancer in front of them (None with one
 # group: there is none), and each group's own outputs (GROUP_KEYS), in order. The keys above
@@ -44,6 +46,7 @@ ALL_KEYS = (
     WORKER_INSTANCE_IDS,
     CONNECT_COMMAND,
     HOURLY_COST_USD,
+    STOPPED_HOURLY_COST_USD,
     LLAMA_CPP_COMMIT,
     REPLICAS,
     BALANCER_URL,

@@ -161,6 +161,7 @@ class ClusterSpec:
             **first,
             outputs.CONNECT_COMMAND: self.from_entry(f"curl {self.entry_url()}/v1/models"),
             outputs.HOURLY_COST_USD: 0.0,
+            outputs.STOPPED_HOURLY_COST_USD: 0.0,
             outputs.LLAMA_CPP_COMMIT: self.commit,
             outputs.REPLICAS: len(groups),
             outputs.BALANCER_URL: (

@@ -79,6 +79,8 @@ def option_json(option: Option) -> dict[str, Any]:
             "disks": option.cost.disks,
             "balancer": option.cost.balancer,
         },
+        # With every instance stopped: the disks, the NAT and the balancer go on.
+        "stoppedHourlyUsd": option.cost.stopped,
         "groupHourlyUsd": option.group_cost.total,
         "unpriced": list(option.cost.unpriced),
         "pricePartial": option.price_is_partial,

@@ -97,6 +97,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             **per_group[0],
             outputs.CONNECT_COMMAND: backend.connect_command(config, network, mains[0]),
             outputs.HOURLY_COST_USD: cost.total,
+            outputs.STOPPED_HOURLY_COST_USD: cost.stopped,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
             outputs.REPLICAS: config.replicas,
             outputs.BALANCER_URL: balancer and f"http://{balancer}:{config.server_port}",

@@ -122,6 +122,7 @@ AWS_PRICES = {
     "disk_iops_month": 0.01,
 }
 GCP_PRICES = {"nat_vm_hour": 0.002, "public_ip_hour": 0.01, "disk_gb_month": 0.2}
+GCP_WITH_BALANCER = {**GCP_PRICES, "balancer_hour": 0.03}
 
 
 @pytest.fixture
@@ -176,6 +177,39 @@ def test_a_cluster_costs_its_instances_one_nat_gateway_and_its_disks(price_list)
     assert cost.unpriced == ()
     assert cost.instance_counts == (("big", 1, 2.0), ("small", 2, 1.0))
     assert "instances: test price, 2026-02-01" in cost.basis
+
+
+def test_a_stopped_cluster_costs_its_disks_and_its_nat(price_list) -> None:
+    """Every instance stopped: the disks and the NAT go on; AWS's gateway and its address are
+    by the hour, whatever runs. (GCP's Cloud NAT charges per VM running: below.)"""
+    price_list("aws", AWS_PRICES)
+    nodes = costs.cluster_nodes(
+        instance("big", 2.0),
+        instance("small", 1.0),
+        2,
+        main_disk_gb=300,
+        worker_disk_gb=100,
+        main_disk_throughput_mibps=None,
+    )
+    cost = costs.hourly_cost("aws", nodes)
+    assert cost.stopped == round(0.06 + (cost.disks or 0), 5)
+    assert f"with every instance stopped ${cost.stopped}/h" in cost.basis
+
+
+def test_a_stopped_gcp_cluster_pays_no_per_vm_nat(price_list) -> None:
+    price_list("gcp", GCP_WITH_BALANCER)
+    gcp = [costs.PricedNode(instance("c4a", 1.0, "gcp"), 100)] * 3
+    running = costs.hourly_cost("gcp", gcp)
+    assert running.nat == round(3 * 0.002 + 0.01, 5)
+    assert running.stopped == round(0.01 + (running.disks or 0), 5)
+    with_balancer = costs.hourly_cost("gcp", gcp, balancer=True)
+    assert with_balancer.balancer == 0.03
+    assert with_balancer.stopped == round(running.stopped + with_balancer.balancer, 5)
+
+
+def test_a_stopped_cluster_with_no_priced_part_has_no_figure(price_list) -> None:
+    price_list("aws", dict.fromkeys(AWS_PRICES))
+    assert costs.hourly_cost("aws", [costs.PricedNode(instance("m", 1.0), 100)]).stopped is None
 
 
 def test_an_unknown_instance_price_leaves_no_total_and_names_the_type(price_list) -> None:

@@ -312,6 +312,10 @@ def test_outputs_follow_the_contract(stack: str) -> None:
     }
     assert out[outputs.LLAMA_CPP_COMMIT] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert out[outputs.HOURLY_COST_USD] > 0
+    # Stopped: the NAT gateway, its address and the disks go on.
+    cost = parsed_config(stack).hourly_cost
+    assert out[outputs.STOPPED_HOURLY_COST_USD] == cost.stopped
+    assert 0 < cost.stopped == round((cost.nat or 0) + (cost.disks or 0), 5) < cost.total
     main = parsed_config(stack).main_instance_type
     assert (
         f"{main.price_source}, {main.price_date}" in out[outputs.HOURLY_COST_BASIS]
