@@ -130,6 +130,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
             profile = json.loads(json.dumps(state["storageProfile"]))
             profile["osDisk"].setdefault("managedDisk", {})["id"] = disk
             state |= {"storageProfile": profile, "vmId": f"{args.name}-vm-id"}
+        if args.typ == "random:index/randomPassword:RandomPassword":
+            # The provider's own result: `length` letters and digits.
+            state["result"] = (GENERATED_KEY * 10)[: int(args.inputs["length"])]
+        if args.typ == "aws:ssm/parameter:Parameter":
+            state["arn"] = f"arn:aws:ssm:us-east-1:123456789012:parameter{args.inputs['name']}"
         if args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
         if args.typ.startswith("gcp:compute/"):
@@ -167,6 +172,21 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return answer(args.args) if answer else {}
 
 
+# What the mocked random provider generates for an API key (repeated to the length asked).
+GENERATED_KEY = "GeneratedApiKey0123456789"
+# How the engine hands a provider a secret input: this signature key beside the value.
+SECRET_SIGNATURE = "4dabf18193072939515e22adb298388d"
+
+
+def revealed(value: Any) -> Any:
+    """An input as given, a secret's value revealed; ``is_secret_input`` says whether it was."""
+    return value["value"] if is_secret_input(value) else value
+
+
+def is_secret_input(value: Any) -> bool:
+    return isinstance(value, dict) and SECRET_SIGNATURE in value
+
+
 @dataclass
 class Deployment:
     resources: list[pulumi.runtime.MockResourceArgs]
@@ -176,6 +196,9 @@ class Deployment:
     options: dict[tuple[str, str], pulumi.ResourceOptions] = field(default_factory=dict)
     # What the mocks answered for each resource: (type, name) -> (id, state).
     states: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # The outputs Pulumi keeps as secrets (encrypted in the state, hidden without
+    # --show-secrets).
+    secret_outputs: set[str] = field(default_factory=set)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
@@ -377,6 +400,20 @@ def deploy(
         pulumi.runtime.register_stack_transformation(record)
         cluster = program.run(account or ready_account)
         everything = {**cluster.outputs, **cluster.details}
+
+        def secrets(flags: list[bool]) -> None:
+            deployment.secret_outputs.update(
+                key for key, secret in zip(everything, flags, strict=True) if secret
+            )
+
+        pulumi.Output.all(
+            *(
+                pulumi.Output.from_input(value.is_secret())
+                if isinstance(value, pulumi.Output)
+                else pulumi.Output.from_input(False)
+                for value in everything.values()
+            )
+        ).apply(secrets)
         return pulumi.Output.from_input(everything).apply(deployment.outputs.update)
 
     try:

@@ -56,5 +56,12 @@ for code in "$build_code" "$fetch_code"; do
 done
 [[ $build_code -eq 0 ]] || exit "$build_code"
 [[ $fetch_code -eq 0 ]] || exit "$fetch_code"
+# The API key, when the stack has one: read with the node's own identity at every boot into
+# root's credential store in /run (memory, never the disk), for llama-server's unit alone.
+if [[ -n "${API_KEY_SOURCE:-}" ]]; then
+  if ! reason="$(python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-secret" 2>&1)"; then
+    fail "${reason:-could not read the API key from $API_KEY_SOURCE}"
+  fi
+fi
 status phase=booted
 log "node ready to start its service"

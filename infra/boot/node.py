@@ -55,6 +55,7 @@ class NodePaths:
 # only the service sees it, in $CREDENTIALS_DIRECTORY.
 API_KEY_CREDENTIAL = "llama-rpc-api-key"
 VM_API_KEY_FILE = f"/run/credstore/{API_KEY_CREDENTIAL}"
+API_KEY_SOURCE = re.compile(r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,1000}")
 
 VM_PATHS = NodePaths(
     bin_dir="/opt/llama-rpc/bin",
@@ -109,6 +110,9 @@ class NodeBoot:
     # Where root keeps the API key on the node (its file name is API_KEY_CREDENTIAL); "": the
     # API takes requests without one. Set, llama-server refuses to start without the key.
     api_key_file: str = ""
+    # Where root reads the key at each boot, with the node's own identity, into api_key_file:
+    # "aws-ssm:REGION:NAME" (an SSM SecureString parameter); "": it is put there otherwise.
+    api_key_source: str = ""
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -176,6 +180,8 @@ class NodeBoot:
                 env["LLAMA_SERVER_ARGS"] = " ".join(self.server_args)
             if self.api_key_file:
                 env["API_KEY_FILE"] = self.api_key_file
+            if self.api_key_source:
+                env["API_KEY_SOURCE"] = self.api_key_source
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
             if self.staged:
@@ -218,6 +224,7 @@ _ENV_FIELDS = {
     "MODEL_ALIAS": "model_alias",
     "LLAMA_SERVER_ARGS": "server_args",
     "API_KEY_FILE": "api_key_file",
+    "API_KEY_SOURCE": "api_key_source",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
@@ -307,7 +314,8 @@ def _validate_worker(boot: NodeBoot) -> None:
         )
 
 
-def _validate_main(boot: NodeBoot) -> None:
+def _validate_server(boot: NodeBoot) -> None:
+    """What llama-server is given beyond the placement: its model id, flags and key."""
     if boot.model_alias and not MODEL_ALIAS.fullmatch(boot.model_alias):
         raise BootConfigError(
             "model_alias",
@@ -324,6 +332,17 @@ def _validate_main(boot: NodeBoot) -> None:
             "api_key_file", f"api_key_file {boot.api_key_file!r}: an absolute path to a file "
             f"named {API_KEY_CREDENTIAL}, the credential llama-server's unit imports",
         )  # fmt: skip
+    if boot.api_key_source and not (
+        boot.api_key_file and API_KEY_SOURCE.fullmatch(boot.api_key_source)
+    ):
+        raise BootConfigError(
+            "api_key_source", f"api_key_source {boot.api_key_source!r}: give "
+            "aws-ssm:REGION:/NAME, with api_key_file where it goes",
+        )  # fmt: skip
+
+
+def _validate_main(boot: NodeBoot) -> None:
+    _validate_server(boot)
     if boot.server_listen is not None:
         _listen_address(boot.server_listen)
     # No workers: the model fits on the main node, which serves it alone without RPC.

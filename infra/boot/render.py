@@ -74,6 +74,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "supervise.sh",
         "llama-server.sh",
         "llama-server-log",
+        "llama-rpc-secret",
     ),
 }
 

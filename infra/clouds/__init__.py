@@ -3,7 +3,7 @@ resource the program creates, by name. No provider SDK here."""
 
 from __future__ import annotations
 
-from infra.clouds import aws, aws_rules, azure, azure_rules, gcp, gcp_rules
+from infra.clouds import aws, aws_rules, azure, azure_rules, gcp, gcp_rules, random_rules
 from infra.clouds.base import CloudFacts, UserDataChannel
 from infra.clouds.rules import ResourceRules
 
@@ -13,6 +13,7 @@ RESOURCE_RULES: dict[str, ResourceRules] = {
     **aws_rules.RULES,
     **gcp_rules.RULES,
     **azure_rules.RULES,
+    **random_rules.RULES,
 }
 
 __all__ = ["FACTS", "RESOURCE_RULES", "CloudFacts", "ResourceRules", "UserDataChannel"]

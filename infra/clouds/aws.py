@@ -138,6 +138,7 @@ FACTS = CloudFacts(
     chart_colour="#ff9900",
     model_store_scheme="s3://",
     image_meaning="the name of one of Canonical's arm64 Ubuntu 24.04 AMIs",
+    api_key_store="SSM Parameter Store (SecureString)",
     refuses={
         "sshPublicKey": "nodes are reached with SSM Session Manager (connectCommand), not SSH",
         "bastion": "connectCommand forwards through SSM Session Manager already",

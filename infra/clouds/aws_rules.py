@@ -56,6 +56,19 @@ GP3_MIBPS_PER_IOPS = 0.25
 GP3_IOPS_PER_GIB = 500
 
 
+SSM_PARAMETER_API = (
+    "https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_PutParameter.html"
+)
+SSM_PARAMETER_NAMES = (
+    "https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-su-create.html"
+)
+
+
+def _revealed(value: object) -> object:
+    """A secret input's value (the engine hands it over beside a signature key)."""
+    return value.get("value", "") if isinstance(value, dict) else value
+
+
 def tags(path: str = "tags") -> Tags:
     return Tags(path, aws.tag_set_problem, TAG_RULES)
 
@@ -283,6 +296,35 @@ RULES = by_type(
         ),
         replaced_on=("name", "role"),
         source=f"{TF}iam/role_policy.go",
+    ),
+    ResourceRules(
+        "aws:ssm/parameter:Parameter",
+        (
+            tags(),
+            # A fully qualified name: '/' and its path, none starting with aws or ssm.
+            Name(
+                "name",
+                re.compile(r"/(?!(?i:aws|ssm))[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+){0,14}"),
+                1,
+                1011,
+                "a path of at most 15 levels of letters, digits, '_', '.' and '-', its first not "
+                "starting with aws or ssm",
+                SSM_PARAMETER_NAMES,
+                autoname=None,
+            ),
+            Text("description", 1024, SSM_PARAMETER_API),
+            OneOf("type", ("String", "StringList", "SecureString"), SSM_PARAMETER_API),
+            Requires(
+                lambda r, _: (
+                    "a standard parameter's value holds 1-4096 characters"
+                    if not 1 <= len(str(_revealed(r.inputs.get("value", "")))) <= 4096
+                    else None
+                ),
+                SSM_PARAMETER_API,
+            ),
+        ),
+        replaced_on=("name",),
+        source=f"{TF}ssm/parameter.go",
     ),
     ResourceRules(
         "aws:ssm/document:Document",

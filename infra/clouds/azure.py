@@ -219,6 +219,8 @@ FACTS = CloudFacts(
         "reader it admits",
     },
     limitations={
+        "apiKey": "no API key yet (its secret store is to come): the API is reached through the "
+        "tunnel and apiAllowedCidrs alone",
         "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
         "null until the catalog has one",
         "encryption at host": "off unless encryptionAtHost is set: Microsoft does not list it "

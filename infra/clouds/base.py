@@ -153,6 +153,9 @@ class CloudFacts:
     metadata_hosts: frozenset[str]
     metadata_addresses: frozenset[str]
     chart_colour: str  # the planner's charts draw this cloud's options in it
+    # Where the cloud keeps the stack's API key for its main nodes to read at boot; None: it
+    # keeps none yet (the API is then reached through the tunnel and apiAllowedCidrs alone).
+    api_key_store: str | None = None
     # Settings of OPTIONAL_SETTINGS this cloud cannot honour, each with what it does instead;
     # the config check refuses them rather than dropping them.
     refuses: Mapping[str, str] = field(default_factory=dict)

@@ -14,6 +14,9 @@ LLAMA_SERVER_URL = "llamaServerUrl"
 MAIN_INSTANCE_ID = "mainInstanceId"
 WORKER_INSTANCE_IDS = "workerInstanceIds"
 CONNECT_COMMAND = "connectCommand"
+# The key every API request but /health carries: a Pulumi secret (`pulumi stack output apiKey
+# --show-secrets`); None without one, and on the local cluster (its file: `lrc local status`).
+API_KEY = "apiKey"
 HOURLY_COST_USD = "hourlyCostUsd"
 # What the stack still costs an hour with every instance stopped (disks, NAT, balancer).
 STOPPED_HOURLY_COST_USD = "stoppedHourlyCostUsd"
@@ -45,6 +48,7 @@ ALL_KEYS = (
     MAIN_INSTANCE_ID,
     WORKER_INSTANCE_IDS,
     CONNECT_COMMAND,
+    API_KEY,
     HOURLY_COST_USD,
     STOPPED_HOURLY_COST_USD,
     LLAMA_CPP_COMMIT,

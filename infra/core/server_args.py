@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+# An API key as a stack may give it (apiKey), or `none`: one word a header and a file carry.
+API_KEY = re.compile(r"none|[A-Za-z0-9._~+/=-]{16,256}")
 # A model's id as clients send it: what llama-server's --alias takes (modelAlias), one word.
 MODEL_ALIAS = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")
 

@@ -160,6 +160,7 @@ class ClusterSpec:
             outputs.WORKER_COUNT: len(first[outputs.WORKER_PRIVATE_IPS]),
             **first,
             outputs.CONNECT_COMMAND: self.from_entry(f"curl {self.entry_url()}/v1/models"),
+            outputs.API_KEY: None,
             outputs.HOURLY_COST_USD: 0.0,
             outputs.STOPPED_HOURLY_COST_USD: 0.0,
             outputs.LLAMA_CPP_COMMIT: self.commit,

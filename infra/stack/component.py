@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi_random as random
 
 from infra.core import layout, outputs
 from infra.stack.config import ClusterConfig
 from infra.stack.nodes import NodePlan, groups, plan_nodes
 from infra.stack.providers import get_backend
 from infra.stack.providers.base import GroupSpec, Node, NodeSpec
+
+API_KEY_LENGTH = 48  # letters and digits: about 285 bits
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         config = args.config
         backend = get_backend(config.cloud)
         network = backend.network(name, config, self, zone=args.zone)
+        api_key = _api_key(name, config, self)
+        if api_key is not None:
+            backend.keep_api_key(name, config, network, api_key, self)
 
         def spec(plan: NodePlan) -> NodeSpec:
             main = plan.role == "main"
@@ -96,6 +102,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.WORKER_COUNT: config.worker_count,
             **per_group[0],
             outputs.CONNECT_COMMAND: backend.connect_command(config, network, mains[0]),
+            outputs.API_KEY: api_key,
             outputs.HOURLY_COST_USD: cost.total,
             outputs.STOPPED_HOURLY_COST_USD: cost.stopped,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
@@ -111,3 +118,23 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.LIMITATIONS: [f"{k}: {v}" for k, v in backend.limitations(config).items()],
         }
         self.register_outputs({**self.outputs, **self.details})
+
+
+def _api_key(
+    name: str, config: ClusterConfig, parent: pulumi.Resource
+) -> pulumi.Output[str] | None:
+    """The stack's API key, a secret: the apiKey setting's, or one generated for the stack (a
+    provider resource, kept in the state, so every `up` keeps the same key); None without one."""
+    if config.api_key == "none":
+        return None
+    if config.api_key == "given":
+        from infra.core.layout import PROJECT  # noqa: PLC0415
+
+        return pulumi.Config(PROJECT).require_secret("apiKey")
+    generated = random.RandomPassword(
+        f"{name}-api-key",
+        length=API_KEY_LENGTH,
+        special=False,  # a word a header, a file and a shell carry as it is
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return pulumi.Output.secret(generated.result)

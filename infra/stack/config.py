@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import catalog, models
-from infra.boot import BootConfigError, NodeBoot, checksums_problem, deliver, render
+from infra.boot import (
+    VM_API_KEY_FILE,
+    BootConfigError,
+    NodeBoot,
+    checksums_problem,
+    deliver,
+    render,
+)
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
@@ -100,6 +107,22 @@ class ClusterConfig:
     # The model's id for clients (llama-server's --alias), and llama-server flags a stack adds.
     model_alias: str = ""
     server_args: tuple[str, ...] = ()
+    # The API key: "generated" (per stack, by the program), "given" (the apiKey setting, a Pulumi
+    # secret the program reads itself), or "none". The key itself is never held here.
+    api_key: str = "none"
+    stack: str = ""  # the Pulumi stack's name ("" when checked outside a deployment)
+
+    @property
+    def api_key_parameter(self) -> str:
+        """AWS: the SSM parameter (SecureString) that keeps the stack's API key."""
+        return f"/{PROJECT}/{self.stack or 'stack'}/api-key"
+
+    @property
+    def api_key_source(self) -> str:
+        """Where a main node reads the key at boot, with its own identity ("": no key)."""
+        if self.api_key == "none":
+            return ""
+        return f"aws-ssm:{self.region}:{self.api_key_parameter}"
 
     @property
     def hourly_cost(self) -> costs.HourlyCost:
@@ -187,6 +210,8 @@ class ClusterConfig:
             worker_weight_bytes=self.placement.worker_weight_bytes,
             model_alias=self.model_alias,
             server_args=self.server_args,
+            api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
+            api_key_source=self.api_key_source,
             server_listen=listen,
         )
         return [main, *workers]
@@ -204,7 +229,9 @@ def load() -> ClusterConfig:
     }
     cloud = decode(settings.get("cloud", BY_KEY["cloud"].default))
     region_key = REGION_KEYS.get(str(cloud), "")
-    return from_settings(settings, region=values.get(region_key))
+    from pulumi import get_stack  # noqa: PLC0415
+
+    return from_settings(settings, region=values.get(region_key), stack=get_stack())
 
 
 def _region(facts: CloudFacts, region: str | None) -> str:
@@ -395,6 +422,29 @@ def _model_alias(settings: Mapping[str, Any], urls: tuple[str, ...]) -> str:
     return model_id(urls[0])
 
 
+def _api_key(settings: Mapping[str, Any], facts: CloudFacts) -> str:
+    """ "generated", "given" or "none": a key where the cloud keeps one, unless told otherwise;
+    never no key by accident where apiAllowedCidrs opens the API beyond the tunnel."""
+    given = BY_KEY["apiKey"].read(settings)
+    if given == "none":
+        if _api_cidrs(settings):
+            raise ConfigError(
+                "apiKey",
+                "`none` with apiAllowedCidrs would let those ranges use the API without a key; "
+                "leave apiKey unset (a key is generated) or remove apiAllowedCidrs",
+            )
+        return "none"
+    if facts.api_key_store is None:
+        if given is not None:
+            raise ConfigError(
+                "apiKey",
+                f"{facts.name} stacks keep no API key yet; remove apiKey (the API is reached "
+                "through the tunnel and apiAllowedCidrs alone) or set it to none",
+            )
+        return "none"
+    return "generated" if given is None else "given"
+
+
 def _server_args(settings: Mapping[str, Any]) -> tuple[str, ...]:
     given = BY_KEY["serverArgs"].read(settings)
     if not all(isinstance(arg, str | int | float) and not isinstance(arg, bool) for arg in given):
@@ -565,8 +615,10 @@ def _kms_key(settings: Mapping[str, Any], urls: tuple[str, ...], region: str) ->
     return arn
 
 
-def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterConfig:
-    """Validate raw settings (the project's config keys without their namespace)."""
+def from_settings(
+    settings: Mapping[str, Any], region: str | None, stack: str = ""
+) -> ClusterConfig:
+    """Validate raw settings (the project's config keys without their namespace) of ``stack``."""
     unknown = sorted(set(settings) - set(BY_KEY))
     if unknown:
         raise ConfigError(unknown[0], f"unknown key; known keys: {', '.join(BY_KEY)}")
@@ -658,6 +710,8 @@ def from_settings(settings: Mapping[str, Any], region: str | None) -> ClusterCon
         replicas=replicas,
         model_alias=_model_alias(settings, model_setting.urls),
         server_args=_server_args(settings),
+        api_key=_api_key(settings, facts),
+        stack=stack,
     )
     _spending(settings, config)
     try:

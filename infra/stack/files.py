@@ -39,13 +39,13 @@ def stack_values(stack: str) -> dict[str, Any]:
 def stack_config(stack: str) -> ClusterConfig:
     """The stack's checked ``ClusterConfig``; a bad setting raises ``ConfigError``, a missing
     file ``StackFileError``."""
-    return config_of(stack_values(stack))
+    return config_of(stack_values(stack), stack)
 
 
-def config_of(values: dict[str, Any]) -> ClusterConfig:
+def config_of(values: dict[str, Any], stack: str = "") -> ClusterConfig:
     """A stack file's ``config:`` values (the project's keys and the cloud's region key), checked
     as the program checks them."""
     project = f"{PROJECT}:"
     settings = {k.removeprefix(project): v for k, v in values.items() if k.startswith(project)}
     cloud = str(settings.get("cloud", "aws"))
-    return from_settings(settings, values.get(REGION_KEYS.get(cloud, "")))
+    return from_settings(settings, values.get(REGION_KEYS.get(cloud, "")), stack)

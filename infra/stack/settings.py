@@ -35,7 +35,7 @@ from infra.core.limits import (
     SERVER_PORT,
 )
 from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
-from infra.core.server_args import MODEL_ALIAS
+from infra.core.server_args import API_KEY, MODEL_ALIAS
 from infra.errors import SettingError
 
 # The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
@@ -227,6 +227,16 @@ SETTINGS: tuple[Setting, ...] = (
         low=1,
         high=sizing.MAX_SLOTS,
         range_reason="the number of requests served at once, each with contextSize tokens",
+    ),
+    Setting(
+        "apiKey",
+        "string",
+        "the key every API request but /health must carry (`Authorization: Bearer KEY`); set "
+        "it with `pulumi config set --secret apiKey KEY`, or `none` for no key",
+        default_text="generated per stack where the cloud keeps it (AWS: SSM Parameter Store); "
+        "none on GCP and Azure, which keep no key yet",
+        valid=lambda text: API_KEY.fullmatch(text) is not None,
+        meaning="`none`, or 16-256 letters, digits and . _ ~ + / = -",
     ),
     Setting(
         "modelAlias",

@@ -13,14 +13,18 @@ from infra.boot import metrics_command
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.observe.channels import SsmChannel
+from infra.stack.providers.aws import api_key_policy
 from tests.pulumi_mocks import (
+    GENERATED_KEY,
     RecordingMocks,
     deploy,
     deployed,
     env_of,
+    is_secret_input,
     parsed_config,
     ready_account,
     refused,
+    revealed,
     stack_config,
     stack_names,
     tag_path,
@@ -153,7 +157,9 @@ def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) 
     # No managed policy (AmazonSSMManagedInstanceCore reads every SSM parameter): the agent's
     # own actions for Session Manager and Run Command, nothing that reads data.
     assert not d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-    [agent] = d.of_type("aws:iam/rolePolicy:RolePolicy")
+    by_name = {p.name: p for p in d.of_type("aws:iam/rolePolicy:RolePolicy")}
+    assert set(by_name) == {"llama-rpc-cluster-main-agent", "llama-rpc-cluster-main-api-key"}
+    agent = by_name["llama-rpc-cluster-main-agent"]
     assert agent.inputs["role"] == f"{role.name}-id"
     actions = {a for s in json.loads(agent.inputs["policy"])["Statement"] for a in s["Action"]}
     assert actions == {
@@ -167,6 +173,49 @@ def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) 
         ),
     }  # fmt: skip
     assert not any(a.startswith(("ssm:Get", "ssm:Describe", "s3:", "kms:")) for a in actions)
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_api_key_is_a_secret_the_main_node_alone_reads(stack: str) -> None:
+    """A generated key, kept as an SSM SecureString; the main role may get that parameter and
+    nothing else of SSM; the node is told where it is, never what it is; the output is a
+    secret."""
+    d = deployed(stack)
+    [parameter] = d.of_type("aws:ssm/parameter:Parameter")
+    assert parameter.inputs["type"] == "SecureString"
+    assert parameter.inputs["name"] == f"/llama-rpc-cluster/{stack}/api-key"
+    assert is_secret_input(parameter.inputs["value"])  # encrypted in the state as well
+    key = revealed(parameter.inputs["value"])
+    assert len(key) == 48 and key.isalnum() and key.startswith(GENERATED_KEY[:10])
+    [policy] = [
+        p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-api-key")
+    ]
+    arn = f"arn:aws:ssm:us-east-1:123456789012:parameter/llama-rpc-cluster/{stack}/api-key"
+    assert json.loads(policy.inputs["policy"]) == api_key_policy(arn)
+    assert policy.inputs["role"] == "llama-rpc-cluster-main-role-id"
+    for instance in d.of_type(INSTANCE):
+        text = user_data_text(instance.inputs)
+        assert key not in text
+        env = env_of(text)
+        if instance.name.endswith("-main"):
+            assert env["API_KEY_SOURCE"] == f"aws-ssm:us-east-1:/llama-rpc-cluster/{stack}/api-key"
+            assert env["API_KEY_FILE"] == "/run/credstore/llama-rpc-api-key"
+        else:
+            assert "API_KEY_SOURCE" not in env and "API_KEY_FILE" not in env
+    assert d.outputs[outputs.API_KEY] == key
+    assert outputs.API_KEY in d.secret_outputs
+
+
+def test_a_given_key_is_kept_and_none_keeps_none() -> None:
+    given = deploy("aws-small", {"llama-rpc-cluster:apiKey": "a-team-key-of-our-own-1234"})
+    [parameter] = given.of_type("aws:ssm/parameter:Parameter")
+    assert revealed(parameter.inputs["value"]) == "a-team-key-of-our-own-1234"
+    assert not given.of_type("random:index/randomPassword:RandomPassword")
+    none = deploy("aws-small", {"llama-rpc-cluster:apiKey": "none"})
+    assert not none.of_type("aws:ssm/parameter:Parameter")
+    assert none.outputs[outputs.API_KEY] is None
+    main = env_of(user_data_text(none.named("llama-rpc-cluster-main").inputs))
+    assert "API_KEY_FILE" not in main
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)

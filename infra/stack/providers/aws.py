@@ -99,6 +99,15 @@ def is_s3_url(url: str) -> bool:
     return host.endswith(".amazonaws.com") and (".s3." in f".{host}" or host.startswith("s3."))
 
 
+def api_key_policy(parameter_arn: str) -> dict[str, object]:
+    """The main node's one read of the stack's API key: GetParameter on its parameter alone (the
+    AWS-managed key that encrypts a SecureString admits any reader SSM admits)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameter_arn}],
+    }
+
+
 def staged_model_policy(
     objects: list[tuple[str, str]], kms_key: str | None = None, region: str = ""
 ) -> dict[str, Any]:
@@ -147,6 +156,7 @@ class AwsNetwork:
     vpc: aws.ec2.Vpc
     private_subnet: aws.ec2.Subnet
     main_profile: aws.iam.InstanceProfile
+    main_role: aws.iam.Role
     ami: pulumi.Input[str]
     # The internal balancer's group (replicas > 1): made with the network, since every main
     # node's group admits it and it admits every main node.
@@ -346,7 +356,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 tags={**self.tags(config, "balancer"), "Name": f"{name}-balancer-sg"},
                 opts=opts,
             )
-        return AwsNetwork(vpc, private, profile, ami, balancer_group)
+        return AwsNetwork(vpc, private, profile, role, ami, balancer_group)
 
     def _baseline(
         self,
@@ -722,6 +732,33 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             opts=node_options(parent, ignore_changes=ignore),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
+
+    def keep_api_key(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: AwsNetwork,
+        key: pulumi.Output[str],
+        parent: pulumi.Resource,
+    ) -> None:
+        """An SSM SecureString (encrypted with the account's AWS-managed key), and on the main
+        role a GetParameter on it alone: the node reads it at boot (llama-rpc-secret)."""
+        opts = pulumi.ResourceOptions(parent=parent)
+        parameter = aws.ssm.Parameter(
+            f"{name}-api-key",
+            name=config.api_key_parameter,
+            type="SecureString",
+            value=key,
+            description="the API key of llama-rpc-cluster stack: main nodes read it at boot",
+            tags=self.tags(config, "main"),
+            opts=opts,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-main-api-key",
+            role=network.main_role.id,
+            policy=parameter.arn.apply(lambda arn: json.dumps(api_key_policy(arn))),
+            opts=opts,
+        )
 
     def location(self, network: AwsNetwork) -> dict[str, pulumi.Input[str] | None]:
         return {

@@ -127,6 +127,18 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         """The private load balancer at ``config.balancer_ip`` (replicas > 1 only): the server
         port, forwarded to every group's main node that answers ``GET /health`` with 200."""
 
+    def keep_api_key(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: NetworkT,
+        key: pulumi.Output[str],
+        parent: pulumi.Resource,
+    ) -> None:
+        """Keep the key where the main nodes read it at boot with their own identity, and grant
+        them that read alone. The config check refuses a key where the cloud keeps none."""
+        raise NotImplementedError(f"{self.facts.name} keeps no API key")
+
     @abstractmethod
     def connect_command(
         self, config: ClusterConfig, network: NetworkT, main: Node
