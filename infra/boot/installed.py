@@ -3,8 +3,9 @@
 Comments are for the repository; on a node they only take user-data space, of which AWS gives
 16 KB compressed. Nothing else changes: shell scripts keep every line bash parses (heredoc
 bodies and multi-line strings included; the tests compare bash's own reading of both), Python
-scripts lose only their comment tokens and their module docstring after its first line (the
-summary their ``--help`` prints), and unit files only their ``#`` and ``;`` lines.
+scripts lose only their comment tokens, their functions' docstrings and their module docstring
+after its first line (the summary their ``--help`` prints), and unit files only their ``#`` and
+``;`` lines.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _open_quote(line: str, quote: str | None) -> str | None:
 
 def _python_without_comments(text: str) -> str:
     """Comment tokens out (the shebang stays); lines left empty by that go too. The module
-    docstring keeps its first line."""
+    docstring keeps its first line; functions and classes lose theirs."""
     text = _first_docstring_line(text)
     comments = {
         token.start[0]: token.start[1]
@@ -94,13 +95,34 @@ def _python_without_comments(text: str) -> str:
     return "".join(kept)
 
 
+def _docstring(node: ast.AST) -> ast.Expr | None:
+    """The statement that is the docstring of a module, class or function, if it has one."""
+    body = getattr(node, "body", None)
+    if not body or not isinstance(body[0], ast.Expr):
+        return None
+    value = body[0].value
+    return body[0] if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+
+
 def _first_docstring_line(text: str) -> str:
-    body = ast.parse(text).body
-    if not body or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
-        return text
-    doc, node = body[0].value.value, body[0]
-    if not isinstance(doc, str) or node.end_lineno is None:
-        return text
+    """The module docstring's first line only, and no function's or class's docstring (a body
+    that was nothing else becomes ``...``)."""
+    tree = ast.parse(text)
     lines = text.splitlines(keepends=True)
-    summary = repr(doc.strip().splitlines()[0] if doc.strip() else "") + "\n"
-    return "".join([*lines[: node.lineno - 1], summary, *lines[node.end_lineno :]])
+    cuts: list[tuple[int, int, str]] = []  # (first line, last line, what stands there), 1-based
+    module = _docstring(tree)
+    if module is not None and module.end_lineno is not None:
+        doc = str(module.value.value).strip()  # type: ignore[attr-defined]
+        cuts.append((module.lineno, module.end_lineno, repr(doc.splitlines()[0] if doc else "")))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        found = _docstring(node)
+        if found is None or found.end_lineno is None or found.lineno == node.lineno:
+            continue  # none, or on the line of its `def` (kept as it is)
+        alone = len(node.body) == 1
+        indent = lines[found.lineno - 1][: found.col_offset]
+        cuts.append((found.lineno, found.end_lineno, f"{indent}..." if alone else ""))
+    for first, last, instead in sorted(cuts, reverse=True):
+        lines[first - 1 : last] = [instead + "\n"] if instead else []
+    return "".join(lines)
