@@ -330,6 +330,17 @@ def fake_main_node(tmp_path: Path, server: str) -> tuple[Path, Path]:
     return prefix, data
 
 
+def main_node_env(tmp_path: Path, prefix: Path, data: Path) -> dict[str, str]:
+    """The settings llama-server.sh needs of a main node made by ``fake_main_node``, on
+    loopback: a test adds its own."""
+    return {
+        "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
+        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
+        "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+    }  # fmt: skip
+
+
 def fake_llama_server(announce: str) -> str:
     """A stand-in for llama-server: records its arguments in $FAKE_ARGS, runs ``announce`` (a
     line of bash: what it prints while loading), then answers /health on --host:--port."""

@@ -32,6 +32,7 @@ from tests.conftest import (
     fake_llama_server,
     fake_main_node,
     free_port,
+    main_node_env,
     unavailable,
 )
 
@@ -351,10 +352,7 @@ def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
     log = tmp_path / "fixture.log"
     log.write_text(re.sub(r"10\.0\.1\.1[12]:50052", lambda m: renamed[m[0]], load_log))
     env = {
-        "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
-        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
-        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
-        "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+        **main_node_env(tmp_path, prefix, data),
         "RPC_WORKERS": workers, "LLAMA_GPU_LAYERS": "13", "LLAMA_TENSOR_SPLIT": "6,7",
         "CONTEXT_SIZE": "4096", "SLOTS": "3", "LLAMA_THREADS": "1",
         "FAKE_ARGS": str(tmp_path / "args"), "FAKE_LOG": str(log),
@@ -715,10 +713,7 @@ def test_a_load_that_never_finishes_is_stopped_at_its_deadline(tmp_path: Path) -
     prefix, data = fake_main_node(tmp_path, hung)
     pid_file = tmp_path / "server.pid"
     env = {
-        "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
-        "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
-        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
-        "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+        **main_node_env(tmp_path, prefix, data),
         "LOAD_TIMEOUT_SECONDS": "2", "FAKE_PID": str(pid_file),
     }  # fmt: skip
     started = time.monotonic()
@@ -765,10 +760,7 @@ def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: P
 
         threading.Thread(target=drain, daemon=True).start()
         env = {
-            "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
-            "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
-            "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
-            "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+            **main_node_env(tmp_path, prefix, data),
             "RPC_WORKERS": worker, "LLAMA_GPU_LAYERS": "1", "LLAMA_TENSOR_SPLIT": "1",
             "RPC_LOAD_BYTES": "4000000", "LOAD_TIMEOUT_SECONDS": "9", "FAKE_WORKER": worker,
         }  # fmt: skip
