@@ -369,6 +369,7 @@ def deploy(
     *,
     stack_name: str | None = None,
     account: Callable[[Needs], Account] | None = None,
+    secret_keys: list[str] | None = None,
 ) -> Deployment:
     """Run the program for a stack preset (with config overrides) and resolve its outputs; as a
     stack of another name, if given (Pulumi stack names may hold capitals, '.' and '_'). The
@@ -381,7 +382,9 @@ def deploy(
     )
     config = {**stack_config(stack), **(overrides or {})}
     pulumi.runtime.set_all_config(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None}
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None},
+        # As `pulumi config set --secret` keeps them (a test may say otherwise).
+        secret_keys=["llama-rpc-cluster:apiKey"] if secret_keys is None else secret_keys,
     )
     deployment = Deployment(mocks.resources, options=mocks.options, states=mocks.states)
     running = [True]

@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack = args.stack
     if not command:
         parser.error("give a command after --: lrc exec --stack NAME -- COMMAND...")
+    if args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout:g}: give a positive number of seconds")
     try:
         channels = main_channels(stack)
     except NotReachable as error:

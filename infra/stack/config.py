@@ -230,7 +230,15 @@ def load() -> ClusterConfig:
     cloud = decode(settings.get("cloud", BY_KEY["cloud"].default))
     region_key = REGION_KEYS.get(str(cloud), "")
     from pulumi import get_stack  # noqa: PLC0415
+    from pulumi.runtime.config import is_config_secret  # noqa: PLC0415
 
+    key = f"{PROJECT}:apiKey"
+    if settings.get("apiKey") not in (None, "none") and not is_config_secret(key):
+        raise ConfigError(
+            "apiKey",
+            "is kept in plain text in the stack file; set it with "
+            "`pulumi config set --secret apiKey KEY`",
+        )
     return from_settings(settings, region=values.get(region_key), stack=get_stack())
 
 

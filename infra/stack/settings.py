@@ -71,6 +71,8 @@ class Setting:
     # For strings: the rule they must meet, and what it means.
     valid: Callable[[str], bool] | None = None
     meaning: str = ""
+    # A secret: an error names the setting, never repeats its value.
+    secret: bool = False
 
     def read(self, settings: Mapping[str, Any]) -> Any:
         """The setting's value from raw settings, of its declared type and within its limits;
@@ -85,10 +87,11 @@ class Setting:
                 )
             return self.default
         if self.kind == "string":
+            shown = "the value given" if self.secret else repr(value)
             if not isinstance(value, str) or not value:
-                raise ConfigError(self.key, f"must be a non-empty string, got {value!r}")
+                raise ConfigError(self.key, f"must be a non-empty string, got {shown}")
             if self.valid and not self.valid(value.strip()):
-                raise ConfigError(self.key, f"{value!r} is not {self.meaning}")
+                raise ConfigError(self.key, f"{shown} is not {self.meaning}")
             return value.strip() if self.valid else value
         if self.kind == "integer":
             if isinstance(value, bool) or not isinstance(value, int):
@@ -237,6 +240,7 @@ SETTINGS: tuple[Setting, ...] = (
         "none on GCP and Azure, which keep no key yet",
         valid=lambda text: API_KEY.fullmatch(text) is not None,
         meaning="`none`, or 16-256 letters, digits and . _ ~ + / = -",
+        secret=True,
     ),
     Setting(
         "modelAlias",

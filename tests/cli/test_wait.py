@@ -175,3 +175,6 @@ def test_exec_runs_a_command_on_a_groups_main_node(
     assert lrc.main(["exec", "--stack", "s", "--group", "3", "--", "uptime"]) == 2
     assert "--group 3: the stack has 2 serving group(s)" in capsys.readouterr().err
     assert lrc.main(["exec", "--stack", "s"]) == 2  # no command
+    capsys.readouterr()
+    assert lrc.main(["exec", "--stack", "s", "--timeout", "0", "--", "uptime"]) == 2
+    assert "--timeout 0: give a positive number of seconds" in capsys.readouterr().err

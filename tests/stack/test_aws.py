@@ -206,11 +206,15 @@ def test_the_api_key_is_a_secret_the_main_node_alone_reads(stack: str) -> None:
     assert outputs.API_KEY in d.secret_outputs
 
 
-def test_a_given_key_is_kept_and_none_keeps_none() -> None:
+def test_a_given_key_is_kept_a_plain_one_refused_and_none_keeps_none() -> None:
     given = deploy("aws-small", {"llama-rpc-cluster:apiKey": "a-team-key-of-our-own-1234"})
     [parameter] = given.of_type("aws:ssm/parameter:Parameter")
     assert revealed(parameter.inputs["value"]) == "a-team-key-of-our-own-1234"
     assert not given.of_type("random:index/randomPassword:RandomPassword")
+    secret = "a-team-key-of-our-own-1234"
+    with pytest.raises(Exception, match="--secret apiKey") as plain:
+        deploy("aws-small", {"llama-rpc-cluster:apiKey": secret}, secret_keys=[])
+    assert secret not in str(plain.value)
     none = deploy("aws-small", {"llama-rpc-cluster:apiKey": "none"})
     assert not none.of_type("aws:ssm/parameter:Parameter")
     assert none.outputs[outputs.API_KEY] is None

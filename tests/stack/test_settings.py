@@ -632,6 +632,11 @@ def test_no_spelling_of_a_forbidden_address_passes(
     assert str(resolved) not in FORBIDDEN, url
 
 
+def test_a_bad_api_key_is_named_but_never_repeated() -> None:
+    said = refused(STACK["aws"], {f"{P}apiKey": "short secret"}, "apiKey")
+    assert "short secret" not in said and "the value given is not" in said
+
+
 def test_the_model_alias_and_server_args_reach_the_main_node_only() -> None:
     """modelAlias and serverArgs are the main node's (llama-server's); the workers get neither.
     Without modelAlias the id is the preset's name."""
