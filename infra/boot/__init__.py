@@ -15,17 +15,21 @@ from infra.boot.node import (
 )
 from infra.boot.render import (
     BOOT_UNIT,
+    GUARD_UNIT,
     ROLE_SCRIPTS,
     ROLE_UNIT,
     SCRIPTS_DIR,
     UNITS_DIR,
     cloud_config,
+    node_scripts,
+    node_units,
     render,
 )
 
 __all__ = [
     "API_KEY_CREDENTIAL",
     "BOOT_UNIT",
+    "GUARD_UNIT",
     "ROLE_SCRIPTS",
     "ROLE_UNIT",
     "SCRIPTS_DIR",
@@ -40,6 +44,8 @@ __all__ = [
     "cloud_config",
     "deliver",
     "example",
+    "node_scripts",
+    "node_units",
     "render",
     "render_env_file",
 ]

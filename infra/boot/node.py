@@ -56,6 +56,11 @@ class NodePaths:
 API_KEY_CREDENTIAL = "llama-rpc-api-key"
 VM_API_KEY_FILE = f"/run/credstore/{API_KEY_CREDENTIAL}"
 API_KEY_SOURCE = re.compile(r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,1000}")
+# How a spend guard stops a node so that its compute charge ends: a guest power-off stops an EC2
+# instance (its shutdown behaviour is "stop") and a Compute Engine VM; an Azure VM that powers
+# off stays allocated, and billed, until it is deallocated through Azure Resource Manager, which
+# each node does for itself with its own identity.
+STOP_BY = ("poweroff", "azure-deallocate")
 
 VM_PATHS = NodePaths(
     bin_dir="/opt/llama-rpc/bin",
@@ -113,6 +118,12 @@ class NodeBoot:
     # Where root reads the key at each boot, with the node's own identity, into api_key_file:
     # "aws-ssm:REGION:NAME" (an SSM SecureString parameter); "": it is put there otherwise.
     api_key_source: str = ""
+    # Spend guards (0: off): power the node off after this many seconds idle (a main node: no
+    # request processed and no slot busy; a worker: no RPC client, after it had one), or this
+    # many seconds after it booted; ``stop_by`` says how (STOP_BY).
+    stop_after_idle_seconds: int = 0
+    stop_after_seconds: int = 0
+    stop_by: str = "poweroff"
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -132,6 +143,11 @@ class NodeBoot:
     def staged(self) -> bool:
         """The model is read from the provider's object store (``STAGED_SCHEMES``)."""
         return any(url.startswith(STAGED_SCHEMES) for url in self.model_urls)
+
+    @property
+    def guarded(self) -> bool:
+        """A spend guard watches the node (``llama-rpc-guard``)."""
+        return self.stop_after_idle_seconds > 0 or self.stop_after_seconds > 0
 
     @property
     def rpc_servers(self) -> str:
@@ -188,6 +204,12 @@ class NodeBoot:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
                     env["MODEL_STORE_ENDPOINT"] = self.model_store_endpoint
+        if self.guarded:
+            env |= {
+                "STOP_AFTER_IDLE_SECONDS": str(self.stop_after_idle_seconds),
+                "STOP_AFTER_SECONDS": str(self.stop_after_seconds),
+                "STOP_BY": self.stop_by,
+            }
         env |= self.extra_env
         for name, value in env.items():
             if not _SAFE_ENV_VALUE.fullmatch(value):
@@ -225,6 +247,9 @@ _ENV_FIELDS = {
     "LLAMA_SERVER_ARGS": "server_args",
     "API_KEY_FILE": "api_key_file",
     "API_KEY_SOURCE": "api_key_source",
+    "STOP_AFTER_IDLE_SECONDS": "stop_after_idle_seconds",
+    "STOP_AFTER_SECONDS": "stop_after_seconds",
+    "STOP_BY": "stop_by",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
@@ -255,10 +280,21 @@ def _validate(boot: NodeBoot) -> None:
             raise BootConfigError(name, f"{name} {value} must be at least 1")
     if boot.cluster_cidr:
         _validate_cluster_cidr(boot)
+    _validate_guard(boot)
     if boot.role == "worker":
         _validate_worker(boot)
     else:
         _validate_main(boot)
+
+
+def _validate_guard(boot: NodeBoot) -> None:
+    for name in ("stop_after_idle_seconds", "stop_after_seconds"):
+        if getattr(boot, name) < 0:
+            raise BootConfigError(name, f"{name} {getattr(boot, name)}: give 0 (off) or more")
+    if boot.stop_by not in STOP_BY:
+        raise BootConfigError(
+            "stop_by", f"stop_by {boot.stop_by!r} is not one of {', '.join(STOP_BY)}"
+        )
 
 
 def _validate_cluster_cidr(boot: NodeBoot) -> None:

@@ -74,29 +74,47 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "supervise.sh",
         "llama-server.sh",
         "llama-server-log",
-        "llama-rpc-secret",
     ),
 }
+# Scripts a node gets only with the feature that runs them: the API key reader with a key kept
+# in the cloud's secret store, the spend guard with a guard, and on Azure its deallocation.
+API_KEY_READER = "llama-rpc-secret"
+GUARD_SCRIPT = "llama-rpc-guard"
+DEALLOCATE_SCRIPT = "llama-rpc-deallocate"
+GUARD_UNIT = "llama-rpc-guard.service"
 
 
-def _script_files(role: Role) -> list[Path]:
-    return [SCRIPTS_DIR / name for name in ROLE_SCRIPTS[role]]
+def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
+    """The scripts a node installs: its role's, and those of the features it uses."""
+    scripts = ROLE_SCRIPTS[boot.role]
+    if boot.api_key_source:
+        scripts += (API_KEY_READER,)
+    if boot.guarded:
+        scripts += (GUARD_SCRIPT,)
+        if boot.stop_by == "azure-deallocate":
+            scripts += (DEALLOCATE_SCRIPT,)
+    return scripts
+
+
+def node_units(boot: NodeBoot) -> tuple[str, ...]:
+    """The units a node enables: the boot, the role's service and the guard when it has one."""
+    return (BOOT_UNIT, ROLE_UNIT[boot.role], *((GUARD_UNIT,) if boot.guarded else ()))
 
 
 def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     """The node's cloud-config as data (validated by ``cloud-init schema`` in the tests)."""
     paths = VM_PATHS
-    unit = ROLE_UNIT[boot.role]
+    units = node_units(boot)
     packages = sorted(
         BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.staged else ())
     )
     files: list[dict[str, str]] = [
         {
-            "path": f"{paths.bin_dir}/{script.name}",
-            "permissions": "0644" if script.name in SOURCED_SCRIPTS else "0755",
-            "content": installed_text(script),
+            "path": f"{paths.bin_dir}/{script}",
+            "permissions": "0644" if script in SOURCED_SCRIPTS else "0755",
+            "content": installed_text(SCRIPTS_DIR / script),
         }
-        for script in _script_files(boot.role)
+        for script in node_scripts(boot)
     ]
     files += [
         {
@@ -104,7 +122,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
             "permissions": "0644",
             "content": installed_text(UNITS_DIR / name),
         }
-        for name in (BOOT_UNIT, unit)
+        for name in units
     ]
     files += [
         {
@@ -150,7 +168,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
         # restarted: on an image that had the package, it started before its drop-in was written.
         "runcmd": [
             ["systemctl", "daemon-reload"],
-            ["systemctl", "enable", "--now", "--no-block", BOOT_UNIT, unit],
+            ["systemctl", "enable", "--now", "--no-block", *units],
             ["systemctl", "enable", EXPORTER_UNIT],
             ["systemctl", "restart", "--no-block", EXPORTER_UNIT],
         ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import dataclasses
 import gzip
 import io
 import itertools
@@ -43,6 +44,17 @@ from tests.conftest import (
 
 MAIN = boot.example("main")
 WORKER = boot.example("worker")
+# Every feature that brings scripts of its own: a key read from the cloud's store, a spend guard
+# that deallocates its group (Azure).
+FULL_MAIN = dataclasses.replace(
+    MAIN,
+    api_key_file=boot.VM_API_KEY_FILE,
+    api_key_source="aws-ssm:us-east-1:/llama-rpc-cluster/dev/api-key",
+    stop_after_idle_seconds=1800,
+    stop_after_seconds=36000,
+    stop_by="azure-deallocate",
+)
+GUARDED_WORKER = dataclasses.replace(WORKER, stop_after_idle_seconds=1800)
 
 
 def files_of(node: NodeBoot) -> dict[str, dict[str, str]]:
@@ -75,7 +87,7 @@ def test_schema_check_catches_a_broken_config(tmp_path: Path) -> None:
 
 def test_boot_scripts_pass_shellcheck() -> None:
     shellcheck = require_tool("shellcheck")
-    scripts = sorted(str(p) for p in SCRIPTS.glob("*.sh"))
+    scripts = sorted(str(p) for p in SCRIPTS.iterdir() if "bash" in p.read_text().split("\n", 1)[0])
     scripts += [str(p) for p in (REPO / "scripts").iterdir()] + [str(REPO / ".ci" / "run")]
     result = subprocess.run(
         [shellcheck, "-x", *scripts], capture_output=True, text=True, cwd=SCRIPTS
@@ -87,18 +99,17 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
     """Scripts call each other through the bin directory, and units name them: every name a
     role's scripts and units refer to is installed on that role's nodes."""
     used = set()
-    for node in (MAIN, WORKER):
+    for node in (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER):
         files = files_of(node)
         installed = {
             path.rsplit("/", 1)[1]: entry["content"]
             for path, entry in files.items()
             if path.startswith(f"{boot.VM_PATHS.bin_dir}/")
         }
-        assert set(installed) == set(boot.ROLE_SCRIPTS[node.role])
+        assert set(installed) == set(boot.node_scripts(node))
         for name, content in installed.items():
             assert content == installed_text(SCRIPTS / name)
-        units = [files[f"/etc/systemd/system/{n}"]["content"] for n in (boot.BOOT_UNIT,
-                 boot.ROLE_UNIT[node.role])]  # fmt: skip
+        units = [files[f"/etc/systemd/system/{n}"]["content"] for n in boot.node_units(node)]
         called = set()
         for text in [*installed.values(), *units]:
             called |= set(
@@ -106,6 +117,10 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             )
         if node.role == "worker":  # node-boot.sh runs these on the main node only
             called -= {"fetch-model.sh", "llama-rpc-secret"}
+        if not node.api_key_source:  # node-boot.sh runs it only with a key source
+            called -= {"llama-rpc-secret"}
+        if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
+            called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"
         used |= set(installed)
     assert used == {p.name for p in SCRIPTS.iterdir()}, "a script no role runs"

@@ -1,0 +1,283 @@
+"""The spend guard (``llama-rpc-guard``) and Azure's deallocation (``llama-rpc-deallocate``), run
+on this machine against loopback stand-ins: llama-server's recorded ``/metrics``, a listening RPC
+port, and the Azure metadata service and Resource Manager answering with their documented
+responses. The power-off is a stand-in command that records its time; the machines tier
+(``tests/local/test_spend_guard.py``) powers real machines off."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, SCRIPTS, free_port
+
+METRICS = REPO / "tests" / "fixtures" / "metrics"
+AZURE = REPO / "tests" / "fixtures" / "azure"
+BEFORE = (METRICS / "llama-server-1.prom").read_text()  # n_decode_total 0
+AFTER = (METRICS / "llama-server-2.prom").read_text()  # one completion later: 25
+KEY = "k" * 32
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """llama-server's /metrics as the test sets it (``None``: not answering, as while loading),
+    refusing a request without the key when one is set; or Azure, recording each request."""
+
+    def do_GET(self) -> None:
+        state = self.server.state  # type: ignore[attr-defined]
+        state["requests"].append(("GET", self.path, dict(self.headers)))
+        if "azure" in state:
+            self._azure(state)
+            return
+        if state.get("key") and self.headers.get("Authorization") != f"Bearer {state['key']}":
+            self._send(401, b"{}")
+        elif state["metrics"] is None:
+            self._send(503, b'{"error": "Loading model"}')
+        else:
+            self._send(200, state["metrics"].encode())
+
+    def do_POST(self) -> None:
+        state = self.server.state  # type: ignore[attr-defined]
+        state["requests"].append(("POST", self.path, dict(self.headers)))
+        self._send(state["azure"]["deallocate"], b"")
+
+    def _azure(self, state: dict[str, Any]) -> None:
+        if self.headers.get("Metadata") != "true":
+            self._send(400, b'{"error": "Bad request: Required metadata header not specified"}')
+        elif self.path.startswith("/metadata/identity/oauth2/token"):
+            self._send(200, (AZURE / "imds-token.json").read_bytes())
+        else:
+            self._send(200, (AZURE / "imds-instance-compute.json").read_bytes())
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[int, dict[str, Any]]]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    httpd.state = {"metrics": BEFORE, "requests": []}  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1], httpd.state  # type: ignore[attr-defined]
+    httpd.shutdown()
+
+
+class Guard:
+    """The guard as its unit runs it, with a recording stand-in for the power-off."""
+
+    def __init__(self, tmp_path: Path, **settings: str):
+        self.off = tmp_path / "powered-off"
+        stand_in = tmp_path / "poweroff"
+        stand_in.write_text(f"#!/bin/sh\ndate +%s.%N > {self.off}\n")
+        stand_in.chmod(0o755)
+        (tmp_path / "run").mkdir(exist_ok=True)
+        (tmp_path / "data").mkdir(exist_ok=True)
+        self.status_file = tmp_path / "data" / "status.json"
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "INVOCATION_ID": "0" * 32,  # systemd's, for each run of a unit
+            "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
+            "LLAMA_DATA_DIR": str(tmp_path / "data"),
+            "RUNTIME_DIRECTORY": str(tmp_path / "run"),
+            "LLAMA_POWEROFF": str(stand_in),
+            "LLAMA_NODE_IP": "127.0.0.1",
+            "GUARD_INTERVAL_SECONDS": "0.2",
+            "STOP_AFTER_IDLE_SECONDS": "0",
+            "STOP_AFTER_SECONDS": "0",
+            **settings,
+        }
+        self.started = time.time()
+        self.process = subprocess.Popen(
+            ["bash", str(SCRIPTS / "llama-rpc-guard")], env=self.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def powered_off_after(self, timeout: float) -> float | None:
+        """Seconds from the start to the power-off, or None if none came within ``timeout``."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        if not self.off.exists():
+            return None
+        return float(self.off.read_text()) - self.started
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.status_file.read_text()) if self.status_file.exists() else {}
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.communicate()[1]
+
+
+def test_an_idle_main_node_powers_off_after_the_idle_time_and_says_why(server, tmp_path) -> None:
+    port, _ = server
+    guard = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="2")
+    after = guard.powered_off_after(timeout=20)
+    log = guard.stop()
+    assert after is not None, log
+    assert 2 <= after < 6, after
+    status = guard.status()
+    assert status["last_stop_reason"].startswith("idle: 2s"), status
+    assert abs(status["last_stopped_at"] - time.time()) < 30
+    assert "stopping this node: idle" in log
+
+
+def test_a_request_in_hand_or_a_decode_keeps_the_main_node_up(server, tmp_path) -> None:
+    port, state = server
+    state["metrics"] = BEFORE.replace("requests_processing 0", "requests_processing 1")
+    guard = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="2")
+    try:
+        assert guard.powered_off_after(timeout=4) is None, "a busy slot is not idle"
+        state["metrics"] = BEFORE.replace("requests_deferred 0", "requests_deferred 2")
+        assert guard.powered_off_after(timeout=3) is None, "a queued request is not idle"
+        state["metrics"] = BEFORE  # nothing in hand: the idle time starts from here
+        time.sleep(1)
+        state["metrics"] = AFTER  # a completion was decoded since the last look
+        freed = time.time()
+        after = guard.powered_off_after(timeout=20)
+    finally:
+        log = guard.stop()
+    assert after is not None, log
+    assert guard.started + after - freed >= 2, "the idle time runs from the last decode"
+
+
+def test_a_main_node_that_does_not_serve_yet_is_never_idle(server, tmp_path) -> None:
+    port, state = server
+    state["metrics"] = None  # 503 Loading model
+    guard = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1")
+    try:
+        assert guard.powered_off_after(timeout=4) is None
+        state["metrics"] = BEFORE
+        assert guard.powered_off_after(timeout=20) is not None
+    finally:
+        guard.stop()
+
+
+def test_the_guard_reads_a_keyed_servers_metrics_with_the_key(server, tmp_path) -> None:
+    port, state = server
+    state["key"] = KEY
+    key_file = tmp_path / "llama-rpc-api-key"
+    key_file.write_text(KEY)
+    keyless = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1")
+    try:  # refused (401), the server looks unready: never idle
+        assert keyless.powered_off_after(timeout=3) is None
+    finally:
+        keyless.stop()
+    keyed = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1",
+        API_KEY_FILE=str(key_file),
+    )  # fmt: skip
+    try:
+        assert keyed.powered_off_after(timeout=20) is not None
+    finally:
+        keyed.stop()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert KEY not in ps
+
+
+def test_the_deadline_powers_off_from_the_boot_even_while_busy(server, tmp_path) -> None:
+    port, state = server
+    state["metrics"] = BEFORE.replace("requests_processing 0", "requests_processing 1")
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="600",
+        STOP_AFTER_SECONDS="2",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=20)
+    guard.stop()
+    assert after is not None and 2 <= after < 5, after
+    assert guard.status()["last_stop_reason"].startswith("deadline: 2s after boot")
+    # A guard restarted later in the same boot keeps the boot's start: due at once.
+    again = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_SECONDS="2")
+    after = again.powered_off_after(timeout=20)
+    again.stop()
+    assert after is not None and after < 1.5, after
+
+
+def test_a_worker_follows_once_its_main_nodes_connection_is_gone(tmp_path) -> None:
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        guard = Guard(
+            tmp_path, LLAMA_ROLE="worker", RPC_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1"
+        )
+        try:
+            # No client yet (its main node is still getting ready): not idle.
+            assert guard.powered_off_after(timeout=3) is None
+            with socket.create_connection(("127.0.0.1", port)):
+                accepted, _ = listener.accept()
+                assert guard.powered_off_after(timeout=3) is None, "a connected worker is busy"
+                accepted.close()
+            gone = time.time()
+            after = guard.powered_off_after(timeout=20)
+        finally:
+            log = guard.stop()
+    assert after is not None, log
+    assert guard.started + after - gone >= 1
+    assert guard.status()["last_stop_reason"].startswith("idle: 1s")
+
+
+def test_the_guard_runs_only_as_its_unit(tmp_path) -> None:
+    guard = Guard(tmp_path, LLAMA_ROLE="main", STOP_AFTER_SECONDS="1", INVOCATION_ID="")
+    guard.process.wait(timeout=20)
+    log = guard.stop()
+    assert guard.process.returncode == 78
+    assert "llama-rpc-guard.service only" in log
+    assert not guard.off.exists()
+
+
+def test_an_azure_node_deallocates_itself_with_its_own_identity(server, tmp_path) -> None:
+    port, state = server
+    state["azure"] = {"deallocate": 202}
+    endpoint = f"http://127.0.0.1:{port}"
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(free_port()), STOP_AFTER_SECONDS="1",
+        STOP_BY="azure-deallocate", AZURE_IMDS_ENDPOINT=endpoint, AZURE_ARM_ENDPOINT=endpoint,
+        DEALLOCATE_GRACE_SECONDS="0",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=30)
+    log = guard.stop()
+    assert after is not None, log
+    token = json.loads((AZURE / "imds-token.json").read_text())["access_token"]
+    compute = json.loads((AZURE / "imds-instance-compute.json").read_text())
+    posts = [(path, headers) for method, path, headers in state["requests"] if method == "POST"]
+    assert [path for path, _ in posts] == [
+        f"{compute['resourceId']}/deallocate?api-version=2024-07-01"
+    ]
+    assert all(headers["Authorization"] == f"Bearer {token}" for _, headers in posts)
+    asked = [path for method, path, _ in state["requests"] if method == "GET"]
+    assert any("resource=https%3A%2F%2Fmanagement.azure.com%2F" in path for path in asked)
+    assert "deallocation accepted" in log
+    assert token not in log
+
+
+def test_a_refused_deallocation_still_powers_the_node_off_and_says_so(server, tmp_path) -> None:
+    port, state = server
+    state["azure"] = {"deallocate": 403}  # AuthorizationFailed: no grant on that VM
+    endpoint = f"http://127.0.0.1:{port}"
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(free_port()), STOP_AFTER_SECONDS="1",
+        STOP_BY="azure-deallocate", AZURE_IMDS_ENDPOINT=endpoint, AZURE_ARM_ENDPOINT=endpoint,
+        DEALLOCATE_ATTEMPTS="2",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=60)
+    log = guard.stop()
+    assert after is not None, log
+    assert "Resource Manager said 403" in log
+    assert "not deallocated: powering off" in log
+    assert len([r for r in state["requests"] if r[0] == "POST"]) == 2
