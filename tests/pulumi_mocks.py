@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,13 @@ ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 # What Azure reports: the subscription a stack deploys to, and a VM identity's principal.
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 PRINCIPAL = "11111111-2222-3333-4444-555555555555"
+
+
+def principal_of(vm: str) -> str:
+    """The principal id of a VM's system-assigned identity, as the mocks answer (one per VM)."""
+    return f"{PRINCIPAL[:-12]}{zlib.crc32(vm.encode()):012d}"
+
+
 GCP_ZONES = ["us-central1-c", "us-central1-a", "us-central1-b"]
 DISKS = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/disks"
 GCP_SELF_LINKS = "https://www.googleapis.com/compute/v1/projects/my-project/self"
@@ -142,7 +150,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
             # backend).
             state.setdefault("selfLink", f"{GCP_SELF_LINKS}/{args.name}")
         if args.typ == "azure-native:compute:VirtualMachine" and "identity" in state:
-            state["identity"] = {**state["identity"], "principalId": PRINCIPAL, "tenantId": "t"}
+            state["identity"] = {
+                **state["identity"],
+                "principalId": principal_of(args.name),
+                "tenantId": "t",
+            }
         if args.typ == "azure-native:resources:ResourceGroup":
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
         if args.typ == "azure-native:network:ApplicationSecurityGroup":

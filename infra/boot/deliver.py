@@ -53,5 +53,6 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
     raise BootConfigError(
         "user_data",
         f"the {cloud} user data is {len(raw):,} bytes, over the {channel.limit_bytes:,}-byte "
-        "limit even compressed; shorten the model URL list or the extra settings",
+        "limit even compressed; shorten the model URL list (or stage the model: one short URL "
+        "per part), or leave out a feature that brings a boot script (a spend guard, apiKey)",
     )

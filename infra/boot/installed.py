@@ -1,10 +1,12 @@
 """What a node gets of each file under ``cloud-init/``: the code without its comment lines.
 
 Comments are for the repository; on a node they only take user-data space, of which AWS gives
-16 KB compressed. Nothing else changes: shell scripts keep every line bash parses (heredoc
-bodies and multi-line strings included; the tests compare bash's own reading of both), Python
+16 KB compressed. Nothing else changes: shell scripts keep every line bash parses, unindented
+(heredoc bodies and multi-line strings as they are; the tests compare bash's own reading of
+both), Python
 scripts lose only their comment tokens, their functions' docstrings and their module docstring
-after its first line (the summary their ``--help`` prints), and unit files only their ``#`` and
+after its first line (the summary their ``--help`` prints; a module they import, all of it), and
+unit files only their ``#`` and
 ``;`` lines.
 """
 
@@ -27,6 +29,8 @@ def installed_text(path: Path) -> str:
     # .conf: a unit's drop-in.
     if path.suffix in {".service", ".target", ".timer", ".conf"}:
         return _without_lines(text, lambda line: line.lstrip().startswith(("#", ";")))
+    if path.suffix == ".py":  # a module the scripts import: no --help, no summary
+        return _python_without_comments(text, summary=False)
     if first.startswith("#!") and "python" in first:
         return _python_without_comments(text)
     if path.suffix == ".sh" or (first.startswith("#!") and "bash" in first):
@@ -39,7 +43,7 @@ def _without_lines(text: str, drop: Callable[[str], bool]) -> str:
 
 
 def _shell_without_comments(text: str) -> str:
-    """Whole-line comments outside heredocs and outside strings that span lines."""
+    """Whole-line comments and indentation, outside heredocs and strings that span lines."""
     kept: list[str] = []
     heredoc: str | None = None
     quote: str | None = None
@@ -51,7 +55,8 @@ def _shell_without_comments(text: str) -> str:
             continue
         if number > 0 and quote is None and line.lstrip().startswith("#"):
             continue
-        kept.append(line)
+        # Indentation is for the reader: bash ignores it outside strings and heredocs.
+        kept.append(line if quote is not None else line.lstrip(" \t"))
         quote = _open_quote(line, quote)
         if quote is None and (match := _HEREDOC.search(line.split(" #", 1)[0])):
             heredoc = match.group(1)
@@ -75,10 +80,10 @@ def _open_quote(line: str, quote: str | None) -> str | None:
     return quote
 
 
-def _python_without_comments(text: str) -> str:
+def _python_without_comments(text: str, *, summary: bool = True) -> str:
     """Comment tokens out (the shebang stays); lines left empty by that go too. The module
     docstring keeps its first line; functions and classes lose theirs."""
-    text = _first_docstring_line(text)
+    text = _first_docstring_line(text, summary=summary)
     comments = {
         token.start[0]: token.start[1]
         for token in tokenize.generate_tokens(io.StringIO(text).readline)
@@ -104,16 +109,17 @@ def _docstring(node: ast.AST) -> ast.Expr | None:
     return body[0] if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
 
 
-def _first_docstring_line(text: str) -> str:
-    """The module docstring's first line only, and no function's or class's docstring (a body
-    that was nothing else becomes ``...``)."""
+def _first_docstring_line(text: str, *, summary: bool = True) -> str:
+    """The module docstring's first line only (none without ``summary``), and no function's or
+    class's docstring (a body that was nothing else becomes ``...``)."""
     tree = ast.parse(text)
     lines = text.splitlines(keepends=True)
     cuts: list[tuple[int, int, str]] = []  # (first line, last line, what stands there), 1-based
     module = _docstring(tree)
     if module is not None and module.end_lineno is not None:
         doc = str(module.value.value).strip()  # type: ignore[attr-defined]
-        cuts.append((module.lineno, module.end_lineno, repr(doc.splitlines()[0] if doc else "")))
+        kept = repr(doc.splitlines()[0]) if doc and summary else ""
+        cuts.append((module.lineno, module.end_lineno, kept))
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue

@@ -55,7 +55,12 @@ class NodePaths:
 # only the service sees it, in $CREDENTIALS_DIRECTORY.
 API_KEY_CREDENTIAL = "llama-rpc-api-key"
 VM_API_KEY_FILE = f"/run/credstore/{API_KEY_CREDENTIAL}"
-API_KEY_SOURCE = re.compile(r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,1000}")
+# Where a main node reads the key (llama-rpc-secret): an SSM SecureString (AWS), a Secret Manager
+# secret of the node's project (GCP), a secret of the Key Vault its VM's tag names (Azure).
+API_KEY_SOURCE = re.compile(
+    r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,1000}|gcp-sm:[A-Za-z0-9_-]{1,255}"
+    r"|azure-kv:[0-9A-Za-z-]{1,127}"
+)
 # How a spend guard stops a node so that its compute charge ends: a guest power-off stops an EC2
 # instance (its shutdown behaviour is "stop") and a Compute Engine VM; an Azure VM that powers
 # off stays allocated, and billed, until it is deallocated through Azure Resource Manager, which
@@ -115,8 +120,8 @@ class NodeBoot:
     # Where root keeps the API key on the node (its file name is API_KEY_CREDENTIAL); "": the
     # API takes requests without one. Set, llama-server refuses to start without the key.
     api_key_file: str = ""
-    # Where root reads the key at each boot, with the node's own identity, into api_key_file:
-    # "aws-ssm:REGION:NAME" (an SSM SecureString parameter); "": it is put there otherwise.
+    # Where root reads the key at each boot, with the node's own identity, into api_key_file
+    # (API_KEY_SOURCE); "": it is put there otherwise.
     api_key_source: str = ""
     # Spend guards (0: off): power the node off after this many seconds idle (a main node: no
     # request processed and no slot busy; a worker: no RPC client, after it had one), or this
@@ -373,7 +378,8 @@ def _validate_server(boot: NodeBoot) -> None:
     ):
         raise BootConfigError(
             "api_key_source", f"api_key_source {boot.api_key_source!r}: give "
-            "aws-ssm:REGION:/NAME, with api_key_file where it goes",
+            "aws-ssm:REGION:/NAME, gcp-sm:SECRET or azure-kv:SECRET, with api_key_file where it "
+            "goes",
         )  # fmt: skip
 
 

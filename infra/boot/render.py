@@ -57,7 +57,7 @@ APT_CONF = 'Acquire::Retries "5";\n'
 # AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
 COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
 # Sourced by the others, never run: installed without the executable bit.
-SOURCED_SCRIPTS = ("lib.sh", "supervise.sh")
+SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh")
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     "worker": (
         *COMMON_SCRIPTS,
@@ -76,19 +76,35 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "llama-server-log",
     ),
 }
-# Scripts a node gets only with the feature that runs them: the API key reader with a key kept
+# Scripts a node gets only with the feature that runs them: a staged model's download, the API
+# key reader with a key kept
 # in the cloud's secret store, the spend guard with a guard, and on Azure its deallocation.
+STAGED_SCRIPT = "fetch-staged.sh"
 API_KEY_READER = "llama-rpc-secret"
+# The reader's module for each kind of API_KEY_SOURCE (its cloud's secret store).
+API_KEY_READER_MODULES = {
+    "aws-ssm": "llama_rpc_secret_aws.py",
+    "gcp-sm": "llama_rpc_secret_gcp.py",
+    "azure-kv": "llama_rpc_secret_azure.py",
+}
 GUARD_SCRIPT = "llama-rpc-guard"
 DEALLOCATE_SCRIPT = "llama-rpc-deallocate"
 GUARD_UNIT = "llama-rpc-guard.service"
 
 
+def not_run(script: str) -> bool:
+    """Sourced (shell) or imported (a Python module), never run: no executable bit."""
+    return script in SOURCED_SCRIPTS or script.endswith(".py")
+
+
 def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     """The scripts a node installs: its role's, and those of the features it uses."""
     scripts = ROLE_SCRIPTS[boot.role]
+    if boot.staged:
+        scripts += (STAGED_SCRIPT,)
     if boot.api_key_source:
-        scripts += (API_KEY_READER,)
+        kind = boot.api_key_source.split(":", 1)[0]
+        scripts += (API_KEY_READER, API_KEY_READER_MODULES[kind])
     if boot.guarded:
         scripts += (GUARD_SCRIPT,)
         if boot.stop_by == "azure-deallocate":
@@ -111,7 +127,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     files: list[dict[str, str]] = [
         {
             "path": f"{paths.bin_dir}/{script}",
-            "permissions": "0644" if script in SOURCED_SCRIPTS else "0755",
+            "permissions": "0644" if not_run(script) else "0755",
             "content": installed_text(SCRIPTS_DIR / script),
         }
         for script in node_scripts(boot)

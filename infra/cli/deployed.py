@@ -24,19 +24,25 @@ def stack_outputs(stack: str) -> dict[str, Any]:
     return {key: item.value for key, item in selected.outputs().items()}
 
 
-def reach(stack: str) -> tuple[dict[str, Any], list[Channel]]:
-    """The stack's outputs and a channel to each serving group's main node."""
+def deployed_outputs(stack: str) -> dict[str, Any]:
+    """The outputs of a stack that is deployed; NotReachable says why there are none."""
     try:
         found = stack_outputs(stack)
     except Exception as error:  # noqa: BLE001 (any reason the outputs are unreadable is said)
         raise NotReachable(f"cannot read stack {stack!r}'s outputs: {error}") from None
     if not found:
         raise NotReachable(f"stack {stack!r} has no outputs: deploy it with `pulumi up`")
+    return found
+
+
+def reach(stack: str) -> tuple[dict[str, Any], list[Channel]]:
+    """The stack's outputs and a channel to each serving group's main node."""
+    found = deployed_outputs(stack)
     try:
         channels = stack_channels(
             found,
             aws_ssm=lambda: _ssm_client(str(found[keys.REGION])),
-            gcp_project=_gcp_project(stack),
+            gcp_project=gcp_project(stack),
         )
     except ChannelError as error:
         raise NotReachable(f"stack {stack!r}: {error}") from None
@@ -53,7 +59,7 @@ def _ssm_client(region: str) -> Any:
     return boto3.client("ssm", region_name=region)
 
 
-def _gcp_project(stack: str) -> str:
+def gcp_project(stack: str) -> str:
     from infra.stack.files import stack_values  # noqa: PLC0415
 
     try:

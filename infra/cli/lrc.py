@@ -33,6 +33,7 @@ COMMANDS = {
     ),
     "wait": Command("infra.cli.wait", "after pulumi up: wait until every group of a stack serves"),
     "status": Command("infra.cli.status", "each serving group's phase, read once"),
+    "start": Command("infra.cli.start", "start a stack's stopped nodes (a spend guard's) again"),
     "top": Command("infra.top", "watch a deployed stack's nodes, live"),
     "exec": Command("infra.cli.exec_command", "run a command as root on a group's main node"),
     "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),

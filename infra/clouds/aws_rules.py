@@ -50,6 +50,7 @@ ELB_NAME_MEANING = (
 ELB_API = "https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_CreateLoadBalancer.html"
 EBS = "https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html"
 USER_DATA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html"
+SHUTDOWN = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
 NLB_HEALTH = "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/target-group-health-checks.html"
 # gp3: a volume provisions at most 0.25 MiB/s per IOPS and 500 IOPS per GiB.
 GP3_MIBPS_PER_IOPS = 0.25
@@ -433,6 +434,7 @@ RULES = by_type(
             Between("rootBlockDevice.volumeSize", 8, 65_536, EBS),
             Between("metadataOptions.httpPutResponseHopLimit", 1, 64, f"{TF}ec2/ec2_instance.go"),
             OneOf("metadataOptions.httpTokens", ("required", "optional"), USER_DATA),
+            OneOf("instanceInitiatedShutdownBehavior", ("stop", "terminate"), SHUTDOWN),
             Requires(_gp3, EBS),
             Requires(_user_data, USER_DATA),
         ),

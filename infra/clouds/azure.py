@@ -26,6 +26,9 @@ from infra.clouds.base import (
 MAX_TAGS = 50
 # An OS disk also carries its VM's id, so a replaced VM's new disk is tagged again.
 DISK_VM_TAG = "vm"
+# A keyed stack's main node: the tag that names the Key Vault it reads the API key from
+# (llama_rpc_secret_azure reads its VM's tags from the instance metadata service).
+KEY_VAULT_TAG = "llama-rpc-key-vault"
 MAX_TAG_NAME = 128
 _FORBIDDEN = set("<>%&\\?/")
 _RESERVED_PREFIXES = ("microsoft", "azure", "windows")
@@ -163,6 +166,9 @@ def tag_problem(tags: Mapping[str, str]) -> str | None:
 
 
 FACTS = CloudFacts(
+    # A VM powered off from inside stays allocated and billed: each node deallocates itself.
+    # https://learn.microsoft.com/azure/virtual-machines/states-billing
+    stop_by="azure-deallocate",
     name="azure",
     region_key="azure-native:location",
     # eastus, westeurope, eastus2, southcentralus (the names, not "East US")

@@ -40,6 +40,9 @@ NETWORK_NAME = re.compile(r"[A-Za-z0-9](?:[\w.-]*\w)?")
 NETWORK_MEANING = "1-80 letters, digits, '_', '.', '-', starting alnum and ending alnum or '_'"
 # Role assignment conditions (ABAC): "Currently the only accepted value is '2.0'".
 CONDITIONS = "https://learn.microsoft.com/rest/api/authorization/role-assignments/create"
+# Custom role properties: Name (roleName) unique in the tenant, at most 512 characters;
+# Description at most 1024; Id a GUID; AssignableScopes and Actions required.
+CUSTOM_ROLES = "https://learn.microsoft.com/azure/role-based-access-control/custom-roles#custom-role-properties"
 PARENT = ("resourceGroupName", "location")
 # A network write waits for the previous one on the same parent: parallel ones get 429
 # RetryableErrorDueToAnotherOperation / 409 AnotherOperationInProgress (pulumi-azure-native#699,
@@ -337,6 +340,34 @@ RULES = by_type(
         "azure-native:resources:TagAtScope",
         (tags("properties.tags"),),
         replaced_on=("scope",),
+        source=REPLACEMENT,
+    ),
+    ResourceRules(
+        "azure-native:authorization:RoleDefinition",
+        (
+            Name(
+                "roleDefinitionId",
+                re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
+                36,
+                36,
+                "a GUID",
+                CUSTOM_ROLES,
+                None,
+            ),
+            Text("roleName", 512, CUSTOM_ROLES, required=True),
+            Text("description", 1024, CUSTOM_ROLES),
+            OneOf("roleType", ("CustomRole",), CUSTOM_ROLES),
+            Requires(
+                lambda r, _: (
+                    None
+                    if r.inputs.get("assignableScopes")
+                    and all(a.get("actions") for a in r.inputs.get("permissions") or [{}])
+                    else "a custom role names its assignable scopes and at least one action"
+                ),
+                CUSTOM_ROLES,
+            ),
+        ),
+        replaced_on=("scope", "roleDefinitionId"),
         source=REPLACEMENT,
     ),
     ResourceRules(

@@ -156,6 +156,9 @@ class CloudFacts:
     # Where the cloud keeps the stack's API key for its main nodes to read at boot; None: it
     # keeps none yet (the API is then reached through the tunnel and apiAllowedCidrs alone).
     api_key_store: str | None = None
+    # How a spend guard ends a node's compute charge (infra.boot.node.STOP_BY): a guest power-off
+    # where that stops the VM's billing, else the cloud's own deallocation.
+    stop_by: str = "poweroff"
     # Settings of OPTIONAL_SETTINGS this cloud cannot honour, each with what it does instead;
     # the config check refuses them rather than dropping them.
     refuses: Mapping[str, str] = field(default_factory=dict)

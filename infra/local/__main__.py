@@ -7,6 +7,7 @@ python -m infra.local top [--interval S] [--once]   (each node's CPU, memory, tr
 python -m infra.local exec NODE -- COMMAND...     (a shell on a node: the local SSM or IAP)
 python -m infra.local journal NODE [JOURNALCTL ARGS...]
 python -m infra.local reboot NODE
+python -m infra.local start                       (machines a spend guard powered off, again)
 python -m infra.local down
 python -m infra.local image | fetch-source        (install steps: the node image, the source)
 """
@@ -109,6 +110,8 @@ def _up(args: argparse.Namespace) -> int:
         deliveries=tuple(args.delivery),
         replicas=args.replicas,
         api_key=args.api_key,
+        stop_after_idle_minutes=args.stop_after_idle_minutes,
+        stop_after_hours=args.stop_after_hours,
     )
     contract = cluster.up(
         options,
@@ -176,6 +179,20 @@ def _reboot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(args: argparse.Namespace) -> int:
+    started, contract = cluster.start(
+        args.cache,
+        args.id,
+        timeout=args.timeout,
+        progress=None if args.json else lambda text: print(f"  {text}", file=sys.stderr),
+    )
+    if args.json:
+        print_json({"started": started, "outputs": contract})
+    else:
+        print(f"started: {', '.join(started) or 'none (every machine was running)'}; serving")
+    return 0
+
+
 def _balancer_checks(spec: ClusterSpec) -> dict[str, dict[str, Any]] | None:
     """Each group's state as the balancer's health checks see it (None: no balancer)."""
     if spec.balancer is None:
@@ -236,6 +253,8 @@ def _status(args: argparse.Namespace) -> int:
             status = statuses[node.name]
             phase = "machine stopped" if node.name in stopped else phase_text(status)
             line = f"{indent}{node.name:<6} {phase:<20}"
+            if node.name in stopped and status.get("phase") == "stopped":
+                line += f" by its spend guard ({status['last_stop_reason']}); `start` boots it"
             if status.get("last_error"):
                 line += f" last error: {status['last_error']}"
             print(line)
@@ -322,6 +341,22 @@ def _parser() -> argparse.ArgumentParser:
         help="generate an API key that every request but /health must carry (its file: "
         "`local status`)",
     )
+    start.add_argument(
+        "--stop-after-idle-minutes",
+        type=float,
+        default=0,
+        metavar="MINUTES",
+        help="machines: a node powers off after this long idle (a main node: no request; a "
+        "worker: no main node connected), as a stack's stopAfterIdleMinutes (default: never)",
+    )
+    start.add_argument(
+        "--stop-after-hours",
+        type=float,
+        default=0,
+        metavar="HOURS",
+        help="machines: every node powers off this long after each boot, as a stack's "
+        "stopAfterHours (default: never)",
+    )
     start.add_argument("--timeout", type=float, default=1800)
     start.add_argument("--loopback", action="store_true", help="no namespaces, even as root")
     start.add_argument(
@@ -361,6 +396,14 @@ def _parser() -> argparse.ArgumentParser:
         "reboot", parents=[common], help="stop a machine and start it again (same disk)"
     )
     restart.add_argument("node")
+    again = sub.add_parser(
+        "start",
+        parents=[common],
+        help="start the machines that powered off (a spend guard) on their disks, and wait "
+        "until every group serves",
+    )
+    again.add_argument("--timeout", type=float, default=1800)
+    add_json(again)
     sub.add_parser("down", parents=[common], help="stop every node and remove the namespaces")
     sub.add_parser(
         "image",
@@ -397,6 +440,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "exec": _run_on_node,
     "journal": _journal,
     "reboot": _reboot,
+    "start": _start,
     "down": _down,
     "image": _image,
     "fetch-source": _fetch_source,

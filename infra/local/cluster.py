@@ -147,6 +147,27 @@ def up(
     return spec.contract()
 
 
+def start(
+    cache: Path,
+    cluster_id: str,
+    *,
+    timeout: float = 1800,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[str], dict[str, Any]]:
+    """Start the cluster's stopped machines again (their disks as they were: a spend guard's
+    power-off, or a crash) and wait until every group serves; (the machines started, the output
+    contract)."""
+    state = state_dir(cache, cluster_id)
+    spec = ClusterSpec.load(cache, cluster_id)
+    if not spec.machines:
+        raise LocalClusterError("start is for machines (`up --machines`); run `up` again")
+    stopped = stopped_machines(spec)
+    for name in stopped:
+        spec.node(name).booted().start()
+    _wait_until_serving(state, spec, timeout, progress)
+    return stopped, spec.contract()
+
+
 def _find_haproxy() -> str:
     try:
         return find_haproxy()

@@ -5,6 +5,7 @@ itself, delivered and decoded as its cloud would)."""
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,8 @@ def node_boot(
         server_args=options.server_args if role == "main" else (),
         model_alias=model_id(part_paths(options.model)[0].name) if role == "main" else "",
         api_key_file=api_key_file if role == "main" else "",
+        stop_after_idle_seconds=math.ceil(options.stop_after_idle_minutes * 60),
+        stop_after_seconds=math.ceil(options.stop_after_hours * 3600),
     )
 
 

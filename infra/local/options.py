@@ -21,6 +21,7 @@ DEFAULT_CIDR = "10.213.77.0/24"
 
 
 LOOPBACK_CIDR = "127.0.0.0/24"
+MAX_GUARD_HOURS = 8760  # a year: past that, a deadline is a typo
 
 
 class LocalClusterError(RuntimeError):
@@ -59,6 +60,10 @@ class UpOptions:
     replicas: int = 1
     # A generated API key that every request but /health must carry (llama-server's own check).
     api_key: bool = False
+    # Spend guards, as a stack's (machines only: a node powers itself off): minutes idle, and
+    # hours from each boot; 0: off. Fractions are allowed here, for trying them out.
+    stop_after_idle_minutes: float = 0
+    stop_after_hours: float = 0
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -90,6 +95,16 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
     for part in part_paths(options.model):
         if not part.is_file():
             raise OptionError(f"--model: {part} does not exist")
+    guards = {"--stop-after-idle-minutes": options.stop_after_idle_minutes,
+              "--stop-after-hours": options.stop_after_hours}  # fmt: skip
+    for flag, value in guards.items():
+        if not 0 <= value <= MAX_GUARD_HOURS * 60:
+            raise OptionError(f"{flag} {value:g}: give a positive number (0: off)")
+        if value and not options.machines:
+            raise OptionError(
+                f"{flag}: a spend guard powers its node off, which only a machine has; add "
+                "--machines (root and the node image)"
+            )
     if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
         raise OptionError(
             f"--context {options.context_size} --slots {options.slots}: give a positive context "

@@ -171,7 +171,7 @@ class ChannelOptions:
     runner: Runner = run_cli
 
 
-def _named(stack_outputs: Mapping[str, Any], key: str, flag: str) -> str | None:
+def named_output(stack_outputs: Mapping[str, Any], key: str, flag: str) -> str | None:
     """An output the channel needs; a stack deployed before the output existed names it in its
     ``connectCommand`` (``--zone``, ``--resource-group``)."""
     value = stack_outputs.get(key)
@@ -196,7 +196,7 @@ def _aws_channels(
 def _gcp_channels(
     stack_outputs: Mapping[str, Any], mains: list[str], options: ChannelOptions
 ) -> list[Channel]:
-    zone = _named(stack_outputs, keys.ZONE, "--zone")
+    zone = named_output(stack_outputs, keys.ZONE, "--zone")
     if zone is None or not options.gcp_project:
         raise ChannelError(
             "a GCP stack's channel needs its zone (the stack's `zone` output) and project "
@@ -208,7 +208,7 @@ def _gcp_channels(
 def _azure_channels(
     stack_outputs: Mapping[str, Any], mains: list[str], options: ChannelOptions
 ) -> list[Channel]:
-    group = _named(stack_outputs, keys.RESOURCE_GROUP, "--resource-group")
+    group = named_output(stack_outputs, keys.RESOURCE_GROUP, "--resource-group")
     if group is None:
         raise ChannelError("the stack names no resource group (its `resourceGroup` output)")
     return [RunCommandChannel(main, group, options.runner) for main in mains]

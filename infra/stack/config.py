@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ from infra.stack.settings import BY_KEY, MODEL_KEYS, ConfigError, decode
 __all__ = ["PROJECT", "ClusterConfig", "ConfigError", "from_settings", "load"]
 
 REGION_KEYS = {name: facts.region_key for name, facts in FACTS.items()}
+# Azure: the Key Vault secret that keeps the stack's API key (the vault is the stack's own).
+AZURE_API_KEY_SECRET = "api-key"  # noqa: S105 (a secret's name, not a secret)
 # Bounds no real model comes near, so that a typo or NaN stops here and not on a node:
 # the largest public GGUFs are a few TB; the KV cache of a token a few MB; layers a few hundred.
 MAX_MODEL_GB = 100_000
@@ -59,6 +62,8 @@ BOOT_SETTING_KEYS = {
     "cluster_cidr": "vpcCidr",
     "model_alias": "modelAlias",
     "server_args": "serverArgs",
+    "stop_after_idle_seconds": "stopAfterIdleMinutes",
+    "stop_after_seconds": "stopAfterHours",
 }
 
 
@@ -110,6 +115,9 @@ class ClusterConfig:
     # The API key: "generated" (per stack, by the program), "given" (the apiKey setting, a Pulumi
     # secret the program reads itself), or "none". The key itself is never held here.
     api_key: str = "none"
+    # Spend guards: minutes idle, hours from each boot (0: off).
+    stop_after_idle_minutes: int = 0
+    stop_after_hours: int = 0
     stack: str = ""  # the Pulumi stack's name ("" when checked outside a deployment)
 
     @property
@@ -118,10 +126,20 @@ class ClusterConfig:
         return f"/{PROJECT}/{self.stack or 'stack'}/api-key"
 
     @property
+    def api_key_secret_id(self) -> str:
+        """GCP: the Secret Manager secret that keeps the stack's API key (its id: letters,
+        digits, - and _; a stack name's dots become -)."""
+        return f"{PROJECT}-{re.sub(r'[^A-Za-z0-9_-]', '-', self.stack or 'stack')}-api-key"
+
+    @property
     def api_key_source(self) -> str:
         """Where a main node reads the key at boot, with its own identity ("": no key)."""
         if self.api_key == "none":
             return ""
+        if self.cloud == "gcp":
+            return f"gcp-sm:{self.api_key_secret_id}"
+        if self.cloud == "azure":
+            return f"azure-kv:{AZURE_API_KEY_SECRET}"
         return f"aws-ssm:{self.region}:{self.api_key_parameter}"
 
     @property
@@ -178,6 +196,7 @@ class ClusterConfig:
         # without replicas, so that adding groups later leaves the first group's boot data (and its
         # nodes) as they are. The node's one interface is private; the cloud firewall decides.
         listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
+        idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
         workers = [
             NodeBoot(
                 role="worker",
@@ -187,6 +206,9 @@ class ClusterConfig:
                 rpc_allowed_sources=(f"{main_ip}/32",),
                 cluster_cidr=str(self.vpc_cidr),
                 platform_addresses=platform,
+                stop_after_idle_seconds=idle,
+                stop_after_seconds=deadline,
+                stop_by=facts.stop_by,
             )
             for ip in worker_ips
         ]
@@ -213,6 +235,9 @@ class ClusterConfig:
             api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
             api_key_source=self.api_key_source,
             server_listen=listen,
+            stop_after_idle_seconds=idle,
+            stop_after_seconds=deadline,
+            stop_by=facts.stop_by,
         )
         return [main, *workers]
 
@@ -719,6 +744,8 @@ def from_settings(
         model_alias=_model_alias(settings, model_setting.urls),
         server_args=_server_args(settings),
         api_key=_api_key(settings, facts),
+        stop_after_idle_minutes=BY_KEY["stopAfterIdleMinutes"].read(settings) or 0,
+        stop_after_hours=BY_KEY["stopAfterHours"].read(settings) or 0,
         stack=stack,
     )
     _spending(settings, config)

@@ -42,6 +42,8 @@ from infra.errors import SettingError
 # most slots, llama-server's --ctx-size (contextSize x slots, a 32-bit signed number) still fits.
 MAX_CONTEXT = 1 << 24
 DEFAULT_MAX_HOURLY_USD = 100
+MIN_IDLE_MINUTES, MAX_IDLE_MINUTES = 5, 7 * 24 * 60
+MAX_DEADLINE_HOURS = 30 * 24
 Kind = Literal["string", "integer", "boolean", "array", "object"]
 
 
@@ -284,6 +286,28 @@ SETTINGS: tuple[Setting, ...] = (
         default=[],
     ),
     Setting("tags", "object", "tags (labels on GCP) for every resource", default={}),
+    Setting(
+        "stopAfterIdleMinutes",
+        "integer",
+        "power the nodes off after this many minutes idle: a main node that processed no "
+        "request and had none in hand, then its workers once it is gone; disks stay, and "
+        "`lrc start` boots them again",
+        default_text="never",
+        low=MIN_IDLE_MINUTES,
+        high=MAX_IDLE_MINUTES,
+        range_reason="fewer minutes stop a cluster between one person's requests; past a week "
+        "it guards nothing",
+    ),
+    Setting(
+        "stopAfterHours",
+        "integer",
+        "power every node off this many hours after each boot, busy or not; `lrc start` boots "
+        "them again (with a new deadline)",
+        default_text="never",
+        low=1,
+        high=MAX_DEADLINE_HOURS,
+        range_reason="whole hours, up to 30 days",
+    ),
     Setting(
         "maxHourlyUsd",
         "integer",

@@ -152,7 +152,9 @@ def test_an_identity_without_the_grant_is_refused(store: Store, tmp_path: Path) 
     finally:
         _Imds.credentials = kept
     assert result.returncode != 0 and not key_file.exists()
-    assert "could not read /llama-rpc-cluster/t/api-key" in result.stderr
+    assert "could not read the key (aws-ssm:us-east-1:/llama-rpc-cluster/t/api-key)" in (
+        result.stderr
+    )
     assert "not authorized to perform: ssm:GetParameter" in result.stderr
 
 

@@ -44,10 +44,12 @@ from tests.conftest import (
 
 MAIN = boot.example("main")
 WORKER = boot.example("worker")
-# Every feature that brings scripts of its own: a key read from the cloud's store, a spend guard
-# that deallocates its group (Azure).
+# Every feature that brings scripts of its own: a staged model, a key read from the cloud's
+# store, a spend guard that deallocates its node (Azure).
 FULL_MAIN = dataclasses.replace(
     MAIN,
+    model_urls=("s3://models/llama/model-Q4_0.gguf",),
+    model_store_region="us-east-1",
     api_key_file=boot.VM_API_KEY_FILE,
     api_key_source="aws-ssm:us-east-1:/llama-rpc-cluster/dev/api-key",
     stop_after_idle_seconds=1800,
@@ -55,6 +57,13 @@ FULL_MAIN = dataclasses.replace(
     stop_by="azure-deallocate",
 )
 GUARDED_WORKER = dataclasses.replace(WORKER, stop_after_idle_seconds=1800)
+# The key read from the other clouds' stores.
+GCP_KEYED_MAIN = dataclasses.replace(
+    MAIN, api_key_file=boot.VM_API_KEY_FILE, api_key_source="gcp-sm:llama-rpc-cluster-dev-api-key"
+)
+AZURE_KEYED_MAIN = dataclasses.replace(
+    MAIN, api_key_file=boot.VM_API_KEY_FILE, api_key_source="azure-kv:api-key"
+)
 
 
 def files_of(node: NodeBoot) -> dict[str, dict[str, str]]:
@@ -99,7 +108,7 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
     """Scripts call each other through the bin directory, and units name them: every name a
     role's scripts and units refer to is installed on that role's nodes."""
     used = set()
-    for node in (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER):
+    for node in (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, GCP_KEYED_MAIN, AZURE_KEYED_MAIN):
         files = files_of(node)
         installed = {
             path.rsplit("/", 1)[1]: entry["content"]
@@ -119,6 +128,8 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"fetch-model.sh", "llama-rpc-secret"}
         if not node.api_key_source:  # node-boot.sh runs it only with a key source
             called -= {"llama-rpc-secret"}
+        if not node.staged:  # fetch-model.sh sources it only for a staged model
+            called -= {"fetch-staged.sh"}
         if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
             called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"
@@ -550,12 +561,17 @@ def _bash_reads(text: str) -> str:
 def test_a_node_gets_each_script_as_it_is_parsed_without_its_comments(path: Path) -> None:
     """Bash (or Python) reads the installed script exactly as it reads the repository's."""
     source, installed = path.read_text(), installed_text(path)
-    assert installed.splitlines()[0] == source.splitlines()[0]  # the shebang
+    module = path.suffix == ".py"  # imported by a script: no shebang, no --help
+    if not module:
+        assert installed.splitlines()[0] == source.splitlines()[0]  # the shebang
     assert len(installed) < len(source)
-    if "python" in source.splitlines()[0]:
+    if module or "python" in source.splitlines()[0]:
         tree = ast.parse(source)
         docstring = ast.get_docstring(tree, clean=False)
-        if docstring:  # the module docstring keeps its summary line, what --help prints
+        if docstring and module:  # a module's goes
+            tree.body = tree.body[1:]
+            assert ast.get_docstring(ast.parse(installed)) is None
+        elif docstring:  # the module docstring keeps its summary line, what --help prints
             summary = docstring.strip().splitlines()[0]
             tree.body[0] = ast.Expr(ast.Constant(summary))
             assert ast.get_docstring(ast.parse(installed)) == summary

@@ -54,7 +54,7 @@ def test_an_unknown_command_is_a_usage_error_naming_the_commands(
 ) -> None:
     assert cli.main(["deploy"]) == 2
     assert (
-        "unknown command 'deploy'; the commands: plan, check, wait, status, top, exec"
+        "unknown command 'deploy'; the commands: plan, check, wait, status, start, top, exec"
         in capsys.readouterr().err
     )
 
@@ -87,9 +87,10 @@ def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) ->
 # Where each command prints JSON: the command itself, or those of its subcommands that report.
 JSON_COMMANDS = {
     "plan": [["plan"]], "check": [["check"]], "wait": [["wait"]], "status": [["status"]],
-    "top": [["top"]], "exec": [["exec"]], "stage": [["stage"]], "boot": [["boot"]],
+    "start": [["start"]], "top": [["top"]], "exec": [["exec"]], "stage": [["stage"]],
+    "boot": [["boot"]],
     "costrun": [["costrun", "status"]],
-    "local": [["local", "up"], ["local", "status"], ["local", "top"]],
+    "local": [["local", "up"], ["local", "status"], ["local", "top"], ["local", "start"]],
     "catalog": [["catalog", "show"]],
 }  # fmt: skip
 

@@ -27,6 +27,10 @@ def model(tmp_path: Path) -> Path:
         (["--workers", "16"], "--workers 16: give 0 to 15 workers"),
         # 1.9 GiB of 2 usable is gone to the OS: nothing holds the model.
         (["--node-memory-gib", "2"], "raise --node-memory-gib, or lower --context or --slots"),
+        # A spend guard powers its node off, which only a machine has (not this host).
+        (["--stop-after-idle-minutes", "1"], "--stop-after-idle-minutes: a spend guard powers"),
+        (["--stop-after-hours", "0.5"], "add --machines"),
+        (["--stop-after-hours", "-1"], "--stop-after-hours -1: give a positive number"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_starts(
@@ -37,6 +41,11 @@ def test_bad_settings_are_refused_before_anything_starts(
                  "--loopback", "--id", "cli", *args])  # fmt: skip
     assert code == 2 and message in capsys.readouterr().err
     assert not state_dir(cache, "cli").exists()
+
+
+def test_start_without_a_cluster_says_none_is_up(capsys, tmp_path: Path) -> None:
+    assert main(["start", "--cache", str(tmp_path), "--id", "none"]) == 1
+    assert "no local cluster 'none' is up" in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_a_model_is_named(capsys, tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ VARIANTS: dict[str, Callable[[str], dict[str, Any] | None]] = {
         "gcp": {f"{P}zone": "us-central1-c"},
         "azure": {f"{P}networkWatcher": "ops-rg/nw-eastus"},
     }[cloud_of(stack)],
+    "spend guards": lambda stack: {f"{P}stopAfterIdleMinutes": 30, f"{P}stopAfterHours": 12},
     "SSE-KMS staged model": lambda stack: (
         {**staged(stack), f"{P}modelStoreKmsKey": KMS_KEY} if cloud_of(stack) == "aws" else None
     ),

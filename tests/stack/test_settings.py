@@ -291,6 +291,11 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
         "more than maxHourlyUsd ($100/h)",
     ),
     ("aws", "maxHourlyUsd", {f"{P}maxHourlyUsd": 0}, "0 is outside at least 1"),
+    # Spend guards: a few minutes would stop a cluster between one person's requests.
+    ("aws", "stopAfterIdleMinutes", {f"{P}stopAfterIdleMinutes": 4}, "4 is outside 5-10080"),
+    ("gcp", "stopAfterIdleMinutes", {f"{P}stopAfterIdleMinutes": "soon"}, "a whole number"),
+    ("azure", "stopAfterHours", {f"{P}stopAfterHours": 0}, "0 is outside 1-720"),
+    ("aws", "stopAfterHours", {f"{P}stopAfterHours": 1.5}, "a whole number"),
     ("aws", "workerDiskGb", {f"{P}workerDiskGb": 12}, "cannot hold the OS, the build tools"),
     # Ports that collide with the node metrics'.
     ("aws", "rpcPort", {f"{P}rpcPort": 9100}, "9100 is the node metrics' port"),
@@ -540,6 +545,7 @@ GOOD: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("aws", {f"{P}rpcPort": 1024, f"{P}serverPort": 65535}),
+    ("aws", {f"{P}stopAfterIdleMinutes": 5, f"{P}stopAfterHours": 720}),
     ("azure", {f"{P}tags": {"cost-center": "42", "Owner": "ml team"}}),
     ("aws", {f"{P}tags": {"cost-center": "42", "owner": "ml team@corp"}}),
     ("azure", {f"{P}vpcCidr": "172.16.0.0/12"}),

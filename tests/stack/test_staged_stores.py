@@ -20,7 +20,6 @@ from infra.stack.providers.azure import BLOB_DATA_READER
 from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
 from tests.pulumi_mocks import (
-    PRINCIPAL,
     SUBSCRIPTION,
     RecordingMocks,
     custom_data_text,
@@ -28,6 +27,7 @@ from tests.pulumi_mocks import (
     deployed,
     env_of,
     parsed_config,
+    principal_of,
     refused,
     stack_config,
 )
@@ -263,7 +263,7 @@ def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_
         )
         # Storage Blob Data Reader's id, the same in every subscription.
         assert BLOB_DATA_READER == "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
-        assert assignment.inputs["principalId"] == PRINCIPAL
+        assert assignment.inputs["principalId"] == principal_of("llama-rpc-cluster-main")
         assert assignment.inputs["principalType"] == "ServicePrincipal"
     env = env_of(custom_data_text(main["osProfile"]["customData"]))
     assert env["MODEL_URLS"] == " ".join(urls)
@@ -317,11 +317,11 @@ def test_an_https_model_gets_none_of_it(
 
 
 def store_remote(url: str, **env: str) -> tuple[int, str, dict[str, str]]:
-    """Runs fetch-model.sh's store_remote in a clean bash: its status, store_path and the
-    RCLONE_CONFIG_STORE_* variables it exported."""
-    text = (SCRIPTS / "fetch-model.sh").read_text()
+    """Runs store_remote (fetch-staged.sh, which fetch-model.sh sources) in a clean bash: its
+    status, store_path and the RCLONE_CONFIG_STORE_* variables it exported."""
+    text = (SCRIPTS / "fetch-staged.sh").read_text()
     match = re.search(r"^store_remote\(\) \{\n.*?^\}\n", text, re.DOTALL | re.MULTILINE)
-    assert match, "fetch-model.sh defines store_remote"
+    assert match, "fetch-staged.sh defines store_remote"
     script = (
         match.group(0)
         + 'store_remote "$1"; code=$?; printf "%s\\n" "$code" "${store_path:-}"; '
@@ -376,13 +376,18 @@ def test_fetch_model_has_no_remote_for_other_urls() -> None:
 
 
 def test_the_staged_download_is_the_boots_for_every_store_scheme() -> None:
-    """fetch-model.sh hands every scheme the node calls staged to rclone."""
+    """fetch-model.sh sources the staged download for every scheme the node calls staged, and
+    hands each such part to rclone."""
     from infra.boot.node import STAGED_SCHEMES
 
     text = (SCRIPTS / "fetch-model.sh").read_text()
+    staged = (SCRIPTS / "fetch-staged.sh").read_text()
+    sourced = re.search(r"\(([a-z0-9|]+)\):// \]\]; then\n\s*source [^\n]*fetch-staged\.sh", text)
+    assert sourced, "fetch-model.sh sources fetch-staged.sh for staged URLs"
+    assert {f"{s}://" for s in sourced.group(1).split("|")} == set(STAGED_SCHEMES)
     for scheme in STAGED_SCHEMES:
         assert f'"$url" == {scheme}*' in text, scheme
-        assert f"  {scheme}*)" in text, scheme
+        assert f"  {scheme}*)" in staged, scheme
     assert set(STAGED_SCHEMES) == set(stores.STORE_SCHEMES)
     assert json.dumps(sorted(STAGED_SCHEMES)) == '["az://", "gs://", "s3://"]'
 

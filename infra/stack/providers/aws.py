@@ -724,6 +724,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 "tags": {**tags, "Name": spec.name},
             },
             ebs_optimized=True,
+            # A power-off from inside (a spend guard's) stops the instance: its compute charge
+            # ends, its disk stays. "terminate" would delete the node and its model.
+            instance_initiated_shutdown_behavior="stop",
             user_data=None if user_data.gzipped else user_data.value,
             user_data_base64=user_data.value if user_data.gzipped else None,
             # New boot data means a new node: cloud-init reads user data on first boot only.

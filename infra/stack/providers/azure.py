@@ -5,8 +5,9 @@ group per serving group, and an internal Standard Load Balancer in front of the 
 there are several.
 
 Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
-any node (but the main node's, with read access to a staged model's containers, when it has
-one), VNet flow logs to a storage account of the stack, tags on every resource including the OS
+any node but where a feature needs one (the main node's, with read access to a staged model's
+containers; with a spend guard, each node's, which may deallocate that node and nothing else),
+VNet flow logs to a storage account of the stack, tags on every resource including the OS
 disks, and optionally encryption at host and a Bastion host for the tunnel.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -85,6 +87,10 @@ BALANCER_RULE = "api"
 # every subscription):
 # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/storage#storage-blob-data-reader
 BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+# A spend guard's one permission: deallocate (stop the compute charge of) a VM, given to each
+# node's identity on that node alone, through a custom role of the stack's resource group.
+# https://learn.microsoft.com/azure/role-based-access-control/permissions/compute
+DEALLOCATE_ACTION = "Microsoft.Compute/virtualMachines/deallocate/action"
 # The service endpoint that routes the subnet's traffic to Azure Storage over Azure's backbone.
 STORAGE_SERVICE = "Microsoft.Storage"
 
@@ -144,6 +150,16 @@ def container_scope(subscription: str, group: str, account: str, container: str)
     )
 
 
+def deallocate_role_id(resource_group_id: str) -> str:
+    """The deallocate role's GUID, the same on every update of the stack."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{resource_group_id}/llama-rpc-deallocate"))
+
+
+def guarded(config: ClusterConfig) -> bool:
+    """The stack sets a spend guard: each node stops itself."""
+    return bool(config.stop_after_idle_minutes or config.stop_after_hours)
+
+
 def role_definition(subscription: str, role: str) -> str:
     return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role}"
 
@@ -168,6 +184,8 @@ class AzureNetwork:
     # configuration, so the pool must exist before the main nodes' NICs: the balancer is made
     # with the network.
     balancer_pool_id: pulumi.Output[str] | None = None
+    # With a spend guard: the custom role that lets a node deallocate itself.
+    deallocate_role: azure.authorization.RoleDefinition | None = None
 
 
 @dataclass(frozen=True)
@@ -391,7 +409,25 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             if config.replicas > 1
             else None
         )
-        return AzureNetwork(group, subnet, nsg, bastion, security, pool)
+        role = self._deallocate_role(name, group, opts) if guarded(config) else None
+        return AzureNetwork(group, subnet, nsg, bastion, security, pool, role)
+
+    def _deallocate_role(
+        self, name: str, group: azure.resources.ResourceGroup, opts: pulumi.ResourceOptions
+    ) -> azure.authorization.RoleDefinition:
+        """The stack's custom role of one action, assignable in its resource group only. Its id
+        (a GUID) and name are unique in the tenant: both come from the resource group's id."""
+        return azure.authorization.RoleDefinition(
+            f"{name}-deallocate-role",
+            role_definition_id=group.id.apply(deallocate_role_id),
+            scope=group.id,
+            role_name=pulumi.Output.concat("llama-rpc-cluster VM deallocate (", group.name, ")"),
+            description="llama-rpc-cluster: a node's spend guard deallocates its own VM",
+            role_type="CustomRole",
+            permissions=[{"actions": [DEALLOCATE_ACTION]}],
+            assignable_scopes=[group.id],
+            opts=opts,
+        )
 
     def _load_balancer(
         self,
@@ -661,9 +697,12 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                     }
                 ]
             },
-            # No managed identity but the main node's with a staged model, which reads it.
+            # A managed identity only where a feature needs one: a staged model's reader, and
+            # each node's spend guard.
             identity=(
-                {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED} if containers else None
+                {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED}
+                if containers or network.deallocate_role is not None
+                else None
             ),
             security_profile={
                 "security_type": SECURITY_TYPE,
@@ -687,6 +726,18 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         )
         if containers:
             self._model_readers(spec.name, config, vm, containers, parent)
+        if network.deallocate_role is not None:
+            azure.authorization.RoleAssignment(
+                f"{spec.name}-deallocate",
+                principal_id=vm.identity.apply(
+                    lambda identity: identity.principal_id if identity else ""
+                ),
+                principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
+                role_definition_id=network.deallocate_role.id,
+                scope=vm.id,  # this VM alone
+                description="llama-rpc-cluster: the node's spend guard deallocates it",
+                opts=opts,
+            )
         return Node(
             instance_id=vm.name,
             private_ip=pulumi.Output.from_input(spec.private_ip),
