@@ -141,6 +141,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.typ == "random:index/randomPassword:RandomPassword":
             # The provider's own result: `length` letters and digits.
             state["result"] = (GENERATED_KEY * 10)[: int(args.inputs["length"])]
+        if args.typ == "azure-native:keyvault:Vault":
+            state["name"] = args.inputs["vaultName"]  # a given name is the resource's name
+        if args.typ == "random:index/randomString:RandomString":
+            # `length` characters of the classes asked for (here: lowercase letters, digits).
+            state["result"] = ("0123456789abcdefghijklmnopqrstuvwxyz" * 8)[
+                : int(args.inputs["length"])
+            ]
         if args.typ == "aws:ssm/parameter:Parameter":
             state["arn"] = f"arn:aws:ssm:us-east-1:123456789012:parameter{args.inputs['name']}"
         if args.typ == "gcp:serviceaccount/account:Account":

@@ -153,14 +153,15 @@ def tag_problem(tags: Mapping[str, str]) -> str | None:
     reserved = reserved_tag_problem(tags, (DISK_VM_TAG,))
     if reserved:
         return reserved
-    lowered = {key.lower() for key in (*PROGRAM_TAGS, DISK_VM_TAG)}
+    lowered = {key.lower() for key in (*PROGRAM_TAGS, DISK_VM_TAG, KEY_VAULT_TAG)}
     for key in tags:
         if key.lower() in lowered:
             return f"tag {key!r} collides with the program's {key.lower()!r} (Azure ignores case)"
     if len(tags) > MAX_TAGS - 4:
         return (
             f"{len(tags)} tags; Azure allows {MAX_TAGS} per resource and the program sets 3 "
-            f"(4 on OS disks, which also carry {DISK_VM_TAG!r})"
+            f"(4 on OS disks, which also carry {DISK_VM_TAG!r}, and on a keyed main node, "
+            f"{KEY_VAULT_TAG!r})"
         )
     return tag_set_problem(tags)
 
@@ -224,9 +225,8 @@ FACTS = CloudFacts(
         "modelStoreKmsKey": "Blob Storage decrypts a blob under a customer-managed key for any "
         "reader it admits",
     },
+    api_key_store="Key Vault",
     limitations={
-        "apiKey": "no API key yet (its secret store is to come): the API is reached through the "
-        "tunnel and apiAllowedCidrs alone",
         "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
         "null until the catalog has one",
         "encryption at host": "off unless encryptionAtHost is set: Microsoft does not list it "

@@ -40,6 +40,12 @@ NETWORK_NAME = re.compile(r"[A-Za-z0-9](?:[\w.-]*\w)?")
 NETWORK_MEANING = "1-80 letters, digits, '_', '.', '-', starting alnum and ending alnum or '_'"
 # Role assignment conditions (ABAC): "Currently the only accepted value is '2.0'".
 CONDITIONS = "https://learn.microsoft.com/rest/api/authorization/role-assignments/create"
+# Key Vault: names of 3-24 characters, global (the vault's DNS name); objects' names of
+# letters, digits and '-' up to 127; a secret's value at most 25 KB; soft delete kept 7-90 days.
+KEY_VAULT_NAMES = "https://learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules#microsoftkeyvault"
+KEY_VAULT_OBJECTS = "https://learn.microsoft.com/azure/key-vault/general/about-keys-secrets-certificates#object-identifiers"
+KEY_VAULT_SOFT_DELETE = "https://learn.microsoft.com/azure/key-vault/general/soft-delete-overview"
+KEY_VAULT_REST = "https://learn.microsoft.com/rest/api/keyvault/keyvault/vaults/create-or-update"
 # Custom role properties: Name (roleName) unique in the tenant, at most 512 characters;
 # Description at most 1024; Id a GUID; AssignableScopes and Actions required.
 CUSTOM_ROLES = "https://learn.microsoft.com/azure/role-based-access-control/custom-roles#custom-role-properties"
@@ -340,6 +346,53 @@ RULES = by_type(
         "azure-native:resources:TagAtScope",
         (tags("properties.tags"),),
         replaced_on=("scope",),
+        source=REPLACEMENT,
+    ),
+    ResourceRules(
+        "azure-native:keyvault:Vault",
+        (
+            tags(),
+            Name(
+                "vaultName",
+                re.compile(r"[A-Za-z](?:-?[A-Za-z0-9])*"),
+                3,
+                24,
+                "a vault name: a letter first, then letters, digits and single hyphens, ending in "
+                "a letter or digit (global: it is the vault's DNS name)",
+                KEY_VAULT_NAMES,
+                None,
+            ),
+            Between("properties.softDeleteRetentionInDays", 7, 90, KEY_VAULT_SOFT_DELETE),
+            OneOf("properties.sku.name", ("standard", "premium"), KEY_VAULT_REST),
+            OneOf("properties.sku.family", ("A",), KEY_VAULT_REST),
+            Requires(
+                lambda r, _: (
+                    None
+                    if (r.inputs.get("properties") or {}).get("tenantId")
+                    else "properties.tenantId is required"
+                ),
+                KEY_VAULT_REST,
+            ),
+        ),
+        replaced_on=(*PARENT, "vaultName"),
+        source=REPLACEMENT,
+    ),
+    ResourceRules(
+        "azure-native:keyvault:Secret",
+        (
+            tags(),
+            Name(
+                "secretName",
+                re.compile(r"[0-9A-Za-z-]+"),
+                1,
+                127,
+                "a secret name: letters, digits and '-'",
+                KEY_VAULT_OBJECTS,
+                None,
+            ),
+            Text("properties.value", 25_600, KEY_VAULT_OBJECTS, required=True),
+        ),
+        replaced_on=("resourceGroupName", "vaultName", "secretName"),
         source=REPLACEMENT,
     ),
     ResourceRules(

@@ -148,9 +148,8 @@ FACTS = CloudFacts(
         "modelStoreKmsKey": "Cloud Storage decrypts an object under a customer-managed key for "
         "any reader it admits",
     },
+    api_key_store="Secret Manager",
     limitations={
-        "apiKey": "no API key yet (its secret store is to come): the API is reached through the "
-        "tunnel and apiAllowedCidrs alone",
         "placement": "C4A has no compact placement policy; all nodes share one zone instead",
         "labels": "networks, subnets, routers, NAT, firewall rules, and the balancer's "
         "instance group, health check and backend service take no labels; their names carry "

@@ -31,6 +31,11 @@ GCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 GCE_NAME_MEANING = "a Compute Engine name: a lowercase letter, then lowercase letters, digits, '-'"
 NAMING = "https://cloud.google.com/compute/docs/naming-resources"
 LABELS = "https://cloud.google.com/compute/docs/labeling-resources#requirements"
+SM_CREATE = "https://cloud.google.com/secret-manager/docs/reference/rest/v1/projects.secrets/create"
+SM_LIMITS = "https://cloud.google.com/secret-manager/quotas#content_limits"
+# The program grants one role on a secret, the narrowest that reads it.
+SM_ENABLE = "https://cloud.google.com/secret-manager/docs/configuring-secret-manager#enable_api"
+SM_ROLES = "https://cloud.google.com/secret-manager/docs/access-control"
 HYPERDISK = "https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced"
 # Hyperdisk Balanced provisions at most 500 IOPS per GiB, and at most a quarter of its IOPS in
 # MiB/s of throughput (the "Size and performance limits" of Hyperdisk Balanced).
@@ -160,6 +165,50 @@ RULES = by_type(
         ),
         replaced_on=("accountId", "project"),
         source="GoogleCloudPlatform/magic-modules resource_google_service_account.go",
+    ),
+    ResourceRules(
+        "gcp:projects/service:Service",
+        (
+            OneOf("service", ("secretmanager.googleapis.com",), SM_ENABLE),
+            # Destroying one stack must not turn the API off under another.
+            OneOf("disableOnDestroy", (False,), SM_ENABLE),
+        ),
+        replaced_on=("service", "project"),
+        source="GoogleCloudPlatform/magic-modules resource_google_project_service.go",
+    ),
+    ResourceRules(
+        "gcp:secretmanager/secret:Secret",
+        (
+            labels(),
+            Name(
+                "secretId",
+                re.compile(r"[A-Za-z0-9_-]+"),
+                1,
+                255,
+                "a secret id: letters, digits, '-' and '_'",
+                SM_CREATE,
+                None,
+            ),
+            Requires(
+                lambda r, _: None if r.inputs.get("replication") else "replication is required",
+                SM_CREATE,
+            ),
+        ),
+        replaced_on=("secretId", "project", "replication"),
+        source="GoogleCloudPlatform/magic-modules mmv1/products/secretmanager/Secret.yaml",
+    ),
+    ResourceRules(
+        "gcp:secretmanager/secretVersion:SecretVersion",
+        # The payload: at most 64 KiB.
+        (Text("secretData", 65_536, SM_LIMITS, required=True),),
+        replaced_on=("secret", "secretData"),
+        source="GoogleCloudPlatform/magic-modules mmv1/products/secretmanager/SecretVersion.yaml",
+    ),
+    ResourceRules(
+        "gcp:secretmanager/secretIamMember:SecretIamMember",
+        (OneOf("role", ("roles/secretmanager.secretAccessor",), SM_ROLES),),
+        replaced_on=("secretId", "role", "member", "condition"),
+        source="GoogleCloudPlatform/magic-modules tpgiamresource/resource_iam_member.go",
     ),
     ResourceRules(
         "gcp:storage/bucketIAMMember:BucketIAMMember",

@@ -1,5 +1,6 @@
-"""The input rules of the one resource the program creates outside a cloud: the random
-provider's password, which generates a stack's API key (and keeps it in the state)."""
+"""The input rules of the resources the program creates outside a cloud: the random provider's
+password, which generates a stack's API key, and its string, which makes an Azure Key Vault's
+globally unique name (both kept in the state)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ from infra.clouds.rules import Requires, ResourceRules
 
 RANDOM_DOCS = "https://registry.terraform.io/providers/hashicorp/random/latest/docs/resources/"
 PASSWORD_DOCS = RANDOM_DOCS + "password"
+STRING_DOCS = RANDOM_DOCS + "string"
+# Every input of a random resource makes a new value.
+REPLACED_ON = (
+    "length", "special", "upper", "lower", "numeric", "minUpper", "minLower", "minNumeric",
+    "minSpecial", "overrideSpecial", "keepers",
+)  # fmt: skip
 
 
 def _length_problem(inputs: dict[str, object]) -> str | None:
@@ -24,21 +31,14 @@ RULES = {
         ResourceRules(
             "random:index/randomPassword:RandomPassword",
             (Requires(lambda r, _: _length_problem(dict(r.inputs)), PASSWORD_DOCS),),
-            # Every input of a random resource makes a new value: a new key.
-            replaced_on=(
-                "length",
-                "special",
-                "upper",
-                "lower",
-                "numeric",
-                "minUpper",
-                "minLower",
-                "minNumeric",
-                "minSpecial",
-                "overrideSpecial",
-                "keepers",
-            ),
+            replaced_on=REPLACED_ON,
             source=PASSWORD_DOCS,
+        ),
+        ResourceRules(
+            "random:index/randomString:RandomString",
+            (Requires(lambda r, _: _length_problem(dict(r.inputs)), STRING_DOCS),),
+            replaced_on=REPLACED_ON,
+            source=STRING_DOCS,
         ),
     )
 }

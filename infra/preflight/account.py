@@ -44,6 +44,7 @@ class Account:
     # Azure: the region's Network Watcher, if it has one; Microsoft.Insights registered.
     network_watcher: NetworkWatcher | None = None
     insights_registered: bool | None = None
+    key_vault_registered: bool | None = None  # Microsoft.KeyVault, with an API key
     unread: tuple[Unread, ...] = ()
 
     def zones_offering(self, types: tuple[str, ...]) -> list[str]:

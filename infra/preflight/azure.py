@@ -100,6 +100,20 @@ def _watcher(api: JsonApi, subscription: str, region: str) -> azure_facts.Networ
     return None
 
 
+def _registered(
+    api: JsonApi, subscription: str, namespace: str, unread: list[Unread]
+) -> bool | None:
+    """Whether the subscription registered a resource provider (None: not read, and why)."""
+    try:
+        provider = api.get(
+            f"subscriptions/{subscription}/providers/{namespace}", {"api-version": RESOURCES_API}
+        )
+    except ApiError as error:
+        unread.append(Unread(f"{namespace}'s registration", str(error)))
+        return None
+    return bool(provider.get("registrationState") == "Registered")
+
+
 def read(needs: Needs, api: JsonApi, subscription: str) -> Account:
     unread: list[Unread] = []
     unavailable: dict[str, str] = {}
@@ -124,20 +138,15 @@ def read(needs: Needs, api: JsonApi, subscription: str) -> Account:
             unread.append(Unread(f"the quota {quota.name}", f"{needs.region} reports none"))
         increase = INCREASE.format(name=quota.name, region=needs.region)
         readings.append(QuotaReading(quota, limit, used, own.get(quota, 0.0), increase))
-    watcher, registered = None, None
+    watcher, registered, vaults = None, None, None
     if needs.network_watcher is not None:
         try:
             watcher = _watcher(api, subscription, needs.region)
         except ApiError as error:
             unread.append(Unread("network watcher", str(error)))
-        try:
-            provider = api.get(
-                f"subscriptions/{subscription}/providers/Microsoft.Insights",
-                {"api-version": RESOURCES_API},
-            )
-            registered = provider.get("registrationState") == "Registered"
-        except ApiError as error:
-            unread.append(Unread("Microsoft.Insights' registration", str(error)))
+        registered = _registered(api, subscription, "Microsoft.Insights", unread)
+    if needs.key_vault:
+        vaults = _registered(api, subscription, "Microsoft.KeyVault", unread)
     return Account(
         "azure",
         needs.region,
@@ -145,5 +154,6 @@ def read(needs: Needs, api: JsonApi, subscription: str) -> Account:
         quotas=tuple(readings),
         network_watcher=watcher,
         insights_registered=registered,
+        key_vault_registered=vaults,
         unread=tuple(unread),
     )

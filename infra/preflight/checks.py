@@ -153,6 +153,15 @@ def _azure(needs: Needs, account: Account) -> list[Problem]:
                 "minutes), or set flowLogs to false",
             )
         )
+    if account.key_vault_registered is False:
+        found.append(
+            Problem(
+                "apiKey",
+                "the subscription has not registered Microsoft.KeyVault, whose vault keeps the "
+                "stack's API key: `az provider register --namespace Microsoft.KeyVault` (it "
+                "takes a few minutes), or set apiKey to none",
+            )
+        )
     return found
 
 

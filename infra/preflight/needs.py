@@ -22,6 +22,7 @@ class Needs:
     vcpus: Mapping[str, int]  # instance type -> vCPUs of one
     zone: str | None = None  # the ``zone`` setting
     network_watcher: NetworkWatcher | None = None  # Azure, with flow logs on
+    key_vault: bool = False  # Azure, with an API key: the stack makes a Key Vault
     project: str = PROJECT
     # The tags (labels) every node of the stack carries, to tell its own nodes from others.
     tags: Mapping[str, str] = field(default_factory=dict)

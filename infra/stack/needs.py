@@ -26,5 +26,6 @@ def needs_of(config: ClusterConfig, stack: str) -> Needs:
         vcpus=vcpus,
         zone=config.zone,
         network_watcher=config.network_watcher if config.flow_logs else None,
+        key_vault=config.cloud == "azure" and config.api_key != "none",
         tags={"project": PROJECT, "stack": facts.tag_value(stack)},
     )

@@ -238,8 +238,8 @@ SETTINGS: tuple[Setting, ...] = (
         "string",
         "the key every API request but /health must carry (`Authorization: Bearer KEY`); set "
         "it with `pulumi config set --secret apiKey KEY`, or `none` for no key",
-        default_text="generated per stack where the cloud keeps it (AWS: SSM Parameter Store); "
-        "none on GCP and Azure, which keep no key yet",
+        default_text="generated per stack, kept in the cloud's secret store (SSM Parameter "
+        "Store, Secret Manager, Key Vault)",
         valid=lambda text: API_KEY.fullmatch(text) is not None,
         meaning="`none`, or 16-256 letters, digits and . _ ~ + / = -",
         secret=True,

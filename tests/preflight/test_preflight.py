@@ -363,6 +363,7 @@ AZURE_PATHS = {
     "vms": f"{AZURE}/Microsoft.Compute/virtualMachines?api-version=2024-11-01",
     "watchers": f"{AZURE}/Microsoft.Network/networkWatchers?api-version=2024-05-01",
     "insights": f"{AZURE}/Microsoft.Insights?api-version=2021-04-01",
+    "keyvault": f"{AZURE}/Microsoft.KeyVault?api-version=2021-04-01",
 }
 
 
@@ -450,6 +451,23 @@ def test_azure_a_watcher_elsewhere_and_an_unregistered_insights_are_named() -> N
     ]
     named = needs("azure-cobalt", {f"{P}networkWatcher": "ops-rg/nw-east"})
     assert len(preflight.problems(named, azure_read(named, answers))) == 1
+
+
+def test_azure_an_unregistered_key_vault_provider_is_named_unless_the_stack_has_no_key() -> None:
+    wanted = needs("azure-cobalt")
+    assert wanted.key_vault  # a key by default, in the stack's own vault
+    answers = azure_answers()
+    answers[AZURE_PATHS["keyvault"]]["registrationState"] = "NotRegistered"
+    found = [str(p) for p in preflight.problems(wanted, azure_read(wanted, answers))]
+    assert found == [
+        "apiKey: the subscription has not registered Microsoft.KeyVault, whose vault keeps the "
+        "stack's API key: `az provider register --namespace Microsoft.KeyVault` (it takes a few "
+        "minutes), or set apiKey to none"
+    ]
+    keyless = needs("azure-cobalt", {f"{P}apiKey": "none"})
+    assert not keyless.key_vault
+    answers.pop(AZURE_PATHS["keyvault"])  # not even asked
+    assert preflight.problems(keyless, azure_read(keyless, answers)) == []
 
 
 def test_azure_the_stacks_own_vms_are_told_apart_by_their_tags() -> None:

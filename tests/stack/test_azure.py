@@ -112,7 +112,10 @@ def test_vms_cobalt_gen2_image_placement_identity_no_password(stack: str, tmp_pa
         assert (image["sku"], image["version"]) == ("server-arm64", "latest")
         assert inputs["hardwareProfile"]["vmSize"].endswith("ps_v6")
         assert inputs["proximityPlacementGroup"] == {"id": "llama-rpc-cluster-ppg-id"}
-        assert "identity" not in inputs, "no managed identity: nothing on a node calls Azure"
+        if vm.name == "llama-rpc-cluster-main":  # the API key's reader, as shipped
+            assert inputs["identity"] == {"type": "SystemAssigned"}
+        else:
+            assert "identity" not in inputs, "no managed identity on a worker"
         security = inputs["securityProfile"]
         assert security["securityType"] == "TrustedLaunch"
         assert security["uefiSettings"] == {"secureBootEnabled": True, "vTpmEnabled": True}

@@ -124,6 +124,7 @@ def test_the_zone_setting_moves_the_cluster_on_purpose(stack: str, cloud: str) -
             {
                 "azure-native:resources:TagAtScope::llama-rpc-cluster-main-os-disk-tags",
                 "azure-native:authorization:RoleAssignment::llama-rpc-cluster-main-model-read-0",
+                "azure-native:authorization:RoleAssignment::llama-rpc-cluster-main-api-key-read",
             },
         ),
     ],

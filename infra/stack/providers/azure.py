@@ -22,13 +22,14 @@ from typing import Any, cast
 
 import pulumi
 import pulumi_azure_native as azure
+import pulumi_random as random
 
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.clouds.stores import blob_object, listed_prefixes
 from infra.core import layout, outputs
 from infra.core.limits import METRICS_PORT
-from infra.stack.config import ClusterConfig
+from infra.stack.config import AZURE_API_KEY_SECRET, ClusterConfig
 from infra.stack.providers.base import (
     BALANCER_IDLE_TIMEOUT_SECONDS,
     HEALTH_INTERVAL_SECONDS,
@@ -87,6 +88,14 @@ BALANCER_RULE = "api"
 # every subscription):
 # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/storage#storage-blob-data-reader
 BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+# Key Vault Secrets User: read a secret's value, nothing else (a built-in role, the same id in
+# every subscription), given to the main node's identity on the API key's secret alone:
+# https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/security#key-vault-secrets-user
+KEY_VAULT_SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"
+# Soft-deleted vaults keep their name this long; the least Azure takes (a destroyed stack's
+# vault is gone after a week; each stack's vault name is its own, so none waits for it).
+VAULT_RETENTION_DAYS = 7
+VAULT_NAME_RANDOM = 16  # "lrc" and 16 letters and digits: 19 of the 24 characters allowed
 # A spend guard's one permission: deallocate (stop the compute charge of) a VM, given to each
 # node's identity on that node alone, through a custom role of the stack's resource group.
 # https://learn.microsoft.com/azure/role-based-access-control/permissions/compute
@@ -186,6 +195,8 @@ class AzureNetwork:
     balancer_pool_id: pulumi.Output[str] | None = None
     # With a spend guard: the custom role that lets a node deallocate itself.
     deallocate_role: azure.authorization.RoleDefinition | None = None
+    # With an API key: the stack's Key Vault, which keeps it.
+    key_vault: azure.keyvault.Vault | None = None
 
 
 @dataclass(frozen=True)
@@ -410,7 +421,71 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             else None
         )
         role = self._deallocate_role(name, group, opts) if guarded(config) else None
-        return AzureNetwork(group, subnet, nsg, bastion, security, pool, role)
+        vault = (
+            self._key_vault(name, config, group, nat_ip, opts) if config.api_key != "none" else None
+        )
+        return AzureNetwork(group, subnet, nsg, bastion, security, pool, role, vault)
+
+    def _key_vault(
+        self,
+        name: str,
+        config: ClusterConfig,
+        group: azure.resources.ResourceGroup,
+        nat_ip: azure.network.PublicIPAddress,
+        opts: pulumi.ResourceOptions,
+    ) -> azure.keyvault.Vault:
+        """The stack's Key Vault: role-based access only, its secrets readable from the NAT
+        gateway's address alone (the nodes' way out); Resource Manager, which the program writes
+        the key through, is not behind the vault's firewall. Its name is global and random,
+        kept in the state."""
+        suffix = random.RandomString(
+            f"{name}-key-vault-name", length=VAULT_NAME_RANDOM, special=False, upper=False,
+            opts=opts,
+        )  # fmt: skip
+        tenant = azure.authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=opts.parent)
+        ).tenant_id
+        properties: azure.keyvault.VaultPropertiesArgsDict = {
+            "tenant_id": tenant,
+            "sku": {"family": azure.keyvault.SkuFamily.A, "name": azure.keyvault.SkuName.STANDARD},
+            "enable_rbac_authorization": True,
+            "soft_delete_retention_in_days": VAULT_RETENTION_DAYS,
+            "network_acls": {
+                "default_action": "Deny",
+                "bypass": "None",
+                "ip_rules": [{"value": nat_ip.ip_address.apply(lambda ip: ip or "")}],
+            },
+        }
+        return azure.keyvault.Vault(
+            f"{name}-key-vault",
+            vault_name=pulumi.Output.concat("lrc", suffix.result),
+            resource_group_name=group.name,
+            properties=properties,
+            tags=self.tags(config, "network"),
+            opts=opts,
+        )
+
+    def keep_api_key(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: AzureNetwork,
+        key: pulumi.Output[str],
+        parent: pulumi.Resource,
+    ) -> None:
+        """The key as a secret of the stack's Key Vault; each main node's identity may read that
+        secret alone (``node``), and finds the vault by its VM's tag (``KEY_VAULT_TAG``)."""
+        if network.key_vault is None:
+            raise ValueError("the Key Vault is made with the network when the stack has a key")
+        azure.keyvault.Secret(
+            f"{name}-api-key",
+            resource_group_name=network.resource_group.name,
+            vault_name=network.key_vault.name,
+            secret_name=AZURE_API_KEY_SECRET,
+            properties={"value": key, "content_type": "text/plain"},
+            tags=self.tags(config, "main"),
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
 
     def _deallocate_role(
         self, name: str, group: azure.resources.ResourceGroup, opts: pulumi.ResourceOptions
@@ -654,6 +729,13 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         )
         key = config.ssh_public_key or LOCKED_SSH_KEY
         containers = staged_containers(config.model_urls) if spec.role == "main" else []
+        keyed = main and network.key_vault is not None
+        vm_tags: dict[str, Any] = dict(tags)
+        if keyed and network.key_vault is not None:
+            # The main node finds its vault by this tag (instance metadata): its boot data
+            # names no output, so a new vault would replace no node. The VM's alone: its OS
+            # disk carries another of the program's.
+            vm_tags[azure_facts.KEY_VAULT_TAG] = network.key_vault.name
         storage: azure.compute.StorageProfileArgsDict = {
             "image_reference": {**IMAGE, "version": config.image or IMAGE["version"]},
             "os_disk": {
@@ -697,11 +779,11 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                     }
                 ]
             },
-            # A managed identity only where a feature needs one: a staged model's reader, and
-            # each node's spend guard.
+            # A managed identity only where a feature needs one: a staged model's reader, the
+            # API key's reader, and each node's spend guard.
             identity=(
                 {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED}
-                if containers or network.deallocate_role is not None
+                if containers or keyed or network.deallocate_role is not None
                 else None
             ),
             security_profile={
@@ -710,7 +792,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                 "encryption_at_host": config.encryption_at_host,
             },
             proximity_placement_group={"id": group.placement.id},
-            tags=tags,
+            tags=vm_tags,
             # Azure refuses a customData change on an existing VM ("Changing property
             # 'customData' is not allowed"): new boot data means a new node.
             # https://learn.microsoft.com/azure/virtual-machines/custom-data
@@ -726,6 +808,8 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         )
         if containers:
             self._model_readers(spec.name, config, vm, containers, parent)
+        if keyed and network.key_vault is not None:
+            self._key_reader(spec.name, vault=network.key_vault, vm=vm, parent=parent)
         if network.deallocate_role is not None:
             azure.authorization.RoleAssignment(
                 f"{spec.name}-deallocate",
@@ -742,6 +826,32 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             instance_id=vm.name,
             private_ip=pulumi.Output.from_input(spec.private_ip),
             resource_id=vm.id,
+        )
+
+    def _key_reader(
+        self,
+        name: str,
+        *,
+        vault: azure.keyvault.Vault,
+        vm: azure.compute.VirtualMachine,
+        parent: pulumi.Resource,
+    ) -> None:
+        """Key Vault Secrets User for the main node's identity, on the API key's secret alone."""
+        subscription = azure.authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=parent)
+        ).subscription_id
+        azure.authorization.RoleAssignment(
+            f"{name}-api-key-read",
+            principal_id=vm.identity.apply(
+                lambda identity: identity.principal_id if identity else ""
+            ),
+            principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
+            role_definition_id=subscription.apply(
+                lambda sub: role_definition(sub, KEY_VAULT_SECRETS_USER)
+            ),
+            scope=pulumi.Output.concat(vault.id, "/secrets/", AZURE_API_KEY_SECRET),
+            description="llama-rpc-cluster: the main node reads the API key",
+            opts=pulumi.ResourceOptions(parent=parent),
         )
 
     def _model_readers(

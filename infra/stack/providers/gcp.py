@@ -76,6 +76,12 @@ def staged_model_conditions(objects: Sequence[tuple[str, str]]) -> list[tuple[st
     return conditions
 
 
+# Reads a secret's versions, nothing else:
+# https://cloud.google.com/secret-manager/docs/access-control#secretmanager.secretAccessor
+KEY_READER_ROLE = "roles/secretmanager.secretAccessor"
+KEY_STORE_API = "secretmanager.googleapis.com"
+
+
 @dataclass(frozen=True)
 class GcpNetwork:
     network: gcp.compute.Network
@@ -379,6 +385,44 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             allow_global_access=False,  # clients in the stack's region only
             backend_service=servers.id,
             labels=self.tags(config, "balancer"),
+            opts=opts,
+        )
+
+    def keep_api_key(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: GcpNetwork,
+        key: pulumi.Output[str],
+        parent: pulumi.Resource,
+    ) -> None:
+        """A Secret Manager secret (Google encrypts it at rest), its one version, and for the
+        main nodes' service account the accessor role on that secret alone: the node reads it
+        at boot (llama-rpc-secret)."""
+        opts = pulumi.ResourceOptions(parent=parent)
+        # The project's Secret Manager API, on (left on by destroy: other stacks may use it).
+        api = gcp.projects.Service(
+            f"{name}-secret-manager-api",
+            service=KEY_STORE_API,
+            disable_on_destroy=False,
+            disable_dependent_services=False,
+            opts=opts,
+        )
+        secret = gcp.secretmanager.Secret(
+            f"{name}-api-key",
+            secret_id=config.api_key_secret_id,
+            replication={"auto": {}},
+            labels=self.tags(config, "main"),
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=[api]),
+        )
+        gcp.secretmanager.SecretVersion(
+            f"{name}-api-key-version", secret=secret.id, secret_data=key, opts=opts
+        )
+        gcp.secretmanager.SecretIamMember(
+            f"{name}-main-api-key",
+            secret_id=secret.id,
+            role=KEY_READER_ROLE,
+            member=network.main_account.email.apply(lambda email: f"serviceAccount:{email}"),
             opts=opts,
         )
 
