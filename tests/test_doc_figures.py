@@ -151,9 +151,9 @@ FIGURES = [
            lambda: " + ".join(map(str, layers("aws-c8g")))),
     Figure("docs/placement.md", "aws-r8g's smaller main node {} of 126",
            lambda: str(layers("aws-r8g")[0])),
-    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (GCP, disks not",
-           lambda: "{} (AWS) and {}".format(costrun_dry_run()["aws-c8g"],
-                                            costrun_dry_run()["gcp-c4a"])),
+    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure; on both",
+           lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
+               "aws-c8g", "gcp-c4a", "azure-cobalt")))),
 ]  # fmt: skip
 
 
@@ -257,3 +257,41 @@ def test_the_shown_planner_output_is_what_the_command_prints() -> None:
     summary = _normal(" ".join(shown[cut + 1 :]))
     for piece in filter(None, (part.strip() for part in summary.split("…"))):
         assert piece in _normal(printed), f"docs/planner.md: {piece}"
+
+
+# The regions the planner page says the shipped catalog has, cloud by cloud.
+CATALOG_REGIONS = {
+    "aws": ["us-east-1", "us-west-2", "eu-central-1", "ap-northeast-1"],
+    "gcp": ["us-central1", "us-east4", "europe-west4", "asia-southeast1"],
+    "azure": ["eastus", "westus2", "westeurope", "southeastasia"],
+}
+
+
+@pytest.mark.parametrize("cloud", sorted(CATALOG_REGIONS))
+def test_the_405b_plan_answers_in_each_region_with_dated_prices_and_speeds(cloud: str) -> None:
+    """Four regions per cloud (US east and west, Europe, Asia), without credentials: every row
+    priced with a source and a date, and ranked by $/Mtok; x8g where AWS offers it."""
+    page = (REPO / "docs" / "planner.md").read_text()
+    regions = CATALOG_REGIONS[cloud]
+    assert sorted({e.region for e in catalog.load() if e.provider == cloud}) == sorted(regions)
+    for region in regions:
+        assert region in page, region
+        document = plan(*PLAN_405B, "--cloud", cloud, "--region", region)
+        rows = document["options"]
+        assert rows and {o["region"] for o in rows} == {region}
+        for row in rows:
+            entry = catalog.find(cloud, region, row["instanceType"])
+            assert entry is not None and entry.hourly_usd and entry.price_date, row
+            assert entry.price_source and row["predictedDecodeTps"], row
+        ranked = [o["usdPerMillionTokens"] for o in rows if o["nodes"] and o["usdPerMillionTokens"]]
+        assert ranked == sorted(ranked)
+    x8g = {e.region for e in catalog.load() if e.name.startswith("x8g.")}
+    assert x8g == ({"us-east-1", "us-west-2", "eu-central-1"} if cloud == "aws" else x8g)
+    default = {o["region"] for o in plan(*PLAN_405B, "--cloud", cloud)["options"]}
+    assert default == {regions[0]}  # the home region, unless told
+
+
+def test_azure_prices_its_405b_rows_and_the_plan_ranks_them() -> None:
+    rows = [o for o in plan(*PLAN_405B)["options"] if o["provider"] == "azure"]
+    assert rows and all(o["hourlyUsd"] and o["usdPerMillionTokens"] for o in rows)
+    assert all(o["pricePartial"] for o in rows)  # Premium SSD: per tier, not priced

@@ -227,8 +227,8 @@ FACTS = CloudFacts(
     },
     api_key_store="Key Vault",
     limitations={
-        "prices": "no Cobalt 100 list price was found in any checked source; hourlyCostUsd is "
-        "null until the catalog has one",
+        "prices": "Premium SSD is billed per size tier, which the catalog does not price: "
+        "hourlyCostUsd leaves the disks out and says so",
         "encryption at host": "off unless encryptionAtHost is set: Microsoft does not list it "
         "for Cobalt 100 sizes, and it needs the subscription's EncryptionAtHost feature",
     },

@@ -189,6 +189,11 @@ class CloudFacts:
     # None: all of it.
     command_output_chars: int | None = None
 
+    @property
+    def home_region(self) -> str:
+        """The region the shipped stacks use, and the one the planner plans in unless told."""
+        return self.region_example
+
     def zone_problem(self, zone: str, region: str) -> str | None:
         """Why ``zone`` is not one of the region's zones, or None."""
         if self.zone_suffix is None:

@@ -66,7 +66,16 @@ def parser() -> argparse.ArgumentParser:
         choices=catalog.providers(),
         help="only this cloud (repeat for several; default: all)",
     )
-    p.add_argument("--region", help="the region to plan in (with one --cloud)")
+    p.add_argument(
+        "--region",
+        help="the region to plan in (with one --cloud; default: each cloud's home region, "
+        "us-east-1, us-central1, eastus)",
+    )
+    p.add_argument(
+        "--all-regions",
+        action="store_true",
+        help="plan in every region the catalog has (`lrc catalog show` lists them)",
+    )
     p.add_argument(
         "--instance-type",
         help="evaluate this type instead of searching (the fewest nodes that hold the model, "
@@ -181,7 +190,9 @@ def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
         if len(providers) != 1:
             raise PlanError("--region", "give exactly one --cloud with --region")
         return [(providers[0], args.region)]
-    return [(p, r) for p in providers for r in search.regions(p)]
+    if args.all_regions:
+        return [(p, r) for p in providers for r in search.regions(p)]
+    return search.home_regions(providers)
 
 
 def _instance_type(args: argparse.Namespace) -> catalog.InstanceType:

@@ -35,6 +35,8 @@ TARGET_SORT_MEANINGS = {
     "tps": "by tokens/s at the target's load, all streams together",
 }
 
+REGION_WIDTH = 11  # us-central1: the home regions' longest
+
 
 def model_json(model: Model) -> dict[str, Any]:
     return {
@@ -133,8 +135,9 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         "memoryBandwidth": (
             "Graviton from its DDR5/DDR4 channels; Axion's is not published, so its effective "
             f"bandwidth is derived from one published run ({perf.AXION_ANCHOR.label}, "
-            f"{perf.AXION_ANCHOR.decode_tps} tok/s); Cobalt 100's is not published and no run "
-            "was found: no speed is predicted for it"
+            f"{perf.AXION_ANCHOR.decode_tps} tok/s); Cobalt 100's is not published either, so "
+            "a measured STREAM figure stands for it (cpus.csv names its source): its speeds "
+            "are conservative beside the others' peaks"
         ),
         "sort": SORT_MEANINGS[plan.sort],
         "serve": (
@@ -236,14 +239,17 @@ def table(plan: Plan, verbose: bool = False) -> str:
         + (f", {model.active_bytes / 1e9:.1f} GB active per token" if model.active_bytes else "")
     ]
     goal = plan.target
+    # The longest region's name sets the column (asia-southeast1, ap-northeast-1, ...).
+    wide = max([REGION_WIDTH, *(len(o.instance.region) for o in plan.options)])
+    region = f"{'region':<{wide}}"
     if goal is None:
         sort, sets = f"sorted {SORT_MEANINGS[plan.sort]}", ""
-        header = "  provider  region       instance type      nodes  mem GiB      $/h  tok/s"
+        header = f"  provider  {region}  instance type      nodes  mem GiB      $/h  tok/s"
     else:
         sort = f"for {goal.describe()}; sorted {TARGET_SORT_MEANINGS[plan.sort]}"
         sets = "groups x nodes, slots; $/h, tok/s and $/Mtok of the whole set"
         header = (
-            "  provider  region       instance type      groups x nodes  slots  mem GiB      $/h"
+            f"  provider  {region}  instance type      groups x nodes  slots  mem GiB      $/h"
             "    tok/s  each"
         )
     header += (
@@ -269,7 +275,7 @@ def table(plan: Plan, verbose: bool = False) -> str:
             size = f"{groups:>14}  {option.slots:>5}  {option.instance.memory_gib:>7g}  "
             size += f"{_price(option):>8}  {tps:>7}  {each:>5}"
         lines.append(
-            f"{mark} {option.provider:<8}  {option.instance.region:<11}  "
+            f"{mark} {option.provider:<8}  {option.instance.region:<{wide}}  "
             f"{option.name:<17}  {size}  "
             f"{'n/a' if per_mtok is None else _per_mtok(per_mtok) + partial:>6}  "
             f"{_serve_times(option) if option.fits else 'n/a':>26}  "

@@ -192,6 +192,17 @@ def regions(provider: str) -> list[str]:
     return sorted({e.region for e in catalog.load() if e.provider == provider})
 
 
+def home_regions(providers: list[str] | None = None) -> list[tuple[str, str]]:
+    """Each cloud's home region (``CloudFacts.home_region``, else its first in the catalog):
+    where a plan looks unless given regions."""
+    found = []
+    for provider in providers or catalog.providers():
+        known = regions(provider)
+        home = FACTS[provider].home_region if provider in FACTS else ""
+        found.append((provider, home if home in known else known[0]))
+    return found
+
+
 def arm_types(provider: str, region: str) -> list[InstanceType]:
     """The Arm types the catalog has for this provider and region; an error if there are none."""
     known_providers = catalog.providers()
@@ -217,13 +228,13 @@ def plan(
     *,
     sort: str = SORTS[0],
 ) -> Plan:
-    """For each (provider, region), every Arm type's smallest cluster that holds the model,
-    ranked by ``sort`` (``Option.sort_key``)."""
+    """For each (provider, region) (by default each cloud's home region), every Arm type's
+    smallest cluster that holds the model, ranked by ``sort`` (``Option.sort_key``)."""
     check_context(model, context)
     check_slots(slots)
     check_sort(sort)
     if where is None:
-        where = [(p, r) for p in catalog.providers() for r in regions(p)]
+        where = home_regions()
     options: list[Option] = []
     rejected: list[Rejection] = []
     for provider, region in where:

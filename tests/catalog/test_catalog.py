@@ -88,18 +88,23 @@ def test_aws_prices_are_linear_in_size_within_a_family() -> None:
 
 
 def test_gcp_c4a_prices_are_one_price_per_vcpu_plus_one_per_gib() -> None:
-    """C4A is priced per resource: two types fix the vCPU and GiB prices, the rest follow."""
-    rows = [
-        e for e in catalog.load(PRODUCT_CSVS["instances"]) if e.provider == "gcp" and e.hourly_usd
-    ]
-    by_name = {e.name: e for e in rows}
-    low, high = by_name["c4a-standard-32"], by_name["c4a-highmem-32"]  # same vCPUs, more GiB
-    assert low.vcpus == high.vcpus and low.hourly_usd and high.hourly_usd
-    per_gib = (high.hourly_usd - low.hourly_usd) / (high.memory_gib - low.memory_gib)
-    per_vcpu = (low.hourly_usd - per_gib * low.memory_gib) / low.vcpus
-    assert per_vcpu > 0 and per_gib > 0
-    for e in rows:
-        assert e.hourly_usd == pytest.approx(e.vcpus * per_vcpu + e.memory_gib * per_gib, abs=5e-5)
+    """C4A is priced per resource: in each region two types fix the vCPU and GiB prices, the rest
+    follow."""
+    regions: dict[str, list[catalog.InstanceType]] = {}
+    for e in catalog.load(PRODUCT_CSVS["instances"]):
+        if e.provider == "gcp" and e.hourly_usd:
+            regions.setdefault(e.region, []).append(e)
+    assert "us-central1" in regions
+    for rows in regions.values():
+        by_name = {e.name: e for e in rows}
+        low, high = by_name["c4a-standard-32"], by_name["c4a-highmem-32"]  # same vCPUs, more GiB
+        assert low.vcpus == high.vcpus and low.hourly_usd and high.hourly_usd
+        per_gib = (high.hourly_usd - low.hourly_usd) / (high.memory_gib - low.memory_gib)
+        per_vcpu = (low.hourly_usd - per_gib * low.memory_gib) / low.vcpus
+        assert per_vcpu > 0 and per_gib > 0
+        for e in rows:
+            expected = e.vcpus * per_vcpu + e.memory_gib * per_gib
+            assert e.hourly_usd == pytest.approx(expected, abs=5e-5), e
 
 
 @BOTH

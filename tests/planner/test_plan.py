@@ -268,8 +268,18 @@ def test_fetch_scripts_defaults_are_the_planners() -> None:
         assert default and int(default.group(1)) == getattr(serve, name)
 
 
-def test_speed_is_unknown_where_memory_bandwidth_is_not_published() -> None:
-    result = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=[("azure", "eastus")])
+def test_speed_is_unknown_where_memory_bandwidth_is_not_published(monkeypatch) -> None:
+    from infra import catalog
+
+    families = catalog.cpu_families()
+    unknown = {**families, "cobalt100": dataclasses.replace(
+        families["cobalt100"], socket_memory_bandwidth_gbps=None
+    )}  # fmt: skip
+    where = [("azure", "eastus")]
+    known = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=where)
+    assert known.options and all(o.decode_tps for o in known.options)  # the control
+    monkeypatch.setattr(catalog, "cpu_families", lambda path=None: unknown)
+    result = planner.plan(PRESETS["llama-3.1-70b-q4_0"], where=where)
     assert result.options and all(o.decode_tps is None for o in result.options)
     assert all(o.usd_per_million_tokens is None for o in result.options)
 

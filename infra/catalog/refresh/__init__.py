@@ -75,7 +75,9 @@ class Report:
 
 def _row(entry: InstanceType) -> dict[str, str]:
     def text(value: float | None) -> str:
-        return "unknown" if value is None else f"{value:g}"
+        # repr: the shortest text that reads back as the same number (a price of 7 significant
+        # digits keeps them all; "g" would keep 6).
+        return "unknown" if value is None else repr(value).removesuffix(".0")
 
     return {
         "provider": entry.provider,
