@@ -1,4 +1,6 @@
-"""``lrc status --stack S``: each serving group's phase now, read once from its main node."""
+"""``lrc status --stack S``: each serving group's phase now, read once from its main node. A
+main node its channel cannot reach is looked up with the cloud: a stopped one (a spend guard's
+power-off) is reported as ``stopped``, with the command that starts it."""
 
 from __future__ import annotations
 
@@ -6,11 +8,37 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from infra.cli.deployed import NotReachable, main_channels
+from infra.cli.deployed import NotReachable, reach
 from infra.cli.naming import prog
 from infra.cli.options import add_json, add_stack, print_json, stack_of
-from infra.observe.wait import read_group
+from infra.cli.power import STOPPED_STATES, StartError, power_states
+from infra.core import outputs as keys
+from infra.observe.channels import group_outputs
+from infra.observe.wait import GroupState, read_group
+
+
+def stopped_groups(stack: str, found: dict[str, Any], states: list[GroupState]) -> list[GroupState]:
+    """The unreachable groups whose main node the cloud reports stopped, said so."""
+    unreachable = [s for s in states if s.phase == "unreachable"]
+    if not unreachable:
+        return states
+    mains = [str(group[keys.MAIN_INSTANCE_ID]) for group in group_outputs(found)]
+    try:
+        power = power_states(stack, found, [mains[s.group - 1] for s in unreachable])
+    except StartError:
+        return states  # the channel's own error says enough
+    return [
+        dataclasses.replace(
+            state,
+            phase="stopped",
+            detail=f"{power[mains[state.group - 1]]}: `lrc start --stack {stack}`",
+        )
+        if state.phase == "unreachable" and power.get(mains[state.group - 1]) in STOPPED_STATES
+        else state
+        for state in states
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,11 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stack = stack_of(parser, args)
     try:
-        channels = main_channels(stack)
+        found, channels = reach(stack)
     except NotReachable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     states = [read_group(number, channel) for number, channel in enumerate(channels, 1)]
+    states = stopped_groups(stack, found, states)
     if args.json:
         print_json({"stack": stack, "groups": [dataclasses.asdict(s) for s in states]})
     else:

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from infra.cli import deployed as deployed_module
-from infra.cli import lrc
-from infra.cli import start as start_module
-from infra.cli.start import StartError, node_ids, start_aws, start_azure, start_gcp
+from infra.cli import lrc, power
+from infra.cli.power import StartError, node_ids, start_aws, start_azure, start_gcp
 from infra.core import outputs
 
 
@@ -29,14 +28,14 @@ def two_groups(main_ids: list[str], worker_ids: list[list[str]], **more: Any) ->
 class Cli:
     """A cloud CLI that records each command line and answers as told."""
 
-    def __init__(self, returncode: int = 0, stderr: str = "") -> None:
+    def __init__(self, returncode: int = 0, stderr: str = "", stdout: str = "") -> None:
         self.argv: list[list[str]] = []
-        self.returncode, self.stderr = returncode, stderr
+        self.returncode, self.stderr, self.stdout = returncode, stderr, stdout
 
     def __call__(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         assert timeout > 0
         self.argv.append(list(argv))
-        return subprocess.CompletedProcess(list(argv), self.returncode, "", self.stderr)
+        return subprocess.CompletedProcess(list(argv), self.returncode, self.stdout, self.stderr)
 
 
 def test_every_node_is_started_workers_before_their_main_node() -> None:
@@ -63,6 +62,11 @@ def test_aws_starts_stopped_instances_through_ec2() -> None:
         assert {i["State"]["Name"] for i in states} <= {"pending", "running"}
         with pytest.raises(StartError, match="InvalidInstanceID"):
             start_aws(["i-0123456789abcdef0"], ec2=ec2)
+        assert set(power.power_state_aws(ids, ec2=ec2).values()) <= {"pending", "running"}
+        ec2.stop_instances(InstanceIds=ids[:1])
+        stopped = power.power_state_aws(ids, ec2=ec2)
+        assert stopped[ids[0]] in power.STOPPED_STATES
+        assert not {stopped[i] for i in ids[1:]} & power.STOPPED_STATES
 
 
 def test_gcp_starts_every_node_in_the_stacks_zone_and_project() -> None:
@@ -105,7 +109,7 @@ def test_the_command_starts_the_stack_and_points_at_lrc_wait(
     )
     monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: found)
     cli = Cli()
-    monkeypatch.setattr(start_module, "run_cli", cli)
+    monkeypatch.setattr(power, "run_cli", cli)
     assert lrc.main(["start", "--stack", "azure-cobalt"]) == 0
     out = capsys.readouterr().out
     assert "mainabc: starting" in out and "lrc wait --stack azure-cobalt" in out
@@ -116,7 +120,54 @@ def test_the_command_starts_the_stack_and_points_at_lrc_wait(
     monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: {})
     assert lrc.main(["start", "--stack", "azure-cobalt"]) == 2
     assert "has no outputs" in capsys.readouterr().err
-    monkeypatch.setattr(start_module, "run_cli", Cli(1, "denied"))
+    monkeypatch.setattr(power, "run_cli", Cli(1, "denied"))
     monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: found)
     assert lrc.main(["start", "--stack", "azure-cobalt"]) == 1
     assert "denied" in capsys.readouterr().err
+
+
+def test_gcp_and_azure_report_each_vms_state_through_their_clis() -> None:
+    gcp = {outputs.ZONE: "us-central1-a"}
+    cli = Cli(stdout="TERMINATED\n")
+    assert power.power_state_gcp(gcp, ["m"], project="p", runner=cli) == {"m": "TERMINATED"}
+    assert cli.argv == [[
+        "gcloud", "compute", "instances", "describe", "m", "--zone", "us-central1-a",
+        "--project", "p", "--format=value(status)",
+    ]]  # fmt: skip
+    azure = {outputs.RESOURCE_GROUP: "rg"}
+    cli = Cli(stdout="PowerState/deallocated\n")
+    assert power.power_state_azure(azure, ["m"], runner=cli) == {"m": "PowerState/deallocated"}
+    assert cli.argv[0][:7] == ["az", "vm", "get-instance-view", "--resource-group", "rg",
+                               "--name", "m"]  # fmt: skip
+    assert {"TERMINATED", "PowerState/deallocated", "stopped"} <= power.STOPPED_STATES
+    assert not {"RUNNING", "PowerState/running", "running"} & power.STOPPED_STATES
+
+
+def test_status_says_a_stopped_group_is_stopped_and_how_to_start_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra.observe.channels import ChannelError
+    from tests.cli.test_wait import Scripted, status
+
+    found = two_groups(
+        ["main1", "main2"],
+        [["w1"], ["w2"]],
+        **{outputs.CLOUD: "azure", outputs.RESOURCE_GROUP: "rg"},
+    )
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: found)
+    unreachable = ChannelError("az vm run-command on main2: the VM is not running")
+    monkeypatch.setattr(
+        deployed_module, "stack_channels",
+        lambda found, **_: [Scripted(status("serving")), Scripted(unreachable)],
+    )  # fmt: skip
+    cli = Cli(stdout="PowerState/deallocated\n")
+    monkeypatch.setattr(power, "run_cli", cli)
+    assert lrc.main(["status", "--stack", "azure-cobalt"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "group 1: serving",
+        "group 2: stopped (PowerState/deallocated: `lrc start --stack azure-cobalt`)",
+    ]
+    assert [argv[6] for argv in cli.argv] == ["main2"]  # only the unreachable group's node
+    monkeypatch.setattr(power, "run_cli", Cli(1, "AuthorizationFailed"))
+    assert lrc.main(["status", "--stack", "azure-cobalt"]) == 0
+    assert "group 2: unreachable (az vm run-command on main2" in capsys.readouterr().out
