@@ -193,17 +193,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
 # What the mocked random provider generates for an API key (repeated to the length asked).
 GENERATED_KEY = "GeneratedApiKey0123456789"
-# How the engine hands a provider a secret input: this signature key beside the value.
-SECRET_SIGNATURE = "4dabf18193072939515e22adb298388d"
-
-
-def revealed(value: Any) -> Any:
-    """An input as given, a secret's value revealed; ``is_secret_input`` says whether it was."""
-    return value["value"] if is_secret_input(value) else value
-
-
-def is_secret_input(value: Any) -> bool:
-    return isinstance(value, dict) and SECRET_SIGNATURE in value
+# How the engine hands a provider a secret input (rules.SECRET_SIGNATURE beside the value).
+revealed = rules.revealed
+is_secret_input = rules.is_secret
 
 
 @dataclass

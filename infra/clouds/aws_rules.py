@@ -65,11 +65,6 @@ SSM_PARAMETER_NAMES = (
 )
 
 
-def _revealed(value: object) -> object:
-    """A secret input's value (the engine hands it over beside a signature key)."""
-    return value.get("value", "") if isinstance(value, dict) else value
-
-
 def tags(path: str = "tags") -> Tags:
     return Tags(path, aws.tag_set_problem, TAG_RULES)
 
@@ -315,14 +310,8 @@ RULES = by_type(
             ),
             Text("description", 1024, SSM_PARAMETER_API),
             OneOf("type", ("String", "StringList", "SecureString"), SSM_PARAMETER_API),
-            Requires(
-                lambda r, _: (
-                    "a standard parameter's value holds 1-4096 characters"
-                    if not 1 <= len(str(_revealed(r.inputs.get("value", "")))) <= 4096
-                    else None
-                ),
-                SSM_PARAMETER_API,
-            ),
+            # A standard parameter's value: 1-4096 characters.
+            Text("value", 4096, SSM_PARAMETER_API, required=True),
         ),
         replaced_on=("name",),
         source=f"{TF}ssm/parameter.go",

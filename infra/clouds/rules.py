@@ -32,6 +32,9 @@ FAMILIES = (NAME, TEXT, TAGS, VALUE, COMBINATION, ORDER, UNKNOWN_TYPE)
 PROGRAM_TYPE_PREFIX = "llama-rpc-cluster:"
 # The characters Pulumi's random name suffixes are drawn from (hex); an example suffix.
 RANDOM_CHARACTER = "f"
+# How the engine hands a provider a secret input (and a policy pack sees it): this signature key
+# beside the value. A rule checks the value itself.
+SECRET_SIGNATURE = "4dabf18193072939515e22adb298388d"  # noqa: S105 (a marker, not a secret)
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,22 @@ class Stack:
         return False
 
 
+def is_secret(value: Any) -> bool:
+    return isinstance(value, Mapping) and SECRET_SIGNATURE in value
+
+
+def revealed(value: Any) -> Any:
+    """An input as given, a secret's value revealed."""
+    return value["value"] if is_secret(value) else value
+
+
 def values_at(inputs: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:
     """(path, value) of each value at a dotted path, ``*`` standing for every item of a list
-    or every value of a map; missing keys give nothing."""
+    or every value of a map, secrets revealed on the way; missing keys give nothing."""
     heads: list[tuple[str, Any]] = [("", inputs)]
     for part in path.split("."):
         found: list[tuple[str, Any]] = []
-        for where, value in heads:
+        for where, value in ((w, revealed(v)) for w, v in heads):
             prefix = f"{where}." if where else ""
             if part == "*":
                 items = (
@@ -110,7 +122,7 @@ def values_at(inputs: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]
             elif isinstance(value, Mapping) and value.get(part) is not None:
                 found.append((f"{prefix}{part}", value[part]))
         heads = found
-    return iter(heads)
+    return iter((where, revealed(value)) for where, value in heads)
 
 
 class Rule:

@@ -315,6 +315,34 @@ def test_values_a_value_out_of_bounds_is_caught(
     only(changed(run(stack, variant), typ, with_inputs(**values)), rules.VALUE, *words)
 
 
+def secret(value: Any) -> dict[str, Any]:
+    """A secret input as the engine hands it over (and the program's are)."""
+    return {rules.SECRET_SIGNATURE: "1b47061264138c4ac30d75fd1eb44270", "value": value}
+
+
+@pytest.mark.parametrize(
+    ("stack", "typ", "values", "limit"),
+    [
+        (AWS, "aws:ssm/parameter:Parameter", {"value": secret("k" * 4097)}, "1-4096"),
+        ("gcp-c4a", "gcp:secretmanager/secretVersion:SecretVersion",
+         {"secretData": secret("k" * 65_537)}, "1-65536"),
+        # Empty: the wrapper itself is not, so only a rule that reads inside catches it.
+        ("gcp-c4a", "gcp:secretmanager/secretVersion:SecretVersion",
+         {"secretData": secret("")}, "holds 0 characters"),
+        ("azure-cobalt", "azure-native:keyvault:Secret",
+         {"properties": secret({"value": "k" * 25_601})}, "1-25600"),
+    ],
+)  # fmt: skip
+def test_text_a_secret_over_its_stores_limit_is_caught_through_the_secret(
+    stack: str, typ: str, values: dict[str, Any], limit: str
+) -> None:
+    """The program's keys reach the rules as secrets: the rule reads the value inside."""
+    shipped = run(stack, "as shipped")
+    [kept] = [r for r in shipped.resources if r.typ == typ]
+    assert any(rules.is_secret(v) for v in kept.inputs.values())  # as the program gives it
+    only(changed(shipped, typ, with_inputs(**values)), rules.TEXT, limit)
+
+
 def test_combinations_connection_tracking_without_client_affinity_is_caught() -> None:
     only(
         changed(
