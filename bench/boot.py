@@ -139,15 +139,17 @@ def load_seconds(bin_dir: Path, model: Path, threads: int, rpc: str) -> float:
     return seconds_to_health(bin_dir, model, ["--rpc", rpc, "-ngl", "99", "-t", str(threads)])
 
 
-def seconds_to_health(bin_dir: Path, model: Path, args: list[str]) -> float:
-    """Seconds from starting llama-server (loopback, 512 tokens of context) with ``args`` until
-    /health answers."""
+def seconds_to_health(
+    bin_dir: Path, model: Path, args: list[str], env: dict[str, str] | None = None
+) -> float:
+    """Seconds from starting llama-server (loopback, 512 tokens of context) with ``args`` (and
+    ``env`` added to this process's environment) until /health answers."""
     port = free_port()
     started = time.monotonic()
     server = subprocess.Popen(
         [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
          "--port", str(port), "-c", "512", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
     )  # fmt: skip
     try:
         while True:

@@ -2,19 +2,28 @@
 
     uv run python bench/load.py [--repetitions 3]
 
-Writes bench/results/load.json. Everything runs on loopback with the pinned llama.cpp build and
-generated Q4_0 models of Llama-2-7B's layer shape at two depths (2 and 8 layers): each rate is
-the slope between the two, so the fixed start-up cost drops out. The page cache is warm.
+Writes bench/results/load.json. Everything runs on loopback with the pinned llama.cpp build (its
+patch set applied, each patch turned off at run time by its switch) and generated Q4_0 models of
+Llama-2-7B's layer shape at two depths (2 and 8 layers): each rate is the slope between the two,
+so the fixed start-up cost drops out. The page cache is warm. "upstream" is the build with every
+patch off, which is llama.cpp at the pin.
 
 - sha256_gbps_hashlib / sha256_gbps_coreutils: one core hashing a model file, as fetch-model.sh
   checks a part (Python's hashlib, which is OpenSSL) and as it did before (coreutils sha256sum).
-- load_gbps: llama-server loading weights it holds itself (mmap, Q4_0 repacked).
-- rpc_send_gbps: llama-server sending weights to one ggml-rpc-server (no tensor cache): hashing,
-  copies, loopback. rpc_send_gbps_worker_cache: the same with the worker's --cache writing each
-  tensor to its disk, as workers did before.
-- load_mode_none_*: the same two loads with --load-mode none (each tensor read once), which the
-  main node uses when the file does not fit in its memory.
-- cluster_load_ratio: a main node and two workers splitting the 8-layer model, seconds
+- load_gbps: llama-server loading weights it holds itself (mmap, Q4_0 repacked), upstream.
+- phases (GB/s of each loader phase, from differences of runs that differ in that phase alone):
+  populate_gbps (the kernel's MAP_POPULATE of the cached file, timed alone: as a difference of
+  two loads it drowns in their noise), repack_gbps_per_thread (the Q4_0 repack on one
+  thread, and repack_threads_speedup on every core with patch 0004), hash_gbps (the FNV hash and
+  cache probe that patch 0001 drops), copy_gbps (a weight's copies on their way to a worker: the
+  send path without the hash, one tensor at a time).
+- rpc_send_gbps (upstream) and rpc_send_gbps_patched: weights llama-server sends to one worker
+  (no tensor cache); rpc2_*: to two workers, one after the other upstream, at once patched;
+  send_path_speedup is patched over upstream for two workers, the loader's real case.
+  rpc_send_gbps_worker_cache: the worker's --cache writing each tensor to its disk, as workers
+  did before.
+- load_mode_none_*: the same two loads with --load-mode none (each tensor read once).
+- cluster_load_ratio: a main node and two workers splitting the 8-layer model, upstream, seconds
   predicted from the rates above (the planner's composition: the main's share, then each
   worker's in turn) over seconds measured.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import mmap
 import os
 import platform
 import socket
@@ -40,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.boot import free_port, seconds_to_health  # noqa: E402
+from infra.boot.patches import patches_digest, switches_off  # noqa: E402
 from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.local.model import LOAD, cached_model  # noqa: E402
 from infra.local.options import build_prefix  # noqa: E402
@@ -66,6 +77,19 @@ def hashlib_seconds(path: Path) -> float:
     return time.monotonic() - started
 
 
+def populate_seconds(path: Path) -> float:
+    """Seconds the kernel takes to map a cached file in with MAP_POPULATE, as llama_mmap maps a
+    model that fits (one thread, in the kernel)."""
+    with path.open("rb") as f:
+        started = time.monotonic()
+        mapped = mmap.mmap(
+            f.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
+        )
+        seconds = time.monotonic() - started
+        mapped.close()
+    return seconds
+
+
 def coreutils_seconds(path: Path) -> float:
     started = time.monotonic()
     subprocess.run(["sha256sum", str(path)], check=True, capture_output=True)
@@ -75,7 +99,7 @@ def coreutils_seconds(path: Path) -> float:
 class Worker:
     """One ggml-rpc-server on loopback, with or without a tensor cache."""
 
-    def __init__(self, bin_dir: Path, cache: Path | None) -> None:
+    def __init__(self, bin_dir: Path, cache: Path | None, env: dict[str, str]) -> None:
         self.port = free_port()
         args = [str(bin_dir / "ggml-rpc-server"), "--host", "127.0.0.1",
                 "--port", str(self.port), "--threads", "1"]  # fmt: skip
@@ -83,7 +107,7 @@ class Worker:
             args + (["--cache"] if cache else []),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={"LLAMA_CACHE": str(cache)} if cache else None,
+            env={**os.environ, **env, **({"LLAMA_CACHE": str(cache)} if cache else {})},
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -103,21 +127,29 @@ class Worker:
 
 
 def load_seconds(
-    bin_dir: Path, model: Path, *, workers: int, extra: list[str], cache: bool, repetitions: int
+    bin_dir: Path,
+    model: Path,
+    *,
+    workers: int,
+    extra: list[str],
+    cache: bool,
+    repetitions: int,
+    env: dict[str, str],
+    threads: int = 1,
 ) -> float:
     """Median seconds to serve ``model`` with ``workers`` fresh workers (cold tensor caches)."""
     times = []
     for _ in range(repetitions):
         with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-            started = [Worker(bin_dir, Path(tmp) / f"w{i}" if cache else None)
+            started = [Worker(bin_dir, Path(tmp) / f"w{i}" if cache else None, env)
                        for i in range(workers)]  # fmt: skip
             try:
                 rpc = ["--rpc", ",".join(w.endpoint for w in started), "-ngl", "99"]
                 if workers > 1:
                     rpc += ["--tensor-split", ",".join(["1"] * workers)]
                 warm(model)
-                args = ["-t", "1", *(rpc if workers else []), *extra]
-                times.append(seconds_to_health(bin_dir, model, args))
+                args = ["-t", str(threads), *(rpc if workers else []), *extra]
+                times.append(seconds_to_health(bin_dir, model, args, env))
             finally:
                 for worker in started:
                     worker.stop()
@@ -150,16 +182,37 @@ def main() -> int:
     size = deep.stat().st_size
     hashed = statistics.median(hashlib_seconds(deep) for _ in range(args.repetitions))
     summed = statistics.median(coreutils_seconds(deep) for _ in range(args.repetitions))
+    cpus = os.cpu_count() or 1
+    populated = statistics.median(populate_seconds(deep) for _ in range(5 * args.repetitions))
 
+    upstream = switches_off(LLAMA_CPP_COMMIT, ("all",))
+    patched: dict[str, str] = {}
+
+    def only_off(number: str) -> dict[str, str]:
+        return switches_off(LLAMA_CPP_COMMIT, (number,))
+
+    # name: (workers, extra flags, worker tensor cache, environment, threads)
+    cases: dict[str, tuple[int, list[str], bool, dict[str, str], int]] = {
+        "single": (0, [], False, upstream, 1),
+        "single_none": (0, ["--load-mode", "none"], False, upstream, 1),
+        "single_no_repack": (0, ["--no-repack"], False, upstream, 1),
+        "single_repack_threads": (0, [], False, patched, cpus),
+        "single_repack_one_thread": (0, [], False, only_off("0004"), cpus),
+        "single_repack_threads_no_populate": (
+            0, [], False, {"LLAMA_MMAP_POPULATE": "never"}, cpus
+        ),
+        "single_no_repack_threads": (0, ["--no-repack"], False, patched, cpus),
+        "rpc": (1, [], False, upstream, 1),
+        "rpc_patched": (1, [], False, patched, 1),
+        "rpc_hash": (1, [], False, {**only_off("0002"), **only_off("0001")}, 1),
+        "rpc_no_hash": (1, [], False, only_off("0002"), 1),
+        "rpc2": (2, [], False, upstream, 1),
+        "rpc2_patched": (2, [], False, patched, 1),
+        "rpc_none": (1, ["--load-mode", "none"], False, upstream, 1),
+        "rpc_worker_cache": (1, [], True, upstream, 1),
+    }  # fmt: skip
     runs: dict[str, dict[int, float]] = {}
-    cases = {
-        "single": (0, [], False),
-        "single_none": (0, ["--load-mode", "none"], False),
-        "rpc": (1, [], False),
-        "rpc_none": (1, ["--load-mode", "none"], False),
-        "rpc_worker_cache": (1, [], True),
-    }
-    for name, (workers, extra, tensor_cache) in cases.items():
+    for name, (workers, extra, tensor_cache, env, threads) in cases.items():
         runs[name] = {
             d: load_seconds(
                 bin_dir,
@@ -168,6 +221,8 @@ def main() -> int:
                 extra=extra,
                 cache=tensor_cache,
                 repetitions=args.repetitions,
+                env=env,
+                threads=threads,
             )
             for d in DEPTHS
         }
@@ -176,18 +231,24 @@ def main() -> int:
     def rate(name: str) -> float:
         return slope_gbps(layer_bytes, lambda d: runs[name][d])
 
+    def phase(slower: str, faster: str) -> float:
+        """GB/s of the work ``slower`` does and ``faster`` does not."""
+        return slope_gbps(layer_bytes, lambda d: runs[slower][d] - runs[faster][d])
+
     load_gbps, rpc_gbps = rate("single"), rate("rpc")
     # The cluster: 8 layers split between two workers, the main keeping the embeddings. The
     # planner's composition: start-up, the main's own weights, then each worker's in turn.
     measured = load_seconds(
-        bin_dir, deep, workers=2, extra=[], cache=False, repetitions=args.repetitions
-    )
+        bin_dir, deep, workers=2, extra=[], cache=False, repetitions=args.repetitions,
+        env=upstream,
+    )  # fmt: skip
     startup = runs["single"][DEPTHS[0]] - layer_bytes[DEPTHS[0]] / (load_gbps * GB)
     sent = layer_bytes[DEPTHS[-1]]  # every layer goes to a worker with -ngl 99
     predicted = startup + (size - sent) / (load_gbps * GB) + sent / (rpc_gbps * GB)
     results = {
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
         "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "patches": patches_digest(LLAMA_CPP_COMMIT),
         "model": {
             "shape": "Llama-2-7B layers, Q4_0",
             "bytes": {d: models[d].stat().st_size for d in DEPTHS},
@@ -198,7 +259,28 @@ def main() -> int:
         "sha256_hashlib_speedup": round(summed / hashed, 2),
         "load_gbps": round(load_gbps, 3),
         "load_mode_none_load_gbps": round(rate("single_none"), 3),
+        "phases": {
+            "populate_gbps": round(size / populated / GB, 3),
+            "repack_gbps_per_thread": round(phase("single", "single_no_repack"), 3),
+            "repack_threads": cpus,
+            # The same patched runs on every core, the repack on one thread (0004 off) or all.
+            "repack_threads_speedup": round(
+                phase("single_repack_threads", "single_no_repack_threads")
+                / phase("single_repack_one_thread", "single_no_repack_threads"),
+                2,
+            ),
+            # With every core repacking, a file already in the page cache loads faster when
+            # the repack's threads fault its pages in than after one thread populated them.
+            "load_gbps_threads": round(rate("single_repack_threads"), 3),
+            "load_gbps_threads_no_populate": round(rate("single_repack_threads_no_populate"), 3),
+            "hash_gbps": round(phase("rpc_hash", "rpc_no_hash"), 3),
+            "copy_gbps": round(rate("rpc_no_hash"), 3),
+        },
         "rpc_send_gbps": round(rpc_gbps, 3),
+        "rpc_send_gbps_patched": round(rate("rpc_patched"), 3),
+        "rpc2_send_gbps": round(rate("rpc2"), 3),
+        "rpc2_send_gbps_patched": round(rate("rpc2_patched"), 3),
+        "send_path_speedup": round(rate("rpc2_patched") / rate("rpc2"), 2),
         "load_mode_none_rpc_send_gbps": round(rate("rpc_none"), 3),
         "rpc_send_gbps_worker_cache": round(rate("rpc_worker_cache"), 3),
         "worker_cache_slowdown": round(rpc_gbps / rate("rpc_worker_cache"), 2),

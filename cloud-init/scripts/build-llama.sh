@@ -51,7 +51,24 @@ GIT_FETCH_ATTEMPTS="${GIT_FETCH_ATTEMPTS:-5}"
 RETRY_DELAY="${RETRY_DELAY:-10}" # seconds, doubled after each attempt
 require_count GIT_FETCH_ATTEMPTS
 require_count RETRY_DELAY
-stamp_text="$(printf '%s\n' "$LLAMA_CPP_COMMIT" "${cmake_args[*]}")"
+# The patch set for this commit (cloud-init/patches/COMMIT/*.patch, applied in name order): its
+# digest is part of the stamp, so a changed set rebuilds. LLAMA_CPP_PATCHES is the digest the node
+# expects ("none": build unpatched); unset, the files decide. A commit with no patch files builds
+# unpatched, and says so.
+patch_dir="${LLAMA_CPP_PATCH_DIR:-$LLAMA_RPC_BIN_DIR/../patches}/$LLAMA_CPP_COMMIT"
+find_patches() {
+  patch_files=() found_patches=none
+  if [[ -d "$patch_dir" ]]; then
+    mapfile -t patch_files < <(find "$patch_dir" -maxdepth 1 -type f -name '*.patch' | LC_ALL=C sort)
+  fi
+  if ((${#patch_files[@]})); then
+    # Each file's name and diff (the text before it may change without a rebuild).
+    found_patches="$(for f in "${patch_files[@]}"; do printf '%s\n' "${f##*/}" && sed -n '/^--- /,$p' "$f"; done | sha256sum | cut -c1-16)"
+  fi
+}
+find_patches
+patches="${LLAMA_CPP_PATCHES:-$found_patches}"
+stamp_text="$(printf '%s\n' "$LLAMA_CPP_COMMIT" "${cmake_args[*]}" "patches $patches")"
 
 already_built() {
   [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_text" ]] || return 1
@@ -116,6 +133,34 @@ else
   fi
   [[ "$(git -C "$src" rev-parse HEAD)" == "$LLAMA_CPP_COMMIT" ]] ||
     fail "fetched llama.cpp is not at $LLAMA_CPP_COMMIT"
+  # A checkout an earlier build patched goes back to the commit first.
+  git -C "$src" reset -q --hard && git -C "$src" clean -qfd
+fi
+
+if [[ "$patches" == none ]]; then
+  log "no llama.cpp patches for $LLAMA_CPP_COMMIT: building it unpatched"
+  status build_patches=none
+else
+  [[ "$found_patches" == "$patches" ]] ||
+    fail_final "the llama.cpp patches in $patch_dir (set $found_patches) are not the set this node expects ($patches)"
+  # Never patched in place: a plain tree is shared (and read-only on a local machine).
+  if [[ "$src" != "$root/src" ]]; then
+    rm -rf "$root/src"
+    cp -a "$src/." "$root/src"
+    src="$root/src"
+    git init -q "$src" # its own root for git apply, whatever holds the prefix
+  fi
+  for f in "${patch_files[@]}"; do
+    git -C "$src" apply "$f" 2>"$root/patch.log" ||
+      fail_final "llama.cpp patch ${f##*/} does not apply to $LLAMA_CPP_COMMIT: $(head -n 1 "$root/patch.log")"
+  done
+  log "applied the llama.cpp patches (set $patches): ${patch_files[*]##*/}"
+  status "build_patches=${patch_files[*]##*/}"
+fi
+# CMake keeps one source directory per build directory.
+cached_source="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)"
+if [[ -n "$cached_source" && "$cached_source" != "$(realpath "$src")" ]]; then
+  rm -rf "$build_dir"
 fi
 
 log "building ${targets[*]} with $jobs jobs"

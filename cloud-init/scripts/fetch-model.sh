@@ -42,6 +42,15 @@ if [[ " ${urls[*]}" =~ \ (s3|gs|az):// ]]; then
   source "$LLAMA_RPC_BIN_DIR/fetch-staged.sh"
 fi
 
+# A model that fits in memory downloads at the network's speed: the page cache may hold all of it
+# dirty while the disk catches up behind (writeback starts at once, at 1 GiB). Unset (a model
+# larger than memory), the kernel's limits hold and the disk sets the pace.
+if [[ -n "${WRITEBACK_BYTES:-}" ]]; then
+  require_count WRITEBACK_BYTES
+  sysctl -q -w "vm.dirty_bytes=$WRITEBACK_BYTES" "vm.dirty_background_bytes=$((1 << 30))" ||
+    log "could not raise the dirty-page limit (sysctl); the download goes at the disk's pace"
+fi
+
 mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
 scratch="$(mktemp -d)"
 # Whatever stops this script, the status must not stay "downloading".

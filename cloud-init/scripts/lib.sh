@@ -7,8 +7,11 @@
 
 LLAMA_RPC_ENV_FILE="${LLAMA_RPC_ENV_FILE:-/etc/llama-rpc/node.env}"
 if [[ -r "$LLAMA_RPC_ENV_FILE" ]]; then
+  # Exported, as systemd's EnvironmentFile= does: llama.cpp reads its switches from there.
+  set -a
   # shellcheck source=/dev/null
   source "$LLAMA_RPC_ENV_FILE"
+  set +a
 fi
 
 LLAMA_RPC_BIN_DIR="${LLAMA_RPC_BIN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"

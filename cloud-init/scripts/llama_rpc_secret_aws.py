@@ -1,4 +1,4 @@
-"""llama-rpc-secret's AWS reader: an SSM SecureString with the instance role's credentials."""
+"""llama-rpc-secret's AWS reader: SSM parameters with the instance role's credentials."""
 
 import datetime
 import hashlib
@@ -22,6 +22,28 @@ def read(source, *, fetch, imds):
         credentials=role_credentials(fetch, imds),
     )  # fmt: skip
     return json.loads(fetch(url, headers, method="POST", body=body))["Parameter"]["Value"]
+
+
+def read_path(source, *, fetch, imds):
+    """``REGION:PATH``: every parameter under PATH, as {its name after PATH/: its value}
+    (GetParametersByPath, recursive, page by page)."""
+    region, _, path = source.partition(":")
+    if not region or not path:
+        raise ValueError(f"aws-ssm:{source} is not aws-ssm:REGION:PATH")
+    url = SSM_ENDPOINT or f"https://ssm.{region}.amazonaws.com/"
+    credentials, found, token = role_credentials(fetch, imds), {}, None
+    while True:
+        asked = {"Path": path, "Recursive": True, **({"NextToken": token} if token else {})}
+        body = json.dumps(asked).encode()
+        headers = signed_headers(
+            url, region=region, service="ssm", target="AmazonSSM.GetParametersByPath",
+            body=body, credentials=credentials,
+        )  # fmt: skip
+        page = json.loads(fetch(url, headers, method="POST", body=body))
+        found |= {p["Name"][len(path) + 1 :]: p["Value"] for p in page["Parameters"]}
+        token = page.get("NextToken")
+        if not token:
+            return found
 
 
 def role_credentials(fetch, imds):

@@ -31,6 +31,13 @@ llama_rpc_status get boot_started_at >/dev/null ||
   status "boot_started_at:=$(date +%s.%N)"
 status "role=$LLAMA_ROLE" "node_ip=${LLAMA_NODE_IP:-}" "llama_cpp_commit=${LLAMA_CPP_COMMIT:-}" last_error:=null
 
+# Boot files the user data could not hold (AWS), read once with the node's own role.
+if [[ -n "${LLAMA_RPC_FILES_SOURCE:-}" && ! -f "$LLAMA_RPC_BIN_DIR/../.files-${LLAMA_RPC_FILES:-}" ]]; then
+  code=0
+  reason="$(python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-secret" files 2>&1)" || code=$?
+  [[ $code -ne $EXIT_FINAL ]] || fail_final "$reason"
+  [[ $code -eq 0 ]] || fail "${reason:-could not read the boot files from $LLAMA_RPC_FILES_SOURCE}"
+fi
 if [[ -n "${LLAMA_PACKAGES:-}" ]]; then
   "$LLAMA_RPC_BIN_DIR/install-packages.sh"
 fi

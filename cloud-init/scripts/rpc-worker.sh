@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A worker node's service: ggml-rpc-server on this node's private address with every core. Marks
 # the node serving once the port answers. No tensor cache (--cache): writing each tensor to the
-# disk made a first load 1.95 times slower here (bench/results/load.json), and reading it back
+# disk made a first load 1.83 times slower here (bench/results/load.json), and reading it back
 # from a cloud disk (125 MiB/s by default) is slower than the main node sending it again.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

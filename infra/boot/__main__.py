@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infra.boot.deliver import deliver
+from infra.boot.deliver import deliver, for_cloud
 from infra.boot.node import example
 from infra.boot.render import render
 from infra.cli.naming import prog
 from infra.cli.options import add_json, print_json
 from infra.clouds import FACTS
 from infra.core.limits import ROLES
+
+# Where the example's boot files beyond its user data would be kept (a stack's own path).
+EXAMPLE_PATH = "/llama-rpc-cluster/example/boot"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_json(parser)
     args = parser.parse_args(argv)
-    user_data = render(example(args.role))
+    node = example(args.role)
+    if args.cloud:  # as the cloud boots it: AWS's user data holds the first steps only
+        node = for_cloud(
+            node, args.cloud, FACTS[args.cloud].region_example, f"{EXAMPLE_PATH}/{args.role}"
+        )
+    user_data = render(node)
     if args.json:
         document: dict[str, object] = {"role": args.role, "userData": user_data}
         if args.cloud:

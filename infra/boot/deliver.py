@@ -6,12 +6,13 @@ when the plain text is over the limit and the channel takes binary data.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 from dataclasses import dataclass
 
-from infra.boot.node import BootConfigError
+from infra.boot.node import BootConfigError, NodeBoot
 from infra.clouds import FACTS
-from infra.core.limits import Cloud
+from infra.core.limits import Cloud, Role
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,23 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
         "limit even compressed; shorten the model URL list (or stage the model: one short URL "
         "per part), or leave out a feature that brings a boot script (a spend guard, apiKey)",
     )
+
+
+def packed(text: str) -> str:
+    """A file as a store keeps it where the user data cannot hold it: gzip in base64, the same
+    bytes every time (``llama-rpc-secret files`` unpacks it)."""
+    return base64.b64encode(gzip.compress(text.encode(), 9, mtime=0)).decode()
+
+
+def files_source(cloud: Cloud, role: Role, region: str, path: str) -> str:
+    """Where a node on ``cloud`` reads the boot files beyond its first steps ("": its user data
+    holds them all): ``path`` in the cloud's store (``UserDataChannel.files_store``), for a main
+    node. A worker has no cloud identity to read a store with (the RPC port it serves has no
+    authentication), so its user data holds every file it has."""
+    store = FACTS[cloud].user_data.files_store
+    return f"{store}:{region}:{path}" if store and role == "main" else ""
+
+
+def for_cloud(boot: NodeBoot, cloud: Cloud, region: str, path: str) -> NodeBoot:
+    """The node as ``cloud`` boots it (``files_source``)."""
+    return dataclasses.replace(boot, files_source=files_source(cloud, boot.role, region, path))

@@ -3,12 +3,10 @@
 Comments are for the repository; on a node they only take user-data space, of which AWS gives
 16 KB compressed. Nothing else changes: shell scripts keep every line bash parses, unindented
 (heredoc bodies and multi-line strings as they are; the tests compare bash's own reading of
-both), Python
-scripts lose only their comment tokens, their functions' docstrings and their module docstring
-after its first line (the summary their ``--help`` prints; a module they import, all of it), and
-unit files only their ``#`` and
-``;`` lines.
-"""
+both), Python scripts lose only their comment tokens, their functions' docstrings and their
+module docstring after its first line (the summary their ``--help`` prints; a module they import,
+all of it), unit files only their ``#`` and ``;`` lines, and a llama.cpp patch the text before
+its diff."""
 
 from __future__ import annotations
 
@@ -29,6 +27,8 @@ def installed_text(path: Path) -> str:
     # .conf: a unit's drop-in.
     if path.suffix in {".service", ".target", ".timer", ".conf"}:
         return _without_lines(text, lambda line: line.lstrip().startswith(("#", ";")))
+    if path.suffix == ".patch":  # the diff without what it says about itself
+        return patch_diff(text)
     if path.suffix == ".py":  # a module the scripts import: no --help, no summary
         return _python_without_comments(text, summary=False)
     if first.startswith("#!") and "python" in first:
@@ -36,6 +36,13 @@ def installed_text(path: Path) -> str:
     if path.suffix == ".sh" or (first.startswith("#!") and "bash" in first):
         return _shell_without_comments(text)
     return text
+
+
+def patch_diff(text: str) -> str:
+    """A patch file from its diff on (its first ``--- `` line): what ``git apply`` reads, and
+    what the set's digest covers (build-llama.sh reads it the same way)."""
+    start = 0 if text.startswith("--- ") else text.find("\n--- ") + 1
+    return text[start:]
 
 
 def _without_lines(text: str, drop: Callable[[str], bool]) -> str:

@@ -10,6 +10,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from infra.boot.patches import patches_digest
 from infra.clouds.stores import STORE_SCHEMES
 from infra.core import server_args
 from infra.core.limits import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
@@ -61,6 +62,9 @@ API_KEY_SOURCE = re.compile(
     r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,1000}|gcp-sm:[A-Za-z0-9_-]{1,255}"
     r"|azure-kv:[0-9A-Za-z-]{1,127}"
 )
+# Where a node reads the boot files its user data cannot hold (llama-rpc-secret files): an SSM
+# Parameter Store path, one parameter per file (AWS, whose user data is 16 KB).
+FILES_SOURCE = re.compile(r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,900}")
 # How a spend guard stops a node so that its compute charge ends: a guest power-off stops an EC2
 # instance (its shutdown behaviour is "stop") and a Compute Engine VM; an Azure VM that powers
 # off stays allocated, and billed, until it is deallocated through Azure Resource Manager, which
@@ -90,6 +94,9 @@ class NodeBoot:
     node_ip: str
     llama_cpp_commit: str = LLAMA_CPP_COMMIT
     llama_cpp_source: str = LLAMA_CPP_REPO
+    # Where the node reads the boot files its user data cannot hold (FILES_SOURCE: AWS's 16 KB
+    # holds the first steps of the boot only); "": every file comes in the user data.
+    files_source: str = ""
     rpc_port: int = RPC_PORT
     rpc_allowed_sources: tuple[str, ...] = ()
     # A worker's egress once serving: this network (and the cloud's link-local services) only.
@@ -138,6 +145,9 @@ class NodeBoot:
     # it is not the provider's own (a local S3 API); the node reads it with its own identity.
     model_store_region: str = ""
     model_store_endpoint: str = ""
+    # A main node whose memory holds the model: the dirty bytes the page cache may hold while it
+    # downloads (the model's size), so the download runs at the network's speed. 0: the kernel's.
+    writeback_bytes: int = 0
     data_device: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -155,6 +165,11 @@ class NodeBoot:
         return self.stop_after_idle_seconds > 0 or self.stop_after_seconds > 0
 
     @property
+    def patches(self) -> str:
+        """The digest of the patch set the build applies (``none``: built unpatched)."""
+        return patches_digest(self.llama_cpp_commit)
+
+    @property
     def rpc_servers(self) -> str:
         """The main node's ``--rpc`` list: ``ip:port,ip:port`` in worker order."""
         return rpc_servers(list(self.rpc_workers), self.rpc_port)
@@ -168,12 +183,15 @@ class NodeBoot:
             "LLAMA_NODE_IP": self.node_ip,
             "LLAMA_CPP_COMMIT": self.llama_cpp_commit,
             "LLAMA_CPP_SOURCE": self.llama_cpp_source,
+            "LLAMA_CPP_PATCHES": self.patches,
             "LLAMA_PREFIX": paths.prefix,
             "LLAMA_DATA_DIR": paths.data_dir,
             "LLAMA_STATUS_FILE": f"{paths.data_dir}/status.json",
             "RPC_PORT": str(self.rpc_port),
             "METRICS_PORT": str(METRICS_PORT),
         }
+        if self.files_source:
+            env["LLAMA_RPC_FILES_SOURCE"] = self.files_source
         if service_user:
             env["LLAMA_SERVICE_USER"] = service_user
         if self.threads:
@@ -205,6 +223,8 @@ class NodeBoot:
                 env["API_KEY_SOURCE"] = self.api_key_source
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
+            if self.writeback_bytes:
+                env["WRITEBACK_BYTES"] = str(self.writeback_bytes)
             if self.staged:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
@@ -232,6 +252,8 @@ _ENV_FIELDS = {
     "LLAMA_NODE_IP": "node_ip",
     "LLAMA_CPP_COMMIT": "llama_cpp_commit",
     "LLAMA_CPP_SOURCE": "llama_cpp_source",
+    "LLAMA_CPP_PATCHES": "llama_cpp_commit",
+    "LLAMA_RPC_FILES_SOURCE": "files_source",
     "RPC_PORT": "rpc_port",
     "LLAMA_SERVICE_USER": "service_user",
     "LLAMA_THREADS": "threads",
@@ -259,6 +281,7 @@ _ENV_FIELDS = {
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
     "MODEL_STORE_ENDPOINT": "model_store_endpoint",
+    "WRITEBACK_BYTES": "writeback_bytes",
 }
 
 
@@ -283,6 +306,12 @@ def _validate(boot: NodeBoot) -> None:
         value = getattr(boot, name)
         if value < 1:
             raise BootConfigError(name, f"{name} {value} must be at least 1")
+    if boot.files_source and not FILES_SOURCE.fullmatch(boot.files_source):
+        raise BootConfigError(
+            "files_source",
+            f"files_source {boot.files_source!r}: give aws-ssm:REGION:/PATH, or leave it empty "
+            "for every boot file to come in the user data",
+        )
     if boot.cluster_cidr:
         _validate_cluster_cidr(boot)
     _validate_guard(boot)

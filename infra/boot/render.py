@@ -8,13 +8,15 @@ drop-in that binds it to the node's private address.
 
 from __future__ import annotations
 
-from pathlib import Path
+import hashlib
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
 from infra.boot.installed import installed_text
-from infra.boot.node import VM_PATHS, NodeBoot, render_env_file
+from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
+from infra.boot.patches import patch_set
 from infra.core import network_rules
 from infra.core.limits import METRICS_PORT, Role
 
@@ -68,6 +70,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     ),
     "main": (
         *COMMON_SCRIPTS,
+        "llama_rpc_progress.py",
         "build-llama.sh",
         "fetch-model.sh",
         "wait-workers.sh",
@@ -89,6 +92,21 @@ API_KEY_READER_MODULES = {
 }
 GUARD_SCRIPT = "llama-rpc-guard"
 DEALLOCATE_SCRIPT = "llama-rpc-deallocate"
+# The scripts' parent on a VM: the boot files' paths in a store are relative to it.
+BOOT_ROOT = PurePosixPath(VM_PATHS.bin_dir).parent
+# What a node with FILES_SOURCE still gets in its user data: the boot's steps up to the read of
+# the rest (node-boot.sh), that reader, and the guard, which runs from each boot on its own.
+FIRST_SCRIPTS = frozenset(
+    {
+        "lib.sh",
+        "llama-rpc-status",
+        "node-boot.sh",
+        API_KEY_READER,
+        *API_KEY_READER_MODULES.values(),
+        GUARD_SCRIPT,
+        DEALLOCATE_SCRIPT,
+    }
+)
 GUARD_UNIT = "llama-rpc-guard.service"
 
 
@@ -102,14 +120,58 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     scripts = ROLE_SCRIPTS[boot.role]
     if boot.staged:
         scripts += (STAGED_SCRIPT,)
-    if boot.api_key_source:
-        kind = boot.api_key_source.split(":", 1)[0]
-        scripts += (API_KEY_READER, API_KEY_READER_MODULES[kind])
+    # The reader of the cloud's stores: for the API key, and for files beyond the user data.
+    kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})
+    if kinds != [""]:
+        scripts += (API_KEY_READER, *(API_KEY_READER_MODULES[kind] for kind in kinds if kind))
     if boot.guarded:
         scripts += (GUARD_SCRIPT,)
         if boot.stop_by == "azure-deallocate":
             scripts += (DEALLOCATE_SCRIPT,)
     return scripts
+
+
+def boot_files(boot: NodeBoot, paths: NodePaths = VM_PATHS) -> list[dict[str, str]]:
+    """The scripts and the llama.cpp patch set a node installs, as ``write_files`` entries. The
+    patches go to ``../patches/COMMIT/`` beside the scripts, where build-llama.sh reads them."""
+    files = [
+        {
+            "path": f"{paths.bin_dir}/{script}",
+            "permissions": "0644" if not_run(script) else "0755",
+            "content": installed_text(SCRIPTS_DIR / script),
+        }
+        for script in node_scripts(boot)
+    ]
+    patches = PurePosixPath(paths.bin_dir).parent / "patches" / boot.llama_cpp_commit
+    files += [
+        {
+            "path": str(patches / patch.name),
+            "permissions": "0644",
+            "content": patch.path.read_text(),
+        }
+        for patch in patch_set(boot.llama_cpp_commit)
+    ]
+    return files
+
+
+def fetched_files(boot: NodeBoot, paths: NodePaths = VM_PATHS) -> list[dict[str, str]]:
+    """The boot files a node with ``files_source`` reads from there (``llama-rpc-secret files``,
+    early in node-boot.sh): all but those the steps before it and the guard need."""
+    if not boot.files_source:
+        return []
+    first = {f"{paths.bin_dir}/{name}" for name in FIRST_SCRIPTS}
+    return [file for file in boot_files(boot, paths) if file["path"] not in first]
+
+
+def files_digest(files: list[dict[str, str]], paths: NodePaths = VM_PATHS) -> str:
+    """The fetched files' digest, as llama-rpc-secret checks what it wrote: each file's path
+    under the scripts' parent, mode and content, in path order (sha256, 16 hex)."""
+    root = PurePosixPath(paths.bin_dir).parent
+    digest = hashlib.sha256()
+    for file in sorted(files, key=lambda f: f["path"]):
+        name = PurePosixPath(file["path"]).relative_to(root)
+        digest.update(f"{name}\n{file['permissions']}\n".encode() + file["content"].encode())
+    return digest.hexdigest()[:16]
 
 
 def node_units(boot: NodeBoot) -> tuple[str, ...]:
@@ -124,14 +186,8 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     packages = sorted(
         BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.staged else ())
     )
-    files: list[dict[str, str]] = [
-        {
-            "path": f"{paths.bin_dir}/{script}",
-            "permissions": "0644" if not_run(script) else "0755",
-            "content": installed_text(SCRIPTS_DIR / script),
-        }
-        for script in node_scripts(boot)
-    ]
+    fetched = fetched_files(boot, paths)
+    files = [file for file in boot_files(boot, paths) if file not in fetched]
     files += [
         {
             "path": f"/etc/systemd/system/{name}",
@@ -153,6 +209,8 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     # the service user, get their settings from systemd and do not read it (lib.sh sources it
     # only when readable).
     env = boot.env(paths, service_user=SERVICE_USER) | {"LLAMA_PACKAGES": " ".join(packages)}
+    if fetched:
+        env["LLAMA_RPC_FILES"] = files_digest(fetched, paths)
     files.append(
         {
             "path": paths.env_file,

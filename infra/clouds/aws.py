@@ -25,6 +25,10 @@ NAME_TAG = "Name"
 # IAM roles carry the tags too, and IAM allows only letters, digits, spaces and _ . : / = + - @
 # (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
 MAX_TAGS = 50
+# SSM Parameter Store values: a standard parameter holds 4 KB, an advanced one 8 KB ($0.05 a
+# month; https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-advanced-parameters.html).
+SSM_STANDARD_VALUE_CHARS = 4096
+SSM_ADVANCED_VALUE_CHARS = 8192
 _TAG_PUNCTUATION = set("_.:/=+-@ ")
 
 
@@ -110,8 +114,10 @@ FACTS = CloudFacts(
     arm_pattern=re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+"),
     arm_examples="Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g",
     # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
-    # 2025; throughput is held to the 1,000 MiB/s every region offers). A root volume is at
-    # least its AMI's snapshot: 8 GiB for Canonical's Ubuntu 24.04 AMIs.
+    # 2025). A volume made by CreateVolume or raised by ModifyVolume takes up to 2,000 MiB/s,
+    # but a root volume is made by RunInstances, whose block device takes 125-1000 (the EC2
+    # API's EbsBlockDevice). A root volume is at least its AMI's snapshot: 8 GiB for
+    # Canonical's Ubuntu 24.04 AMIs.
     boot_disk_gb=Range(8, 65_536),
     disk_throughput_mibps=Range(125, 1000),
     # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
@@ -129,7 +135,11 @@ FACTS = CloudFacts(
     # API's base64; user_data_base64 takes gzip (cloud-init unpacks it).
     # SSM GetCommandInvocation returns the first 24,000 characters of stdout.
     command_output_chars=24_000,
-    user_data=UserDataChannel("user_data", 16 * 1024, gzip_field="user_data_base64"),
+    # 16 KB holds the boot's first steps: the rest (the later scripts, the llama.cpp patches)
+    # are parameters the node reads with its role.
+    user_data=UserDataChannel(
+        "user_data", 16 * 1024, gzip_field="user_data_base64", files_store="aws-ssm"
+    ),
     disk=DiskModel("gp3", included_mibps=125, included_iops=3000, iops_per_mibps=4),
     nat=NatModel("NAT gateway"),
     balancer_name="internal Network Load Balancer",

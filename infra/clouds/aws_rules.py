@@ -25,6 +25,7 @@ from infra.clouds.rules import (
     Tags,
     Text,
     by_type,
+    values_at,
 )
 
 SSM_DOCUMENTS = (
@@ -92,6 +93,17 @@ def _user_data(resource: Registered, _stack: Stack) -> str | None:
         return f"user data of {raw} bytes; EC2 takes {aws.FACTS.user_data.limit_bytes}"
     if not resource.inputs.get("userDataReplaceOnChange"):
         return "new user data must replace the node (cloud-init reads it on the first boot only)"
+    return None
+
+
+def _parameter_value(resource: Registered, _stack: Stack) -> str | None:
+    limit = aws.SSM_STANDARD_VALUE_CHARS
+    for _, value in values_at(resource.inputs, "value"):
+        if resource.inputs.get("tier", "Standard") == "Standard" and len(str(value)) > limit:
+            return (
+                f"a value of {len(str(value))} characters; a standard parameter holds {limit} "
+                f"(tier Advanced: {aws.SSM_ADVANCED_VALUE_CHARS})"
+            )
     return None
 
 
@@ -310,8 +322,10 @@ RULES = by_type(
             ),
             Text("description", 1024, SSM_PARAMETER_API),
             OneOf("type", ("String", "StringList", "SecureString"), SSM_PARAMETER_API),
-            # A standard parameter's value: 1-4096 characters.
-            Text("value", 4096, SSM_PARAMETER_API, required=True),
+            OneOf("tier", ("Standard", "Advanced", "Intelligent-Tiering"), SSM_PARAMETER_API),
+            # A value of 1-4096 characters (standard), or 8192 (advanced).
+            Text("value", aws.SSM_ADVANCED_VALUE_CHARS, SSM_PARAMETER_API, required=True),
+            Requires(_parameter_value, SSM_PARAMETER_API),
         ),
         replaced_on=("name",),
         source=f"{TF}ssm/parameter.go",

@@ -117,6 +117,9 @@ class UserDataChannel:
     base64: bool = False
     # The argument that takes it gzipped (base64 of the gzip bytes); None: text only.
     gzip_field: str | None = None
+    # Where the boot files beyond the boot's first steps are kept when the user data is too
+    # small for them (a store the node reads with its own identity); "": the user data holds all.
+    files_store: str = ""
 
 
 @dataclass(frozen=True)

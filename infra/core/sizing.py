@@ -35,6 +35,12 @@ def usable_memory_bytes(instance: InstanceType) -> int:
     return usable_of(instance.memory_bytes)
 
 
+def fits_memory(file_bytes: int, instance: InstanceType) -> bool:
+    """Whether a node's memory holds the whole model file (its page cache, between the download,
+    the checksum and the load)."""
+    return file_bytes <= usable_memory_bytes(instance)
+
+
 def usable_of(memory_bytes: int) -> int:
     """What a node with ``memory_bytes`` of memory can give the model."""
     return int(memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES

@@ -112,6 +112,7 @@ def _up(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         stop_after_idle_minutes=args.stop_after_idle_minutes,
         stop_after_hours=args.stop_after_hours,
+        patches_off=tuple(args.patches_off.split(",")) if args.patches_off else (),
     )
     contract = cluster.up(
         options,
@@ -356,6 +357,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOURS",
         help="machines: every node powers off this long after each boot, as a stack's "
         "stopAfterHours (default: never)",
+    )
+    start.add_argument(
+        "--patches-off",
+        metavar="NUMBERS",
+        help="llama.cpp patches to turn off at run time, as a stack's llamaCppPatchesOff: "
+        "0001,0003 or all (docs/loader.md)",
     )
     start.add_argument("--timeout", type=float, default=1800)
     start.add_argument("--loopback", action="store_true", help="no namespaces, even as root")

@@ -20,7 +20,11 @@ from infra.boot import (
     render,
     render_env_file,
 )
+from infra.boot.deliver import for_cloud
+from infra.boot.patches import switches_off
+from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
 from infra.core import layout, placement
+from infra.core.layout import PROJECT
 from infra.core.limits import Role
 from infra.local import image as node_image
 from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine
@@ -119,6 +123,7 @@ def node_boot(
         api_key_file=api_key_file if role == "main" else "",
         stop_after_idle_seconds=math.ceil(options.stop_after_idle_minutes * 60),
         stop_after_seconds=math.ceil(options.stop_after_hours * 3600),
+        extra_env=dict(options.llama_env) | switches_off(options.commit, options.patches_off),
     )
 
 
@@ -200,6 +205,9 @@ def machine_node(
     cloud's datasource decodes it, in the machine's NoCloud seed."""
     parts = part_paths(options.model)
     cloud = options.deliveries[index % len(options.deliveries)]
+    # The files beyond its first steps, where its cloud keeps them (placed below, as a VM reads
+    # them).
+    boot = for_cloud(boot, cloud, "local", f"/{PROJECT}/{options.cluster_id}/boot/{boot.role}")
     delivery = deliver(render(boot), cloud)
     received = delivery.received()
     host_bin = build_prefix(options.cache) / options.commit / "bin"
@@ -215,6 +223,12 @@ def machine_node(
         ),
     )
     (machine.directory / "user-data").write_bytes(received)
+    fetched = fetched_files(boot)
+    for file in fetched:
+        place_file(machine.written(file["path"]), file["content"], int(file["permissions"], 8))
+    if fetched:
+        marker = BOOT_ROOT / f".files-{files_digest(fetched)}"
+        place_file(machine.written(str(marker)), "", 0o644)
     machine.seed(received, instance_id=f"{machine.name}-{os.urandom(4).hex()}")
     return MachineEntry(
         name=machine.name,
@@ -242,6 +256,15 @@ def machine_image(options: UpOptions) -> node_image.Image:
 # Where a machine's root keeps the API key: systemd's persistent credential store (a VM fetches
 # it into /run/credstore at each boot instead).
 MACHINE_API_KEY_FILE = f"/etc/credstore/{API_KEY_CREDENTIAL}"
+
+
+def place_file(path: Path, content: str, mode: int) -> None:
+    """A root's file in a machine's root, as its boot would write it."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), mode)
+        file.write(content)
 
 
 def place_secret(path: Path, secret: str) -> None:

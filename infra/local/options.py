@@ -11,6 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.boot.patches import patch_set, switches_off
 from infra.core import layout, placement, sizing
 from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, Cloud
 from infra.core.pins import LLAMA_CPP_COMMIT
@@ -64,6 +65,11 @@ class UpOptions:
     # hours from each boot; 0: off. Fractions are allowed here, for trying them out.
     stop_after_idle_minutes: float = 0
     stop_after_hours: float = 0
+    # llama.cpp patches turned off at run time, as a stack's llamaCppPatchesOff: numbers, or "all".
+    patches_off: tuple[str, ...] = ()
+    # The patches' own settings for every node, by name (e.g. GGML_RPC_INFLIGHT_MB=256); a patch
+    # turned off keeps its switch.
+    llama_env: tuple[tuple[str, str], ...] = ()
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -92,6 +98,16 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
         raise OptionError(f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups")
     if options.netns:
         _check_groups_fit(options, cidr)
+    try:
+        switches_off(options.commit, options.patches_off)
+    except ValueError as error:
+        raise OptionError(f"--patches-off: {error}") from None
+    known = {name for patch in patch_set(options.commit) for name, _ in patch.switch}
+    for name, _ in options.llama_env:
+        if name not in known:
+            raise OptionError(
+                f"{name}: not a setting of this commit's patches ({', '.join(sorted(known))})"
+            )
     for part in part_paths(options.model):
         if not part.is_file():
             raise OptionError(f"--model: {part} does not exist")

@@ -143,9 +143,9 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         "serve": (
             f"{serve.BOOT_SECONDS:.0f} s boot, then the llama.cpp build beside the download "
             f"(internet: a {plan.download_gbps:g} Gbit/s model host; staged: the provider's "
-            "object store in the region), the sha256 check, and the load: the main node's "
-            "layers, then each worker's sent to it in turn; each phase in timeToServe names "
-            "its basis"
+            "object store in the region), the sha256 check, and the load with the llama.cpp "
+            "patch set: the main node's layers repacked on every core while every worker is "
+            "sent its own at once; each phase in timeToServe names its basis"
         ),
         "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "

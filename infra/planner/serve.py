@@ -14,14 +14,18 @@ Every rate is a named figure with its basis: the catalog, a benchmark of this re
 - ``staged``: the provider's object store in the stack's region (``python -m infra.stage``),
   many ranged reads at once over the private path, up to the instance's network.
 
-The load at the pinned commit: llama-server maps the file and faults all of it in first
-(``MAP_POPULATE``), then repacks its own Q4_0 weights on one core, then for each worker hashes
-every tensor over 10 MiB (FNV-1a, one core), copies it into a message and sends it on one flow,
-one worker after another. Where the file does not fit in the main node's memory, the page cache
-cannot hold it between the download, the checksum and the load: the checksum and the load's
-populate read it from the disk again. What the populate evicted is read once more during the
-tensors' hashing; that read is not counted: without it the phases already put Arm's published
-405B load (about 30 min from a 125 MiB/s disk, tests/planner/test_plan.py) 36 % high.
+The load, with the build's patch set (``cloud-init/patches``, docs/loader.md): where the file
+fits in the main node's memory it is mapped in on one thread (``MAP_POPULATE`` of pages the
+download left in the page cache); then the main node repacks its own Q4_0 weights on every core
+(patch 0004) while each worker is sent its layers at the same time (patch 0002), each without the
+FNV hash and cache probe (0001), on one flow each. Where the file does not fit, nothing is read
+ahead (0003): the load reads the file from the main disk once, as it touches it, while the same
+three things go on; and the download runs at the disk's pace and the checksum reads it again. A
+model that fits downloads at the network's pace: the page cache may hold all of it dirty
+(``WRITEBACK_BYTES``). ``loader="upstream"`` is llama.cpp at the pin without the patches
+(``llamaCppPatchesOff: [all]``): populate everything first, repack on one core, hash and send to
+one worker after the other; it reproduces Arm's published 405B load (about 30 min from a 125
+MiB/s disk, tests/planner/test_plan.py) within the bounds that test sets.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from infra.catalog import InstanceType
 from infra.core import sizing
 from infra.core.placement import Placement
 from infra.models import Model
+from infra.planner import perf
 
 MIB = 1024**2
 GB = 1e9
@@ -68,13 +73,21 @@ PART_BYTES = 50 * GB
 # Measured by bench/load.py on this repository's machine (bench/results/load.json). These are
 # x86 figures: no Graviton, Axion or Cobalt figure is published. SHA-256 of one part per core,
 # as fetch-model.sh checks it (OpenSSL through Python's hashlib).
-SHA256_GBPS_PER_CORE = 1.439
-# llama-server loading weights it holds itself from the page cache (Q4_0, repacked).
-LOAD_GBPS = 0.954
-# Weights llama-server sends to an RPC worker, per byte apart from the wire: FNV-1a hashing
-# (one core), the copy into the message, and the worker's copy into its buffer.
-RPC_SEND_GBPS = 0.483
+SHA256_GBPS_PER_CORE = 1.631
 LOAD_BASIS = "bench/results/load.json (measured on this repository's x86 machine)"
+# Upstream: llama-server loading weights it holds itself from the page cache (Q4_0, repacked on
+# one core), and sending them to an RPC worker (FNV hash, probe, copies, one tensor at a time).
+LOAD_GBPS = 1.202
+RPC_SEND_GBPS = 0.553
+# Patched ("phases"): mapping a cached file in (MAP_POPULATE, one thread); the Q4_0 repack per
+# thread, and how much of a thread each added one is worth (the measured speedup on this
+# machine's cores over their count); a weight's way to one worker without the hash, its copy
+# overlapped with the wire (rpc_send_gbps_patched).
+POPULATE_GBPS = 14.204
+REPACK_GBPS_PER_THREAD = 2.861
+REPACK_THREAD_EFFICIENCY = 1.0
+RPC_SEND_GBPS_PATCHED = 0.865
+LOADERS = ("patched", "upstream")
 # One TCP flow carries the weights to each worker. AWS caps a flow at 10 Gbit/s inside a
 # cluster placement group (FACTS); the other providers publish no cap, so the same is used.
 SINGLE_FLOW_GBPS = 10.0
@@ -136,20 +149,28 @@ def part_count(model: Model) -> int:
 def fits_page_cache(model: Model, main: InstanceType) -> bool:
     """Whether the main node's memory holds the whole file: then the checksum and the load read
     it from memory, not from the disk again."""
-    return model.size_bytes <= sizing.usable_memory_bytes(main)
+    return sizing.fits_memory(model.size_bytes, main)
 
 
 def _download(
-    model: Model, main: InstanceType, path: str, disk_mibps: float, internet_gbps: float
+    model: Model,
+    main: InstanceType,
+    path: str,
+    disk_mibps: float,
+    internet_gbps: float,
+    *,
+    loader: str = "patched",
 ) -> tuple[float, str]:
-    """Seconds to fetch the file, and which limit sets the rate."""
+    """Seconds to fetch the file, and which limit sets the rate: not the disk where the file fits
+    in memory (the page cache holds it dirty while the disk catches up: WRITEBACK_BYTES)."""
     limits = {"the instance's network (catalog)": main.network_gbps or math.inf}
     if path == "internet":
         limits[f"the model host, assumed {internet_gbps:g} Gbit/s"] = internet_gbps
     else:
         streams = STAGED_STREAMS * min(part_count(model), DOWNLOAD_JOBS)
         limits[f"{streams} ranged reads: {STORE_BASIS}"] = streams * STORE_STREAM_MBPS * 8e6 / GB
-    limits[f"the main disk's write, {disk_mibps:.0f} MiB/s"] = disk_mibps * MIB * 8 / GB
+    if loader == "upstream" or not fits_page_cache(model, main):
+        limits[f"the main disk's write, {disk_mibps:.0f} MiB/s"] = disk_mibps * MIB * 8 / GB
     basis, gbps = min(limits.items(), key=lambda item: item[1])
     return model.size_bytes * 8 / (gbps * GB), basis
 
@@ -173,21 +194,100 @@ def time_to_serve(
     *,
     path: str = "internet",
     internet_gbps: float = INTERNET_GBPS,
+    loader: str = "patched",
 ) -> ServeTime:
     """The main node's timeline on one download path."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {', '.join(LOADERS)}, not {loader!r}")
     boot = Phase("boot", 0.0, BOOT_SECONDS, BOOT_BASIS)
     build = Phase("build", boot.end, build_seconds(main.vcpus), BUILD_BASIS)
-    seconds, basis = _download(model, main, path, disk_mibps, internet_gbps)
+    seconds, basis = _download(model, main, path, disk_mibps, internet_gbps, loader=loader)
     download = Phase("download", boot.end, seconds, f"{path}: limited by {basis}")
     seconds, basis = _verify(model, main, disk_mibps)
     verify = Phase("verify", download.end, seconds, basis)
     phases = [boot, build, download, verify]
-    workers = layout.shares[1:]
     # The workers are ready by then: their build is shorter than the main node's on any type
     # (worker_build_seconds; tests/planner/test_plan.py).
     start = max(build.end, verify.end)
+    load = _upstream_load if loader == "upstream" else _patched_load
+    phases += load(model, main, layout, disk_mibps, start)
+    return ServeTime(path, tuple(phases))
+
+
+def _flow_bytes_per_second(main: InstanceType) -> float:
+    return min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS) * GB / 8
+
+
+def _patched_load(
+    model: Model, main: InstanceType, layout: Placement, disk_mibps: float, start: float
+) -> list[Phase]:
+    phases = []
+    if fits_page_cache(model, main):
+        populate = Phase(
+            "load populate",
+            start,
+            model.size_bytes / (POPULATE_GBPS * GB),
+            f"the cached file mapped in (MAP_POPULATE) on one thread at {POPULATE_GBPS} GB/s "
+            f"({LOAD_BASIS})",
+        )
+        phases.append(populate)
+        start = populate.end
+    else:
+        phases.append(
+            Phase(
+                "load disk read",
+                start,
+                model.size_bytes / (disk_mibps * MIB),
+                f"the file read once from the main disk at {disk_mibps:.0f} MiB/s as the load "
+                "touches it (memory cannot hold it: no pre-read, patch 0003), beside the phases "
+                "below",
+            )
+        )
+    own = layout.shares[0].weight_bytes
+    repack, basis = _repack_rate(main)
+    phases.append(Phase("load main", start, own / repack, f"{own / GB:.1f} GB {basis}"))
+    flow = _flow_bytes_per_second(main)
+    rate = min(RPC_SEND_GBPS_PATCHED * GB, flow)
+    for index, share in enumerate(layout.shares[1:], start=1):
+        phases.append(
+            Phase(
+                f"load worker {index}",
+                start,
+                share.weight_bytes / rate,
+                f"{share.weight_bytes / GB:.1f} GB sent at the same time as the other workers' "
+                f"(patch 0002), without the hash (0001), at {rate / GB:.2f} GB/s: the lesser of "
+                f"one connection's measured {RPC_SEND_GBPS_PATCHED} GB/s ({LOAD_BASIS}) and one "
+                f"flow's {flow * 8 / GB:g} Gbit/s",
+            )
+        )
+    return phases
+
+
+def _repack_rate(main: InstanceType) -> tuple[float, str]:
+    """Bytes a second the main node repacks on every vCPU, and the basis: the measured rate per
+    thread, each thread beyond the first worth the measured efficiency, up to a third of the
+    node's memory bandwidth (the repack reads each byte, writes it, and the new pages are
+    zeroed first)."""
+    threads = main.vcpus
+    rate = REPACK_GBPS_PER_THREAD * (1 + (threads - 1) * REPACK_THREAD_EFFICIENCY) * GB
+    basis = (
+        f"repacked on {threads} threads at {REPACK_GBPS_PER_THREAD} GB/s each, "
+        f"{REPACK_THREAD_EFFICIENCY:.2f} of that for each thread beyond the first (patch 0004; "
+        f"{LOAD_BASIS})"
+    )
+    bandwidth = perf.node_bandwidth_gbps(main)
+    if bandwidth is not None and bandwidth * GB / 3 < rate:
+        rate = bandwidth * GB / 3
+        basis = f"repacked at a third of the node's {bandwidth:.0f} GB/s of memory bandwidth"
+    return rate, basis
+
+
+def _upstream_load(
+    model: Model, main: InstanceType, layout: Placement, disk_mibps: float, start: float
+) -> list[Phase]:
+    phases = []
     if not fits_page_cache(model, main):
         populate = Phase(
             "load populate",
@@ -207,8 +307,8 @@ def time_to_serve(
             f"{own / GB:.1f} GB repacked on one core at {LOAD_GBPS} GB/s ({LOAD_BASIS})",
         )
     )
-    flow = min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS) * GB / 8
-    for index, share in enumerate(workers, start=1):
+    flow = _flow_bytes_per_second(main)
+    for index, share in enumerate(layout.shares[1:], start=1):
         # One tensor after another: hash and copy it, then send it.
         per_byte = 1 / (RPC_SEND_GBPS * GB) + 1 / flow
         phases.append(
@@ -220,4 +320,4 @@ def time_to_serve(
                 f"({LOAD_BASIS}), sent on one flow at {flow * 8 / GB:g} Gbit/s",
             )
         )
-    return ServeTime(path, tuple(phases))
+    return phases

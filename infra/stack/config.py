@@ -24,13 +24,15 @@ from infra.boot import (
     deliver,
     render,
 )
+from infra.boot.deliver import files_source as store_path
+from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import costs, layout, network_rules, placement, server_args, sizing
 from infra.core.layout import PROJECT
-from infra.core.limits import MAX_WORKERS, METRICS_PORT, Cloud
+from infra.core.limits import MAX_WORKERS, METRICS_PORT, Cloud, Role
 from infra.core.placement import Placement
 from infra.models import Model, ModelError
 from infra.models.parts import model_id
@@ -62,6 +64,7 @@ BOOT_SETTING_KEYS = {
     "cluster_cidr": "vpcCidr",
     "model_alias": "modelAlias",
     "server_args": "serverArgs",
+    "extra_env": "llamaCppPatchesOff",
     "stop_after_idle_seconds": "stopAfterIdleMinutes",
     "stop_after_seconds": "stopAfterHours",
 }
@@ -112,6 +115,8 @@ class ClusterConfig:
     # The model's id for clients (llama-server's --alias), and llama-server flags a stack adds.
     model_alias: str = ""
     server_args: tuple[str, ...] = ()
+    # The llama.cpp patches turned off at run time (llamaCppPatchesOff: numbers, or "all").
+    patches_off: tuple[str, ...] = ()
     # The API key: "generated" (per stack, by the program), "given" (the apiKey setting, a Pulumi
     # secret the program reads itself), or "none". The key itself is never held here.
     api_key: str = "none"
@@ -124,6 +129,17 @@ class ClusterConfig:
     def api_key_parameter(self) -> str:
         """AWS: the SSM parameter (SecureString) that keeps the stack's API key."""
         return f"/{PROJECT}/{self.stack or 'stack'}/api-key"
+
+    def files_path(self, role: str) -> str:
+        """AWS: the SSM path under which each boot file of a role's nodes is a parameter."""
+        return f"/{PROJECT}/{self.stack or 'stack'}/boot/{role}"
+
+    def files_source(self, role: Role) -> str:
+        """Where a role's nodes read the boot files their user data cannot hold ("": none).
+        AWS's 16 KB holds a main node's first steps only: the stack keeps the rest (its later
+        scripts, the llama.cpp patch set) in Parameter Store, and the node reads them with its
+        own role. A worker, which has no role, gets all of its files in its user data."""
+        return store_path(self.cloud, role, self.region, self.files_path(role))
 
     @property
     def api_key_secret_id(self) -> str:
@@ -197,11 +213,13 @@ class ClusterConfig:
         # nodes) as they are. The node's one interface is private; the cloud firewall decides.
         listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
         idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
+        switches = switches_off(self.llama_cpp_commit, self.patches_off)
         workers = [
             NodeBoot(
                 role="worker",
                 node_ip=ip,
                 llama_cpp_commit=self.llama_cpp_commit,
+                files_source=self.files_source("worker"),
                 rpc_port=self.rpc_port,
                 rpc_allowed_sources=(f"{main_ip}/32",),
                 cluster_cidr=str(self.vpc_cidr),
@@ -209,6 +227,7 @@ class ClusterConfig:
                 stop_after_idle_seconds=idle,
                 stop_after_seconds=deadline,
                 stop_by=facts.stop_by,
+                extra_env=switches,
             )
             for ip in worker_ips
         ]
@@ -218,12 +237,16 @@ class ClusterConfig:
             # The metrics port admits the cluster's network (the top view reads it through here).
             cluster_cidr=str(self.vpc_cidr),
             llama_cpp_commit=self.llama_cpp_commit,
+            files_source=self.files_source("main"),
             rpc_port=self.rpc_port,
             rpc_workers=tuple(worker_ips),
             model_urls=self.model_urls,
             model_sha256=self.model_sha256,
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
+            writeback_bytes=self.model.size_bytes
+            if sizing.fits_memory(self.model.size_bytes, self.main_instance_type)
+            else 0,
             server_port=self.server_port,
             context_size=self.context_size,
             slots=self.slots,
@@ -238,6 +261,7 @@ class ClusterConfig:
             stop_after_idle_seconds=idle,
             stop_after_seconds=deadline,
             stop_by=facts.stop_by,
+            extra_env=switches,
         )
         return [main, *workers]
 
@@ -488,6 +512,18 @@ def _server_args(settings: Mapping[str, Any]) -> tuple[str, ...]:
     if problem := server_args.check(words):
         raise ConfigError("serverArgs", problem)
     return words
+
+
+def _patches_off(settings: Mapping[str, Any], commit: str) -> tuple[str, ...]:
+    key = "llamaCppPatchesOff"
+    given = BY_KEY[key].read(settings)
+    if not isinstance(given, list) or not all(isinstance(item, str) for item in given):
+        raise ConfigError(key, 'give a list of patch numbers, e.g. ["0002"], or ["all"]')
+    try:
+        switches_off(commit, tuple(given))
+    except ValueError as error:
+        raise ConfigError(key, str(error)) from None
+    return tuple(given)
 
 
 def _api_cidrs(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -743,6 +779,7 @@ def from_settings(
         replicas=replicas,
         model_alias=_model_alias(settings, model_setting.urls),
         server_args=_server_args(settings),
+        patches_off=_patches_off(settings, BY_KEY["llamaCppCommit"].read(settings)),
         api_key=_api_key(settings, facts),
         stop_after_idle_minutes=BY_KEY["stopAfterIdleMinutes"].read(settings) or 0,
         stop_after_hours=BY_KEY["stopAfterHours"].read(settings) or 0,

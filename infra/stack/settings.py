@@ -261,6 +261,13 @@ SETTINGS: tuple[Setting, ...] = (
         default=[],
     ),
     Setting(
+        "llamaCppPatchesOff",
+        "array",
+        'llama.cpp patches to turn off at run time, by number ("0002"), or ["all"]: the '
+        "build runs as upstream's (docs/loader.md lists them)",
+        default=[],
+    ),
+    Setting(
         "mainDiskGb",
         "integer",
         "the main node's boot disk, which holds the model file",

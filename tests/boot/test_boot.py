@@ -25,6 +25,7 @@ import yaml
 
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
+from infra.boot.deliver import for_cloud
 from infra.boot.installed import installed_text
 from infra.clouds import FACTS
 from infra.core.limits import METRICS_PORT, ROLES, Cloud
@@ -374,10 +375,13 @@ def test_data_disk_is_formatted_and_mounted_by_label() -> None:
     assert config["mounts"][0][:2] == ["LABEL=llama-data", "/var/lib/llama-rpc"]
 
 
+# Where the tests' AWS nodes read the boot files beyond their user data.
+AWS_FILES = ("us-east-1", "/llama-rpc-cluster/t/boot/main")
 # Prints the main node's AWS user data as delivered (gzipped: it is over AWS's 16 KiB).
 DELIVER_MAIN = (
-    "import sys; from infra import boot; "
-    "sys.stdout.write(boot.deliver(boot.render(boot.example('main')), 'aws').value)"
+    "import sys; from infra import boot; from infra.boot.deliver import for_cloud; "
+    f"node = for_cloud(boot.example('main'), 'aws', *{AWS_FILES!r}); "
+    "sys.stdout.write(boot.deliver(boot.render(node), 'aws').value)"
 )
 
 
@@ -385,8 +389,9 @@ def test_delivered_bytes_depend_on_the_config_alone() -> None:
     """A node is replaced when its user data changes, so the same config must give the same
     bytes in every later run: no timestamp in the gzip header, nothing that follows the process
     (hash seed) or the time zone."""
-    assert boot.render(MAIN) == boot.render(MAIN)
-    delivery = boot.deliver(boot.render(MAIN), "aws")
+    main = for_cloud(MAIN, "aws", *AWS_FILES)
+    assert boot.render(main) == boot.render(main)
+    delivery = boot.deliver(boot.render(main), "aws")
     assert delivery.gzipped
     header = base64.b64decode(delivery.value)[:10]
     assert header[:3] == b"\x1f\x8b\x08"  # gzip, deflate
@@ -404,7 +409,7 @@ def test_delivered_bytes_depend_on_the_config_alone() -> None:
 
 @pytest.mark.parametrize("cloud", sorted(FACTS))
 def test_delivery_round_trips_within_the_limit(cloud: Cloud) -> None:
-    user_data = boot.render(MAIN)
+    user_data = boot.render(for_cloud(MAIN, cloud, *AWS_FILES))
     delivery = boot.deliver(user_data, cloud)
     assert delivery.size <= FACTS[cloud].user_data.limit_bytes
     if cloud == "azure":
@@ -437,7 +442,8 @@ def test_azure_takes_the_user_data_plain_while_it_fits_and_gzipped_past_it() -> 
 def test_aws_user_data_is_compressed_only_when_needed() -> None:
     small = "#cloud-config\nruncmd: [[true]]\n"
     assert boot.deliver(small, "aws").field == "user_data"
-    assert boot.deliver(boot.render(MAIN), "aws").gzipped  # the scripts exceed 16 KB raw
+    main = for_cloud(MAIN, "aws", *AWS_FILES)
+    assert boot.deliver(boot.render(main), "aws").gzipped  # the scripts exceed 16 KB raw
 
 
 def test_user_data_over_every_limit_is_refused() -> None:
@@ -537,6 +543,12 @@ def test_cli_prints_a_cloud_config(role: str) -> None:
     )  # fmt: skip
     assert result.stdout.startswith("#cloud-config\n")
     assert "aws: user_data_base64, gzip" in result.stderr
+    stored = f"LLAMA_RPC_FILES_SOURCE='aws-ssm:us-east-1:/llama-rpc-cluster/example/boot/{role}'"
+    assert (stored in result.stdout) == (role == "main")  # a worker has no role to read it with
+    whole = subprocess.run(
+        [sys.executable, "-m", "infra.boot", "--role", role],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
     encoded = subprocess.run(
         [sys.executable, "-m", "infra.boot", "--role", role, "--cloud", "azure", "--encoded"],
         capture_output=True, text=True, cwd=REPO, check=True,
@@ -544,7 +556,7 @@ def test_cli_prints_a_cloud_config(role: str) -> None:
     raw = base64.b64decode(encoded.stdout)
     if raw[:2] == b"\x1f\x8b":  # gzipped to fit (cloud-init unpacks it)
         raw = gzip.decompress(raw)
-    assert raw.decode() == result.stdout
+    assert raw.decode() == whole  # Azure's user data holds every file
 
 
 def _bash_reads(text: str) -> str:

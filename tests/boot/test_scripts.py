@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.boot import render_env_file
+from infra.boot.patches import patches_digest
 from infra.core.pins import LLAMA_CPP_COMMIT
 from tests.conftest import (
     REPO,
@@ -60,6 +62,31 @@ def test_model_parts_download_in_parallel_and_verify(run_script, http_files, tmp
     assert status["model_bytes"] == sum(len(d) for d in parts)
     assert status["download_seconds"] >= 0
     assert not list(models.glob("*.partial"))
+
+
+@pytest.mark.parametrize("writeback", ["", "228800000000"])
+def test_a_model_that_fits_in_memory_may_stay_dirty_while_it_downloads(
+    run_script, http_files, fake_bin, tmp_path, writeback: str
+) -> None:
+    """With WRITEBACK_BYTES (the stack sets it when the main node's memory holds the model) the
+    kernel may keep that much of the download unwritten, so the network sets the pace; without,
+    its own limits stay. A sysctl that fails (a container's read-only /proc/sys) is said, not
+    fatal."""
+    base, root = http_files
+    (root / "model.gguf").write_bytes(b"gguf" * 1000)
+    directory, write = fake_bin
+    write("sysctl", 'echo "$*" >>"$SYSCTL_LOG"\nexit 1\n')
+    result, _ = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{base}/model.gguf", WRITEBACK_BYTES=writeback,
+        PATH=f"{directory}:{os.environ['PATH']}", SYSCTL_LOG=str(tmp_path / "sysctl.log"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    if writeback:
+        called = (tmp_path / "sysctl.log").read_text()
+        assert called == f"-q -w vm.dirty_bytes={writeback} vm.dirty_background_bytes=1073741824\n"
+        assert "could not raise the dirty-page limit" in result.stderr
+    else:
+        assert not (tmp_path / "sysctl.log").exists()
 
 
 def test_download_resumes_a_partial_part(run_script, http_files, tmp_path) -> None:
@@ -865,6 +892,43 @@ def test_the_boot_installs_missing_packages_before_it_builds(
     assert (tmp_path / "data").stat().st_mode & 0o777 == 0o750
 
 
+@pytest.mark.parametrize("marked", [False, True])
+def test_the_boot_reads_the_files_beyond_its_user_data_first_and_once(
+    fake_apt, tmp_path, marked: bool
+) -> None:
+    """node-boot.sh on an AWS main node: the boot files its user data could not hold come before
+    anything else (here the store cannot be reached: a failure the boot unit retries, and no
+    package is installed); once they are there (their mark), never again."""
+    root = tmp_path / "opt" / "llama-rpc"
+    shutil.copytree(SCRIPTS, root / "bin")
+    if marked:
+        (root / ".files-0123456789abcdef").touch()
+    env_file = tmp_path / "node.env"
+    env_file.write_text(render_env_file({
+        "LLAMA_ROLE": "worker", "LLAMA_DATA_DIR": str(tmp_path / "data"),
+        "LLAMA_PREFIX": str(tmp_path / "prefix"), "LLAMA_PACKAGES": "cmake",
+        "LLAMA_CPP_COMMIT": "0c1e570", "LLAMA_CPP_SOURCE": "https://github.com/ggml-org/llama.cpp",
+        "LLAMA_RPC_FILES_SOURCE": "aws-ssm:us-east-1:/llama-rpc-cluster/t/boot/main",
+        "LLAMA_RPC_FILES": "0123456789abcdef",
+    }))  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(root / "bin" / "node-boot.sh")],
+        env={**os.environ, **fake_apt, "LLAMA_RPC_ENV_FILE": str(env_file),
+             "IMDS_ENDPOINT": f"http://127.0.0.1:{free_port()}", "API_KEY_ATTEMPTS": "1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    status = json.loads((tmp_path / "data" / "status.json").read_text())
+    installed = tmp_path / "installed"
+    if marked:  # on to the packages, then the build (which refuses the short commit)
+        assert result.returncode == 78, result.stderr
+        assert "cmake" in installed.read_text().split()
+        assert "not a full 40-character commit hash" in status["last_error"]
+    else:
+        assert result.returncode == 1, result.stderr
+        assert "could not read the boot files (aws-ssm:us-east-1:" in status["last_error"]
+        assert installed.read_text().split() == ["nftables"]  # nothing installed yet
+
+
 def git_repo(tmp_path: Path) -> tuple[Path, str]:
     """A one-commit repository standing in for llama.cpp (no CMakeLists.txt: its build fails)."""
     repo = tmp_path / "upstream"
@@ -920,6 +984,86 @@ def test_a_git_fetch_that_fails_is_retried_a_bounded_number_of_times(
             f"llama.cpp commit {head} could not be fetched from {repo} after 3 attempts: "
             "fatal: unable to access"
         ) in status["last_error"]
+
+
+# --- the llama.cpp patch set ---
+
+GOOD_PATCH = """Says so in the README.
+
+Switch: NONE=0 (there is nothing to switch)
+Upstream: none (a test's)
+
+--- a/README
++++ b/README
+@@ -1 +1,2 @@
+ not llama.cpp
++patched
+"""
+
+
+def build_with_patches(
+    run_script, tmp_path: Path, patches: dict[str, str], **settings: str
+) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
+    """build-llama.sh on the stand-in repository with ``patches`` as its commit's set."""
+    repo, head = git_repo(tmp_path)
+    directory = tmp_path / "patches"
+    (directory / head).mkdir(parents=True)
+    for name, text in patches.items():
+        (directory / head / name).write_text(text)
+    result, status = run_script(
+        "build-llama.sh", LLAMA_ROLE="worker", LLAMA_CPP_COMMIT=head, LLAMA_CPP_SOURCE=str(repo),
+        LLAMA_CPP_PATCH_DIR=str(directory), **settings,
+    )  # fmt: skip
+    return result, status, tmp_path / "prefix" / head / "src"
+
+
+def test_a_commit_without_a_patch_set_builds_unpatched_and_says_so(run_script, tmp_path) -> None:
+    result, status, src = build_with_patches(run_script, tmp_path, {})
+    assert status["build_patches"] == "none"
+    assert "no llama.cpp patches for" in result.stderr and "building it unpatched" in result.stderr
+    assert (src / "README").read_text() == "not llama.cpp\n"
+
+
+def test_the_patch_set_is_applied_once_however_often_the_build_runs(run_script, tmp_path) -> None:
+    """A build that failed after patching (here: the stand-in has nothing to build) starts again
+    from the commit: the second run patches the checkout once, not twice."""
+    for _ in range(2):
+        result, status, src = build_with_patches(run_script, tmp_path, {"0001-x.patch": GOOD_PATCH})
+        assert status["build_patches"] == "0001-x.patch", result.stderr
+        assert "llama.cpp build failed" in status["last_error"]  # after the patch: no CMake
+        assert (src / "README").read_text() == "not llama.cpp\npatched\n"
+        shutil.rmtree(tmp_path / "upstream")
+        shutil.rmtree(tmp_path / "patches")
+
+
+def test_a_patch_that_does_not_apply_is_final_and_named(run_script, tmp_path) -> None:
+    stale = GOOD_PATCH.replace(" not llama.cpp", " another tree")
+    result, status, _ = build_with_patches(run_script, tmp_path, {"0002-stale.patch": stale})
+    assert result.returncode == 78  # no retry mends it
+    assert "llama.cpp patch 0002-stale.patch does not apply to" in status["last_error"]
+
+
+def test_a_patch_set_other_than_the_one_the_node_expects_is_final(run_script, tmp_path) -> None:
+    result, status, src = build_with_patches(
+        run_script, tmp_path, {"0001-x.patch": GOOD_PATCH}, LLAMA_CPP_PATCHES="0123456789abcdef"
+    )
+    assert result.returncode == 78
+    assert "are not the set this node expects (0123456789abcdef)" in status["last_error"]
+    assert (src / "README").read_text() == "not llama.cpp\n"
+
+
+def test_the_scripts_and_the_program_agree_on_the_sets_digest(run_script, tmp_path) -> None:
+    """The node's stamp (build-llama.sh's digest) and its setting (patches_digest) must match,
+    or a node that finds the host's build (a local machine) would try to build again."""
+    adds = "A file.\n\nSwitch: NONE=0\nUpstream: none\n\n"
+    adds += "--- /dev/null\n+++ b/NEW\n@@ -0,0 +1 @@\n+new\n"
+    result, status, src = build_with_patches(
+        run_script, tmp_path, {"0001-x.patch": GOOD_PATCH, "0002-y.patch": adds}
+    )
+    assert status["build_patches"] == "0001-x.patch 0002-y.patch", result.stderr
+    assert (src / "NEW").read_text() == "new\n"
+    expected = patches_digest(src.parent.name, tmp_path / "patches")
+    assert expected != "none" and f"(set {expected})" in result.stderr
 
 
 # --- the status file: not for everyone's eyes ---

@@ -31,6 +31,11 @@ def model(tmp_path: Path) -> Path:
         (["--stop-after-idle-minutes", "1"], "--stop-after-idle-minutes: a spend guard powers"),
         (["--stop-after-hours", "0.5"], "add --machines"),
         (["--stop-after-hours", "-1"], "--stop-after-hours -1: give a positive number"),
+        (
+            ["--patches-off", "0009"],
+            "--patches-off: no patch '0009' for llama.cpp 0c1e57098bba; "
+            "its patches: 0001, 0002, 0003, 0004, or all",
+        ),
     ],
 )
 def test_bad_settings_are_refused_before_anything_starts(
@@ -86,3 +91,21 @@ def test_an_unknown_delivery_is_refused_with_the_clouds_named(capsys, tmp_path: 
         main(["up", "--machines", "--delivery", "aws,oracle", "--cache", str(tmp_path)])
     assert exit_.value.code == 2
     assert "--delivery: 'aws,oracle': give clouds from aws, gcp, azure" in capsys.readouterr().err
+
+
+def test_a_patch_turned_off_reaches_every_nodes_settings(tmp_path: Path, model: Path) -> None:
+    """--patches-off sets each named patch's switch for every node (llama.cpp reads it at run
+    time: no rebuild); the others keep theirs unset."""
+    import ipaddress
+
+    from infra.local.nodes import Where, node_boot
+
+    options = UpOptions(workers=2, model=model, source=tmp_path, cache=tmp_path / "c",
+                        patches_off=("0002", "0004"))  # fmt: skip
+    ips = ["10.0.0.10", "10.0.0.11", "10.0.0.12"]
+    where = Where(ips[0], ipaddress.IPv4Network("10.0.0.0/24"), ips, plan_placement(options))
+    for role in ("main", "worker"):
+        env = node_boot(options, role, where).env()
+        assert env["LLAMA_LOAD_PARALLEL"] == env["GGML_RPC_INFLIGHT_MB"] == "0"
+        assert env["GGML_REPACK_THREADS"] == "1"
+        assert "GGML_RPC_SKIP_HASH" not in env and "LLAMA_MMAP_POPULATE" not in env

@@ -9,6 +9,7 @@ import gzip
 import pytest
 
 from infra.boot import NodeBoot, cloud_config, deliver, render
+from infra.boot.deliver import for_cloud
 from infra.local import image
 
 
@@ -43,7 +44,7 @@ def test_each_delivery_is_received_as_its_datasource_hands_it_on(cloud: str) -> 
     """AWS: the gzip bytes (cloud-init unpacks them); GCP: the text; Azure: base64 decoded,
     gzip bytes only when the text's base64 would be over its limit."""
     boot = NodeBoot(role="main", node_ip="10.0.0.10", model_urls=("https://h/m.gguf",))
-    user_data = render(boot)
+    user_data = render(for_cloud(boot, cloud, "local", "/llama-rpc-cluster/t/boot/main"))
     delivery = deliver(user_data, cloud)
     received = delivery.received()
     if delivery.gzipped:

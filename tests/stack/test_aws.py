@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
+import ipaddress
 import json
 import re
 import shlex
@@ -10,10 +13,13 @@ import pytest
 import yaml
 
 from infra.boot import metrics_command
+from infra.boot.deliver import for_cloud
+from infra.boot.patches import patches_digest
+from infra.boot.render import boot_files
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.observe.channels import SsmChannel
-from infra.stack.providers.aws import api_key_policy
+from infra.stack.providers.aws import api_key_policy, files_policy
 from tests.pulumi_mocks import (
     GENERATED_KEY,
     RecordingMocks,
@@ -145,20 +151,30 @@ def test_a_watcher_can_be_granted_the_metrics_reading_alone() -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) -> None:
+def test_only_the_main_node_has_a_role_and_it_reads_only_what_it_needs(stack: str) -> None:
+    """The main node's role: Session Manager, its API key and its boot files. A worker has
+    none: its user data holds every file it has."""
     d = deployed(stack)
     for instance in d.of_type(INSTANCE):
         profile = instance.inputs.get("iamInstanceProfile")
+        waits = {other.pulumi_resource_name for other in d.options_of(instance).depends_on or []}
         if instance.name.endswith("-main"):
             assert profile == "llama-rpc-cluster-main-profile"
+            assert "llama-rpc-cluster-main-boot-files" in waits  # its grant, and its files
+            assert "llama-rpc-cluster-main-build-llama.sh" in waits
         else:
             assert profile is None, f"{instance.name}: workers need no instance role"
+            assert not waits
     [role] = d.of_type("aws:iam/role:Role")
     # No managed policy (AmazonSSMManagedInstanceCore reads every SSM parameter): the agent's
     # own actions for Session Manager and Run Command, nothing that reads data.
     assert not d.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
     by_name = {p.name: p for p in d.of_type("aws:iam/rolePolicy:RolePolicy")}
-    assert set(by_name) == {"llama-rpc-cluster-main-agent", "llama-rpc-cluster-main-api-key"}
+    assert set(by_name) == {
+        "llama-rpc-cluster-main-agent",
+        "llama-rpc-cluster-main-api-key",
+        "llama-rpc-cluster-main-boot-files",
+    }
     agent = by_name["llama-rpc-cluster-main-agent"]
     assert agent.inputs["role"] == f"{role.name}-id"
     actions = {a for s in json.loads(agent.inputs["policy"])["Statement"] for a in s["Action"]}
@@ -173,6 +189,57 @@ def test_only_the_main_node_has_a_role_and_only_for_session_manager(stack: str) 
         ),
     }  # fmt: skip
     assert not any(a.startswith(("ssm:Get", "ssm:Describe", "s3:", "kms:")) for a in actions)
+    grant = by_name["llama-rpc-cluster-main-boot-files"]
+    assert grant.inputs["role"] == f"{role.name}-id"
+    path = f"arn:aws:ssm:us-east-1:123456789012:parameter/llama-rpc-cluster/{stack}/boot/main"
+    assert json.loads(grant.inputs["policy"]) == files_policy(path)
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_boot_files_beyond_the_user_data_are_parameters_of_the_stack(stack: str) -> None:
+    """A main node's user data and its parameters hold every boot file exactly once, as other
+    clouds' user data holds them all; the node is told where they are. A worker's user data
+    holds all of its own, the patch set included."""
+    d = deployed(stack)
+    config = parsed_config(stack)
+    prefix = f"/llama-rpc-cluster/{stack}/boot/main/"
+    parameters = {
+        p.inputs["name"]: p.inputs for p in d.of_type("aws:ssm/parameter:Parameter")
+        if p.inputs["name"].startswith(prefix)
+    }  # fmt: skip
+    stored = {f"/opt/llama-rpc/{name.removeprefix(prefix)}": v for name, v in parameters.items()}
+    assert "/opt/llama-rpc/bin/build-llama.sh" in stored
+    assert any("/patches/" in path for path in stored)
+    for instance, node in zip(
+        sorted(d.of_type(INSTANCE), key=lambda i: ipaddress.ip_address(i.inputs["privateIp"])),
+        sorted(config.boots(), key=lambda b: ipaddress.ip_address(b.node_ip)),
+        strict=True,
+    ):
+        text = user_data_text(instance.inputs)
+        in_user_data = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
+        env = env_of(text)
+        assert env["LLAMA_CPP_PATCHES"] == patches_digest(node.llama_cpp_commit)
+        everything = boot_files(for_cloud(node, "aws", "us-east-1", prefix[:-1]))
+        if node.role == "worker":
+            assert "LLAMA_RPC_FILES_SOURCE" not in env
+            assert all(in_user_data[f["path"]] == f for f in everything)
+            assert any("/patches/" in f["path"] for f in everything)
+            continue
+        assert env["LLAMA_RPC_FILES_SOURCE"] == f"aws-ssm:us-east-1:{prefix[:-1]}"
+        assert "/opt/llama-rpc/bin/node-boot.sh" in in_user_data
+        assert not set(stored) & set(in_user_data)
+        for file in everything:
+            if file["path"] in in_user_data:
+                assert in_user_data[file["path"]]["content"] == file["content"]
+                continue
+            inputs = stored.pop(file["path"])
+            packed = revealed(inputs["value"])  # the provider keeps every value a secret
+            mode, _, value = packed.partition(" ")
+            assert mode == file["permissions"]
+            assert gzip.decompress(base64.b64decode(value)).decode() == file["content"]
+            assert inputs["type"] == "String"
+            assert inputs["tier"] == ("Standard" if len(packed) <= 4096 else "Advanced")
+    assert not stored  # every parameter is a file a main node has
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -181,7 +248,9 @@ def test_the_api_key_is_a_secret_the_main_node_alone_reads(stack: str) -> None:
     nothing else of SSM; the node is told where it is, never what it is; the output is a
     secret."""
     d = deployed(stack)
-    [parameter] = d.of_type("aws:ssm/parameter:Parameter")
+    [parameter] = [
+        p for p in d.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("-api-key")
+    ]
     assert parameter.inputs["type"] == "SecureString"
     assert parameter.inputs["name"] == f"/llama-rpc-cluster/{stack}/api-key"
     assert is_secret_input(parameter.inputs["value"])  # encrypted in the state as well
@@ -208,7 +277,9 @@ def test_the_api_key_is_a_secret_the_main_node_alone_reads(stack: str) -> None:
 
 def test_a_given_key_is_kept_a_plain_one_refused_and_none_keeps_none() -> None:
     given = deploy("aws-small", {"llama-rpc-cluster:apiKey": "a-team-key-of-our-own-1234"})
-    [parameter] = given.of_type("aws:ssm/parameter:Parameter")
+    [parameter] = [
+        p for p in given.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("-api-key")
+    ]
     assert revealed(parameter.inputs["value"]) == "a-team-key-of-our-own-1234"
     assert not given.of_type("random:index/randomPassword:RandomPassword")
     secret = "a-team-key-of-our-own-1234"
@@ -216,7 +287,9 @@ def test_a_given_key_is_kept_a_plain_one_refused_and_none_keeps_none() -> None:
         deploy("aws-small", {"llama-rpc-cluster:apiKey": secret}, secret_keys=[])
     assert secret not in str(plain.value)
     none = deploy("aws-small", {"llama-rpc-cluster:apiKey": "none"})
-    assert not none.of_type("aws:ssm/parameter:Parameter")
+    assert not [
+        p for p in none.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("-api-key")
+    ]
     assert none.outputs[outputs.API_KEY] is None
     main = env_of(user_data_text(none.named("llama-rpc-cluster-main").inputs))
     assert "API_KEY_FILE" not in main
@@ -757,3 +830,14 @@ def test_adding_replicas_leaves_the_first_groups_nodes_as_they_are() -> None:
     one = {r.name: r.inputs for r in deployed("aws-small").of_type(INSTANCE)}
     two = {r.name: r.inputs for r in _replicas().of_type(INSTANCE)}
     assert one and all(two[name] == inputs for name, inputs in one.items())
+
+
+def test_a_main_node_whose_memory_holds_the_model_lets_its_download_run_ahead_of_the_disk() -> None:
+    seen = set()
+    for stack in AWS_STACKS:
+        config = parsed_config(stack)
+        main = env_of(user_data_text(deployed(stack).named("llama-rpc-cluster-main").inputs))
+        fits = sizing.fits_memory(config.model.size_bytes, config.main_instance_type)
+        assert main.get("WRITEBACK_BYTES") == (str(config.model.size_bytes) if fits else None)
+        seen.add(fits)
+    assert seen == {True, False}  # aws-small's main node holds its model; aws-c8g's does not

@@ -323,7 +323,8 @@ def secret(value: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("stack", "typ", "values", "limit"),
     [
-        (AWS, "aws:ssm/parameter:Parameter", {"value": secret("k" * 4097)}, "1-4096"),
+        (AWS, "aws:ssm/parameter:Parameter", {"value": secret("k" * 8193), "tier": "Advanced"},
+         "1-8192"),
         ("gcp-c4a", "gcp:secretmanager/secretVersion:SecretVersion",
          {"secretData": secret("k" * 65_537)}, "1-65536"),
         # Empty: the wrapper itself is not, so only a rule that reads inside catches it.
@@ -338,9 +339,21 @@ def test_text_a_secret_over_its_stores_limit_is_caught_through_the_secret(
 ) -> None:
     """The program's keys reach the rules as secrets: the rule reads the value inside."""
     shipped = run(stack, "as shipped")
-    [kept] = [r for r in shipped.resources if r.typ == typ]
+    [kept] = [r for r in shipped.resources if r.typ == typ][:1]
     assert any(rules.is_secret(v) for v in kept.inputs.values())  # as the program gives it
     only(changed(shipped, typ, with_inputs(**values)), rules.TEXT, limit)
+
+
+def test_combinations_a_standard_parameter_over_4_kb_is_caught() -> None:
+    """A boot file's parameter takes the advanced tier past a standard parameter's 4 KB."""
+    shipped = run(AWS, "as shipped")
+    value = secret("0644 " + "k" * 4092)
+    standard = with_inputs(value=value, tier="Standard")
+    only(changed(shipped, "aws:ssm/parameter:Parameter", standard), rules.COMBINATION, "4096")
+    advanced = changed(
+        shipped, "aws:ssm/parameter:Parameter", with_inputs(value=value, tier="Advanced")
+    )
+    assert not families(advanced)
 
 
 def test_combinations_connection_tracking_without_client_affinity_is_caught() -> None:

@@ -12,17 +12,21 @@ Session Manager needs; workers have none.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.boot.deliver import packed
 from infra.boot.metrics_command import read_command
+from infra.boot.render import BOOT_ROOT, fetched_files
 from infra.clouds import aws as aws_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.clouds.stores import listed_prefixes, s3_object
@@ -99,12 +103,39 @@ def is_s3_url(url: str) -> bool:
     return host.endswith(".amazonaws.com") and (".s3." in f".{host}" or host.startswith("s3."))
 
 
+# Who may take an EC2 node role: the EC2 service, for the node's instance profile.
+EC2_ASSUME_ROLE = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ],
+}
+
+
 def api_key_policy(parameter_arn: str) -> dict[str, object]:
     """The main node's one read of the stack's API key: GetParameter on its parameter alone (the
     AWS-managed key that encrypts a SecureString admits any reader SSM admits)."""
     return {
         "Version": "2012-10-17",
         "Statement": [{"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameter_arn}],
+    }
+
+
+def files_policy_text(name: str, parameter_arn: str) -> str:
+    return json.dumps(files_policy(parameter_arn.removesuffix(name)))
+
+
+def files_policy(path_arn: str) -> dict[str, object]:
+    """A node's one read of its role's boot files: the parameters under that path."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": "ssm:GetParametersByPath", "Resource": path_arn}
+        ],
     }
 
 
@@ -161,6 +192,9 @@ class AwsNetwork:
     # The internal balancer's group (replicas > 1): made with the network, since every main
     # node's group admits it and it admits every main node.
     balancer_group: aws.ec2.SecurityGroup | None = None
+    # The main node's boot files beyond its user data and their grant, which its first boot
+    # reads.
+    boot_files: list[pulumi.Resource] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -297,21 +331,11 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
         if config.flow_logs:
             self._flow_logs(name, vpc, tags, opts)
-        # The main node's role: its SSM agent only (the tunnel, Run Command). Workers get no role.
+        # The main node's role: its SSM agent (the tunnel, Run Command), and reads of its boot
+        # files, and of the model and the API key where the stack has them. Workers get no role.
         role = aws.iam.Role(
             f"{name}-main-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
+            assume_role_policy=json.dumps(EC2_ASSUME_ROLE),
             tags=self.tags(config, "main"),
             opts=opts,
         )
@@ -332,6 +356,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         profile = aws.iam.InstanceProfile(
             f"{name}-main-profile", role=role.name, tags=self.tags(config, "main"), opts=opts
         )
+        boot_files = self._boot_files(name, config, role, opts)
         invoke = pulumi.InvokeOutputOptions(parent=parent)
         ami: pulumi.Input[str] = (
             # A pinned image by name, among Canonical's own arm64 AMIs only.
@@ -356,7 +381,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 tags={**self.tags(config, "balancer"), "Name": f"{name}-balancer-sg"},
                 opts=opts,
             )
-        return AwsNetwork(vpc, private, profile, role, ami, balancer_group)
+        return AwsNetwork(vpc, private, profile, role, ami, balancer_group, boot_files)
 
     def _baseline(
         self,
@@ -405,6 +430,46 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             tags={**tags, "Name": f"{name}-default-nacl"},
             opts=opts,
         )
+
+    def _boot_files(
+        self,
+        name: str,
+        config: ClusterConfig,
+        role: aws.iam.Role,
+        opts: pulumi.ResourceOptions,
+    ) -> list[pulumi.Resource]:
+        """The main node's boot files beyond its user data (``render.fetched_files``: its later
+        scripts and the llama.cpp patch set) as String parameters under its path, which it reads
+        at boot with its role (a worker has no role: its user data holds all its files). What
+        the main nodes wait for."""
+        main = config.boots()[0]
+        path = config.files_path(main.role)
+        parameters = []
+        for file in fetched_files(main):
+            relative = str(PurePosixPath(file["path"]).relative_to(BOOT_ROOT))
+            value = f"{file['permissions']} {packed(file['content'])}"
+            parameters.append(
+                aws.ssm.Parameter(
+                    f"{name}-main-{PurePosixPath(relative).name}",
+                    name=f"{path}/{relative}",
+                    type="String",
+                    tier="Standard"
+                    if len(value) <= aws_facts.SSM_STANDARD_VALUE_CHARS
+                    else "Advanced",
+                    value=value,
+                    description="a boot file of llama-rpc-cluster's main nodes",
+                    tags=self.tags(config, "main"),
+                    opts=opts,
+                )
+            )
+        if not parameters:
+            return []
+        # The path's ARN: the last parameter's, without its name under the path.
+        policy = parameters[-1].arn.apply(functools.partial(files_policy_text, f"/{relative}"))
+        grant = aws.iam.RolePolicy(
+            f"{name}-main-boot-files", role=role.id, policy=policy, opts=opts
+        )
+        return [*parameters, grant]
 
     def _flow_logs(
         self, name: str, vpc: aws.ec2.Vpc, tags: dict[str, Any], opts: pulumi.ResourceOptions
@@ -732,7 +797,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             # New boot data means a new node: cloud-init reads user data on first boot only.
             user_data_replace_on_change=True,
             tags={**tags, "Name": spec.name},
-            opts=node_options(parent, ignore_changes=ignore),
+            opts=node_options(
+                parent, ignore_changes=ignore, depends_on=network.boot_files if main else []
+            ),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
