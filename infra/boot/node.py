@@ -148,6 +148,9 @@ class NodeBoot:
     # A main node whose memory holds the model: the dirty bytes the page cache may hold while it
     # downloads (the model's size), so the download runs at the network's speed. 0: the kernel's.
     writeback_bytes: int = 0
+    # A main node whose memory cannot hold the model: the parts it fetches at once (as many as its
+    # memory holds, so each is checked from the page cache). 0: fetch-model.sh's own.
+    download_jobs: int = 0
     data_device: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -225,6 +228,8 @@ class NodeBoot:
                 env["SERVER_LISTEN"] = self.server_listen
             if self.writeback_bytes:
                 env["WRITEBACK_BYTES"] = str(self.writeback_bytes)
+            if self.download_jobs:
+                env["DOWNLOAD_JOBS"] = str(self.download_jobs)
             if self.staged:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
@@ -282,6 +287,7 @@ _ENV_FIELDS = {
     "MODEL_STORE_REGION": "model_store_region",
     "MODEL_STORE_ENDPOINT": "model_store_endpoint",
     "WRITEBACK_BYTES": "writeback_bytes",
+    "DOWNLOAD_JOBS": "download_jobs",
 }
 
 

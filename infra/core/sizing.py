@@ -41,6 +41,20 @@ def fits_memory(file_bytes: int, instance: InstanceType) -> bool:
     return file_bytes <= usable_memory_bytes(instance)
 
 
+# Parts of a split model fetch-model.sh fetches at once (its DOWNLOAD_JOBS default).
+DOWNLOAD_JOBS = 8
+
+
+def download_jobs(file_bytes: int, parts: int, instance: InstanceType) -> int:
+    """Parts a main node fetches at once: every one where its memory holds the file; else as many
+    as its memory holds, so that each part is checked while it is still in the page cache (one
+    at least)."""
+    if fits_memory(file_bytes, instance):
+        return DOWNLOAD_JOBS
+    held = int(usable_memory_bytes(instance) // (file_bytes / max(parts, 1)))
+    return max(1, min(DOWNLOAD_JOBS, held))
+
+
 def usable_of(memory_bytes: int) -> int:
     """What a node with ``memory_bytes`` of memory can give the model."""
     return int(memory_bytes * (1 - OS_HEADROOM_FRACTION)) - OS_HEADROOM_BYTES

@@ -66,7 +66,7 @@ STORE_BASIS = "AWS S3 performance guidelines: one ranged GET per 85-90 MB/s"
 # fetch-model.sh's defaults (a test keeps them equal): ranged reads per staged part, and parts
 # fetched at once.
 STAGED_STREAMS = 16
-DOWNLOAD_JOBS = 8
+DOWNLOAD_JOBS = sizing.DOWNLOAD_JOBS
 # Large models are published split: a Hugging Face file holds at most 50 GB.
 PART_BYTES = 50 * GB
 
@@ -167,7 +167,8 @@ def _download(
     if path == "internet":
         limits[f"the model host, assumed {internet_gbps:g} Gbit/s"] = internet_gbps
     else:
-        streams = STAGED_STREAMS * min(part_count(model), DOWNLOAD_JOBS)
+        jobs = DOWNLOAD_JOBS if loader == "upstream" else _jobs(model, main)
+        streams = STAGED_STREAMS * min(part_count(model), jobs)
         limits[f"{streams} ranged reads: {STORE_BASIS}"] = streams * STORE_STREAM_MBPS * 8e6 / GB
     if loader == "upstream" or not fits_page_cache(model, main):
         limits[f"the main disk's write, {disk_mibps:.0f} MiB/s"] = disk_mibps * MIB * 8 / GB
@@ -175,9 +176,24 @@ def _download(
     return model.size_bytes * 8 / (gbps * GB), basis
 
 
-def _verify(model: Model, main: InstanceType, disk_mibps: float) -> tuple[float, str]:
+def _jobs(model: Model, main: InstanceType) -> int:
+    return sizing.download_jobs(model.size_bytes, part_count(model), main)
+
+
+def _verify(
+    model: Model, main: InstanceType, disk_mibps: float, *, loader: str = "patched"
+) -> tuple[float, str]:
     # fetch-model.sh checks each part in the job that fetched it.
-    parts = min(part_count(model), DOWNLOAD_JOBS, main.vcpus)
+    jobs = DOWNLOAD_JOBS if loader == "upstream" else _jobs(model, main)
+    parts = min(part_count(model), jobs, main.vcpus)
+    if loader == "patched" and not fits_page_cache(model, main):
+        # As many parts at once as memory holds: each is checked from the page cache as its own
+        # download ends, beside the next ones'; the last ones' checks come after the download.
+        part = model.size_bytes / part_count(model)
+        return part / (SHA256_GBPS_PER_CORE * GB), (
+            f"the last {parts} part(s) checked from the page cache ({parts} fetched at once: "
+            f"what memory holds), {SHA256_GBPS_PER_CORE} GB/s each ({LOAD_BASIS})"
+        )
     rate = parts * SHA256_GBPS_PER_CORE * GB
     basis = f"sha256 of {parts} part(s) at once, {SHA256_GBPS_PER_CORE} GB/s each ({LOAD_BASIS})"
     if not fits_page_cache(model, main) and disk_mibps * MIB < rate:
@@ -205,7 +221,7 @@ def time_to_serve(
     build = Phase("build", boot.end, build_seconds(main.vcpus), BUILD_BASIS)
     seconds, basis = _download(model, main, path, disk_mibps, internet_gbps, loader=loader)
     download = Phase("download", boot.end, seconds, f"{path}: limited by {basis}")
-    seconds, basis = _verify(model, main, disk_mibps)
+    seconds, basis = _verify(model, main, disk_mibps, loader=loader)
     verify = Phase("verify", download.end, seconds, basis)
     phases = [boot, build, download, verify]
     # The workers are ready by then: their build is shorter than the main node's on any type

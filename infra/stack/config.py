@@ -214,6 +214,7 @@ class ClusterConfig:
         listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
         idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
         switches = switches_off(self.llama_cpp_commit, self.patches_off)
+        fits = sizing.fits_memory(self.model.size_bytes, self.main_instance_type)
         workers = [
             NodeBoot(
                 role="worker",
@@ -244,9 +245,12 @@ class ClusterConfig:
             model_sha256=self.model_sha256,
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
-            writeback_bytes=self.model.size_bytes
-            if sizing.fits_memory(self.model.size_bytes, self.main_instance_type)
-            else 0,
+            writeback_bytes=self.model.size_bytes if fits else 0,
+            download_jobs=0
+            if fits
+            else sizing.download_jobs(
+                self.model.size_bytes, len(self.model_urls), self.main_instance_type
+            ),
             server_port=self.server_port,
             context_size=self.context_size,
             slots=self.slots,

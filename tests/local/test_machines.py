@@ -152,14 +152,15 @@ def test_exec_journal_and_status_reach_the_machines_from_the_command_line(up) ->
 
 def test_each_node_got_its_clouds_delivery(up) -> None:
     """The main node's user data arrived gzipped (AWS), a worker's as plain text (GCP), the other
-    worker's decoded from base64 (Azure): cloud-init took each."""
+    worker's decoded from base64 (Azure; gzipped too, as a worker's files with the llama.cpp
+    patch set are over its 64 KB of base64 plain): cloud-init took each."""
     nodes = {n.name: n for n in up["spec"].nodes}
     delivered = {name: node.machine for name, node in nodes.items()}
     assert [delivered[n].cloud for n in ("main", "w1", "w2")] == list(DELIVERIES)  # type: ignore[union-attr]
-    assert delivered["main"].gzipped is True  # type: ignore[union-attr]
-    assert (machine(up, "main").directory / "user-data").read_bytes()[:2] == b"\x1f\x8b"
-    for name in ("w1", "w2"):
-        assert (machine(up, name).directory / "user-data").read_bytes().startswith(b"#cloud-config")
+    assert [delivered[n].gzipped for n in ("main", "w1", "w2")] == [True, False, True]  # type: ignore[union-attr]
+    for name in ("main", "w2"):
+        assert (machine(up, name).directory / "user-data").read_bytes()[:2] == b"\x1f\x8b"
+    assert (machine(up, "w1").directory / "user-data").read_bytes().startswith(b"#cloud-config")
     for name in nodes:
         raw = on(up, name, "cloud-init", "query", "userdata")
         assert raw.startswith("#cloud-config")

@@ -839,5 +839,11 @@ def test_a_main_node_whose_memory_holds_the_model_lets_its_download_run_ahead_of
         main = env_of(user_data_text(deployed(stack).named("llama-rpc-cluster-main").inputs))
         fits = sizing.fits_memory(config.model.size_bytes, config.main_instance_type)
         assert main.get("WRITEBACK_BYTES") == (str(config.model.size_bytes) if fits else None)
+        # Else as many parts at once as its memory holds, each checked from the page cache.
+        jobs = sizing.download_jobs(
+            config.model.size_bytes, len(config.model_urls), config.main_instance_type
+        )
+        assert main.get("DOWNLOAD_JOBS") == (None if fits else str(jobs))
+        assert fits or 1 <= jobs < sizing.DOWNLOAD_JOBS
         seen.add(fits)
     assert seen == {True, False}  # aws-small's main node holds its model; aws-c8g's does not
