@@ -78,5 +78,6 @@ def _read(path: Path) -> Patch:
         raise ValueError(f"{path}: a patch says what turns it off (Switch:) and its Upstream:")
     # NAME=VALUE words up to the explanation in brackets.
     words = fields["Switch"].split("(", 1)[0].split()
-    switch = tuple(tuple(word.split("=", 1)) for word in words if "=" in word)
-    return Patch(path, switch, fields["Upstream"].strip())  # type: ignore[arg-type]
+    pairs = (word.partition("=") for word in words if "=" in word)
+    switch = tuple((name, value) for name, _, value in pairs)
+    return Patch(path, switch, fields["Upstream"].strip())

@@ -847,3 +847,17 @@ def test_a_main_node_whose_memory_holds_the_model_lets_its_download_run_ahead_of
         assert fits or 1 <= jobs < sizing.DOWNLOAD_JOBS
         seen.add(fits)
     assert seen == {True, False}  # aws-small's main node holds its model; aws-c8g's does not
+
+
+def test_patches_turned_off_on_a_stack_reach_every_node_as_their_switches() -> None:
+    """llamaCppPatchesOff: each named patch's switch on every node (no rebuild: the set and its
+    digest stay); the others keep theirs unset."""
+    d = deploy("aws-small", {"llama-rpc-cluster:llamaCppPatchesOff": ["0002"]})
+    shipped = deployed("aws-small")
+    for instance in d.of_type(INSTANCE):
+        env = env_of(user_data_text(instance.inputs))
+        assert env["LLAMA_LOAD_PARALLEL"] == env["GGML_RPC_INFLIGHT_MB"] == "0", instance.name
+        assert "GGML_RPC_SKIP_HASH" not in env and "GGML_REPACK_THREADS" not in env
+        before = env_of(user_data_text(shipped.named(instance.name).inputs))
+        assert env["LLAMA_CPP_PATCHES"] == before["LLAMA_CPP_PATCHES"] != "none"
+        assert "LLAMA_LOAD_PARALLEL" not in before

@@ -111,6 +111,8 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("azure", "serverArgs", {f"{P}serverArgs": ["--api-key", "k"]}, "the stack's apiKey"),
     ("aws", "serverArgs", {f"{P}serverArgs": ["--temp", "9"]}, "--temp '9': give a temperature"),
     ("aws", "serverArgs", {f"{P}serverArgs": ["--grammar", "x"]}, "'--grammar' is not a flag"),
+    ("gcp", "llamaCppPatchesOff", {f"{P}llamaCppPatchesOff": ["0009"]}, "no patch '0009'"),
+    ("aws", "llamaCppPatchesOff", {f"{P}llamaCppPatchesOff": [2]}, "a list of patch numbers"),
     ("aws", "serverArgs", {f"{P}serverArgs": "--temp 0.7"}, "serverArgs"),
     ("aws", "serverArgs", {f"{P}serverArgs": [["--temp"]]}, "give a list of words"),
     ("aws", "modelAlias", {f"{P}modelAlias": "my model"}, "1-128 letters, digits"),
