@@ -52,6 +52,20 @@ if [[ -n "${WRITEBACK_BYTES:-}" ]]; then
 fi
 
 mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
+# A model disk kept from an earlier main node (model-disk.sh) may hold another model's parts;
+# only this model's stay, so that it fits.
+if [[ -n "${MODEL_DISK_GB:-}" ]]; then
+  declare -A keep=()
+  for url in "${urls[@]}"; do
+    part="$(model_file "$url")"
+    keep[$part]=1 keep[$part.verified]=1 keep[$part.partial]=1
+  done
+  for file in "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"/*; do
+    [[ -f "$file" && ! -L "$file" && -z "${keep[$file]:-}" ]] || continue
+    log "removing $(basename "$file") from the model disk: not a part of this model"
+    rm -f "$file"
+  done
+fi
 scratch="$(mktemp -d)"
 # Whatever stops this script, the status must not stay "downloading".
 finish() {

@@ -46,7 +46,12 @@ fi
 # download keeps its finished parts when the build fails, for the retry.
 fetch=""
 if [[ "$LLAMA_ROLE" == main ]]; then
-  "$LLAMA_RPC_BIN_DIR/fetch-model.sh" &
+  # A model disk of its own (model-disk.sh) is mounted first; the build need not wait for it.
+  if [[ -n "${MODEL_DISK_GB:-}" ]]; then
+    { "$LLAMA_RPC_BIN_DIR/model-disk.sh" && "$LLAMA_RPC_BIN_DIR/fetch-model.sh"; } &
+  else
+    "$LLAMA_RPC_BIN_DIR/fetch-model.sh" &
+  fi
   fetch=$!
 fi
 build_code=0

@@ -151,7 +151,10 @@ class NodeBoot:
     # A main node whose memory cannot hold the model: the parts it fetches at once (as many as its
     # memory holds, so each is checked from the page cache). 0: fetch-model.sh's own.
     download_jobs: int = 0
-    data_device: str | None = None
+    # A main node whose model lives on a disk of its own (model-disk.sh): its size in GiB, and
+    # the model name its cloud's disks report, by which the boot knows it. 0: the boot disk.
+    model_disk_gb: int = 0
+    model_disk_model: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -176,6 +179,18 @@ class NodeBoot:
     def rpc_servers(self) -> str:
         """The main node's ``--rpc`` list: ``ip:port,ip:port`` in worker order."""
         return rpc_servers(list(self.rpc_workers), self.rpc_port)
+
+    def _model_disk_env(self) -> dict[str, str]:
+        """How the main node downloads and keeps the model, where not the scripts' defaults."""
+        env = {
+            "WRITEBACK_BYTES": str(self.writeback_bytes),
+            "DOWNLOAD_JOBS": str(self.download_jobs),
+            "MODEL_DISK_GB": str(self.model_disk_gb),
+        }
+        env = {name: value for name, value in env.items() if value != "0"}
+        if self.model_disk_gb:
+            env["MODEL_DISK_MODEL"] = self.model_disk_model
+        return env
 
     def env(
         self, paths: NodePaths = VM_PATHS, *, service_user: str | None = None
@@ -226,10 +241,7 @@ class NodeBoot:
                 env["API_KEY_SOURCE"] = self.api_key_source
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
-            if self.writeback_bytes:
-                env["WRITEBACK_BYTES"] = str(self.writeback_bytes)
-            if self.download_jobs:
-                env["DOWNLOAD_JOBS"] = str(self.download_jobs)
+            env |= self._model_disk_env()
             if self.staged:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
@@ -288,6 +300,8 @@ _ENV_FIELDS = {
     "MODEL_STORE_ENDPOINT": "model_store_endpoint",
     "WRITEBACK_BYTES": "writeback_bytes",
     "DOWNLOAD_JOBS": "download_jobs",
+    "MODEL_DISK_GB": "model_disk_gb",
+    "MODEL_DISK_MODEL": "model_disk_model",
 }
 
 
@@ -317,6 +331,12 @@ def _validate(boot: NodeBoot) -> None:
             "files_source",
             f"files_source {boot.files_source!r}: give aws-ssm:REGION:/PATH, or leave it empty "
             "for every boot file to come in the user data",
+        )
+    if boot.model_disk_gb and (boot.role != "main" or not boot.model_disk_model):
+        raise BootConfigError(
+            "model_disk_gb",
+            "model_disk_gb: a model disk is a main node's, and needs model_disk_model (the name "
+            "its disks report)",
         )
     if boot.cluster_cidr:
         _validate_cluster_cidr(boot)

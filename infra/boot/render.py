@@ -39,7 +39,6 @@ METADATA_RULESET_PATH = "/etc/llama-rpc/metadata.nft"
 METADATA_TABLE = "llama_rpc_metadata"
 METRICS_TABLE = "llama_rpc_metrics"
 SERVICE_USER = "llama"
-DATA_LABEL = "llama-data"
 
 # What a fresh Ubuntu 24.04 image needs to fetch and build llama.cpp. python3 is always there:
 # cloud-init itself runs on it.
@@ -73,6 +72,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "llama_rpc_progress.py",
         "build-llama.sh",
         "fetch-model.sh",
+        "model-disk.sh",
         "wait-workers.sh",
         "supervise.sh",
         "llama-server.sh",
@@ -247,18 +247,6 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
             ["systemctl", "restart", "--no-block", EXPORTER_UNIT],
         ],
     }
-    if boot.data_device:
-        config["fs_setup"] = [
-            {
-                "label": DATA_LABEL,
-                "filesystem": "ext4",
-                "device": boot.data_device,
-                "partition": "none",
-            }
-        ]
-        config["mounts"] = [
-            [f"LABEL={DATA_LABEL}", paths.data_dir, "ext4", "defaults,nofail,noatime", "0", "2"]
-        ]
     return config
 
 

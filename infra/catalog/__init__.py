@@ -3,13 +3,14 @@
 Data, not code: ``instances.csv`` records each type's size, network, on-demand $/h and where and
 when that price came from, then in columns of their own its spot $/h, source and date (a spot
 price never lands in ``hourly_usd``, an on-demand one never in ``spot_hourly_usd``); ``cpus.csv``
-each CPU family's memory bandwidth; ``services.csv`` the NAT and disk prices. Prices are never
-fetched while a stack runs. A price that could not be found is ``unknown`` (``hourly_usd`` or
-``spot_hourly_usd`` is None), never a guess. A CSV without the spot columns reads as spot
-unknown.
+each CPU family's memory bandwidth; ``services.csv`` the NAT and disk prices; ``disks.csv``
+each type's throughput to its network disks, where the cloud publishes one per type. Prices
+are never fetched while a stack runs. A price that could not be found is ``unknown``
+(``hourly_usd`` or ``spot_hourly_usd`` is None), never a guess. A CSV without the spot columns
+reads as spot unknown.
 
 The CSVs are read from this package unless the environment variable ``LLAMA_RPC_CATALOG_DIR``
-names another directory holding the same three files (the tests point it at a catalog of their
+names another directory holding the same four files (the tests point it at a catalog of their
 own, so a price refresh cannot change what they expect). It is read whenever a table is loaded
 without an explicit path; each file is parsed once and kept, keyed by its path, so switching
 directories needs no cache clearing. ``CATALOG_FILE`` and its siblings always name this
@@ -30,10 +31,12 @@ DIRECTORY_VARIABLE = "LLAMA_RPC_CATALOG_DIR"
 INSTANCES_NAME = "instances.csv"
 CPUS_NAME = "cpus.csv"
 SERVICES_NAME = "services.csv"
+DISKS_NAME = "disks.csv"
 # The product's own files, whatever the environment says.
 CATALOG_FILE = PACKAGE_DIR / INSTANCES_NAME
 CPUS_FILE = PACKAGE_DIR / CPUS_NAME
 SERVICES_FILE = PACKAGE_DIR / SERVICES_NAME
+DISKS_FILE = PACKAGE_DIR / DISKS_NAME
 GIB = 1024**3
 # The spot source of a row no refresh has priced (and of a CSV without the spot columns).
 SPOT_NOT_FETCHED = "not fetched: run python -m infra.catalog refresh"
@@ -211,6 +214,59 @@ def _service_prices(rows: list[dict[str, str]]) -> dict[tuple[str, str], Service
 cpu_families = _Table(CPUS_NAME, _cpu_families)
 # NAT and disk prices by (provider, item): ``service_prices()`` or ``service_prices(path)``.
 service_prices = _Table(SERVICES_NAME, _service_prices)
+
+
+@dataclass(frozen=True)
+class DiskBandwidth:
+    """How fast one instance type reaches its network disks (AWS's EBS-optimized figures),
+    whatever the disks themselves could give. A small type runs at its maximum for a while
+    (``burst_minutes``, from a fresh start) and at its baseline after."""
+
+    provider: str
+    instance_type: str
+    baseline_mbps: float  # MB/s (10^6 bytes)
+    max_mbps: float
+    burst_minutes: float
+    source: str
+    date: str
+
+    def mibps_for(self, size_bytes: float) -> float:
+        """The average MiB/s of moving ``size_bytes`` from a fresh start: at the maximum while
+        the burst lasts, at the baseline after."""
+        burst_bytes = self.max_mbps * 1e6 * self.burst_minutes * 60
+        if size_bytes <= burst_bytes or self.max_mbps == self.baseline_mbps:
+            mbps = self.max_mbps
+        else:
+            seconds = self.burst_minutes * 60 + (size_bytes - burst_bytes) / (
+                self.baseline_mbps * 1e6
+            )
+            mbps = size_bytes / seconds / 1e6
+        return mbps * 1e6 / 1024**2
+
+
+def _disk_bandwidths(rows: list[dict[str, str]]) -> dict[tuple[str, str], DiskBandwidth]:
+    return {
+        (row["provider"], row["instance_type"]): DiskBandwidth(
+            provider=row["provider"],
+            instance_type=row["instance_type"],
+            baseline_mbps=float(row["baseline_mbps"]),
+            max_mbps=float(row["max_mbps"]),
+            burst_minutes=float(row["burst_minutes"]),
+            source=row["source"],
+            date=row["date"],
+        )
+        for row in rows
+    }
+
+
+# Disk bandwidth by (provider, instance type): ``disk_bandwidths()`` or ``disk_bandwidths(path)``.
+disk_bandwidths = _Table(DISKS_NAME, _disk_bandwidths)
+
+
+def disk_bandwidth(provider: str, instance_type: str) -> DiskBandwidth | None:
+    """The type's published disk bandwidth; None where the catalog has none (the disk's own
+    throughput is then the only limit the planner knows)."""
+    return disk_bandwidths().get((provider, instance_type))
 
 
 def service_price(provider: str, item: str) -> ServicePrice:

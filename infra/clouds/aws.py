@@ -9,6 +9,7 @@ from infra.clouds.base import (
     PROGRAM_TAGS,
     CloudFacts,
     DiskModel,
+    ModelDisk,
     NatModel,
     Range,
     UserDataChannel,
@@ -30,6 +31,18 @@ MAX_TAGS = 50
 SSM_STANDARD_VALUE_CHARS = 4096
 SSM_ADVANCED_VALUE_CHARS = 8192
 _TAG_PUNCTUATION = set("_.:/=+-@ ")
+# gp3 (https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html): 125-2,000 MiB/s
+# and 3,000-80,000 IOPS for a volume of CreateVolume (the EC2 API reference's CreateVolume and
+# ModifyVolume); a volume made with an instance (RunInstances' EbsBlockDevice) takes 125-1,000
+# MiB/s and 16,000 IOPS.
+GP3_VOLUME_MAX_MIBPS = 2000
+GP3_VOLUME_MAX_IOPS = 80_000
+GP3_LAUNCH_MAX_MIBPS = 1000
+GP3_LAUNCH_MAX_IOPS = 16_000
+# An EBS volume on a Nitro instance is an NVMe disk whose model is this, whatever device name
+# the attachment gives (https://docs.aws.amazon.com/ebs/latest/userguide/nvme-ebs-volumes.html);
+# /dev/sdf is the first name the EC2 guide recommends for a volume attached to a running node.
+MODEL_DISK = ModelDisk(device_model="Amazon Elastic Block Store", device_name="/dev/sdf")
 
 
 def _tag_text_ok(text: str) -> bool:
@@ -116,10 +129,11 @@ FACTS = CloudFacts(
     # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
     # 2025). A volume made by CreateVolume or raised by ModifyVolume takes up to 2,000 MiB/s,
     # but a root volume is made by RunInstances, whose block device takes 125-1000 (the EC2
-    # API's EbsBlockDevice). A root volume is at least its AMI's snapshot: 8 GiB for
-    # Canonical's Ubuntu 24.04 AMIs.
+    # API's EbsBlockDevice): so the main node's model has a volume of its own (MODEL_DISK).
+    # A root volume is at least its AMI's snapshot: 8 GiB for Canonical's Ubuntu 24.04 AMIs.
     boot_disk_gb=Range(8, 65_536),
-    disk_throughput_mibps=Range(125, 1000),
+    disk_throughput_mibps=Range(125, GP3_VOLUME_MAX_MIBPS),
+    model_disk=MODEL_DISK,
     # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
     vpc_widest_prefix=16,
     tag_problem=tag_problem,

@@ -53,6 +53,10 @@ EBS = "https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html"
 USER_DATA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html"
 SHUTDOWN = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
 NLB_HEALTH = "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/target-group-health-checks.html"
+CREATE_VOLUME = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html"
+EC2_BLOCK_DEVICE = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html"
+DEVICE_NAMES = "https://docs.aws.amazon.com/ebs/latest/userguide/device_naming.html"
+DEVICE_NAME = re.compile(r"/dev/sd[f-p]")
 # gp3: a volume provisions at most 0.25 MiB/s per IOPS and 500 IOPS per GiB.
 GP3_MIBPS_PER_IOPS = 0.25
 GP3_IOPS_PER_GIB = 500
@@ -74,15 +78,38 @@ def sg_text(path: str, *, required: bool = False) -> Text:
     return Text(path, 255, SG_API, SG_TEXT, SG_TEXT_MEANING, required=required)
 
 
-def _gp3(resource: Registered, _stack: Stack) -> str | None:
+def _gp3_root(resource: Registered, _stack: Stack) -> str | None:
     disk = resource.inputs.get("rootBlockDevice") or {}
     if disk.get("volumeType") != "gp3":
         return None
-    size, iops, mibps = disk.get("volumeSize"), disk.get("iops"), disk.get("throughput")
+    return _gp3(disk.get("volumeSize"), disk.get("iops"), disk.get("throughput"))
+
+
+def _gp3_volume(resource: Registered, _stack: Stack) -> str | None:
+    if resource.inputs.get("type") != "gp3":
+        return None
+    inputs = resource.inputs
+    return _gp3(inputs.get("size"), inputs.get("iops"), inputs.get("throughput"))
+
+
+def _gp3(size: int | None, iops: int | None, mibps: int | None) -> str | None:
     if mibps is not None and iops is not None and mibps > iops * GP3_MIBPS_PER_IOPS:
         return f"gp3 throughput {mibps} MiB/s needs at least {int(mibps / 0.25)} IOPS, not {iops}"
     if iops is not None and size is not None and iops > size * GP3_IOPS_PER_GIB:
         return f"gp3 takes at most {GP3_IOPS_PER_GIB} IOPS per GiB: {iops} on {size} GiB"
+    return None
+
+
+def _attached_in_its_zone(resource: Registered, stack: Stack) -> str | None:
+    """A volume attaches only to an instance in its own availability zone."""
+    volume = stack.owner(resource.inputs.get("volumeId"))
+    instance = stack.owner(resource.inputs.get("instanceId"))
+    subnet = stack.owner(instance.inputs.get("subnetId")) if instance else None
+    if volume is None or instance is None or subnet is None:
+        return "attaches a volume or an instance that the stack does not make"
+    zone, node_zone = volume.inputs.get("availabilityZone"), subnet.inputs.get("availabilityZone")
+    if zone != node_zone:
+        return f"volume {volume.name} in {zone} attached to {instance.name} in {node_zone}"
     return None
 
 
@@ -432,13 +459,13 @@ RULES = by_type(
         (
             tags(),
             tags("rootBlockDevice.tags"),
-            Between("rootBlockDevice.throughput", 125, 1000, EBS),
-            Between("rootBlockDevice.iops", 3000, 16000, EBS),
+            Between("rootBlockDevice.throughput", 125, aws.GP3_LAUNCH_MAX_MIBPS, EC2_BLOCK_DEVICE),
+            Between("rootBlockDevice.iops", 3000, aws.GP3_LAUNCH_MAX_IOPS, EC2_BLOCK_DEVICE),
             Between("rootBlockDevice.volumeSize", 8, 65_536, EBS),
             Between("metadataOptions.httpPutResponseHopLimit", 1, 64, f"{TF}ec2/ec2_instance.go"),
             OneOf("metadataOptions.httpTokens", ("required", "optional"), USER_DATA),
             OneOf("instanceInitiatedShutdownBehavior", ("stop", "terminate"), SHUTDOWN),
-            Requires(_gp3, EBS),
+            Requires(_gp3_root, EBS),
             Requires(_user_data, USER_DATA),
         ),
         replaced_on=(
@@ -455,6 +482,41 @@ RULES = by_type(
             "userDataBase64",
         ),
         source=f"{TF}ec2/ec2_instance.go",
+    ),
+    ResourceRules(
+        "aws:ebs/volume:Volume",
+        (
+            tags(),
+            OneOf("type", ("gp3",), "the program's rule: the only type its disk model prices"),
+            Between("throughput", 125, aws.GP3_VOLUME_MAX_MIBPS, CREATE_VOLUME),
+            Between("iops", 3000, aws.GP3_VOLUME_MAX_IOPS, CREATE_VOLUME),
+            Between("size", 1, 65_536, CREATE_VOLUME),
+            Requires(_gp3_volume, EBS),
+            Requires(
+                lambda r, _: None if r.inputs.get("availabilityZone") else "no availability zone",
+                CREATE_VOLUME,
+            ),
+        ),
+        # A smaller size also replaces it (EBS volumes only grow): ebs_volume.go's CustomizeDiff.
+        replaced_on=("availabilityZone", "encrypted", "kmsKeyId", "snapshotId", "outpostArn"),
+        source=f"{TF}ec2/ebs_volume.go",
+    ),
+    ResourceRules(
+        "aws:ec2/volumeAttachment:VolumeAttachment",
+        (
+            Name(
+                "deviceName",
+                DEVICE_NAME,
+                8,
+                8,
+                "/dev/sd[f-p] (the names the EC2 guide recommends for EBS volumes)",
+                DEVICE_NAMES,
+                autoname=None,
+            ),
+            Requires(_attached_in_its_zone, CREATE_VOLUME),
+        ),
+        replaced_on=("deviceName", "instanceId", "volumeId"),
+        source=f"{TF}ec2/ec2_volume_attachment.go",
     ),
     ResourceRules(
         "aws:lb/loadBalancer:LoadBalancer",

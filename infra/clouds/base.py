@@ -123,6 +123,18 @@ class UserDataChannel:
 
 
 @dataclass(frozen=True)
+class ModelDisk:
+    """A main node's model kept on a volume of its own, made apart from the node and attached
+    once it runs (where that volume takes more throughput than one made with the node)."""
+
+    # The model name the volume reports to the guest (/sys/block/*/device/model), by which the
+    # boot knows it (model-disk.sh).
+    device_model: str
+    # The name the attachment gives it; the guest sees an NVMe disk whatever it is.
+    device_name: str
+
+
+@dataclass(frozen=True)
 class VcpuQuota:
     """The quota an instance type's vCPUs count against, per region: its id in the cloud's API
     and its name as the cloud's console shows it."""
@@ -140,7 +152,8 @@ class CloudFacts:
     arm_pattern: re.Pattern[str]
     arm_examples: str  # for the error a user sees when they give an x86 type
     boot_disk_gb: Range
-    # Provisioned boot-disk throughput, or None when the disk type has no such knob.
+    # Provisioned throughput of the disk the model is kept on (the boot disk, or ``model_disk``),
+    # or None when the disk type has no such knob.
     disk_throughput_mibps: Range | None
     vpc_widest_prefix: int  # the widest network the provider takes for the cluster's range
     tag_problem: Callable[[Mapping[str, str]], str | None]
@@ -182,6 +195,8 @@ class CloudFacts:
     # The URL scheme of the object store its nodes read a staged model from, with their own
     # identity over the private path; None: https model URLs only.
     model_store_scheme: str | None = None
+    # The main node keeps the model on a volume of its own, not its boot disk; None: boot disk.
+    model_disk: ModelDisk | None = None
     # The private load balancer in front of the serving groups (replicas > 1).
     balancer_name: str = "load balancer"
     # It delivers packets still addressed to its own IP (a passthrough balancer; the guest

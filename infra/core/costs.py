@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from infra.catalog import InstanceType, service_price
 from infra.clouds import FACTS
+from infra.core.sizing import WORKER_DISK_GB
 
 HOURS_PER_MONTH = 730
 # What no figure here includes: it depends on use, not on the cluster's shape.
@@ -31,6 +32,8 @@ class PricedNode:
     instance: InstanceType
     disk_gb: int
     disk_throughput_mibps: int | None = None  # None: the disk type's baseline
+    # A boot disk beside the model's, at the baseline (a main node with a model disk); 0: none.
+    system_disk_gb: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,10 @@ def cluster_nodes(
     main_disk_throughput_mibps: int | None,
 ) -> list[PricedNode]:
     """The main node (whose disk the model loads from) and each worker, as the stack creates
-    them: workers' disks at the type's baseline throughput."""
-    return [PricedNode(main, main_disk_gb, main_disk_throughput_mibps)] + [
+    them: workers' disks at the type's baseline throughput, as is a main node's boot disk where
+    its model has a disk of its own."""
+    system_gb = WORKER_DISK_GB if FACTS[main.provider].model_disk else 0
+    return [PricedNode(main, main_disk_gb, main_disk_throughput_mibps, system_gb)] + [
         PricedNode(worker, worker_disk_gb)
     ] * workers
 
@@ -130,6 +135,10 @@ def hourly_cost(
     monthly_disks = [
         _priced(provider, facts.disk.monthly_usage(node.disk_gb, node.disk_throughput_mibps))
         for node in nodes
+    ] + [
+        _priced(provider, facts.disk.monthly_usage(node.system_disk_gb, None))
+        for node in nodes
+        if node.system_disk_gb
     ]
     disks = None
     if any(cost is None for cost in monthly_disks):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
 
@@ -89,10 +90,41 @@ def kv_cells(context: int, slots: int, window: int | None = None) -> int:
 DEFAULT_DISK_THROUGHPUT_MIBPS = 1000
 
 
-def main_disk_throughput_mibps(cloud: str) -> int | None:
-    """The main disk's default throughput on a cloud; None where the disk has no such knob."""
+def main_disk_throughput_mibps(
+    cloud: str, model_bytes: int | None = None, main: InstanceType | None = None
+) -> int | None:
+    """The main disk's default throughput on a cloud; None where the disk has no such knob.
+    A model the main node's memory cannot hold is written to the disk and read back from it as
+    it loads: its disk gets as much as the node can use for that (its published disk
+    bandwidth), within the cloud's range."""
     limits = FACTS[cloud].disk_throughput_mibps
-    return None if limits is None else limits.clamp(DEFAULT_DISK_THROUGHPUT_MIBPS)
+    if limits is None:
+        return None
+    default = limits.clamp(DEFAULT_DISK_THROUGHPUT_MIBPS)
+    if model_bytes is None or main is None or fits_memory(model_bytes, main):
+        return default
+    bandwidth = catalog.disk_bandwidth(cloud, main.name)
+    if bandwidth is None:
+        return default
+    return max(default, limits.clamp(int(bandwidth.mibps_for(DISK_PASSES * model_bytes))))
+
+
+# A model larger than memory crosses the main disk twice: written as it downloads, read as it
+# loads.
+DISK_PASSES = 2
+
+
+def main_disk_read_mibps(
+    main: InstanceType, size_gb: int, throughput_mibps: int | None, model_bytes: int
+) -> float:
+    """How fast the main node moves the model through its disk: the disk's own rate, capped by
+    how fast the node reaches its disks (for the model's two passes, from a fresh start) where
+    the catalog knows it."""
+    disk = FACTS[main.provider].disk.read_mibps(size_gb, throughput_mibps)
+    bandwidth = catalog.disk_bandwidth(main.provider, main.name)
+    if bandwidth is None:
+        return disk
+    return min(disk, bandwidth.mibps_for(DISK_PASSES * model_bytes))
 
 
 def default_main_disk_gb(model_bytes: int) -> int:

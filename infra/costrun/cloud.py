@@ -126,14 +126,15 @@ class PulumiTarget:
         }
 
     def predict(self) -> Prediction:
-        from infra.clouds import FACTS  # noqa: PLC0415
-        from infra.core import costs  # noqa: PLC0415
+        from infra.core import costs, sizing  # noqa: PLC0415
         from infra.planner import perf, serve  # noqa: PLC0415
 
         c = self.config
         cost = c.hourly_cost
         nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
-        disk = FACTS[c.cloud].disk.read_mibps(c.main_disk_gb, c.disk_throughput_mibps)
+        disk = sizing.main_disk_read_mibps(
+            c.main_instance_type, c.main_disk_gb, c.disk_throughput_mibps, c.model.size_bytes
+        )
         staged = c.boots(0)[0].staged  # the main node reads the model
         timeline = serve.time_to_serve(
             c.model,

@@ -145,7 +145,8 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             f"(internet: a {plan.download_gbps:g} Gbit/s model host; staged: the provider's "
             "object store in the region), the sha256 check, and the load with the llama.cpp "
             "patch set: the main node's layers repacked on every core while every worker is "
-            "sent its own at once; each phase in timeToServe names its basis"
+            "sent its own at once; the main disk at its throughput, up to what the node "
+            "reaches its disks at (catalog disks.csv); each phase in timeToServe names its basis"
         ),
         "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "

@@ -51,7 +51,9 @@ def evaluate(
     nodes = [main_type] + [instance] * workers
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = main_disk_gb or sizing.default_main_disk_gb(model.size_bytes)
-    throughput = disk_throughput_mibps or sizing.main_disk_throughput_mibps(instance.provider)
+    throughput = disk_throughput_mibps or sizing.main_disk_throughput_mibps(
+        instance.provider, model.size_bytes, main_type
+    )
     priced = costs.cluster_nodes(
         main_type,
         instance,
@@ -60,7 +62,7 @@ def evaluate(
         worker_disk_gb=worker_disk_gb,
         main_disk_throughput_mibps=throughput,
     )
-    disk_mibps = FACTS[instance.provider].disk.read_mibps(main_disk, throughput)
+    disk_mibps = sizing.main_disk_read_mibps(main_type, main_disk, throughput, model.size_bytes)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
     option = Option(
         instance=instance,

@@ -246,6 +246,8 @@ class ClusterConfig:
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
             writeback_bytes=self.model.size_bytes if fits else 0,
+            model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
+            model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
             download_jobs=0
             if fits
             else sizing.download_jobs(
@@ -325,14 +327,16 @@ def _disk(settings: Mapping[str, Any], key: str, default: int, facts: CloudFacts
     return int(size)
 
 
-def _throughput(settings: Mapping[str, Any], facts: CloudFacts) -> int | None:
+def _throughput(
+    settings: Mapping[str, Any], facts: CloudFacts, model: Model, main: InstanceType
+) -> int | None:
     key = "diskThroughputMibps"
     limits = facts.disk_throughput_mibps
     if limits is None:
         return None
     throughput = BY_KEY[key].read(settings)
     if throughput is None:
-        return sizing.main_disk_throughput_mibps(facts.name)
+        return sizing.main_disk_throughput_mibps(facts.name, model.size_bytes, main)
     if throughput not in limits:
         raise ConfigError(key, f"{throughput} is outside {facts.name}'s {limits} MiB/s")
     return int(throughput)
@@ -768,7 +772,7 @@ def from_settings(
         placement=shares,
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
-        disk_throughput_mibps=_throughput(settings, facts),
+        disk_throughput_mibps=_throughput(settings, facts, model, main_type),
         api_allowed_cidrs=_api_cidrs(settings),
         tags=_tags(settings, facts),
         ssh_public_key=BY_KEY["sshPublicKey"].read(settings),

@@ -270,7 +270,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "mainDiskGb",
         "integer",
-        "the main node's boot disk, which holds the model file",
+        "the main node's disk, which holds the model file (on AWS a volume of its own, kept "
+        "when the main node is replaced)",
         default_text="the model's size x 1.1 + 40",
     ),
     Setting(
@@ -282,8 +283,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "diskThroughputMibps",
         "integer",
-        "provisioned throughput of the main node's disk, which the model loads from",
-        default_text=f"{sizing.DEFAULT_DISK_THROUGHPUT_MIBPS}, within the cloud's range",
+        "provisioned throughput of the main node's model disk, which the model loads from",
+        default_text=(
+            f"{sizing.DEFAULT_DISK_THROUGHPUT_MIBPS}; for a model the main node's memory cannot "
+            "hold, what the node can use of its disks (up to 2000 on AWS), within the cloud's range"
+        ),
     ),
     Setting(
         "apiAllowedCidrs",

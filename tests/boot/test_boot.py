@@ -126,7 +126,7 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
                 re.findall(r"(?:BIN_DIR|/opt/llama-rpc/bin)/([a-z][a-z-]*(?:\.sh)?)", text)
             )
         if node.role == "worker":  # node-boot.sh runs these on the main node only
-            called -= {"fetch-model.sh", "llama-rpc-secret"}
+            called -= {"fetch-model.sh", "model-disk.sh", "llama-rpc-secret"}
         if not node.api_key_source:  # node-boot.sh runs it only with a key source
             called -= {"llama-rpc-secret"}
         if not node.staged:  # fetch-model.sh sources it only for a staged model
@@ -363,16 +363,22 @@ def test_the_local_supervisor_retries_the_boot_then_starts_the_role(
     assert "exited with status 78; not restarting" in (tmp_path / "node.log").read_text()
 
 
-def test_data_disk_is_formatted_and_mounted_by_label() -> None:
-    node = NodeBoot(
-        role="worker",
-        node_ip="10.0.1.11",
-        rpc_allowed_sources=("10.0.1.10/32",),
-        data_device="/dev/nvme1n1",
+def test_a_model_disk_reaches_the_main_nodes_boot_and_is_refused_elsewhere() -> None:
+    main = dataclasses.replace(
+        MAIN, model_disk_gb=300, model_disk_model="Amazon Elastic Block Store"
     )
-    config = boot.cloud_config(node)
-    assert config["fs_setup"][0]["device"] == "/dev/nvme1n1"
-    assert config["mounts"][0][:2] == ["LABEL=llama-data", "/var/lib/llama-rpc"]
+    env = main.env()
+    assert env["MODEL_DISK_GB"] == "300"
+    assert env["MODEL_DISK_MODEL"] == "Amazon Elastic Block Store"
+    assert "MODEL_DISK_GB" not in MAIN.env()
+    # cloud-init formats and mounts nothing: the volume is attached after the node starts.
+    assert "fs_setup" not in boot.cloud_config(main) and "mounts" not in boot.cloud_config(main)
+    with pytest.raises(BootConfigError, match="model_disk_gb"):
+        dataclasses.replace(
+            WORKER, model_disk_gb=300, model_disk_model="Amazon Elastic Block Store"
+        )
+    with pytest.raises(BootConfigError, match="model_disk_model"):
+        dataclasses.replace(MAIN, model_disk_gb=300)
 
 
 # Where the tests' AWS nodes read the boot files beyond their user data.

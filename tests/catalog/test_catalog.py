@@ -30,11 +30,13 @@ PRODUCT_CSVS = {
     "instances": catalog.CATALOG_FILE,
     "cpus": catalog.CPUS_FILE,
     "services": catalog.SERVICES_FILE,
+    "disks": catalog.DISKS_FILE,
 }
 FIXTURE_CSVS = {
     "instances": CATALOG_FIXTURE / catalog.INSTANCES_NAME,
     "cpus": CATALOG_FIXTURE / catalog.CPUS_NAME,
     "services": CATALOG_FIXTURE / catalog.SERVICES_NAME,
+    "disks": CATALOG_FIXTURE / catalog.DISKS_NAME,
 }
 BOTH = pytest.mark.parametrize("files", [PRODUCT_CSVS, FIXTURE_CSVS], ids=["product", "fixture"])
 
@@ -120,12 +122,44 @@ def test_the_tests_read_the_fixture_catalog() -> None:
     assert catalog.load() == catalog.load(FIXTURE_CSVS["instances"])
     assert catalog.service_prices() == catalog.service_prices(FIXTURE_CSVS["services"])
     assert catalog.cpu_families() == catalog.cpu_families(FIXTURE_CSVS["cpus"])
+    assert catalog.disk_bandwidths() == catalog.disk_bandwidths(FIXTURE_CSVS["disks"])
+
+
+@BOTH
+def test_every_aws_type_has_its_published_disk_bandwidth(files: dict[str, Path]) -> None:
+    """The planner caps a main disk's reads at the type's EBS bandwidth: a type without one
+    would be promised its volume's full throughput."""
+    bandwidths = catalog.disk_bandwidths(files["disks"])
+    aws_types = {e.name for e in catalog.load(files["instances"]) if e.provider == "aws"}
+    assert {name for provider, name in bandwidths if provider == "aws"} == aws_types
+    for entry in bandwidths.values():
+        assert 0 < entry.baseline_mbps <= entry.max_mbps, entry
+        assert entry.source.startswith("AWS EC2") and entry.date, entry
+        # Only the types below 8xlarge burst, for 30 minutes.
+        small = entry.instance_type.split(".")[1] in ("large", "xlarge", "2xlarge", "4xlarge")
+        assert entry.burst_minutes == (30 if small else 0), entry
+    c8g = bandwidths["aws", "c8g.16xlarge"]
+    assert c8g.baseline_mbps == c8g.max_mbps == 2500
+    assert round(c8g.mibps_for(500e9)) == 2384  # 2,500 MB/s, whatever the size
+
+
+def test_a_bursting_type_runs_at_its_maximum_while_the_burst_lasts() -> None:
+    entry = catalog.DiskBandwidth("aws", "t", 100, 1000, 30, "test", "2026-01-01")
+    burst = 1000e6 * 30 * 60  # bytes the 30 minutes at the maximum move
+    assert entry.mibps_for(burst) * 1024**2 / 1e6 == pytest.approx(1000)
+    # As much again at the baseline: 1,800 s + 18,000 s.
+    assert entry.mibps_for(2 * burst) * 1024**2 / 1e6 == pytest.approx(2 * burst / 19_800 / 1e6)
 
 
 def test_the_catalog_directory_is_read_at_each_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in (catalog.INSTANCES_NAME, catalog.CPUS_NAME, catalog.SERVICES_NAME):
+    for name in (
+        catalog.INSTANCES_NAME,
+        catalog.CPUS_NAME,
+        catalog.SERVICES_NAME,
+        catalog.DISKS_NAME,
+    ):
         shutil.copy(CATALOG_FIXTURE / name, tmp_path / name)
     with (tmp_path / catalog.INSTANCES_NAME).open("a") as f:
         f.write("aws,eu-west-1,c8g.large,arm64,graviton4,2,4,12.5,0.1,test row,2026-02-01\n")

@@ -15,7 +15,7 @@ import pytest
 
 from infra import catalog, planner
 from infra.catalog import InstanceType
-from infra.core import costs, outputs
+from infra.core import costs, outputs, sizing
 from infra.costrun.cloud import PulumiTarget
 from infra.planner import cli as planner_cli
 from tests.conftest import CATALOG_FIXTURE
@@ -103,12 +103,25 @@ def test_an_aws_figure_prices_the_instances_and_volumes_created(stack: str) -> N
     instances = sorted(
         d.of_type("aws:ec2/instance:Instance"), key=lambda r: r.name != "llama-rpc-cluster-main"
     )
+    # A main node's model volume, by the instance it is attached to.
+    volumes = {r.name: r.inputs for r in d.of_type("aws:ebs/volume:Volume")}
+    attached = {
+        a.inputs["instanceId"].removesuffix("-id"): volumes[a.inputs["volumeId"][: -len("-id")]]
+        for a in d.of_type("aws:ec2/volumeAttachment:VolumeAttachment")
+    }
+    assert set(attached) == {i.name for i in instances if i.name.endswith("-main")}
     nodes = []
     for instance in instances:
-        volume = instance.inputs["rootBlockDevice"]
+        root = instance.inputs["rootBlockDevice"]
         entry = catalog.find("aws", "us-east-1", instance.inputs["instanceType"])
         assert entry is not None
-        nodes.append(costs.PricedNode(entry, volume["volumeSize"], volume.get("throughput")))
+        model = attached.get(instance.name)
+        if model is None:
+            nodes.append(costs.PricedNode(entry, root["volumeSize"], root.get("throughput")))
+        else:
+            assert root.get("throughput") in (None, 125)  # the system disk at the baseline
+            node = costs.PricedNode(entry, model["size"], model["throughput"], root["volumeSize"])
+            nodes.append(node)
     assert d.outputs[outputs.HOURLY_COST_USD] == costs.hourly_cost("aws", nodes).total
 
 
@@ -132,7 +145,7 @@ def price_list(
     """Makes the catalog's NAT and disk prices these (None: unknown) for one provider."""
 
     def use(provider: str, prices: dict[str, float | None]) -> None:
-        for name in (catalog.INSTANCES_NAME, catalog.CPUS_NAME):
+        for name in (catalog.INSTANCES_NAME, catalog.CPUS_NAME, catalog.DISKS_NAME):
             shutil.copy(CATALOG_FIXTURE / name, tmp_path / name)
         rows = ["provider,item,usd,unit,source,date"] + [
             f"{provider},{item},unknown,per unit,not found,"
@@ -172,7 +185,10 @@ def test_a_cluster_costs_its_instances_one_nat_gateway_and_its_disks(price_list)
     cost = costs.hourly_cost("aws", nodes)
     assert cost.instances == 4.0
     assert cost.nat == 0.06  # one gateway and its address, whatever the node count
-    assert cost.disks == round((gp3(300, 1000) + 2 * gp3(100)) / costs.HOURS_PER_MONTH, 5)
+    # The main node's model volume, its system disk (the model has a volume of its own), the
+    # workers' disks.
+    main_disks = gp3(300, 1000) + gp3(sizing.WORKER_DISK_GB)
+    assert cost.disks == round((main_disks + 2 * gp3(100)) / costs.HOURS_PER_MONTH, 5)
     assert cost.total == round(4.0 + 0.06 + cost.disks, 5)
     assert cost.unpriced == ()
     assert cost.instance_counts == (("big", 1, 2.0), ("small", 2, 1.0))

@@ -293,6 +293,14 @@ def test_tags_a_tag_the_cloud_refuses_is_caught(
             {"maxAggregationInterval": 300},
             ("60, 600",),
         ),
+        # A volume of its own takes 2,000 MiB/s (a launch volume 1,000: below).
+        (
+            AWS,
+            "as shipped",
+            "aws:ebs/volume:Volume",
+            {"throughput": 2001, "iops": 9000},
+            ("throughput is 2001", "125-2000"),
+        ),
         (
             "gcp-c4a",
             "as shipped",
@@ -402,6 +410,44 @@ def test_combinations_gp3_throughput_beyond_its_iops_is_caught() -> None:
         changed(run(AWS, "as shipped"), "aws:ec2/instance:Instance", throttle),
         rules.COMBINATION,
         "4000 IOPS",
+    )
+
+
+def test_values_a_launch_volume_beyond_1000_mibps_is_caught() -> None:
+    def faster(r: rules.Registered) -> rules.Registered:
+        return with_inputs(
+            rootBlockDevice={**r.inputs["rootBlockDevice"], "throughput": 2000, "iops": 8000}
+        )(r)
+
+    only(
+        changed(run(AWS, "as shipped"), "aws:ec2/instance:Instance", faster),
+        rules.VALUE,
+        "rootBlockDevice.throughput is 2000",
+        "125-1000",
+    )
+
+
+def test_names_a_volume_attached_as_the_root_device_is_caught() -> None:
+    only(
+        changed(
+            run(AWS, "as shipped"),
+            "aws:ec2/volumeAttachment:VolumeAttachment",
+            with_inputs(deviceName="/dev/sda"),
+        ),
+        rules.NAME,
+        "/dev/sd[f-p]",
+    )
+
+
+def test_combinations_a_volume_attached_across_zones_is_caught() -> None:
+    only(
+        changed(
+            run(AWS, "as shipped"),
+            "aws:ebs/volume:Volume",
+            with_inputs(availabilityZone="us-east-1b"),
+        ),
+        rules.COMBINATION,
+        "in us-east-1b attached to llama-rpc-cluster-main in us-east-1a",
     )
 
 

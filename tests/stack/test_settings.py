@@ -404,7 +404,7 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("aws", "mainDiskGb", {f"{P}mainDiskGb": 70_000}, "70000 GB is outside what aws takes"),
     ("gcp", "workerDiskGb", {f"{P}workerDiskGb": 2}, "2 GB is outside what gcp takes"),
     ("azure", "mainDiskGb", {f"{P}mainDiskGb": 5000}, "5000 GB is outside what azure takes"),
-    ("aws", "diskThroughputMibps", {f"{P}diskThroughputMibps": 2000}, "2000 is outside aws's"),
+    ("aws", "diskThroughputMibps", {f"{P}diskThroughputMibps": 2001}, "2001 is outside aws's"),
     ("gcp", "diskThroughputMibps", {f"{P}diskThroughputMibps": 100}, "100 is outside gcp's"),
     # Settings a cloud cannot honour.
     ("aws", "sshPublicKey", {f"{P}sshPublicKey": "ssh-ed25519 AAAA me"}, "aws does not take"),

@@ -94,7 +94,8 @@ def test_the_zone_setting_moves_the_cluster_on_purpose(stack: str, cloud: str) -
             "aws-c8g",
             {f"{P}replicas": 2},
             "aws:ec2/instance:Instance::llama-rpc-cluster-main",
-            set(),
+            # Its model volume stays, with the model on it, for the new node to mount.
+            {"aws:ec2/volumeAttachment:VolumeAttachment::llama-rpc-cluster-main-model-attachment"},
         ),
         (
             "gcp-c4a",

@@ -28,9 +28,9 @@ from infra.boot.deliver import packed
 from infra.boot.metrics_command import read_command
 from infra.boot.render import BOOT_ROOT, fetched_files
 from infra.clouds import aws as aws_facts
-from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
+from infra.clouds.base import FLOW_LOG_RETENTION_DAYS, ModelDisk
 from infra.clouds.stores import listed_prefixes, s3_object
-from infra.core import outputs
+from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
@@ -757,9 +757,12 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
     ) -> Node:
         tags = self.tags(config, spec.role)
         security_group = group.main if spec.role == "main" else group.worker
-        disk = self.facts.disk.provision(spec.disk_throughput_mibps)
         user_data = spec.user_data
         main = spec.role == "main"
+        # A main node's model has a volume of its own (model_volume): its root, like a worker's,
+        # holds the system and the build, at gp3's baseline.
+        root_gb = sizing.WORKER_DISK_GB if main else spec.disk_gb
+        disk = self.facts.disk.provision(None)
         # Without a pinned image every up resolves SSM's "current" AMI; a new Ubuntu release
         # must not replace running nodes, so each keeps the image it was created with.
         # Setting `image` makes the change deliberate: every node is replaced with it.
@@ -781,7 +784,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             },
             root_block_device={
                 "volume_type": "gp3",
-                "volume_size": spec.disk_gb,
+                "volume_size": root_gb,
                 "throughput": disk.throughput_mibps,
                 "iops": disk.iops,
                 "encrypted": True,
@@ -801,7 +804,52 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 parent, ignore_changes=ignore, depends_on=network.boot_files if main else []
             ),
         )
+        if main:
+            self.model_volume(
+                spec,
+                network=network,
+                instance=instance,
+                tags=tags,
+                parent=parent,
+                model_disk=aws_facts.MODEL_DISK,
+            )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
+
+    def model_volume(
+        self,
+        spec: NodeSpec,
+        *,
+        network: AwsNetwork,
+        instance: aws.ec2.Instance,
+        tags: dict[str, str],
+        parent: pulumi.Resource,
+        model_disk: ModelDisk,
+    ) -> None:
+        """The main node's model volume: made by CreateVolume, which takes up to 2,000 MiB/s of
+        gp3 (a root volume 1,000), and attached once the node runs; the node waits for it and
+        mounts it (model-disk.sh). It outlives a replaced main node, which keeps its verified
+        model; ``pulumi destroy`` deletes it."""
+        disk = self.facts.disk.provision(spec.disk_throughput_mibps)
+        volume = aws.ebs.Volume(
+            f"{spec.name}-model",
+            availability_zone=network.private_subnet.availability_zone,
+            type="gp3",
+            size=spec.disk_gb,
+            throughput=disk.throughput_mibps,
+            iops=disk.iops,
+            encrypted=True,
+            tags={**tags, "Name": f"{spec.name}-model"},
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+        aws.ec2.VolumeAttachment(
+            f"{spec.name}-model-attachment",
+            device_name=model_disk.device_name,
+            volume_id=volume.id,
+            instance_id=instance.id,
+            # Detached from a stopped node only: the model's file system is mounted while it runs.
+            stop_instance_before_detaching=True,
+            opts=pulumi.ResourceOptions(parent=parent, delete_before_replace=True),
+        )
 
     def keep_api_key(
         self,
