@@ -2,8 +2,8 @@
 # The main node's model disk (MODEL_DISK_GB, on AWS): a volume of its own, attached once the node
 # runs, since a volume made apart from the node takes twice the throughput of one made with it.
 # Each boot waits for it, knows it by its model name and size among the unpartitioned disks,
-# formats it if it is blank (ext4, once), grows it to the volume's size and mounts it at the
-# model directory. A volume kept from an earlier main node keeps its verified parts.
+# formats it if it is blank (ext4, once) and mounts it at the model directory. A volume kept
+# from an earlier main node keeps its verified parts; a new size is a new volume (the stack).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -53,21 +53,6 @@ fi
 device="$dev_dir/${disks[0]}"
 [[ -b "$device" ]] || fail "$device is not a block device"
 
-# A volume made larger since it was formatted (mainDiskGb raised): its file system grows to it,
-# before the mount (a check, then the resize: seconds for a disk of a few large files).
-grow() {
-  local fs_bytes disk_bytes code=0
-  fs_bytes="$(dumpe2fs -h "$device" 2>/dev/null |
-    awk -F: '/^Block count/ {n = $2} /^Block size/ {b = $2} END {printf "%d", n * b}')"
-  disk_bytes="$(blockdev --getsize64 "$device")"
-  [[ $fs_bytes -gt 0 && $fs_bytes -lt $disk_bytes ]] || return 0
-  log "growing the file system on $device to the volume's $(numfmt --to=iec-i --suffix=B "$disk_bytes")"
-  e2fsck -f -p "$device" >/dev/null || code=$?
-  if [[ $code -gt 1 ]] || ! resize2fs "$device" >/dev/null 2>&1; then
-    log "could not grow the file system on $device (e2fsck exit $code, or resize2fs); it keeps its size"
-  fi
-}
-
 if ! mountpoint -q "$target"; then
   filesystem="$(blkid -p -s TYPE -o value "$device" 2>/dev/null || true)"
   if [[ -z "$filesystem" ]]; then
@@ -77,8 +62,6 @@ if ! mountpoint -q "$target"; then
       fail "could not format the model disk $device (mkfs.ext4)"
   elif [[ "$filesystem" != ext4 ]]; then
     fail_final "the model disk $device holds a $filesystem file system; the stack's model volume must be blank or ext4"
-  else
-    grow
   fi
   mkdir -p "$target"
   mount -o noatime "$device" "$target" || fail "could not mount the model disk $device on $target"

@@ -497,7 +497,9 @@ RULES = by_type(
                 CREATE_VOLUME,
             ),
         ),
-        # A smaller size also replaces it (EBS volumes only grow): ebs_volume.go's CustomizeDiff.
+        # ModifyVolume grows a volume and never shrinks it (the provider's CustomizeDiff does not
+        # replace a smaller one, so `up` would fail halfway): the program replaces it on any
+        # new size (replace_on_changes).
         replaced_on=("availabilityZone", "encrypted", "kmsKeyId", "snapshotId", "outpostArn"),
         source=f"{TF}ec2/ebs_volume.go",
     ),

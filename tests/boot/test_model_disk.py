@@ -1,6 +1,6 @@
 """model-disk.sh on a real block device: a loop device stands for the main node's EBS volume,
-a stand-in of /sys/block names it as EC2 does, and the script formats, mounts and grows it as
-root, as on a node."""
+a stand-in of /sys/block names it as EC2 does, and the script formats and mounts it as root, as
+on a node."""
 
 from __future__ import annotations
 
@@ -50,20 +50,12 @@ class Disks:
         (self.dev / name).symlink_to(device)
         return device
 
-    def grow(self, name: str, size: int) -> None:
-        """The volume made larger (ModifyVolume): the guest sees the new size."""
-        with (self.sys_block.parent / f"{name}.img").open("r+b") as f:
-            f.truncate(size)
-        device = os.readlink(self.dev / name)
-        subprocess.run(["losetup", "--set-capacity", device], check=True)
-        (self.sys_block / name / "size").write_text(f"{size // SECTOR}\n")
-
 
 @pytest.fixture
 def disks(tmp_path: Path) -> Iterator[Disks]:
     if os.geteuid() != 0:
         unavailable("formatting and mounting a disk needs root")
-    for tool in ("losetup", "mkfs.ext4", "blkid", "dumpe2fs", "e2fsck", "resize2fs", "mountpoint"):
+    for tool in ("losetup", "mkfs.ext4", "blkid", "mountpoint"):
         require_tool(tool)
     root = tmp_path / "kernel"
     found = Disks(root / "sys-block", root / "dev", [])
@@ -150,20 +142,6 @@ def test_a_blank_volume_is_formatted_and_mounted_once_and_kept(
     result, _ = model_disk()
     assert result.returncode == 0, result.stderr
     assert mounted_on(models) == volume
-
-
-def test_a_larger_volume_grows_its_file_system(model_disk, disks: Disks, tmp_path: Path) -> None:
-    """mainDiskGb raised: EBS grows the volume in place, and the next boot grows the file
-    system to it."""
-    disks.add("nvme1n1", GIB)
-    models = tmp_path / "data" / "models"
-    assert model_disk(1)[0].returncode == 0
-    unmount(models)
-    disks.grow("nvme1n1", 2 * GIB)
-    result, _ = model_disk(2)
-    assert result.returncode == 0, result.stderr
-    size = os.statvfs(models)
-    assert size.f_blocks * size.f_frsize > 1.8 * GIB
 
 
 def test_a_kept_volume_holds_only_this_models_parts(

@@ -153,3 +153,21 @@ def test_new_boot_data_replaces_the_nodes_it_reaches_and_nothing_else(stack: str
     assert replaced & nodes == mains
     before, after = up_twice(stack, {}, {f"{P}llamaCppCommit": "0" * 40})
     assert nodes <= acted(plan_update(before, after), "replace")
+
+
+VOLUME = "aws:ebs/volume:Volume::llama-rpc-cluster-main-model"
+ATTACHMENT = "aws:ec2/volumeAttachment:VolumeAttachment::llama-rpc-cluster-main-model-attachment"
+
+
+def test_a_new_main_disk_size_is_a_new_model_volume_and_a_new_speed_is_not() -> None:
+    """EBS grows a volume and never shrinks it, so a ModifyVolume to a smaller size would stop
+    `up` halfway: any new size is a new volume (and the main node, told its size, is new too).
+    A new throughput is a ModifyVolume of the same volume, and no node changes."""
+    before, after = up_twice("aws-c8g", {}, {f"{P}mainDiskGb": 300})
+    actions = plan_update(before, after)
+    assert actions[VOLUME] == actions[ATTACHMENT] == "replace"
+    assert actions["aws:ec2/instance:Instance::llama-rpc-cluster-main"] == "replace"
+    before, after = up_twice("aws-c8g", {}, {f"{P}diskThroughputMibps": 1500})
+    actions = plan_update(before, after)
+    assert actions[VOLUME] == "update"
+    assert acted(actions, "replace", "create", "delete") == set()

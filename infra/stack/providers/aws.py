@@ -828,7 +828,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         """The main node's model volume: made by CreateVolume, which takes up to 2,000 MiB/s of
         gp3 (a root volume 1,000), and attached once the node runs; the node waits for it and
         mounts it (model-disk.sh). It outlives a replaced main node, which keeps its verified
-        model; ``pulumi destroy`` deletes it."""
+        model, but not a new size; ``pulumi destroy`` deletes it."""
         disk = self.facts.disk.provision(spec.disk_throughput_mibps)
         volume = aws.ebs.Volume(
             f"{spec.name}-model",
@@ -839,7 +839,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             iops=disk.iops,
             encrypted=True,
             tags={**tags, "Name": f"{spec.name}-model"},
-            opts=pulumi.ResourceOptions(parent=parent),
+            # EBS refuses to shrink a volume, and would fail `up` halfway: a new size (which comes
+            # with a new model, mostly) is a new volume.
+            opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["size"]),
         )
         aws.ec2.VolumeAttachment(
             f"{spec.name}-model-attachment",
