@@ -60,6 +60,12 @@ PLAN_405B = ("llama-3.1-405b-q4_0",)
 ARMS_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3")
 
 
+def engine(name: str) -> float:
+    """One engine's predicted tok/s for Arm's three c8g.16xlarge (``plan --engines``)."""
+    lines = plan(*ARMS_GUIDE, "--engines")["engines"]["aws"]
+    return float(next(line for line in lines if line["engine"] == name)["predictedDecodeTps"])
+
+
 def stack(name: str) -> dict[str, Any]:
     """The cluster a shipped stack deploys, priced as its ``hourlyCostUsd`` is."""
     return option(plan("--stack", name), *_only(plan("--stack", name)))
@@ -151,6 +157,12 @@ FIGURES = [
            lambda: " + ".join(map(str, layers("aws-c8g")))),
     Figure("docs/placement.md", "aws-r8g's smaller main node {} of 126",
            lambda: str(layers("aws-r8g")[0])),
+    Figure("docs/planner.md", "reading its share of the weights in turn: {} tok/s for the 405B",
+           lambda: f"{engine('llama.cpp layer split over RPC'):.2f}"),
+    Figure("docs/planner.md", "c8g.16xlarge are predicted at {} tok/s.",
+           lambda: f"{engine('llama.cpp layer split with a draft model'):.2f}"),
+    Figure("docs/planner.md", "activations twice a layer: {} tok/s, with an assumed",
+           lambda: f"{engine('tensor parallel on 3 nodes'):.2f}"),
     Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure; on both",
            lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
                "aws-c8g", "gcp-c4a", "azure-cobalt")))),

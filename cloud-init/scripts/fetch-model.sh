@@ -9,6 +9,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 require_setting MODEL_URLS
 read -r -a urls <<<"$MODEL_URLS"
 read -r -a sums <<<"${MODEL_SHA256:-}"
+read -r -a draft_urls <<<"${DRAFT_MODEL_URLS:-}"
+read -r -a draft_sums <<<"${DRAFT_MODEL_SHA256:-}"
 DOWNLOAD_JOBS="${DOWNLOAD_JOBS:-8}"
 DOWNLOAD_ATTEMPTS="${DOWNLOAD_ATTEMPTS:-8}"
 DOWNLOAD_RETRY_DELAY="${DOWNLOAD_RETRY_DELAY:-5}" # seconds, doubled after each attempt
@@ -22,6 +24,18 @@ done
 [[ $DOWNLOAD_PROGRESS_SECONDS -gt 0 ]] || DOWNLOAD_PROGRESS_SECONDS=1
 if [[ ${#sums[@]} -gt 0 && ${#sums[@]} -ne ${#urls[@]} ]]; then
   fail_final "MODEL_SHA256 has ${#sums[@]} checksums for ${#urls[@]} model URLs; give one per part, in order, or none"
+fi
+if [[ ${#draft_sums[@]} -gt 0 && ${#draft_sums[@]} -ne ${#draft_urls[@]} ]]; then
+  fail_final "DRAFT_MODEL_SHA256 has ${#draft_sums[@]} checksums for ${#draft_urls[@]} draft model URLs; give one per part, in order, or none"
+fi
+# A draft model's parts come with the model's, each checked the same way (an empty checksum:
+# none given).
+if [[ ${#draft_urls[@]} -gt 0 ]]; then
+  for i in "${!urls[@]}"; do sums[i]="${sums[i]:-}"; done
+  for i in "${!draft_urls[@]}"; do
+    urls+=("${draft_urls[i]}")
+    sums+=("${draft_sums[i]:-}")
+  done
 fi
 
 # A URL ending in '/' names no file, and two parts of one name would overwrite each other and

@@ -32,6 +32,21 @@ if [[ -n "${RPC_WORKERS:-}" ]]; then
   rpc_args=(--rpc "$RPC_WORKERS" --n-gpu-layers "$LLAMA_GPU_LAYERS" --tensor-split "$LLAMA_TENSOR_SPLIT")
 fi
 
+# A draft model (DRAFT_MODEL_URLS): speculative decoding, the draft on this node's CPU alone
+# (with --rpc the draft would follow the workers, a network hop per drafted token). llama-server
+# ignores a draft without a --spec-type. p-min: the draft stops where it is unsure (at 0, which
+# the pinned llama.cpp defaults to, its acceptance collapses: ggml-org/llama.cpp#25908).
+draft_args=()
+if [[ -n "${DRAFT_MODEL_URLS:-}" ]]; then
+  read -r -a draft_urls <<<"$DRAFT_MODEL_URLS"
+  draft="$(model_file "${draft_urls[0]}")"
+  [[ -f "$draft" ]] || fail "draft model file $draft is missing; fetch-model.sh downloads it at first boot"
+  for setting in DRAFT_MAX DRAFT_MIN; do require_count "$setting"; done
+  require_setting DRAFT_P_MIN
+  draft_args=(--spec-draft-model "$draft" --spec-type draft-simple --spec-draft-device none
+    --spec-draft-n-max "$DRAFT_MAX" --spec-draft-n-min "$DRAFT_MIN" --spec-draft-p-min "$DRAFT_P_MIN")
+fi
+
 # llama-server logs where each layer went at debug level: llama-server-log keeps those lines in
 # the load log and out of the journal, and reads the placement from it once the server is ready.
 server_log=("$LLAMA_RPC_BIN_DIR/llama-server-log")
@@ -72,6 +87,7 @@ run_until_ready llama-server load_seconds LOAD_TIMEOUT_SECONDS \
   "$(llama_bin_dir)/llama-server" \
   --model "$model" \
   "${rpc_args[@]}" \
+  "${draft_args[@]}" \
   --fit off \
   --host "${SERVER_LISTEN:-$LLAMA_NODE_IP}" \
   --port "$server_port" \

@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from infra.boot.patches import patches_digest
 from infra.clouds.stores import STORE_SCHEMES
 from infra.core import server_args
-from infra.core.limits import METRICS_PORT, ROLES, RPC_PORT, SERVER_PORT, Role
+from infra.core.limits import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_DRAFT_P_MIN,
+    MAX_DRAFT_TOKENS,
+    METRICS_PORT,
+    ROLES,
+    RPC_PORT,
+    SERVER_PORT,
+    Role,
+)
 from infra.core.outputs import rpc_servers
 from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
 from infra.core.server_args import MODEL_ALIAS
@@ -108,6 +117,14 @@ class NodeBoot:
     rpc_workers: tuple[str, ...] = ()
     model_urls: tuple[str, ...] = ()
     model_sha256: tuple[str, ...] = ()
+    # A draft model of the same vocabulary (speculative decoding, main node): its parts and
+    # checksums, fetched with the model's; the tokens it drafts a step (at most, and at least to
+    # be used), and the probability below which it stops drafting.
+    draft_urls: tuple[str, ...] = ()
+    draft_sha256: tuple[str, ...] = ()
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = 0
+    draft_p_min: float = DEFAULT_DRAFT_P_MIN
     server_port: int = SERVER_PORT
     # The address llama-server listens on; None: the node's own. "0.0.0.0" behind a balancer
     # that delivers packets still addressed to itself (GCP's passthrough balancer).
@@ -180,6 +197,17 @@ class NodeBoot:
         """The main node's ``--rpc`` list: ``ip:port,ip:port`` in worker order."""
         return rpc_servers(list(self.rpc_workers), self.rpc_port)
 
+    def _draft_env(self) -> dict[str, str]:
+        if not self.draft_urls:
+            return {}
+        return {
+            "DRAFT_MODEL_URLS": " ".join(self.draft_urls),
+            "DRAFT_MODEL_SHA256": " ".join(self.draft_sha256),
+            "DRAFT_MAX": str(self.draft_max),
+            "DRAFT_MIN": str(self.draft_min),
+            "DRAFT_P_MIN": f"{self.draft_p_min:g}",
+        }
+
     def _model_disk_env(self) -> dict[str, str]:
         """How the main node downloads and keeps the model, where not the scripts' defaults."""
         env = {
@@ -241,7 +269,7 @@ class NodeBoot:
                 env["API_KEY_SOURCE"] = self.api_key_source
             if self.server_listen:
                 env["SERVER_LISTEN"] = self.server_listen
-            env |= self._model_disk_env()
+            env |= self._model_disk_env() | self._draft_env()
             if self.staged:
                 env["MODEL_STORE_REGION"] = self.model_store_region
                 if self.model_store_endpoint:
@@ -301,6 +329,11 @@ _ENV_FIELDS = {
     "WRITEBACK_BYTES": "writeback_bytes",
     "DOWNLOAD_JOBS": "download_jobs",
     "MODEL_DISK_GB": "model_disk_gb",
+    "DRAFT_MODEL_URLS": "draft_urls",
+    "DRAFT_MODEL_SHA256": "draft_sha256",
+    "DRAFT_MAX": "draft_max",
+    "DRAFT_MIN": "draft_min",
+    "DRAFT_P_MIN": "draft_p_min",
     "MODEL_DISK_MODEL": "model_disk_model",
 }
 
@@ -332,6 +365,8 @@ def _validate(boot: NodeBoot) -> None:
             f"files_source {boot.files_source!r}: give aws-ssm:REGION:/PATH, or leave it empty "
             "for every boot file to come in the user data",
         )
+    if boot.draft_urls and boot.role != "main":
+        raise BootConfigError("draft_urls", "a draft model runs on the main node only")
     if boot.model_disk_gb and (boot.role != "main" or not boot.model_disk_model):
         raise BootConfigError(
             "model_disk_gb",
@@ -471,10 +506,12 @@ def _validate_main(boot: NodeBoot) -> None:
     # Each part is saved under its URL's file name: a URL without one, or two parts with the
     # same one, would leave a model that looks complete and is not.
     saved_as: dict[str, str] = {}
-    for url in boot.model_urls:
+    parts = [(url, "model_urls") for url in boot.model_urls]
+    parts += [(url, "draft_urls") for url in boot.draft_urls]
+    for url, field_name in parts:
         if not re.match(r"(https?|file|s3|gs|az)://[^\s]+$", url):
             raise BootConfigError(
-                "model_urls",
+                field_name,
                 f"model URL {url!r} is not an http(s)://, s3://, gs://, az:// or file:// URL "
                 "without spaces",
             )
@@ -490,13 +527,13 @@ def _validate_main(boot: NodeBoot) -> None:
         name = saved_name(url)
         if name in ("", ".", ".."):
             raise BootConfigError(
-                "model_urls",
+                field_name,
                 f"model URL {url!r} does not end in a file name; give the URL of the GGUF file "
                 "itself (of every part, for a split GGUF)",
             )
         if name in saved_as:
             raise BootConfigError(
-                "model_urls",
+                field_name,
                 f"model URLs {saved_as[name]!r} and {url!r} both save as {name!r}; every part "
                 "needs a file name of its own",
             )
@@ -506,6 +543,26 @@ def _validate_main(boot: NodeBoot) -> None:
     problem = checksums_problem(boot.model_urls, boot.model_sha256)
     if problem:
         raise BootConfigError("model_sha256", problem)
+    _validate_draft(boot)
+
+
+def _validate_draft(boot: NodeBoot) -> None:
+    if not boot.draft_urls:
+        return
+    if problem := split_parts_problem([saved_name(url) for url in boot.draft_urls]):
+        raise BootConfigError("draft_urls", problem)
+    if problem := checksums_problem(boot.draft_urls, boot.draft_sha256):
+        raise BootConfigError("draft_sha256", problem)
+    if not 1 <= boot.draft_max <= MAX_DRAFT_TOKENS or not 0 <= boot.draft_min <= boot.draft_max:
+        raise BootConfigError(
+            "draft_max",
+            f"draft_max {boot.draft_max} and draft_min {boot.draft_min}: draft 1 to "
+            f"{MAX_DRAFT_TOKENS} tokens a step, and at least draft_min (0 or more) of them",
+        )
+    if not 0 <= boot.draft_p_min <= 1:
+        raise BootConfigError(
+            "draft_p_min", f"draft_p_min {boot.draft_p_min} is a probability: give 0 to 1"
+        )
 
 
 def checksums_problem(urls: tuple[str, ...], sha256: tuple[str, ...]) -> str | None:

@@ -126,6 +126,8 @@ FACTS = CloudFacts(
     # Graviton families carry a "g" after the generation digit: c8g, r7gd, c7gn, t4g, x2gd.
     arm_pattern=re.compile(r"[a-z]+\d+[a-z]*g[a-z]*\.[a-z0-9]+"),
     arm_examples="Graviton: c8g, m8g, r8g, c7g, r7g, c6g, r6g",
+    # P6e-GB200: sold as UltraServer capacity blocks (a Grace per two B200s).
+    grace_pattern=re.compile(r"p6e-gb200\.[a-z0-9]+"),
     # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
     # 2025). A volume made by CreateVolume or raised by ModifyVolume takes up to 2,000 MiB/s,
     # but a root volume is made by RunInstances, whose block device takes 125-1000 (the EC2

@@ -178,6 +178,8 @@ FACTS = CloudFacts(
     # Cobalt 100 sizes carry a "p" among the feature letters: Standard_D64ps_v6.
     arm_pattern=re.compile(r"Standard_[A-Z]+\d+[a-z]*p[a-z]*_v\d+"),
     arm_examples="Cobalt 100: Standard_D64ps_v6, Standard_E64ps_v6, Standard_D64pls_v6",
+    # ND GB200 v6: 2 Grace CPUs and 4 Blackwell GPUs a VM.
+    grace_pattern=re.compile(r"Standard_ND\w*GB200\w*", re.IGNORECASE),
     # OS disks hold at most 4,095 GiB:
     # https://learn.microsoft.com/azure/virtual-machines/managed-disks-overview#os-disk
     boot_disk_gb=Range(30, 4_095),

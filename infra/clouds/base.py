@@ -195,6 +195,8 @@ class CloudFacts:
     # The URL scheme of the object store its nodes read a staged model from, with their own
     # identity over the private path; None: https model URLs only.
     model_store_scheme: str | None = None
+    # NVIDIA Grace (GB200) types: Arm CPUs, but sold only with their GPUs (refused).
+    grace_pattern: re.Pattern[str] | None = None
     # The main node keeps the model on a volume of its own, not its boot disk; None: boot disk.
     model_disk: ModelDisk | None = None
     # The private load balancer in front of the serving groups (replicas > 1).
@@ -220,6 +222,18 @@ class CloudFacts:
             return None
         return f"{zone!r} is not a zone of {region} (like {region}{self.zone_example})"
 
+    def gpu_capacity_problem(self, instance_type: str) -> str | None:
+        """Why an NVIDIA Grace (GB200) type is refused, or None: the Grace CPUs are Arm, but
+        the clouds sell these VMs only as GPU capacity."""
+        if self.grace_pattern is None or not self.grace_pattern.fullmatch(instance_type):
+            return None
+        return (
+            f"{instance_type} is an NVIDIA Grace (GB200) type, sold as GPU capacity: a CPU-only "
+            "llama.cpp on it pays for idle Blackwell GPUs for a Grace's memory bandwidth, no "
+            f"more than one Graviton4 socket's ({GRACE_SOURCE}); choose an Arm CPU type "
+            f"({self.arm_examples})"
+        )
+
     def is_arm(self, instance_type: str) -> bool:
         """Whether a type name is an Arm type, from the provider's naming rules."""
         return self.arm_pattern.fullmatch(instance_type) is not None
@@ -233,6 +247,13 @@ def reserved_tag_problem(tags: Mapping[str, str], extra: tuple[str, ...] = ()) -
             return f"{key!r} is set by the program on every resource ({names}); choose another name"
     return None
 
+
+# Where the Grace verdict comes from.
+GRACE_SOURCE = (
+    "AWS sells P6e-GB200 as UltraServer capacity blocks, Google A4X as accelerator-optimized "
+    "VMs, Azure ND GB200 v6 with 4 GPUs a VM; a Grace die streams about 0.5 TB/s, a Graviton4 "
+    "socket 537.6 GB/s"
+)
 
 # How long flow logs are kept, on every cloud.
 FLOW_LOG_RETENTION_DAYS = 30

@@ -101,6 +101,8 @@ FACTS = CloudFacts(
     # Axion (C4A, N4A) and Ampere Altra (T2A) are Google's Arm families.
     arm_pattern=re.compile(r"(c4a|n4a|t2a)-[a-z0-9-]+"),
     arm_examples="Axion: c4a-standard-*, c4a-highmem-*, c4a-highcpu-*",
+    # A4X and A4X Max: accelerator-optimized, on the NVIDIA Grace platform only.
+    grace_pattern=re.compile(r"a4x(-max)?-[a-z0-9-]+"),
     # Hyperdisk Balanced: https://cloud.google.com/compute/docs/disks/hyperdisks#hd-size-limits;
     # a boot disk is at least its image: 10 GB for ubuntu-2404-lts-arm64.
     boot_disk_gb=Range(10, 65_536),

@@ -22,3 +22,10 @@ MAX_NODES = MAX_WORKERS + 1
 MAX_REPLICAS = 10
 # prometheus-node-exporter's port on every node: open from inside the cluster only.
 METRICS_PORT = 9100
+
+# Speculative decoding's defaults: 8 tokens a step at most, the length the published acceptance
+# the planner uses was measured at; the draft stops below 0.75 (llama.cpp's default before it
+# became 0, at which acceptance collapses: ggml-org/llama.cpp#25908).
+DEFAULT_DRAFT_MAX = 8
+DEFAULT_DRAFT_P_MIN = 0.75
+MAX_DRAFT_TOKENS = 64

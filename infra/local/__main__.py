@@ -26,7 +26,7 @@ from infra.cli.naming import prog
 from infra.cli.options import add_json, json_text, print_json
 from infra.clouds import FACTS
 from infra.core import outputs
-from infra.core.limits import MAX_REPLICAS
+from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_REPLICAS
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
 from infra.local import access, cluster, top
@@ -113,6 +113,8 @@ def _up(args: argparse.Namespace) -> int:
         stop_after_idle_minutes=args.stop_after_idle_minutes,
         stop_after_hours=args.stop_after_hours,
         patches_off=tuple(args.patches_off.split(",")) if args.patches_off else (),
+        draft_model=args.draft_model,
+        draft_max=args.draft_max,
     )
     contract = cluster.up(
         options,
@@ -280,6 +282,22 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _draft_flags(start: argparse.ArgumentParser) -> None:
+    start.add_argument(
+        "--draft-model",
+        type=Path,
+        metavar="GGUF",
+        help="a draft model of the model's vocabulary for speculative decoding on the main "
+        "node (a stack's draftModel); the process cluster only",
+    )
+    start.add_argument(
+        "--draft-max",
+        type=int,
+        default=DEFAULT_DRAFT_MAX,
+        help=f"tokens the draft proposes a step (default {DEFAULT_DRAFT_MAX})",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", type=Path, default=cache_dir(), help="build and model cache")
@@ -324,6 +342,7 @@ def _parser() -> argparse.ArgumentParser:
         "machine's)",
     )
     start.add_argument("--model-sha256", help="expected sha256 of the model file")
+    _draft_flags(start)
     start.add_argument(
         "--source",
         type=Path,

@@ -124,6 +124,10 @@ def node_boot(
         stop_after_idle_seconds=math.ceil(options.stop_after_idle_minutes * 60),
         stop_after_seconds=math.ceil(options.stop_after_hours * 3600),
         extra_env=dict(options.llama_env) | switches_off(options.commit, options.patches_off),
+        draft_urls=tuple(p.resolve().as_uri() for p in part_paths(options.draft_model))
+        if options.draft_model is not None and role == "main"
+        else (),
+        draft_max=options.draft_max,
     )
 
 

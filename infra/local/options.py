@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.boot.patches import patch_set, switches_off
 from infra.core import layout, placement, sizing
-from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, Cloud
+from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_REPLICAS, MAX_WORKERS, Cloud
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.models import ModelError
 from infra.models.parts import part_paths
@@ -70,6 +70,10 @@ class UpOptions:
     # The patches' own settings for every node, by name (e.g. GGML_RPC_INFLIGHT_MB=256); a patch
     # turned off keeps its switch.
     llama_env: tuple[tuple[str, str], ...] = ()
+    # A draft model of the model's vocabulary (speculative decoding on the main node), and the
+    # tokens it drafts a step; a stack's draftModel and draftMax. The process cluster only.
+    draft_model: Path | None = None
+    draft_max: int = DEFAULT_DRAFT_MAX
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -102,6 +106,11 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
         switches_off(options.commit, options.patches_off)
     except ValueError as error:
         raise OptionError(f"--patches-off: {error}") from None
+    if options.draft_model is not None and options.machines:
+        raise OptionError(
+            "--draft-model: the machines bind the model's own directory only; run without "
+            "--machines"
+        )
     known = {name for patch in patch_set(options.commit) for name, _ in patch.switch}
     for name, _ in options.llama_env:
         if name not in known:
@@ -162,9 +171,16 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     nodes = options.workers + 1
     # By default every node of every group gets an equal share of this machine.
     memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
-    shares = placement.place(
-        model, options.context_size, options.slots, [sizing.usable_of(memory)] * nodes
-    )
+    usable = [sizing.usable_of(memory)] * nodes
+    if options.draft_model is not None:
+        # The draft and its KV cache (the target's context, every slot) live on the main node.
+        try:
+            draft = gguf_header.describe(options.draft_model)
+        except ModelError as error:
+            raise OptionError(f"--draft-model: {error.message}") from None
+        context = options.context_size * options.slots
+        usable[0] -= draft.size_bytes + draft.kv_bytes_per_token * context
+    shares = placement.place(model, options.context_size, options.slots, usable)
     if not shares.fits:
         worst = shares.worst
         raise OptionError(

@@ -385,4 +385,7 @@ def _model(where: str, file_name: str, parts: list[_Part]) -> Model:
         layer_kv_bytes_per_token=kv_per_layer,
         sliding_window=int(window) if window else None,
         sliding_layers=_sliding_layers(fields, arch, layers) if window else frozenset(),
+        embedding=int(fields[f"{arch}.embedding_length"])
+        if fields.get(f"{arch}.embedding_length")
+        else None,
     )

@@ -46,6 +46,8 @@ class Model:
     # Sliding-window attention: these layers cache only the last ``sliding_window`` tokens.
     sliding_window: int | None = None
     sliding_layers: frozenset[int] = frozenset()
+    # The hidden width (n_embd): what a tensor-parallel engine exchanges per layer. None: unknown.
+    embedding: int | None = None
 
     def __post_init__(self) -> None:
         for setting, value in (

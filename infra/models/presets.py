@@ -53,6 +53,7 @@ def _preset(name: str, family: _Family, size_gb: float) -> Model:
         active_parameters=int(active) if active else None,
         input_bytes=matrix,
         output_bytes=matrix,
+        embedding=family.embedding,
     )
 
 

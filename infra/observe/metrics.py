@@ -18,6 +18,7 @@ API
   ``disk_use(a, b) -> {device: DiskUse}``.
 - llama-server: ``tokens_generated(a, b)`` and ``tokens_per_second(a, b)`` (from
   ``llamacpp:tokens_predicted_total``), ``requests(s) -> Requests`` (processing, deferred),
+  ``draft_acceptance(s) -> DraftAcceptance | None`` (a draft model's drafted and accepted tokens),
   ``kv_cache_usage(s, slots)``: the ratio of KV cache cells in use (the pinned llama.cpp exports
   no KV metric, so it is read from ``/slots``: tokens each slot holds over its ``n_ctx``; a
   ``llamacpp:kv_cache_usage_ratio`` sample, which newer builds export, wins when present).
@@ -339,6 +340,28 @@ TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
 REQUESTS_PROCESSING = "llamacpp:requests_processing"
 REQUESTS_DEFERRED = "llamacpp:requests_deferred"
 KV_CACHE_USAGE_RATIO = "llamacpp:kv_cache_usage_ratio"
+# Speculative decoding (a draft model): tokens drafted and those the model accepted.
+DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
+DRAFT_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+
+
+@dataclass(frozen=True)
+class DraftAcceptance:
+    drafted: int
+    accepted: int
+
+    @property
+    def ratio(self) -> float:
+        return self.accepted / self.drafted
+
+
+def draft_acceptance(snapshot: Snapshot) -> DraftAcceptance | None:
+    """The drafted tokens the model accepted since llama-server started; None without a draft
+    model, or before it drafted anything."""
+    drafted, accepted = snapshot.value(DRAFT_TOKENS), snapshot.value(DRAFT_ACCEPTED)
+    if not drafted or accepted is None:
+        return None
+    return DraftAcceptance(int(drafted), int(accepted))
 
 
 def tokens_generated(before: Snapshot, after: Snapshot) -> int | None:

@@ -65,6 +65,8 @@ class Row:
     kv_cache_percent: float | None = None
     tokens_per_second: float | None = None
     requests: metrics.Requests | None = None
+    # With a draft model: the drafted tokens accepted since llama-server started, in %.
+    draft_accepted_percent: float | None = None
     notes: tuple[str, ...] = field(default=())
 
 
@@ -131,6 +133,8 @@ def row(before: NodeReading, after: NodeReading, cpus: int) -> Row:
         ratio = metrics.kv_cache_usage(after.server, after.slots)
         figures["kv_cache_percent"] = None if ratio is None else 100 * ratio
         figures["requests"] = metrics.requests(after.server)
+        acceptance = metrics.draft_acceptance(after.server)
+        figures["draft_accepted_percent"] = None if acceptance is None else 100 * acceptance.ratio
     return Row(after.name, after.role, after.phase, notes=after.notes, **figures)
 
 
@@ -168,6 +172,7 @@ COLUMNS = (
     ("KV %", 6, ">"),
     ("TOK/s", 7, ">"),
     ("REQ", 5, ">"),
+    ("ACC %", 6, ">"),
 )
 
 
@@ -190,6 +195,7 @@ def _cells(row_: Row) -> list[str]:
         _number(row_.kv_cache_percent) if main else "",
         _number(row_.tokens_per_second) if main else "",
         (f"{requests.processing}+{requests.deferred}" if requests else "n/a") if main else "",
+        _number(row_.draft_accepted_percent, 0) if row_.draft_accepted_percent is not None else "",
     ]
 
 
@@ -210,7 +216,8 @@ def render(rows: Sequence[Row], title: str, footer: Sequence[str] = ()) -> str:
 
 FOOTER = (
     "RX, TX: bytes between nodes (since the node started), and per second; KV %: KV cache cells "
-    "in use; TOK/s: tokens generated; REQ: requests processing+deferred."
+    "in use; TOK/s: tokens generated; REQ: requests processing+deferred; ACC %: with a draft "
+    "model, the drafted tokens accepted."
 )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from infra import catalog, models
 from infra.cli.naming import prog
 from infra.cli.options import add_json, print_json
+from infra.clouds import FACTS
 from infra.core import sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import Model, ModelError
@@ -149,6 +150,20 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="with --write-stack: each part's sha256, in order",
     )
+    p.add_argument(
+        "--engines",
+        action="store_true",
+        help="for each provider's pick: one stream's predicted decode under every engine (the "
+        "layer split, a draft model, tensor parallel, a pipeline, vLLM), each with its basis and "
+        "why the stacks do not run it",
+    )
+    p.add_argument(
+        "--draft-acceptance",
+        type=float,
+        metavar="FRACTION",
+        help="with --engines: the drafted tokens the target accepts, 0-1 (default: the "
+        "published figure for the model pair)",
+    )
     p.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     return p
 
@@ -196,6 +211,10 @@ def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def _instance_type(args: argparse.Namespace) -> catalog.InstanceType:
+    for facts in FACTS.values():
+        grace = facts.gpu_capacity_problem(args.instance_type)
+        if grace is not None:
+            raise PlanError("--instance-type", grace)
     matches = [
         t
         for t in catalog.load()
@@ -344,6 +363,14 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise PlanError(flag, "goes with --write-stack NAME, which writes it into the stack")
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+    if args.draft_acceptance is not None:
+        if not args.engines:
+            raise PlanError("--draft-acceptance", "goes with --engines")
+        if not 0 <= args.draft_acceptance <= 1:
+            raise PlanError(
+                "--draft-acceptance",
+                f"is the fraction of drafted tokens accepted, 0-1, not {args.draft_acceptance}",
+            )
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -381,10 +408,13 @@ def run(argv: Sequence[str] | None = None) -> int:
             or (o.decode_tps is not None and o.decode_tps >= args.min_tps)
         ]
     )
+    lines = report.engines(shown, args.draft_acceptance) if args.engines else None
     if args.json:
-        print_json(report.to_json(shown))
+        print_json(report.to_json(shown) | ({} if lines is None else report.engines_json(lines)))
     else:
         print(report.table(shown, verbose=args.verbose))
+        if lines is not None:
+            print(report.engines_text(lines))
     if not shown.options:
         print(f"\n{report.nothing_shown(result, args.min_tps)}", file=sys.stderr)
     if args.chart:

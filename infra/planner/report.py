@@ -17,6 +17,7 @@ from infra.core.units import duration, money
 from infra.models import PRESETS, Model
 from infra.planner import perf, serve, target, verdict
 from infra.planner.base import Option, Plan
+from infra.planner.engines import EngineLine, engine_lines
 from infra.planner.search import fewest_nodes
 from infra.stack.settings import DEFAULT_MAX_HOURLY_USD
 
@@ -500,3 +501,39 @@ def stack_yaml(option: Option, plan: Plan, settings: dict[str, Any], command: st
     ]
     body = yaml.safe_dump({"config": config}, sort_keys=False, width=200)
     return "\n".join(header) + "\n" + body
+
+
+# --- engines (--engines) ---
+
+
+def engines(plan: Plan, acceptance: float | None) -> list[tuple[Option, list[EngineLine]]]:
+    """Each provider's pick, with every engine's line for its first serving group."""
+    found = []
+    for option in sorted(plan.picks(), key=lambda o: o.provider):
+        nodes = [option.main_instance] + [option.instance] * (option.count - 1)
+        kv_tokens = int(plan.context * perf.KV_FILL_FRACTION)
+        lines = engine_lines(plan.model, nodes, option.placement, kv_tokens, acceptance=acceptance)
+        found.append((option, lines))
+    return found
+
+
+def engines_text(found: list[tuple[Option, list[EngineLine]]]) -> str:
+    out = ["", "one stream under each engine (--engines):"]
+    for option, lines in found:
+        out.append(f"  {option.provider}: {option.count} x {option.name}")
+        for line in lines:
+            speed = "n/a" if line.tps is None else f"{line.tps:.2f} tok/s"
+            state = "runs here" if line.offered else "not offered"
+            out.append(f"    {line.engine}: {speed} ({state})")
+            out.append(f"      basis: {line.basis}")
+            if line.why_not:
+                out.append(f"      why not: {line.why_not}")
+            if line.sources:
+                out.append(f"      sources: {'; '.join(line.sources)}")
+    return "\n".join(out)
+
+
+def engines_json(found: list[tuple[Option, list[EngineLine]]]) -> dict[str, Any]:
+    return {
+        "engines": {option.provider: [line.to_json() for line in lines] for option, lines in found}
+    }

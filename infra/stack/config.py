@@ -32,7 +32,7 @@ from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import costs, layout, network_rules, placement, server_args, sizing
 from infra.core.layout import PROJECT
-from infra.core.limits import MAX_WORKERS, METRICS_PORT, Cloud, Role
+from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_WORKERS, METRICS_PORT, Cloud, Role
 from infra.core.placement import Placement
 from infra.models import Model, ModelError
 from infra.models.parts import model_id
@@ -124,6 +124,18 @@ class ClusterConfig:
     stop_after_idle_minutes: int = 0
     stop_after_hours: int = 0
     stack: str = ""  # the Pulumi stack's name ("" when checked outside a deployment)
+    # A draft model for speculative decoding on the main node (draftModel): its parts, checksums
+    # and the tokens it drafts a step (at most, at least).
+    draft: Model | None = None
+    draft_urls: tuple[str, ...] = ()
+    draft_sha256: tuple[str, ...] = ()
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = 0
+
+    @property
+    def fetched_urls(self) -> tuple[str, ...]:
+        """Every file the main node fetches: the model's parts, then the draft's."""
+        return self.model_urls + self.draft_urls
 
     @property
     def api_key_parameter(self) -> str:
@@ -243,6 +255,10 @@ class ClusterConfig:
             rpc_workers=tuple(worker_ips),
             model_urls=self.model_urls,
             model_sha256=self.model_sha256,
+            draft_urls=self.draft_urls,
+            draft_sha256=self.draft_sha256,
+            draft_max=self.draft_max,
+            draft_min=self.draft_min,
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
             writeback_bytes=self.model.size_bytes if fits else 0,
@@ -355,6 +371,9 @@ def _image(settings: Mapping[str, Any], facts: CloudFacts) -> str | None:
 
 def _instance(cloud: str, region: str, key: str, name: str) -> InstanceType:
     facts = FACTS[cloud]
+    grace = facts.gpu_capacity_problem(name)
+    if grace is not None:
+        raise ConfigError(key, grace)
     entry = catalog.find(cloud, region, name)
     if entry is None and not facts.is_arm(name):
         raise ConfigError(
@@ -396,35 +415,63 @@ def _model(settings: Mapping[str, Any]) -> _ModelSetting:
         raise ConfigError(
             "model", "is required: an object with `urls` (every part of the GGUF) and a `preset`"
         )
+    return _model_at(raw, "model")
+
+
+def _draft(settings: Mapping[str, Any], model: Model) -> _ModelSetting | None:
+    """The draft model (draftModel), given as the model is; smaller than it, or it saves
+    nothing. llama-server checks at start that the two share one vocabulary."""
+    raw = BY_KEY["draftModel"].read(settings)
+    if raw is None:
+        for key in ("draftMax", "draftMin"):
+            if key in settings:
+                raise ConfigError(key, "goes with draftModel; set draftModel or remove it")
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError("draftModel", "must be an object with `urls` and a `preset`, as `model`")
+    draft = _model_at(raw, "draftModel")
+    if draft.model.size_bytes >= model.size_bytes:
+        raise ConfigError(
+            "draftModel",
+            f"{draft.model.size_bytes / 1e9:.1f} GB is not smaller than the model "
+            f"({model.size_bytes / 1e9:.1f} GB): a draft must cost less a token than the model "
+            "it drafts for (Llama-3.1-8B for the 70B and 405B)",
+        )
+    if BY_KEY["draftMin"].read(settings) > BY_KEY["draftMax"].read(settings):
+        raise ConfigError("draftMin", "is more than draftMax; give at most draftMax")
+    return draft
+
+
+def _model_at(raw: dict[str, Any], key: str) -> _ModelSetting:
     unknown = sorted(set(raw) - set(MODEL_KEYS))
     if unknown:
-        raise ConfigError("model", f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
-    urls = _strings(raw.get("urls"), "model.urls", "the GGUF's https URL")
+        raise ConfigError(key, f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
+    urls = _strings(raw.get("urls"), f"{key}.urls", "the GGUF's https URL")
     if not urls:
         raise ConfigError(
-            "model.urls",
+            f"{key}.urls",
             "no model URL: give the GGUF's https URL (every part, in order, for a split GGUF)",
         )
     for url in urls:
         problem = network_rules.model_url_problem(url)
         if problem:
-            raise ConfigError("model.urls", problem)
-    sha256 = _strings(raw.get("sha256"), "model.sha256", "a sha256 hex digest")
+            raise ConfigError(f"{key}.urls", problem)
+    sha256 = _strings(raw.get("sha256"), f"{key}.sha256", "a sha256 hex digest")
     problem = checksums_problem(urls, sha256)
     if problem:
-        raise ConfigError("model.sha256", problem)
+        raise ConfigError(f"{key}.sha256", problem)
     unverified = network_rules.unverified_download_problem(urls, sha256)
     if unverified:
-        raise ConfigError("model.sha256", unverified)
+        raise ConfigError(f"{key}.sha256", unverified)
     preset_name = raw.get("preset")
     preset = None
     if preset_name is not None:
         if not isinstance(preset_name, str):
-            raise ConfigError("model.preset", f"must be a preset's name, got {preset_name!r}")
+            raise ConfigError(f"{key}.preset", f"must be a preset's name, got {preset_name!r}")
         try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
-            preset = models.preset(preset_name, "model.preset")
+            preset = models.preset(preset_name, f"{key}.preset")
         except ModelError as error:
-            raise ConfigError("model.preset", str(error).removeprefix("model.preset: ")) from None
+            raise ConfigError(f"{key}.preset", str(error).removeprefix(f"{key}.preset: ")) from None
     size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
     kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
     layers = raw.get("layers", preset.layers if preset else None)
@@ -434,25 +481,25 @@ def _model(settings: Mapping[str, Any]) -> _ModelSetting:
         or not 0 < size_gb <= MAX_MODEL_GB  # NaN and infinity fail this too
     ):
         raise ConfigError(
-            "model.sizeGb",
+            f"{key}.sizeGb",
             f"give the model's size in GB (10^9 bytes), more than 0 and at most {MAX_MODEL_GB:,}, "
             "or a preset",
         )
     if isinstance(kv, bool) or not isinstance(kv, int) or not 0 < kv <= MAX_KV_BYTES_PER_TOKEN:
         raise ConfigError(
-            "model.kvBytesPerToken",
+            f"{key}.kvBytesPerToken",
             "give the KV-cache bytes per token (layers x 2 x kv_heads x head_dim x 2, at most "
             f"{MAX_KV_BYTES_PER_TOKEN:,}), or a preset",
         )
     if layers is None:
         raise ConfigError(
-            "model.layers",
+            f"{key}.layers",
             "give the model's number of layers (its GGUF's block_count), or a preset: the "
             "layers are divided between the nodes",
         )
     if not isinstance(layers, int) or isinstance(layers, bool) or not 0 < layers <= MAX_LAYERS:
         raise ConfigError(
-            "model.layers", f"must be a whole number from 1 to {MAX_LAYERS}, got {layers!r}"
+            f"{key}.layers", f"must be a whole number from 1 to {MAX_LAYERS}, got {layers!r}"
         )
     size_bytes = int(size_gb * 1e9)
     if preset is None:
@@ -598,10 +645,14 @@ def _placement(
     main_type: InstanceType,
     worker_type: InstanceType,
     worker_count: int,
+    draft: Model | None = None,
 ) -> Placement:
     """Divide the layers between the main node and the workers; an error if they cannot hold
-    them, naming the fix."""
+    them, naming the fix. A draft model and its KV cache (the target's context, every slot) take
+    their room on the main node first."""
     main_usable = sizing.usable_memory_bytes(main_type)
+    if draft is not None:
+        main_usable -= draft.size_bytes + draft.kv_bytes_per_token * context * slots
     worker_usable = sizing.usable_memory_bytes(worker_type)
     result = placement.place(model, context, slots, [main_usable] + [worker_usable] * worker_count)
     if result.fits:
@@ -724,8 +775,10 @@ def from_settings(
             )
     context = BY_KEY["contextSize"].read(settings)
     model_setting = _model(settings)
-    store_group = _model_store(settings, model_setting.urls, facts)
     model = model_setting.model
+    draft_setting = _draft(settings, model)
+    draft_urls = draft_setting.urls if draft_setting else ()
+    store_group = _model_store(settings, model_setting.urls + draft_urls, facts)
     if model.context_length and context > model.context_length:
         raise ConfigError(
             "contextSize",
@@ -740,13 +793,16 @@ def from_settings(
         main_type=main_type,
         worker_type=worker_type,
         worker_count=worker_count,
+        draft=draft_setting.model if draft_setting else None,
     )
-    main_disk = _disk(settings, "mainDiskGb", sizing.default_main_disk_gb(model.size_bytes), facts)
+    fetched_bytes = model.size_bytes + (draft_setting.model.size_bytes if draft_setting else 0)
+    main_disk = _disk(settings, "mainDiskGb", sizing.default_main_disk_gb(fetched_bytes), facts)
     worker_disk = _disk(settings, "workerDiskGb", sizing.WORKER_DISK_GB, facts)
-    model_gb = model.size_bytes / 1e9
+    model_gb = fetched_bytes / 1e9
     if main_disk < model_gb + sizing.SYSTEM_DISK_GB:
+        what = "model and its draft" if draft_setting else "model"
         raise ConfigError(
-            "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB model and the build"
+            "mainDiskGb", f"{main_disk} GB cannot hold the {model_gb:.0f} GB {what} and the build"
         )
     if worker_disk < sizing.SYSTEM_DISK_GB:
         raise ConfigError(
@@ -783,7 +839,7 @@ def from_settings(
         bastion=BY_KEY["bastion"].read(settings),
         encryption_at_host=BY_KEY["encryptionAtHost"].read(settings),
         model_store_resource_group=store_group,
-        model_store_kms_key=_kms_key(settings, model_setting.urls, region),
+        model_store_kms_key=_kms_key(settings, model_setting.urls + draft_urls, region),
         replicas=replicas,
         model_alias=_model_alias(settings, model_setting.urls),
         server_args=_server_args(settings),
@@ -792,6 +848,11 @@ def from_settings(
         stop_after_idle_minutes=BY_KEY["stopAfterIdleMinutes"].read(settings) or 0,
         stop_after_hours=BY_KEY["stopAfterHours"].read(settings) or 0,
         stack=stack,
+        draft=draft_setting.model if draft_setting else None,
+        draft_urls=draft_urls,
+        draft_sha256=draft_setting.sha256 if draft_setting else (),
+        draft_max=BY_KEY["draftMax"].read(settings),
+        draft_min=BY_KEY["draftMin"].read(settings),
     )
     _spending(settings, config)
     try:

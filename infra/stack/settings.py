@@ -28,7 +28,9 @@ from infra.clouds import azure as azure_facts
 from infra.core import sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
+    DEFAULT_DRAFT_MAX,
     LOWEST_UNPRIVILEGED_PORT,
+    MAX_DRAFT_TOKENS,
     MAX_REPLICAS,
     MAX_WORKERS,
     RPC_PORT,
@@ -198,6 +200,31 @@ SETTINGS: tuple[Setting, ...] = (
         "GCP, `az://account/container/key` on Azure), optional `sha256` (one per part), and a "
         "`preset` or `sizeGb`, `layers` and `kvBytesPerToken`",
         required=True,
+    ),
+    Setting(
+        "draftModel",
+        "object",
+        "a draft model of the model's vocabulary for speculative decoding on the main node, as "
+        "`model` is given (a preset, `urls`, `sha256`): fetched and checked with the model, and "
+        "counted in the main node's memory",
+    ),
+    Setting(
+        "draftMax",
+        "integer",
+        "with draftModel: the tokens the draft proposes a step",
+        default=DEFAULT_DRAFT_MAX,
+        low=1,
+        high=MAX_DRAFT_TOKENS,
+        range_reason="a step's draft",
+    ),
+    Setting(
+        "draftMin",
+        "integer",
+        "with draftModel: the fewest drafted tokens worth checking (a shorter draft is dropped)",
+        default=0,
+        low=0,
+        high=MAX_DRAFT_TOKENS,
+        range_reason="a step's draft",
     ),
     Setting(
         "llamaCppCommit",

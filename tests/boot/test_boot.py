@@ -363,6 +363,26 @@ def test_the_local_supervisor_retries_the_boot_then_starts_the_role(
     assert "exited with status 78; not restarting" in (tmp_path / "node.log").read_text()
 
 
+def test_a_draft_model_reaches_the_main_nodes_boot_and_bad_ones_are_refused() -> None:
+    url = "https://example.com/llama-3.1-8b-q4_0.gguf"
+    main = dataclasses.replace(MAIN, draft_urls=(url,), draft_sha256=("a" * 64,), draft_max=6)
+    env = main.env()
+    assert (env["DRAFT_MODEL_URLS"], env["DRAFT_MODEL_SHA256"]) == (url, "a" * 64)
+    assert (env["DRAFT_MAX"], env["DRAFT_MIN"], env["DRAFT_P_MIN"]) == ("6", "0", "0.75")
+    assert not any(name.startswith("DRAFT_") for name in MAIN.env())
+    for field, change in (
+        ("draft_urls", {"role": "worker", "rpc_allowed_sources": ("10.0.1.10/32",)}),
+        ("draft_sha256", {"draft_sha256": ("a" * 64, "b" * 64)}),
+        ("draft_max", {"draft_max": 0}),
+        ("draft_max", {"draft_min": 7}),
+        ("draft_p_min", {"draft_p_min": 1.5}),
+        ("draft_urls", {"draft_urls": (MAIN.model_urls[0],)}),  # saved over the model
+    ):
+        with pytest.raises(BootConfigError) as raised:
+            dataclasses.replace(main, **change)
+        assert raised.value.setting == field, (change, raised.value)
+
+
 def test_a_model_disk_reaches_the_main_nodes_boot_and_is_refused_elsewhere() -> None:
     main = dataclasses.replace(
         MAIN, model_disk_gb=300, model_disk_model="Amazon Elastic Block Store"

@@ -64,6 +64,35 @@ def test_model_parts_download_in_parallel_and_verify(run_script, http_files, tmp
     assert not list(models.glob("*.partial"))
 
 
+def test_a_draft_model_comes_with_the_model_and_is_checked_the_same_way(
+    run_script, http_files, tmp_path
+) -> None:
+    """Its parts are fetched with the model's (the model's unchecked here, the draft's checked),
+    and the model stays the model the status names; a wrong draft checksum fails the download."""
+    base, root = http_files
+    model, draft = b"gguf-model" * 1000, b"gguf-draft" * 500
+    (root / "model.gguf").write_bytes(model)
+    (root / "draft.gguf").write_bytes(draft)
+    settings = {"MODEL_URLS": f"{base}/model.gguf", "DRAFT_MODEL_URLS": f"{base}/draft.gguf"}
+    result, status = run_script("fetch-model.sh", **settings, DRAFT_MODEL_SHA256=sha256(draft))
+    assert result.returncode == 0, result.stderr
+    models = tmp_path / "data" / "models"
+    assert (models / "draft.gguf").read_bytes() == draft
+    assert (models / "draft.gguf.verified").read_text() == sha256(draft)
+    assert status["model_path"] == str(models / "model.gguf")
+    assert status["model_bytes"] == len(model) + len(draft)
+    (models / "draft.gguf").unlink()
+    (models / "draft.gguf.verified").unlink()
+    result, status = run_script("fetch-model.sh", **settings, DRAFT_MODEL_SHA256="0" * 64)
+    assert result.returncode == 78
+    assert f"checksum mismatch for {base}/draft.gguf" in status["last_error"]
+    result, status = run_script(
+        "fetch-model.sh", **settings, DRAFT_MODEL_SHA256=f"{'0' * 64} {'1' * 64}"
+    )
+    assert result.returncode == 78
+    assert "DRAFT_MODEL_SHA256 has 2 checksums for 1 draft model URLs" in status["last_error"]
+
+
 @pytest.mark.parametrize("writeback", ["", "228800000000"])
 def test_a_model_that_fits_in_memory_may_stay_dirty_while_it_downloads(
     run_script, http_files, fake_bin, tmp_path, writeback: str

@@ -59,6 +59,7 @@ def test_presets_carry_the_published_figures() -> None:
     assert (m.size_gb, m.layers, m.kv_bytes_per_token) == (228.8, 126, 504 * 1024)
     # KV bytes per token = layers x 2 x kv_heads x head_dim x 2: 126 x 2 x 8 x 128 x 2.
     assert m.kv_bytes_per_token == 126 * 2 * 8 * 128 * 2
+    assert m.embedding == 16384
     deepseek = models.preset("deepseek-r1-q4_k_m")
     assert deepseek.is_moe and deepseek.weight_bytes_per_token == pytest.approx(404.3e9 * 37 / 671)
     assert models.preset("qwen2.5-72b-q4_k_m").context_length == 32768
@@ -135,6 +136,7 @@ def test_gguf_header_gives_size_layers_and_kv(tmp_path: Path) -> None:
     assert m.parameters == 3 * 64 * 64
     head_dim = 64 // 8
     assert m.kv_bytes_per_token == 3 * 2 * 2 * head_dim * 2
+    assert m.embedding == 64  # the hidden width a tensor-parallel engine exchanges
     assert not m.is_moe
 
 

@@ -237,6 +237,21 @@ def test_requests_processing_and_deferred(server) -> None:
     assert metrics.requests(Snapshot.parse("node_load1 1", 0)) is None
 
 
+def test_a_draft_models_acceptance_from_the_counters(server) -> None:
+    """The pinned llama-server's speculative-decoding counters; none without a draft model (the
+    recorded server had none), and none before anything was drafted."""
+    _, after = server
+    assert metrics.draft_acceptance(after) is None
+    text = (
+        "llamacpp:spec_decode_num_draft_tokens_total 40\n"
+        "llamacpp:spec_decode_num_accepted_tokens_total 30\n"
+    )
+    found = metrics.draft_acceptance(Snapshot.parse(text, 0))
+    assert found == metrics.DraftAcceptance(drafted=40, accepted=30) and found.ratio == 0.75
+    idle = text.replace(" 40", " 0").replace(" 30", " 0")
+    assert metrics.draft_acceptance(Snapshot.parse(idle, 0)) is None
+
+
 def test_kv_cache_use_from_the_slots(server) -> None:
     """The pinned llama-server exports no KV cache metric: the slots say what each holds."""
     before, after = server

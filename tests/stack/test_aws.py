@@ -907,3 +907,45 @@ def test_patches_turned_off_on_a_stack_reach_every_node_as_their_switches() -> N
         before = env_of(user_data_text(shipped.named(instance.name).inputs))
         assert env["LLAMA_CPP_PATCHES"] == before["LLAMA_CPP_PATCHES"] != "none"
         assert "LLAMA_LOAD_PARALLEL" not in before
+
+
+DRAFT_8B = {
+    "preset": "llama-3.1-8b-q4_0",
+    "urls": ["s3://my-models/llama-3.1-8b/Llama-3.1-8B-Instruct-Q4_0.gguf"],
+}
+
+
+def test_a_draft_model_is_fetched_with_the_model_and_counted_on_the_main_node() -> None:
+    """draftModel: the main node fetches it with the model (a staged draft with the same role,
+    its object named), runs it with the stack's draft length, holds it in its own memory (fewer
+    of the target's layers there) and on its model disk."""
+    plain = parsed_config("aws-c8g")
+    overrides = {f"{P}draftModel": DRAFT_8B, f"{P}draftMax": 6}
+    config = parsed_config("aws-c8g", overrides)
+    assert config.draft is not None and config.draft.name == "llama-3.1-8b-q4_0"
+    assert config.placement.shares[0].layers < plain.placement.shares[0].layers
+    assert config.main_disk_gb > plain.main_disk_gb
+    d = deploy("aws-c8g", overrides)
+    env = env_of(user_data_text(d.named("llama-rpc-cluster-main").inputs))
+    assert env["DRAFT_MODEL_URLS"] == DRAFT_8B["urls"][0]
+    assert (env["DRAFT_MAX"], env["DRAFT_MIN"], env["DRAFT_P_MIN"]) == ("6", "0", "0.75")
+    for worker in ("llama-rpc-cluster-worker-1", "llama-rpc-cluster-worker-2"):
+        assert "DRAFT_MODEL_URLS" not in env_of(user_data_text(d.named(worker).inputs))
+    [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
+    objects = json.loads(read.inputs["policy"])["Statement"][0]["Resource"]
+    assert "arn:aws:s3:::my-models/llama-3.1-8b/Llama-3.1-8B-Instruct-Q4_0.gguf" in objects
+
+
+@pytest.mark.parametrize(
+    ("key", "overrides", "says"),
+    [
+        ("draftMax", {f"{P}draftMax": 4}, "goes with draftModel"),
+        ("draftModel", {f"{P}draftModel": {**DRAFT_8B, "preset": "llama-3.1-405b-q8_0"}},
+         "is not smaller than the model"),
+        ("draftMin", {f"{P}draftModel": DRAFT_8B, f"{P}draftMin": 9}, "more than draftMax"),
+        ("draftMax", {f"{P}draftModel": DRAFT_8B, f"{P}draftMax": 0}, "draftMax"),
+        ("draftModel.urls", {f"{P}draftModel": {**DRAFT_8B, "urls": ["ftp://x/y.gguf"]}}, ""),
+    ],
+)  # fmt: skip
+def test_a_draft_model_that_cannot_work_is_refused_naming_it(key, overrides, says) -> None:
+    assert says in refused("aws-c8g", overrides, key)

@@ -209,7 +209,7 @@ def model_mirrors(config: ClusterConfig) -> list[tuple[str, int]]:
     port of its own (the config check allows other ports for private addresses only); the
     egress to it opens that address and port alone."""
     found = set()
-    for url in config.model_urls:
+    for url in config.fetched_urls:
         parts = urlparse(url)
         if parts.port and parts.port not in BOOT_EGRESS_PORTS and parts.hostname:
             found.add((f"{parts.hostname}/32", parts.port))
@@ -317,7 +317,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             route_table_id=private_routes.id,
             opts=opts,
         )
-        if any(is_s3_url(url) for url in config.model_urls):
+        if any(is_s3_url(url) for url in config.fetched_urls):
             # Model downloads from S3 stay inside AWS and skip the NAT's per-GB charge.
             aws.ec2.VpcEndpoint(
                 f"{name}-s3",
@@ -342,7 +342,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         aws.iam.RolePolicy(
             f"{name}-main-agent", role=role.id, policy=json.dumps(AGENT_POLICY), opts=opts
         )
-        staged = [obj for obj in map(s3_object, config.model_urls) if obj]
+        staged = [obj for obj in map(s3_object, config.fetched_urls) if obj]
         if staged:
             # Read-only on the model's own objects: the node reads them with this role.
             aws.iam.RolePolicy(

@@ -394,7 +394,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             default_outbound_access=False,
             # A staged model's blobs over Azure's backbone, not the NAT gateway.
             service_endpoints=(
-                [{"service": STORAGE_SERVICE}] if staged_containers(config.model_urls) else None
+                [{"service": STORAGE_SERVICE}] if staged_containers(config.fetched_urls) else None
             ),
             opts=opts,
         )
@@ -728,7 +728,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             opts=node_options(parent),
         )
         key = config.ssh_public_key or LOCKED_SSH_KEY
-        containers = staged_containers(config.model_urls) if spec.role == "main" else []
+        containers = staged_containers(config.fetched_urls) if spec.role == "main" else []
         keyed = main and network.key_vault is not None
         vm_tags: dict[str, Any] = dict(tags)
         if keyed and network.key_vault is not None:
@@ -874,7 +874,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         ).subscription_id
         principal = vm.identity.apply(lambda identity: identity.principal_id if identity else "")
         role = subscription.apply(lambda sub: role_definition(sub, BLOB_DATA_READER))
-        keys = staged_blobs(config.model_urls)
+        keys = staged_blobs(config.fetched_urls)
         for i, (account, container) in enumerate(containers):
             scope = functools.partial(
                 container_scope, group=group, account=account, container=container

@@ -164,7 +164,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             display_name=f"llama-rpc-cluster {pulumi.get_stack()} main node (no roles)",
             opts=opts,
         )
-        staged = [obj for obj in map(gcs_object, config.model_urls) if obj]
+        staged = [obj for obj in map(gcs_object, config.fetched_urls) if obj]
         # The bucket's IAM policy takes conditions only with uniform bucket-level access on.
         for i, (bucket, title, expression) in enumerate(staged_model_conditions(staged)):
             gcp.storage.BucketIAMMember(

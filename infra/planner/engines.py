@@ -1,0 +1,295 @@
+"""One stream's decode speed under each way of running a model across nodes, for one cluster.
+
+A layer split (llama.cpp over RPC, what the stacks run) runs the nodes one after another, so one
+stream is never faster than one node reading its share of the weights in turn: ``perf`` models
+it. Two other shapes could do better, and the rest do no better:
+
+- **a draft model** (speculative decoding): a small model of the same vocabulary proposes
+  ``draft_max`` tokens on the main node; the cluster checks them all in one step, which on CPUs
+  costs about what one token does (it reads the weights once; ``perf.batch_step`` prices the
+  extra arithmetic). Each step yields ``1 + acceptance x draft_max`` tokens, ``acceptance``
+  being what llama-server reports (accepted / drafted);
+- **tensor parallelism** (distributed-llama; llama.cpp's own tensor split over RPC): every node
+  reads its slice of every layer at once, then the nodes exchange activations twice a layer;
+- a pipeline (prima.cpp) or vLLM's pipeline or tensor split on CPUs reduce to one of the two
+  above, with the reasons each is not offered.
+
+Every figure here is a prediction from ``perf``'s calibrated terms, with its basis and sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from infra.catalog import InstanceType
+from infra.core import placement, sizing
+from infra.core.placement import Placement
+from infra.models import PRESETS, Model
+from infra.planner import perf
+
+
+@dataclass(frozen=True)
+class DraftPair:
+    """A draft model for a family of targets, and the acceptance a published run measured."""
+
+    draft: str  # a preset
+    acceptance: float  # accepted / drafted, as llama.cpp reports it
+    draft_max: int  # the draft length that acceptance was measured at
+    source: str
+
+
+# The nearest published llama.cpp runs: Llama 3 and 3.1 share one 128,256-token vocabulary, so
+# a Llama-3.1-8B drafts for its 70B and 405B (llama-server checks the vocabularies match).
+LLAMA_8B_DRAFT = DraftPair(
+    draft="llama-3.1-8b-q4_0",
+    acceptance=0.587,
+    draft_max=8,
+    source="Llama-3-70B-Instruct Q4_K_M with a Llama-3-8B-Instruct Q4_K_M draft in "
+    "llama-speculative, top-k 1, draft 8: 58.7 % accepted (devquasar.com, 'Speculative "
+    "decoding tradeoffs: GPU with large models, Llama 70B / 8B'); no published run has a 405B "
+    "target",
+)
+DRAFT_PAIRS: dict[str, DraftPair] = {
+    "llama-3.1-70b": LLAMA_8B_DRAFT,
+    "llama-3.1-405b": LLAMA_8B_DRAFT,
+}
+
+
+def draft_pair(model: Model) -> DraftPair | None:
+    """The draft paired with a preset's family (its name without the quantisation)."""
+    return DRAFT_PAIRS.get(model.name.rsplit("-", 1)[0])
+
+
+# Tensor parallelism's exchange: two all-reduces of the hidden state per layer (after attention
+# and after the feed-forward), as distributed-llama and llama.cpp's tensor split do. Its bytes are
+# distributed-llama's measured figure for Llama 3 8B (32 layers, width 4,096; Q80 activations):
+# 544 kB a token for each node beyond the first (544 / 1,632 / 3,808 kB at 2 / 4 / 8 nodes, its
+# README), scaled by width and layers.
+TP_SYNCS_PER_LAYER = 2
+TP_BYTES_PER_EXTRA_NODE_8B = 544e3
+TP_REFERENCE_WIDTH, TP_REFERENCE_LAYERS = 4096, 32
+# Assumed, not measured: one exchange's round trip inside a cluster placement group.
+TP_ROUND_TRIP_SECONDS = 50e-6
+
+
+@dataclass(frozen=True)
+class EngineLine:
+    """One engine's predicted single-stream decode on a cluster, and whether the product runs
+    it (and if not, why)."""
+
+    engine: str
+    tps: float | None
+    offered: bool
+    basis: str
+    why_not: str = ""
+    sources: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "predictedDecodeTps": None if self.tps is None else round(self.tps, 2),
+            "offered": self.offered,
+            "basis": self.basis,
+            "whyNot": self.why_not or None,
+            "sources": list(self.sources),
+        }
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """A speculative step: the draft's tokens on the main node, then one check on the cluster."""
+
+    tps: float
+    tokens_per_step: float
+    draft_seconds: float
+    verify_seconds: float
+
+
+def speculative(
+    model: Model,
+    nodes: Sequence[InstanceType],
+    layout: Placement,
+    kv_tokens: int,
+    *,
+    draft: Model,
+    acceptance: float,
+    draft_max: int,
+) -> Speculative | None:
+    """One stream with a draft model on the main node: each step drafts ``draft_max`` tokens
+    there, one after another, then checks them and one more in one step of the cluster (a batch
+    of ``draft_max + 1`` tokens: the weights read once, the arithmetic for each, and each one's
+    KV read counted, an over-count). None where a bandwidth is unknown."""
+    if not 0 <= acceptance <= 1:
+        raise ValueError(f"an acceptance is a fraction of the drafted tokens, not {acceptance}")
+    main = nodes[0]
+    # The draft alone on the main node: its decode rate (the target's layers wait meanwhile).
+    alone = placement.place(draft, max(kv_tokens, 1), 1, [sizing.usable_memory_bytes(main)])
+    draft_tps = perf.decode_tps(draft, [main], alone, kv_tokens)
+    verify = perf.batch_step(model, nodes, layout, kv_tokens, draft_max + 1)
+    if draft_tps is None or verify is None:
+        return None
+    tokens = 1 + acceptance * draft_max
+    draft_seconds = draft_max / draft_tps
+    return Speculative(
+        tokens / (draft_seconds + verify.step_seconds),
+        tokens,
+        draft_seconds,
+        verify.step_seconds,
+    )
+
+
+def tensor_parallel_tps(
+    model: Model, nodes: Sequence[InstanceType], kv_tokens: int
+) -> float | None:
+    """One stream with every layer split across the nodes: each reads its slice at once (the
+    slowest sets the pace), the fixed per-layer cost once, and the exchanges over the slowest
+    node's network. None where a bandwidth, a network or the model's width is unknown."""
+    networks = [n.network_gbps for n in nodes]
+    bandwidths = [perf.node_bandwidth_gbps(n) for n in nodes]
+    if model.embedding is None or None in networks or None in bandwidths:
+        return None
+    cal = perf.calibration()
+    count = len(nodes)
+    # What one token reads, as a layer split's node does (of the embeddings one row: nothing),
+    # a slice of it on each node.
+    active = model.weight_bytes_per_token / model.size_bytes
+    weights = (model.size_bytes - model.input_bytes) * active
+    window = model.sliding_window or kv_tokens
+    kv = sum(
+        per_token * (min(kv_tokens, window) if i in model.sliding_layers else kv_tokens)
+        for i, per_token in enumerate(model.kv_per_layer)
+    )
+    read = (weights + kv) / count
+    memory = max(read / (cal.eta * bw * 1e9) for bw in bandwidths if bw is not None)
+    scale = (model.embedding / TP_REFERENCE_WIDTH) * (model.layers / TP_REFERENCE_LAYERS)
+    exchanged = (count - 1) * TP_BYTES_PER_EXTRA_NODE_8B * scale
+    network = min(n for n in networks if n is not None) * 1e9 / 8
+    exchanges = model.layers * TP_SYNCS_PER_LAYER if count > 1 else 0
+    seconds = (
+        memory
+        + model.layers * cal.layer_overhead_seconds
+        + exchanges * TP_ROUND_TRIP_SECONDS
+        + exchanged / network
+    )
+    return 1 / seconds
+
+
+def engine_lines(
+    model: Model,
+    nodes: Sequence[InstanceType],
+    layout: Placement,
+    kv_tokens: int,
+    *,
+    acceptance: float | None = None,
+) -> list[EngineLine]:
+    """Every engine's line for one cluster (``nodes``: the main node, then the workers).
+    ``acceptance`` replaces the draft pair's published one."""
+    count = len(nodes)
+    split = perf.decode_tps(model, nodes, layout, kv_tokens)
+    lines = [
+        EngineLine(
+            "llama.cpp layer split over RPC",
+            split,
+            True,
+            "the nodes one after another, each reading its layers' weights (perf: calibrated "
+            "on Arm's 405B run on 3 x c8g.16xlarge)",
+        )
+    ]
+    lines.append(_draft_line(model, nodes, layout, kv_tokens, acceptance))
+    tp = tensor_parallel_tps(model, nodes, kv_tokens)
+    lines.append(
+        EngineLine(
+            f"tensor parallel on {count} node{'s' if count > 1 else ''}",
+            tp,
+            False,
+            f"each node reads 1/{count} of every layer at once; {TP_SYNCS_PER_LAYER} exchanges a "
+            f"layer of distributed-llama's measured size, scaled by width and layers, at an "
+            f"assumed {TP_ROUND_TRIP_SECONDS * 1e6:.0f} us round trip each, over the slowest "
+            "node's network; kernels as fast as llama.cpp's (an assumption)"
+            if tp is not None
+            else "unknown: a node's bandwidth or network, or the model's width, is not known",
+            "llama.cpp's tensor split runs across local devices only: over RPC it is an open "
+            "pull request (ggml-org/llama.cpp#26610); distributed-llama has it, in its own "
+            "model format, on 2^n nodes, with no authentication and no Arm server figures",
+            (
+                "ggml-org/llama.cpp#26610",
+                "b4rtaz/distributed-llama README (544 / 1,632 / 3,808 kB a token for Llama 3 8B "
+                "on 2 / 4 / 8 nodes)",
+            ),
+        )
+    )
+    lines.append(
+        EngineLine(
+            "pipeline (prima.cpp)",
+            split,
+            False,
+            "one stream passes the stages one after another, as the layer split does",
+            "a frozen 2025 fork of llama.cpp (HEAD of 2025-07-17) whose pipeline gives one "
+            "stream nothing once the model fits in the nodes' memory",
+            ("Lizonghang/prima.cpp#17", "Lizonghang/prima.cpp#21"),
+        )
+    )
+    lines.append(
+        EngineLine(
+            "vLLM on CPUs",
+            None,
+            False,
+            "not predicted: no multi-node CPU run to calibrate on but a TCP-bound one",
+            "no Ray executor on CPUs (vllm-project/vllm#21602; #25386 closed); its Ray-free "
+            "multi-node mode deadlocks across hosts (#46716, open) and its all-reduce goes over "
+            "TCP (#46447: 5.47 tok/s at tensor parallel 4 on two Grace nodes)",
+            (
+                "vllm-project/vllm#21602",
+                "vllm-project/vllm#46716",
+                "vllm-project/vllm#46447",
+            ),
+        )
+    )
+    return lines
+
+
+def _draft_line(
+    model: Model,
+    nodes: Sequence[InstanceType],
+    layout: Placement,
+    kv_tokens: int,
+    acceptance: float | None,
+) -> EngineLine:
+    name = "llama.cpp layer split with a draft model"
+    pair = draft_pair(model)
+    if pair is None:
+        return EngineLine(
+            name,
+            None,
+            True,
+            f"not predicted: no draft model of {model.name}'s vocabulary among the presets "
+            "(a stack's draftModel takes any of the same vocabulary)",
+        )
+    draft = PRESETS[pair.draft]
+    accepted = pair.acceptance if acceptance is None else acceptance
+    found = speculative(
+        model,
+        nodes,
+        layout,
+        kv_tokens,
+        draft=draft,
+        acceptance=accepted,
+        draft_max=pair.draft_max,
+    )
+    given = "given" if acceptance is not None else "published"
+    return EngineLine(
+        name,
+        None if found is None else found.tps,
+        True,
+        f"{pair.draft} drafts {pair.draft_max} tokens a step on the main node"
+        + (
+            ""
+            if found is None
+            else f" ({found.draft_seconds * 1e3:.0f} ms), the cluster checks them in one step "
+            f"({found.verify_seconds * 1e3:.0f} ms): {found.tokens_per_step:.2f} tokens a step "
+            f"at {accepted:.1%} accepted ({given})"
+        ),
+        "",
+        (pair.source,) if acceptance is None else (),
+    )

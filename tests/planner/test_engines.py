@@ -1,0 +1,185 @@
+"""The engines a plan compares for one stream: the layer split the stacks run, a draft model,
+tensor parallelism, a pipeline and vLLM, each with its basis and why it is not offered; and the
+NVIDIA Grace types, refused with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from infra import catalog
+from infra.catalog import InstanceType
+from infra.core import placement, sizing
+from infra.models import PRESETS
+from infra.planner import engines, perf
+from infra.planner.cli import main
+from tests.pulumi_mocks import refused
+
+MODEL = PRESETS["llama-3.1-405b-q4_0"]
+KV_TOKENS = 2048
+
+
+def c8g(count: int = 3) -> list[InstanceType]:
+    node = catalog.find("aws", "us-east-1", "c8g.16xlarge")
+    assert node is not None
+    return [node] * count
+
+
+def layout(nodes: list[InstanceType]) -> placement.Placement:
+    return placement.place(MODEL, 4096, 1, [sizing.usable_memory_bytes(n) for n in nodes])
+
+
+def by_engine(lines: list[engines.EngineLine]) -> dict[str, engines.EngineLine]:
+    return {line.engine.split(" on ")[0]: line for line in lines}
+
+
+def test_a_draft_model_doubles_arms_405b_stream_at_the_published_acceptance() -> None:
+    nodes = c8g()
+    lines = by_engine(engines.engine_lines(MODEL, nodes, layout(nodes), KV_TOKENS))
+    split = lines["llama.cpp layer split over RPC"]
+    draft = lines["llama.cpp layer split with a draft model"]
+    assert split.offered and split.tps == perf.decode_tps(MODEL, nodes, layout(nodes), KV_TOKENS)
+    assert split.tps is not None and draft.tps is not None
+    assert draft.tps >= 3.3 and draft.tps >= 2 * 1.64  # Arm's measured 1.64 tok/s, doubled
+    (source,) = draft.sources
+    assert "58.7 % accepted" in source and "no published run has a 405B" in source
+    assert "llama-3.1-8b-q4_0 drafts 8 tokens" in draft.basis
+
+
+def test_a_speculative_step_is_its_tokens_over_the_draft_and_one_check() -> None:
+    """Each step: ``draft_max`` draft tokens on the main node, one check of them all on the
+    cluster (the weights read once, costing more than one token but less than nine), and
+    1 + acceptance x draft_max tokens out. Nothing accepted is slower than no draft at all."""
+    nodes = c8g()
+    draft = PRESETS["llama-3.1-8b-q4_0"]
+    single = perf.decode_tps(MODEL, nodes, layout(nodes), KV_TOKENS)
+    assert single is not None
+    found = {}
+    for acceptance in (0.0, 0.3, 0.587, 1.0):
+        step = engines.speculative(
+            MODEL, nodes, layout(nodes), KV_TOKENS, draft=draft, acceptance=acceptance, draft_max=8
+        )
+        assert step is not None
+        assert step.tokens_per_step == pytest.approx(1 + 8 * acceptance)
+        assert step.tps == pytest.approx(
+            step.tokens_per_step / (step.draft_seconds + step.verify_seconds)
+        )
+        assert 1 / single < step.verify_seconds < 9 / single
+        found[acceptance] = step.tps
+    assert found[0.0] < single < found[0.3] < found[0.587] < found[1.0]
+    with pytest.raises(ValueError, match="fraction"):
+        engines.speculative(
+            MODEL, nodes, layout(nodes), KV_TOKENS, draft=draft, acceptance=1.5, draft_max=8
+        )
+
+
+def test_tensor_parallel_reads_a_slice_of_each_layer_and_pays_for_its_exchanges() -> None:
+    one, three = c8g(1), c8g(3)
+    alone = engines.tensor_parallel_tps(MODEL, one, KV_TOKENS)
+    split = engines.tensor_parallel_tps(MODEL, three, KV_TOKENS)
+    assert alone is not None and split is not None
+    # One node exchanges nothing: the layer split's speed on it, the hops aside.
+    assert alone == pytest.approx(perf.decode_tps(MODEL, one, layout(one), KV_TOKENS))
+    assert 2 * alone < split < 3 * alone  # the exchanges cost something
+    slow = [dataclasses.replace(n, network_gbps=1.0) for n in three]
+    slower = engines.tensor_parallel_tps(MODEL, slow, KV_TOKENS)
+    assert slower is not None and slower < split
+    widthless = dataclasses.replace(MODEL, embedding=None)
+    assert engines.tensor_parallel_tps(widthless, three, KV_TOKENS) is None
+
+
+def test_every_engine_not_offered_says_why_and_cites_its_sources() -> None:
+    nodes = c8g()
+    lines = engines.engine_lines(MODEL, nodes, layout(nodes), KV_TOKENS)
+    assert [line.engine for line in lines] == [
+        "llama.cpp layer split over RPC",
+        "llama.cpp layer split with a draft model",
+        "tensor parallel on 3 nodes",
+        "pipeline (prima.cpp)",
+        "vLLM on CPUs",
+    ]
+    # A draft model runs on a stack with draftModel; the rest are not offered, and say why.
+    assert lines[1].offered and not lines[1].why_not
+    for line in lines[2:]:
+        assert not line.offered and line.why_not and line.sources, line
+    assert "ggml-org/llama.cpp#26610" in lines[2].sources
+    assert "vllm-project/vllm#46716" in lines[4].sources and lines[4].tps is None
+    assert lines[3].tps == lines[0].tps  # a pipeline gives one stream nothing
+    # A model with no draft of its vocabulary among the presets says so.
+    small = PRESETS["qwen2.5-72b-q4_k_m"]
+    small_layout = placement.place(small, 4096, 1, [sizing.usable_memory_bytes(nodes[0])])
+    (_, draft, *_) = engines.engine_lines(small, nodes[:1], small_layout, KV_TOKENS)
+    assert draft.tps is None
+    assert "no draft model of qwen2.5-72b-q4_k_m's vocabulary" in draft.basis
+
+
+def plan(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+ARMS = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3")
+
+
+def test_plan_engines_prints_every_engines_line_with_its_reasons(capsys) -> None:
+    code, out, _ = plan(capsys, *ARMS, "--engines")
+    assert code == 0
+    shown = out.split("one stream under each engine (--engines):", 1)[1]
+    assert "aws: 3 x c8g.16xlarge" in shown
+    for engine in (
+        "layer split over RPC: 1.63 tok/s (runs here)",
+        "with a draft model: 5.69 tok/s (runs here)",
+        "tensor parallel on 3 nodes: ",
+        "pipeline (prima.cpp): ",
+        "vLLM on CPUs: n/a",
+    ):
+        assert engine in shown, engine
+    assert shown.count("why not: ") == 3 and shown.count("sources: ") == 4
+
+
+def test_plan_engines_in_json_and_a_given_acceptance(capsys) -> None:
+    code, out, _ = plan(capsys, *ARMS, "--engines", "--json")
+    assert code == 0
+    published: list[dict[str, Any]] = json.loads(out)["engines"]["aws"]
+    assert {line["engine"] for line in published} >= {"vLLM on CPUs", "pipeline (prima.cpp)"}
+    draft = next(line for line in published if "draft" in line["engine"])
+    assert draft["predictedDecodeTps"] >= 3.3 and draft["offered"] and not draft["whyNot"]
+    code, out, _ = plan(capsys, *ARMS, "--engines", "--json", "--draft-acceptance", "0.2")
+    given = next(line for line in json.loads(out)["engines"]["aws"] if "draft" in line["engine"])
+    assert given["predictedDecodeTps"] < draft["predictedDecodeTps"]
+    assert "20.0% accepted (given)" in given["basis"] and given["sources"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--draft-acceptance", "0.5"), "--draft-acceptance: goes with --engines"),
+        (("--engines", "--draft-acceptance", "1.5"), "0-1, not 1.5"),
+    ],
+)
+def test_a_draft_acceptance_alone_or_out_of_range_is_refused(capsys, args, says) -> None:
+    code, _, err = plan(capsys, *ARMS, *args)
+    assert code != 0 and says in err
+
+
+GRACE = [
+    ("aws", "p6e-gb200.36xlarge"),
+    ("gcp", "a4x-highgpu-4g"),
+    ("azure", "Standard_ND128isr_GB200_v6"),
+]
+
+
+@pytest.mark.parametrize(("cloud", "name"), GRACE)
+def test_grace_types_are_refused_by_the_config_and_the_planner(capsys, cloud, name) -> None:
+    """They are Arm CPUs, sold only with their GPUs: refused naming the setting and why,
+    before anything is created."""
+    stack = {"aws": "aws-c8g", "gcp": "gcp-c4a", "azure": "azure-cobalt"}[cloud]
+    message = refused(stack, {"llama-rpc-cluster:instanceType": name}, "instanceType")
+    assert f"{name} is an NVIDIA Grace (GB200) type, sold as GPU capacity" in message
+    assert "choose an Arm CPU type" in message
+    code, _, err = plan(capsys, "llama-3.1-405b-q4_0", "--instance-type", name)
+    assert code != 0 and "--instance-type" in err and "NVIDIA Grace (GB200)" in err
