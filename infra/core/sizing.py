@@ -13,6 +13,7 @@ import math
 from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
+from infra.models import Model
 
 # Memory a node keeps for itself: the OS, the page cache llama.cpp needs to stream weights, and
 # the RPC server's own allocations.
@@ -90,6 +91,17 @@ def kv_cells(context: int, slots: int, window: int | None = None) -> int:
 DEFAULT_DISK_THROUGHPUT_MIBPS = 1000
 
 
+# A model larger than memory crosses the main disk twice: written as it downloads, read as it
+# loads.
+DISK_PASSES = 2
+
+
+def draft_bytes(draft: Model, context: int, slots: int) -> int:
+    """What a draft model takes of the main node's memory: its weights, and its KV cache at the
+    target's context for every slot (llama-server gives the draft the target's context)."""
+    return draft.size_bytes + draft.kv_bytes_per_token * context * slots
+
+
 def main_disk_throughput_mibps(
     cloud: str, model_bytes: int | None = None, main: InstanceType | None = None
 ) -> int | None:
@@ -107,11 +119,6 @@ def main_disk_throughput_mibps(
     if bandwidth is None:
         return default
     return max(default, limits.clamp(int(bandwidth.mibps_for(DISK_PASSES * model_bytes))))
-
-
-# A model larger than memory crosses the main disk twice: written as it downloads, read as it
-# loads.
-DISK_PASSES = 2
 
 
 def main_disk_read_mibps(

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from infra.boot.patches import patch_set, switches_off
 from infra.core import layout, placement, sizing
-from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_REPLICAS, MAX_WORKERS, Cloud
+from infra.core.limits import (
+    DEFAULT_DRAFT_MAX,
+    MAX_DRAFT_TOKENS,
+    MAX_REPLICAS,
+    MAX_WORKERS,
+    Cloud,
+)
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.models import ModelError
 from infra.models.parts import part_paths
@@ -84,6 +90,16 @@ def can_use_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None
 
 
+def _validate_draft(options: UpOptions) -> None:
+    if not 1 <= options.draft_max <= MAX_DRAFT_TOKENS:
+        raise OptionError(f"--draft-max {options.draft_max}: give 1 to {MAX_DRAFT_TOKENS} tokens")
+    if options.draft_model is not None and options.machines:
+        raise OptionError(
+            "--draft-model: the machines bind the model's own directory only; run without "
+            "--machines"
+        )
+
+
 def validate(options: UpOptions) -> ipaddress.IPv4Network:
     if not 0 <= options.workers <= MAX_WORKERS:
         raise OptionError(
@@ -106,11 +122,7 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
         switches_off(options.commit, options.patches_off)
     except ValueError as error:
         raise OptionError(f"--patches-off: {error}") from None
-    if options.draft_model is not None and options.machines:
-        raise OptionError(
-            "--draft-model: the machines bind the model's own directory only; run without "
-            "--machines"
-        )
+    _validate_draft(options)
     known = {name for patch in patch_set(options.commit) for name, _ in patch.switch}
     for name, _ in options.llama_env:
         if name not in known:
@@ -173,13 +185,12 @@ def plan_placement(options: UpOptions) -> placement.Placement:
     memory = options.node_memory_bytes or machine_memory_bytes() // (nodes * options.replicas)
     usable = [sizing.usable_of(memory)] * nodes
     if options.draft_model is not None:
-        # The draft and its KV cache (the target's context, every slot) live on the main node.
+        # The draft lives on the main node (sizing.draft_bytes).
         try:
             draft = gguf_header.describe(options.draft_model)
         except ModelError as error:
             raise OptionError(f"--draft-model: {error.message}") from None
-        context = options.context_size * options.slots
-        usable[0] -= draft.size_bytes + draft.kv_bytes_per_token * context
+        usable[0] -= sizing.draft_bytes(draft, options.context_size, options.slots)
     shares = placement.place(model, options.context_size, options.slots, usable)
     if not shares.fits:
         worst = shares.worst

@@ -652,7 +652,7 @@ def _placement(
     their room on the main node first."""
     main_usable = sizing.usable_memory_bytes(main_type)
     if draft is not None:
-        main_usable -= draft.size_bytes + draft.kv_bytes_per_token * context * slots
+        main_usable -= sizing.draft_bytes(draft, context, slots)
     worker_usable = sizing.usable_memory_bytes(worker_type)
     result = placement.place(model, context, slots, [main_usable] + [worker_usable] * worker_count)
     if result.fits:

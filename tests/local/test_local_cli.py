@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.local.__main__ import main
-from infra.local.options import UpOptions, plan_placement, state_dir
+from infra.local.options import OptionError, UpOptions, plan_placement, state_dir, validate
 from tests.models.test_models import write_gguf
 
 
@@ -31,6 +31,8 @@ def model(tmp_path: Path) -> Path:
         (["--stop-after-idle-minutes", "1"], "--stop-after-idle-minutes: a spend guard powers"),
         (["--stop-after-hours", "0.5"], "add --machines"),
         (["--stop-after-hours", "-1"], "--stop-after-hours -1: give a positive number"),
+        (["--draft-max", "0"], "--draft-max 0: give 1 to 64 tokens"),
+        (["--draft-model", "x.gguf"], "--draft-model: x.gguf does not exist or is not a file"),
         (
             ["--patches-off", "0009"],
             "--patches-off: no patch '0009' for llama.cpp 0c1e57098bba; "
@@ -109,3 +111,18 @@ def test_a_patch_turned_off_reaches_every_nodes_settings(tmp_path: Path, model: 
         assert env["LLAMA_LOAD_PARALLEL"] == env["GGML_RPC_INFLIGHT_MB"] == "0"
         assert env["GGML_REPACK_THREADS"] == "1"
         assert "GGML_RPC_SKIP_HASH" not in env and "LLAMA_MMAP_POPULATE" not in env
+
+
+def test_a_draft_model_on_machines_is_refused(tmp_path: Path, model: Path) -> None:
+    """A machine binds the model's own directory only: the draft would not be there."""
+    options = UpOptions(
+        workers=2,
+        model=model,
+        source=tmp_path,
+        cache=tmp_path,
+        netns=False,
+        machines=True,
+        draft_model=model,
+    )
+    with pytest.raises(OptionError, match="--draft-model: the machines bind"):
+        validate(options)

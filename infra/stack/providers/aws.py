@@ -761,7 +761,8 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         main = spec.role == "main"
         # A main node's model has a volume of its own (model_volume): its root, like a worker's,
         # holds the system and the build, at gp3's baseline.
-        root_gb = sizing.WORKER_DISK_GB if main else spec.disk_gb
+        model_disk = self.facts.model_disk if main else None
+        root_gb = sizing.WORKER_DISK_GB if model_disk else spec.disk_gb
         disk = self.facts.disk.provision(None)
         # Without a pinned image every up resolves SSM's "current" AMI; a new Ubuntu release
         # must not replace running nodes, so each keeps the image it was created with.
@@ -804,14 +805,14 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 parent, ignore_changes=ignore, depends_on=network.boot_files if main else []
             ),
         )
-        if main:
+        if model_disk is not None:
             self.model_volume(
                 spec,
                 network=network,
                 instance=instance,
                 tags=tags,
                 parent=parent,
-                model_disk=aws_facts.MODEL_DISK,
+                model_disk=model_disk,
             )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
