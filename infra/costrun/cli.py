@@ -2,7 +2,7 @@
 
 python -m infra.costrun run --stacks aws-c8g,gcp-c4a,azure-cobalt [--bench ARGS]
     [--max-usd N] [--timeout 45m] [--parallel] [--keep] [--dry-run] [--out runs/]
-python -m infra.costrun run --local [--model PATH] [--workers N]
+python -m infra.costrun run --local [--model PATH] [--workers N] [--draft-model PATH]
 python -m infra.costrun status|report|cleanup RUN [--out runs/]
 """
 
@@ -86,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=Path, help="--local: a GGUF (default: Gemma 3 270M)")
     run.add_argument("--workers", type=int, help="--local: RPC workers (default 2)")
     run.add_argument("--threads", type=int, help="--local: threads per node")
+    run.add_argument(
+        "--draft-model", type=Path, help="--local: a draft model of the model's vocabulary"
+    )
     for name, text in (
         ("status", "each stack's phase, elapsed time and $ so far"),
         ("report", "write report.md, report.json and report.png again from the events"),
@@ -117,6 +120,7 @@ def _local_target(args: argparse.Namespace, cluster_id: str = "costrun") -> Targ
         threads=args.threads,
         worker_wait_seconds=600,
         machines=True,
+        draft_model=args.draft_model,
     )
     return LocalTarget(options, timeout=args.timeout or 1800.0)
 
@@ -132,7 +136,8 @@ def targets_from(args: argparse.Namespace) -> list[Target]:
         return [_local_target(args)]
     # The local cluster's options mean nothing to a stack, whose file says what it runs.
     for flag, given in (("--model", args.model), ("--workers", args.workers),
-                        ("--threads", args.threads)):  # fmt: skip
+                        ("--threads", args.threads),
+                        ("--draft-model", args.draft_model)):  # fmt: skip
         if given is not None:
             raise CostRunError(f"{flag} is for --local; a stack's file says its model and nodes")
     names = args.stack or [n.strip() for n in args.stacks.split(",") if n.strip()]
@@ -263,8 +268,10 @@ def _target_spec(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     from infra.costrun.local import LocalTarget  # noqa: PLC0415
 
     if isinstance(target, LocalTarget):
+        draft = target.options.draft_model
         return {"kind": "local", "model": str(target.options.model),
-                "workers": target.options.workers, "threads": args.threads}  # fmt: skip
+                "workers": target.options.workers, "threads": args.threads,
+                "draft_model": str(draft) if draft else None}  # fmt: skip
     return {"kind": "pulumi", "stack": target.name}
 
 
@@ -331,6 +338,7 @@ def _target_again(name: str, spec: dict[str, Any]) -> Target:
     if spec.get("kind") == "local":
         args = argparse.Namespace(
             model=Path(spec["model"]), workers=spec["workers"], threads=spec["threads"],
+            draft_model=Path(spec["draft_model"]) if spec.get("draft_model") else None,
             timeout=600.0,
         )  # fmt: skip
         return _local_target(args)

@@ -12,11 +12,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from infra.catalog import InstanceType
 from infra.clouds import gcp as gcp_facts
 from infra.core.layout import PROJECT
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
 from infra.costrun.target import Prediction, StepError, parse_status
+from infra.models import Model
 from infra.observe.channels import Channel, ChannelError, Runner, run_cli, stack_channels
 from infra.observe.status import STATUS_COMMAND
 from infra.stack.config import ClusterConfig
@@ -123,6 +125,7 @@ class PulumiTarget:
             },
             "llama_cpp_commit": c.llama_cpp_commit,
             "model": c.model.name,
+            **({"draft_model": c.draft.name} if c.draft else {}),
         }
 
     def predict(self) -> Prediction:
@@ -144,6 +147,12 @@ class PulumiTarget:
             path="staged" if staged else "internet",
         )
         kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
+        decode_tps = perf.decode_tps(c.model, nodes, c.placement, kv_tokens)
+        acceptance, draft_basis = None, ""
+        if c.draft is not None:
+            decode_tps, acceptance, draft_basis = self._with_draft(
+                c.draft, nodes, kv_tokens, decode_tps
+            )
         # The phases as the status file times them: the download includes the sha256 check,
         # and the build runs beside it.
         return Prediction(
@@ -155,7 +164,9 @@ class PulumiTarget:
                 "load": round(timeline.seconds("load"), 1),
                 "total": round(timeline.total_seconds, 1),
             },
-            decode_tps=perf.decode_tps(c.model, nodes, c.placement, kv_tokens),
+            decode_tps=decode_tps,
+            draft_acceptance=acceptance,
+            draft_basis=draft_basis,
             # Each group's main node downloads the model through the NAT, unless it is staged.
             one_off_usd=0.0
             if staged
@@ -163,6 +174,40 @@ class PulumiTarget:
             price_source="; ".join(cost.sources),
             unpriced=tuple(cost.unpriced),
             note=cost.basis,
+        )
+
+    def _with_draft(
+        self, draft: Model, nodes: list[InstanceType], kv_tokens: int, plain_tps: float | None
+    ) -> tuple[float | None, float | None, str]:
+        """Decode with the stack's draft model, at the acceptance published for its pair (the
+        planner's, ``lrc plan --engines``): the figure, the acceptance, and its basis. A draft
+        with no published figure leaves decode predicted without it, and says so."""
+        from infra.planner import engines  # noqa: PLC0415
+
+        c = self.config
+        pair = engines.draft_pair(c.model)
+        if pair is None or pair.draft != draft.name:
+            return (
+                plain_tps,
+                None,
+                (
+                    f"no published acceptance for {draft.name} drafting for {c.model.name}: "
+                    "decode is predicted without the draft"
+                ),
+            )
+        found = engines.speculative(
+            c.model, nodes, c.placement, kv_tokens,
+            draft=draft, acceptance=pair.acceptance, draft_max=c.draft_max,
+        )  # fmt: skip
+        if found is None:
+            return plain_tps, None, "a bandwidth is unknown: decode is predicted without the draft"
+        return (
+            found.tps,
+            pair.acceptance,
+            (
+                f"{pair.acceptance:.1%} accepted at draft {pair.draft_max} (draftMax "
+                f"{c.draft_max} here): {pair.source}"
+            ),
         )
 
     # --- preflight -----------------------------------------------------------------------------

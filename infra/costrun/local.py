@@ -40,6 +40,7 @@ class LocalTarget:
             "nodes": {"main": "machine", "workers": self.options.workers},
             "llama_cpp_commit": self.options.commit,
             "model": self.options.model.name,
+            **({"draft_model": draft.name} if (draft := self.options.draft_model) else {}),
         }
 
     def predict(self) -> Prediction:

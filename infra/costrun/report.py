@@ -12,7 +12,10 @@ from infra.costrun.events import last, phase_of, read_events, stack_dirs
 
 # 2: each stack gains "usage" (per node CPU, memory, bytes; the KV cache), "rpc_bytes" (bytes
 # per generated token between the main node and its workers) and "unmeasured".
-SCHEMA_VERSION = 2
+# 3: "measured" gains "draft" (a draft model's drafted and accepted tokens over the requests),
+# "decode_measured_by" and "decode_tps_without_draft"; "predicted" gains "draft_acceptance" and
+# "draft_basis".
+SCHEMA_VERSION = 3
 
 
 def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -31,8 +34,15 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         "wait": status.get("wait_seconds"),
         "load": status.get("load_seconds"),
     }
-    decode = (bench or {}).get("llama_bench") or {}
-    decode_tps = decode.get("decode_tps") or (bench or {}).get("requests", {}).get("decode_tps")
+    requests = (bench or {}).get("requests") or {}
+    draft = requests.get("draft")
+    llama_bench = (bench or {}).get("llama_bench") or {}
+    # llama-bench runs the model alone: with a draft model, what the stack serves is the
+    # requests' decode, through llama-server and its draft.
+    if draft or not llama_bench.get("decode_tps"):
+        decode_tps, decode_by = requests.get("decode_tps"), "requests" if requests else None
+    else:
+        decode_tps, decode_by = llama_bench["decode_tps"], "llama-bench"
     hourly = prediction.get("hourly_usd")
     mean_tps = decode_tps["mean"] if decode_tps else None
     return {
@@ -44,9 +54,12 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         "predicted": prediction,
         "measured": {
             "serve_seconds": measured_serve,
-            "prompt_tps": ((bench or {}).get("llama_bench") or {}).get("prompt_tps"),
+            "prompt_tps": llama_bench.get("prompt_tps"),
             "decode_tps": decode_tps,
-            "requests": (bench or {}).get("requests"),
+            "decode_measured_by": decode_by,
+            "decode_tps_without_draft": llama_bench.get("decode_tps") if draft else None,
+            "requests": requests or None,
+            "draft": draft,
         },
         "hourly_usd": hourly,
         "spent_usd": finished.get("spent_usd"),
@@ -125,7 +138,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines.append("")
     for s in report["stacks"]:
         lines += [f"## {s['stack']}", ""]
-        for key in ("provider", "region", "machine", "nodes", "llama_cpp_commit", "model"):
+        for key in (
+            "provider",
+            "region",
+            "machine",
+            "nodes",
+            "llama_cpp_commit",
+            "model",
+            "draft_model",
+        ):
             if key in s:
                 lines.append(f"- {key.replace('_', ' ')}: {s[key]}")
         serve = s["measured"]["serve_seconds"]
@@ -146,6 +167,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{requests['predicted_tokens']} generated tokens: prompt "
                 f"{_figure(requests['prompt_tps'])}, decode {_figure(requests['decode_tps'])} tok/s"
             )
+        lines += draft_lines(s)
         if predicted.get("price_source"):
             lines.append(f"- prices: {predicted['price_source']}")
         if predicted.get("note"):
@@ -154,6 +176,34 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- error: {error}")
         lines += ["", *usage_lines(s)]
     return "\n".join(lines)
+
+
+def draft_lines(stack: dict[str, Any]) -> list[str]:
+    """What the draft model did: the drafted tokens the model accepted over the seeded requests
+    (llama-server's own counts), beside the share the prediction assumed."""
+    measured, predicted = stack["measured"], stack["predicted"]
+    draft = measured.get("draft")
+    if not draft:
+        if stack.get("draft_model"):
+            return [f"- draft model {stack['draft_model']}: nothing drafted in the requests"]
+        return []
+    temperature = (measured.get("requests") or {}).get("temperature")
+    sampled = f" at temperature {temperature:g}" if temperature is not None else ""
+    alone = measured.get("decode_tps_without_draft")
+    lines = [
+        f"- draft model {stack.get('draft_model', '')}: {draft['accepted']} of "
+        f"{draft['drafted']} drafted tokens accepted ({draft['ratio']:.1%}) over the "
+        f"requests{sampled}; decode is the requests'"
+        + (f" (llama-bench runs the model alone: {_figure(alone)} tok/s)" if alone else "")
+    ]
+    if predicted.get("draft_acceptance") is not None:
+        lines.append(
+            f"- the prediction assumed {predicted['draft_acceptance']:.1%} accepted: "
+            f"{predicted.get('draft_basis', '')}"
+        )
+    elif predicted.get("draft_basis"):
+        lines.append(f"- predicted: {predicted['draft_basis']}")
+    return lines
 
 
 # The order the report says how each figure was read in (the events store keys sorted).

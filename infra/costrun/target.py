@@ -30,6 +30,10 @@ class Prediction:
     hourly_usd: float | None
     serve_seconds: dict[str, float] = field(default_factory=dict)  # phase: seconds, and "total"
     decode_tps: float | None = None
+    # With a draft model: the share of drafted tokens the decode figure assumes accepted, and
+    # where that figure comes from (or why decode is predicted without the draft).
+    draft_acceptance: float | None = None
+    draft_basis: str = ""
     one_off_usd: float = 0.0  # e.g. the model's download through a NAT gateway
     price_source: str = ""
     unpriced: tuple[str, ...] = ()
@@ -40,6 +44,8 @@ class Prediction:
             "hourly_usd": self.hourly_usd,
             "serve_seconds": self.serve_seconds,
             "decode_tps": self.decode_tps,
+            "draft_acceptance": self.draft_acceptance,
+            "draft_basis": self.draft_basis,
             "one_off_usd": self.one_off_usd,
             "price_source": self.price_source,
             "unpriced": list(self.unpriced),

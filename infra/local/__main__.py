@@ -288,7 +288,7 @@ def _draft_flags(start: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="GGUF",
         help="a draft model of the model's vocabulary for speculative decoding on the main "
-        "node (a stack's draftModel); the process cluster only",
+        "node (a stack's draftModel)",
     )
     start.add_argument(
         "--draft-max",

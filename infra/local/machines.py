@@ -28,6 +28,7 @@ SEED_DIR = "var/lib/cloud/seed/nocloud"
 # Where the host's read-only gifts appear inside every machine.
 SOURCE_MOUNT = "/srv/llama.cpp"
 MODELS_MOUNT = "/srv/models"
+DRAFTS_MOUNT = "/srv/drafts"  # a draft model's directory (the main node's only)
 # Inside a machine, the command runs with a clean environment, as `ssm start-session` would.
 EXEC_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -27,7 +27,7 @@ from infra.core import layout, placement
 from infra.core.layout import PROJECT
 from infra.core.limits import Role
 from infra.local import image as node_image
-from infra.local.machines import MODELS_MOUNT, SOURCE_MOUNT, Machine
+from infra.local.machines import DRAFTS_MOUNT, MODELS_MOUNT, SOURCE_MOUNT, Machine
 from infra.local.netns import VpcNetwork
 from infra.local.options import LocalClusterError, UpOptions, build_prefix, state_dir
 from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry
@@ -98,6 +98,7 @@ def node_boot(
     *,
     source: str | None = None,
     model_urls: tuple[str, ...] | None = None,
+    draft_urls: tuple[str, ...] | None = None,
     api_key_file: str = "",
 ) -> NodeBoot:
     ips, shares = where.ips, where.shares
@@ -124,7 +125,9 @@ def node_boot(
         stop_after_idle_seconds=math.ceil(options.stop_after_idle_minutes * 60),
         stop_after_seconds=math.ceil(options.stop_after_hours * 3600),
         extra_env=dict(options.llama_env) | switches_off(options.commit, options.patches_off),
-        draft_urls=tuple(p.resolve().as_uri() for p in part_paths(options.draft_model))
+        draft_urls=(
+            draft_urls or tuple(p.resolve().as_uri() for p in part_paths(options.draft_model))
+        )
         if options.draft_model is not None and role == "main"
         else (),
         draft_max=options.draft_max,
@@ -149,13 +152,15 @@ def node_entry(
     namespace = network.namespace(slot.name) if network else None
     keyed = api_key is not None and slot.role == "main"
     if image and network:
-        # The machine's own view: the host's source and model appear at fixed paths.
+        # The machine's own view: the host's source, model and draft appear at fixed paths.
+        draft_parts = part_paths(options.draft_model) if options.draft_model else []
         boot = node_boot(
             options,
             slot.role,
             where,
             source=SOURCE_MOUNT,
             model_urls=tuple(f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)),
+            draft_urls=tuple(f"file://{DRAFTS_MOUNT}/{p.name}" for p in draft_parts),
             api_key_file=MACHINE_API_KEY_FILE if keyed else "",
         )
         machine = machine_node(
@@ -223,6 +228,11 @@ def machine_node(
         binds=(
             (str(options.source.resolve()), SOURCE_MOUNT),
             (str(parts[0].resolve().parent), MODELS_MOUNT),
+            *(
+                ((str(part_paths(draft)[0].resolve().parent), DRAFTS_MOUNT),)
+                if (draft := options.draft_model) is not None and boot.role == "main"
+                else ()
+            ),
             (str(host_bin), f"{VM_PATHS.prefix}/{options.commit}/bin"),
         ),
     )

@@ -77,7 +77,7 @@ class UpOptions:
     # turned off keeps its switch.
     llama_env: tuple[tuple[str, str], ...] = ()
     # A draft model of the model's vocabulary (speculative decoding on the main node), and the
-    # tokens it drafts a step; a stack's draftModel and draftMax. The process cluster only.
+    # tokens it drafts a step; a stack's draftModel and draftMax.
     draft_model: Path | None = None
     draft_max: int = DEFAULT_DRAFT_MAX
 
@@ -93,11 +93,6 @@ def can_use_netns() -> bool:
 def _validate_draft(options: UpOptions) -> None:
     if not 1 <= options.draft_max <= MAX_DRAFT_TOKENS:
         raise OptionError(f"--draft-max {options.draft_max}: give 1 to {MAX_DRAFT_TOKENS} tokens")
-    if options.draft_model is not None and options.machines:
-        raise OptionError(
-            "--draft-model: the machines bind the model's own directory only; run without "
-            "--machines"
-        )
 
 
 def validate(options: UpOptions) -> ipaddress.IPv4Network:

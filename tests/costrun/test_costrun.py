@@ -4,6 +4,7 @@ recorded gcloud and az output. Nothing here reaches a network."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -25,6 +26,7 @@ from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gc
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import Prediction, StepError, parse_status
+from infra.models import PRESETS
 from infra.observe.channels import (
     ChannelError,
     IapChannel,
@@ -34,7 +36,8 @@ from infra.observe.channels import (
 )
 from infra.observe.status import STATUS_COMMAND
 from infra.observe.usage import UsageUnavailable
-from infra.stack.files import stack_config
+from infra.planner import engines, perf
+from infra.stack.files import config_of, stack_config, stack_values
 from tests.conftest import REPO
 from tests.observe.test_usage import SimulatedCluster
 
@@ -302,6 +305,92 @@ def test_a_failed_bytes_measurement_leaves_the_benchmark_and_the_usage(tmp_path:
     (unmeasured,) = stack["unmeasured"]
     assert unmeasured["what"] == "bytes per token"
     assert "ConnectionRefusedError: llama-server is not answering" in unmeasured["reason"]
+
+
+class DraftTarget(FakeTarget):
+    """A stack with a draft model: its requests report what llama-server drafted and accepted."""
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "draft_model": "llama-3.1-8b-q4_0"}
+
+    def predict(self) -> Prediction:
+        return dataclasses.replace(
+            super().predict(), decode_tps=15.0, draft_acceptance=0.587, draft_basis="a blog"
+        )
+
+    def run_on_main(self, command: list[str], timeout: float) -> str:
+        bench = json.loads(super().run_on_main(command, timeout))
+        bench["requests"] |= {
+            "temperature": 0.8,
+            "decode_tps": {"mean": 21.0, "stdev": 1.0, "runs": 2},
+            "draft": {"drafted": 80, "accepted": 52, "ratio": 0.65},
+        }
+        return json.dumps(bench)
+
+
+def test_a_draft_models_acceptance_is_in_the_report_and_decode_is_what_it_serves(
+    tmp_path: Path,
+) -> None:
+    """The requests go through llama-server and its draft, llama-bench runs the model alone: the
+    stack's decode (and so its $/Mtok) is the requests', beside the acceptance predicted."""
+    ok, events = run(DraftTarget(), tmp_path)
+    assert ok
+    stack = report.stack_report("fake", events)
+    measured = stack["measured"]
+    assert measured["draft"] == {"drafted": 80, "accepted": 52, "ratio": 0.65}
+    assert measured["decode_tps"]["mean"] == 21.0 and measured["decode_measured_by"] == "requests"
+    assert measured["decode_tps_without_draft"]["mean"] == 10.0  # llama-bench's
+    assert stack["usd_per_million_tokens"] == round(3.6 / (21.0 * 3600) * 1e6, 3)
+    assert stack["predicted"]["draft_acceptance"] == 0.587
+    markdown = report.markdown({**report.build(tmp_path), "stacks": [stack]})
+    assert "- draft model: llama-3.1-8b-q4_0" in markdown
+    assert (
+        "- draft model llama-3.1-8b-q4_0: 52 of 80 drafted tokens accepted (65.0%) over the "
+        "requests at temperature 0.8; decode is the requests' (llama-bench runs the model "
+        "alone: 10.0 ± 0.2 tok/s)"
+    ) in markdown
+    assert "- the prediction assumed 58.7% accepted: a blog" in markdown
+    # Without a draft, decode stays llama-bench's and nothing is said of drafts.
+    _, plain = run(FakeTarget(), tmp_path / "plain")
+    stack = report.stack_report("plain", plain)
+    assert stack["measured"]["decode_measured_by"] == "llama-bench"
+    assert stack["measured"]["draft"] is stack["measured"]["decode_tps_without_draft"] is None
+    assert "draft" not in report.markdown({**report.build(tmp_path), "stacks": [stack]})
+
+
+@pytest.mark.parametrize(
+    ("draft", "acceptance"), [("llama-3.1-8b-q4_0", 0.587), ("llama-3.1-8b-q8_0", None)]
+)
+def test_a_stacks_draft_is_predicted_at_its_pairs_published_acceptance(
+    draft: str, acceptance: float | None
+) -> None:
+    """The planner's pair (lrc plan --engines): the 405B drafted by Llama-3.1-8B Q4_0 decodes
+    faster than without it, at 58.7 %; a draft with no published figure is predicted without
+    it, and the prediction says so."""
+    target = PulumiTarget("aws-c8g")
+    plain = target.predict()
+    url = "s3://my-models/llama-3.1-8b/draft.gguf"
+    values = {**stack_values("aws-c8g"), "llama-rpc-cluster:draftModel": {"preset": draft,
+              "urls": [url]}, "llama-rpc-cluster:draftMax": 8}  # fmt: skip
+    target.config = config_of(values, "aws-c8g")
+    prediction = target.predict()
+    assert prediction.draft_acceptance == acceptance
+    assert target.describe()["draft_model"] == draft
+    c = target.config
+    if acceptance is None:
+        assert "no published acceptance for llama-3.1-8b-q8_0" in prediction.draft_basis
+        # The draft takes room on the main node: the split moves, the figure barely.
+        assert prediction.decode_tps == pytest.approx(plain.decode_tps, rel=0.05)
+        return
+    assert "devquasar.com" in prediction.draft_basis
+    nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
+    kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
+    found = engines.speculative(
+        c.model, nodes, c.placement, kv_tokens, draft=PRESETS[draft], acceptance=0.587,
+        draft_max=8,
+    )  # fmt: skip
+    assert found is not None and prediction.decode_tps == found.tps
+    assert prediction.decode_tps > 2 * plain.decode_tps  # type: ignore[operator]
 
 
 def test_the_predicted_cost_counts_serve_bench_destroy_and_one_off() -> None:

@@ -13,7 +13,7 @@ import pytest
 from infra.costrun import cli
 from infra.local import image as node_image
 from infra.local.machines import unavailable_reason
-from infra.local.model import cached_model
+from infra.local.model import cached_model, real_model
 from infra.local.source import cache_dir
 from tests.conftest import unavailable
 
@@ -69,3 +69,38 @@ def test_a_local_cost_run_measures_destroys_audits_and_reports(
     assert "| nothing | ok |" in written
     assert "| node | role | CPU mean % | CPU peak % | peak memory |" in written
     assert "x its hidden state of 1.0 KiB (n_embd 256 x f32)" in written
+
+
+def test_a_local_cost_run_with_a_draft_model_reports_its_acceptance(
+    llama_source: Path, tmp_path: Path, capsys
+) -> None:
+    """Gemma 3 270M drafting for itself under another name (test_draft_model.py says why), bound
+    into the main machine beside the model: the report carries llama-server's drafted and
+    accepted tokens over the benchmark's sampled requests, and their decode as the stack's."""
+    if reason := unavailable_reason():
+        unavailable(reason)
+    if node_image.cached(cache_dir()) is None:
+        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    model = real_model(cache_dir())
+    draft = tmp_path / "draft" / "gemma-3-270m-draft.gguf"
+    draft.parent.mkdir()
+    draft.hardlink_to(model)
+    out = tmp_path / "runs"
+    bench = "--requests 2 --predict 32 --prompt-words 32 --no-llama-bench"
+    code = cli.main([
+        "run", "--local", "--model", str(model), "--draft-model", str(draft), "--threads", "1",
+        "--out", str(out), "--bench", bench, "--timeout", "20m",
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    (run_dir,) = out.iterdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    (stack,) = report["stacks"]
+    assert stack["ok"] and stack["leftovers"] == [] and stack["draft_model"] == draft.name
+    measured = stack["measured"]
+    drafted = measured["draft"]
+    print(f"drafted {drafted}, decode {measured['decode_tps']}")
+    # What the model proposes for itself, sampled at 0.8: most of it is what it then picks.
+    assert 0 < drafted["accepted"] <= drafted["drafted"] and drafted["ratio"] >= 0.5, drafted
+    assert measured["decode_measured_by"] == "requests" and measured["decode_tps"]["mean"] > 0
+    written = (run_dir / "report.md").read_text()
+    assert f"- draft model {draft.name}: {drafted['accepted']} of {drafted['drafted']}" in written

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.local.__main__ import main
-from infra.local.options import OptionError, UpOptions, plan_placement, state_dir, validate
+from infra.local.options import UpOptions, plan_placement, state_dir
 from tests.models.test_models import write_gguf
 
 
@@ -111,18 +111,3 @@ def test_a_patch_turned_off_reaches_every_nodes_settings(tmp_path: Path, model: 
         assert env["LLAMA_LOAD_PARALLEL"] == env["GGML_RPC_INFLIGHT_MB"] == "0"
         assert env["GGML_REPACK_THREADS"] == "1"
         assert "GGML_RPC_SKIP_HASH" not in env and "LLAMA_MMAP_POPULATE" not in env
-
-
-def test_a_draft_model_on_machines_is_refused(tmp_path: Path, model: Path) -> None:
-    """A machine binds the model's own directory only: the draft would not be there."""
-    options = UpOptions(
-        workers=2,
-        model=model,
-        source=tmp_path,
-        cache=tmp_path,
-        netns=False,
-        machines=True,
-        draft_model=model,
-    )
-    with pytest.raises(OptionError, match="--draft-model: the machines bind"):
-        validate(options)
