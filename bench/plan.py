@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from infra import catalog, planner  # noqa: E402
+from infra.core import perf  # noqa: E402
 from infra.models import PRESETS, Model  # noqa: E402
-from infra.planner import base, perf, search, target, verdict  # noqa: E402
+from infra.planner import base, search, target, verdict  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "plan.json"
 

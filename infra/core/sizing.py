@@ -77,6 +77,16 @@ def slot_context(context: int, slots: int) -> int:
     return _pad(_pad(context * slots) // slots)
 
 
+def longest_generation_seconds(context: int, slots: int, decode_tps: float) -> int:
+    """The longest a request can run: a slot's whole context generated at ``decode_tps`` (the
+    prompt's tokens counted as generated ones, an over-count). A balancer's timeouts outlast it,
+    as a request waiting for a busy group waits at most one such generation more per request
+    ahead of it."""
+    if decode_tps <= 0:
+        raise ValueError(f"a decode speed is positive, not {decode_tps}")
+    return math.ceil(slot_context(context, slots) / decode_tps)
+
+
 def kv_cells(context: int, slots: int, window: int | None = None) -> int:
     """KV-cache cells a layer holds for all slots: the slot context, or for a sliding-window
     layer the window and one micro-batch, whichever is smaller."""

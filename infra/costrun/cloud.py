@@ -129,8 +129,12 @@ class PulumiTarget:
         }
 
     def predict(self) -> Prediction:
-        from infra.core import costs, sizing  # noqa: PLC0415
-        from infra.planner import perf, serve  # noqa: PLC0415
+        from infra.core import (  # noqa: PLC0415
+            costs,
+            perf,
+            sizing,
+        )
+        from infra.planner import serve  # noqa: PLC0415
 
         c = self.config
         cost = c.hourly_cost

@@ -39,9 +39,11 @@ CHECK_INTERVAL = "1s"
 CHECK_TIMEOUT = "2s"
 CHECKS_TO_FALL = 2
 CHECKS_TO_RISE = 2
-# A generation answers only when it is done (unless streamed): the server timeout is
-# llama-server's own default request timeout (--timeout 600).
-SERVER_TIMEOUT = "600s"
+# A generation answers only when it is done (unless streamed), and a request may wait in the
+# queue for one to end: the timeouts outlast a slot's whole context generated at this rate. This
+# machine is in no catalog, so no decode speed is predicted for it; the cloud balancers use the
+# stack's predicted one.
+SLOWEST_LOCAL_DECODE_TPS = 1.0
 # A unix socket's path has room for 107 bytes (sun_path).
 MAX_SOCKET_PATH = 107
 
@@ -74,12 +76,17 @@ def render_config(
     mains: list[str],
     server_port: int,
     stats_socket: Path,
+    slots: int = 1,
+    timeout_seconds: int = 600,
     run_as: str | None = None,
 ) -> str:
     """HAProxy's configuration: one frontend on ``listen_ip:port``, one backend server per
-    serving group's main node, health-checked on ``/health``."""
+    serving group's main node, health-checked on ``/health``, given at most ``slots`` requests at
+    once (its llama-server's slots); the rest wait in HAProxy's queue for the first group that
+    frees one. ``timeout_seconds``: the longest a request may generate, or wait."""
     servers = "\n".join(
-        f"    server {group_server_name(g)} {ip}:{server_port}" for g, ip in enumerate(mains)
+        f"    server {group_server_name(g)} {ip}:{server_port} maxconn {slots}"
+        for g, ip in enumerate(mains)
     )
     user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
     return f"""\
@@ -93,8 +100,9 @@ defaults
     log global
     option httplog
     timeout connect 2s
-    timeout client {SERVER_TIMEOUT}
-    timeout server {SERVER_TIMEOUT}
+    timeout client {timeout_seconds}s
+    timeout server {timeout_seconds}s
+    timeout queue {timeout_seconds}s
     timeout check {CHECK_TIMEOUT}
     # A request that meets a group that has just died (connection refused, or closed before any
     # answer) or one still loading (503) is sent again, to another group. One whose connection
@@ -108,12 +116,18 @@ frontend api
     default_backend {BACKEND}
 
 backend {BACKEND}
-    # Requests run for seconds: the group with the fewest open requests gets the next one
-    # (turn by turn among equals).
+    # Requests run for seconds to minutes: the group with the fewest open requests gets the
+    # next one (turn by turn among equals). A group takes no more than its slots (maxconn): a
+    # request none can take now waits here, in arrival order, and goes to the first group that
+    # frees a slot, never into one group's own queue behind a long generation.
     balance leastconn
     option httpchk GET /health
     http-check expect status 200
+    # A group whose connection fails is taken out at once, not after its checks fail: a retry
+    # goes to another server than the last, and when the others are full (maxconn) the only one
+    # left would be the dead one; taken out, the retry waits in the queue instead.
     default-server check inter {CHECK_INTERVAL} fall {CHECKS_TO_FALL} rise {CHECKS_TO_RISE}
+    default-server observe layer4 error-limit 1 on-error mark-down
     http-response set-header {SERVED_BY_HEADER} %[srv_name]
 {servers}
 """
@@ -165,7 +179,14 @@ class Balancer:
         return self.directory / "haproxy.log"
 
     def write_config(
-        self, *, listen_ip: str, port: int, mains: list[str], server_port: int
+        self,
+        *,
+        listen_ip: str,
+        port: int,
+        mains: list[str],
+        server_port: int,
+        slots: int = 1,
+        timeout_seconds: int = 600,
     ) -> None:
         if len(str(self.stats_socket)) > MAX_SOCKET_PATH:
             raise BalancerError(
@@ -180,6 +201,8 @@ class Balancer:
                 mains=mains,
                 server_port=server_port,
                 stats_socket=self.stats_socket,
+                slots=slots,
+                timeout_seconds=timeout_seconds,
                 run_as=unprivileged_user(),
             )
         )
@@ -243,6 +266,19 @@ class Balancer:
         """HAProxy's ``show stat`` for the groups: one row per group's server (``svname``,
         ``status`` UP / DOWN / …, ``scur`` open requests, ``stot`` requests so far,
         ``check_status``)."""
+        rows = [row for row in self._show_stat(timeout) if row.get("svname") != "BACKEND"]
+        for row in rows:
+            # "* L7OK": the last check's result while the next one runs.
+            row["check_status"] = row["check_status"].removeprefix("* ")
+        return rows
+
+    def queued(self, timeout: float = 2) -> int:
+        """Requests waiting in HAProxy's queue for a group to free a slot."""
+        rows = self._show_stat(timeout)
+        return sum(int(row["qcur"] or 0) for row in rows if row.get("svname") == "BACKEND")
+
+    def _show_stat(self, timeout: float) -> list[dict[str, str]]:
+        """The groups' backend rows of ``show stat``: each server's, and the backend's own."""
         if not self.alive():
             raise BalancerError(f"the balancer is not running; see {self.log}")
         try:
@@ -256,15 +292,11 @@ class Balancer:
         except OSError as error:
             raise BalancerError(f"cannot read the balancer's state: {error}") from None
         text = b"".join(chunks).decode().removeprefix("# ")
-        rows = [
+        return [
             row
             for row in csv.DictReader(io.StringIO(text))
-            if row.get("pxname") == BACKEND and row.get("svname") not in ("BACKEND", "FRONTEND")
+            if row.get("pxname") == BACKEND and row.get("svname") != "FRONTEND"
         ]
-        for row in rows:
-            # "* L7OK": the last check's result while the next one runs.
-            row["check_status"] = row["check_status"].removeprefix("* ")
-        return rows
 
     def group_states(self) -> dict[str, str]:
         """Each group's check state, e.g. ``{"group1": "UP", "group2": "DOWN"}``."""

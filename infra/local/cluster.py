@@ -35,9 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR
-from infra.core import layout
+from infra.core import layout, sizing
 from infra.core.limits import RPC_PORT, SERVER_PORT
-from infra.local.balancer import Balancer, BalancerError, find_haproxy
+from infra.local.balancer import (
+    SLOWEST_LOCAL_DECODE_TPS,
+    Balancer,
+    BalancerError,
+    find_haproxy,
+)
 from infra.local.netns import VpcNetwork, namespace_pids
 from infra.local.nodes import (
     Where,
@@ -185,6 +190,10 @@ def _start_balancer(spec: ClusterSpec) -> None:
             port=spec.server_port,
             mains=[main.ip for main in spec.main_nodes()],
             server_port=spec.server_port,
+            slots=spec.slots,
+            timeout_seconds=sizing.longest_generation_seconds(
+                spec.context_size, spec.slots, SLOWEST_LOCAL_DECODE_TPS
+            ),
         )
         balancer.start()
     except BalancerError as error:

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infra.catalog import InstanceType
-from infra.core import costs, sizing
+from infra.core import costs, perf, sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.core.placement import Placement
 from infra.errors import SettingError
 from infra.models import Model
-from infra.planner import perf
 from infra.planner.serve import INTERNET_GBPS, ServeTime
 
 # How options are ranked; the first is the default. A provider's pick is its first option.

@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
-from infra.core import placement, sizing
+from infra.core import perf, placement, sizing
 from infra.core.placement import Placement
 from infra.models import PRESETS, Model
-from infra.planner import perf
 
 
 @dataclass(frozen=True)

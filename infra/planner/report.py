@@ -12,10 +12,11 @@ from typing import Any
 import yaml
 
 from infra.clouds import FACTS
+from infra.core import perf
 from infra.core.layout import PROJECT
 from infra.core.units import duration, money
 from infra.models import PRESETS, Model
-from infra.planner import perf, serve, target, verdict
+from infra.planner import serve, target, verdict
 from infra.planner.base import Option, Plan
 from infra.planner.engines import EngineLine, engine_lines
 from infra.planner.search import fewest_nodes

@@ -16,10 +16,9 @@ from dataclasses import replace
 from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
-from infra.core import costs, placement, sizing
+from infra.core import costs, perf, placement, sizing
 from infra.core.limits import MAX_NODES, MAX_REPLICAS, MAX_WORKERS
 from infra.models import Model
-from infra.planner import perf
 from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
 from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
 

@@ -34,10 +34,9 @@ import math
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
-from infra.core import sizing
+from infra.core import perf, sizing
 from infra.core.placement import Placement
 from infra.models import Model
-from infra.planner import perf
 
 MIB = 1024**2
 GB = 1e9

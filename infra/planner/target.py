@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
-from infra.core import sizing
+from infra.core import perf, sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import Model
-from infra.planner import perf, search
+from infra.planner import search
 from infra.planner.base import SORTS, Option, Plan, Rejection, Target, TargetUnmet, check_sort
 from infra.planner.serve import INTERNET_GBPS
 

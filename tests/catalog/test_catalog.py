@@ -19,7 +19,7 @@ from infra.catalog.refresh import RefreshError
 from infra.catalog.refresh import aws as refresh_aws
 from infra.catalog.refresh import azure as refresh_azure
 from infra.catalog.refresh import gcp as refresh_gcp
-from infra.planner import perf
+from infra.core import perf
 from tests.conftest import CATALOG_FIXTURE, REPO
 from tests.pulumi_mocks import program_settings, stack_names
 

@@ -163,3 +163,12 @@ def test_a_cluster_without_workers_has_no_rpc_flags() -> None:
     layout = placement.place(uniform(32), 4096, 1, [sizing.usable_of(64 * GIB)])
     assert layout.layers == (32,) and layout.tensor_split == () and layout.gpu_layers == 0
     assert layout.to_json() == [{"node": "main", "layers": 32, "bytes": layout.shares[0].bytes}]
+
+
+def test_the_longest_generation_is_a_slots_whole_context_at_the_decode_speed() -> None:
+    """What a balancer's timeouts must outlast: 4,096 tokens at 1.63 tok/s (the 405B on three
+    c8g.16xlarge) is 2,513 s; a slot's padded context counts, not the setting."""
+    assert sizing.longest_generation_seconds(4096, 1, 1.63) == 2513
+    assert sizing.longest_generation_seconds(4000, 1, 1.0) == 4096
+    with pytest.raises(ValueError, match="a decode speed is positive"):
+        sizing.longest_generation_seconds(4096, 1, 0)

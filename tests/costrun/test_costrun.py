@@ -18,7 +18,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from infra.core import outputs
+from infra.core import outputs, perf
 from infra.core.units import money
 from infra.costrun import cli, report, rpc_bytes
 from infra.costrun.channel_probe import ChannelProbe
@@ -36,7 +36,7 @@ from infra.observe.channels import (
 )
 from infra.observe.status import STATUS_COMMAND
 from infra.observe.usage import UsageUnavailable
-from infra.planner import engines, perf
+from infra.planner import engines
 from infra.stack.files import config_of, stack_config, stack_values
 from tests.conftest import REPO
 from tests.observe.test_usage import SimulatedCluster

@@ -151,12 +151,17 @@ def test_the_rendered_configuration_passes_haproxys_check(tmp_path: Path) -> Non
     haproxy = require_tool("haproxy")
     balancer = lb.Balancer(namespace=None, directory=tmp_path / "lb")
     balancer.write_config(
-        listen_ip="10.9.8.5", port=8080, mains=["10.9.8.10", "10.9.8.30"], server_port=8080
-    )
+        listen_ip="10.9.8.5", port=8080, mains=["10.9.8.10", "10.9.8.30"], server_port=8080,
+        slots=2, timeout_seconds=4096,
+    )  # fmt: skip
     lb.check_config(haproxy, balancer.config)
     text = balancer.config.read_text()
     assert "option httpchk GET /health" in text and "http-check expect status 200" in text
-    assert "server group1 10.9.8.10:8080" in text and "server group2 10.9.8.30:8080" in text
+    # Each group takes as many requests as it has slots; the rest wait in HAProxy's queue.
+    assert "server group1 10.9.8.10:8080 maxconn 2" in text
+    assert "server group2 10.9.8.30:8080 maxconn 2" in text
+    for timeout in ("client", "server", "queue"):
+        assert f"timeout {timeout} 4096s" in text
     assert "bind 10.9.8.5:8080" in text
     broken = tmp_path / "broken.cfg"
     broken.write_text(text.replace("balance leastconn", "balance fewestconn"))

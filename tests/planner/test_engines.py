@@ -12,9 +12,9 @@ import pytest
 
 from infra import catalog
 from infra.catalog import InstanceType
-from infra.core import placement, sizing
+from infra.core import perf, placement, sizing
 from infra.models import PRESETS
-from infra.planner import engines, perf
+from infra.planner import engines
 from infra.planner.cli import main
 from tests.pulumi_mocks import refused
 

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from infra import catalog, planner
 from infra.boot.patches import patches_digest
 from infra.catalog import InstanceType
-from infra.core import placement, sizing
+from infra.core import perf, placement, sizing
 from infra.core.limits import MAX_NODES
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
-from infra.planner import perf, serve
+from infra.planner import serve
 from infra.planner.cli import main
 from infra.stack import config
 from tests.conftest import REPO

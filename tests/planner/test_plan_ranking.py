@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra import catalog
-from infra.core import costs
+from infra.core import costs, perf
 from infra.models import PRESETS
-from infra.planner import base, perf, report, search
+from infra.planner import base, report, search
 from infra.planner.cli import main
 from infra.stack import config, files
 from tests import pulumi_mocks

@@ -17,10 +17,10 @@ import yaml
 from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
-from infra.core import costs, sizing
+from infra.core import costs, perf, sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import PRESETS, Model
-from infra.planner import base, perf, report, search, target, verdict
+from infra.planner import base, report, search, target, verdict
 from infra.planner.base import Target
 from infra.planner.cli import main
 from infra.planner.target import Shape

@@ -1,0 +1,149 @@
+"""Replicas send each request to an idle group: two one-slot serving groups on machines, behind
+the local balancer.
+
+While one long generation runs on one group, short requests sent one after another are each
+answered by the other group, none waiting behind the long one. With both groups busy, a third
+request waits in the balancer's queue and is answered by the first group to free its slot, not
+dropped, and not queued inside the group that is still generating.
+
+Every request goes from a namespace of the test's own on the VPC bridge to the balancer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.core import outputs
+from infra.local import cluster
+from infra.local import image as node_image
+from infra.local.machines import unavailable_reason
+from infra.local.netns import exec_prefix
+from infra.local.source import cache_dir
+from infra.local.spec import ClusterSpec
+from tests.conftest import one_plus_two, require_netns, require_tool, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
+
+# One completion through the balancer: when it started and ended (CLOCK_MONOTONIC, the test's
+# clock too), its status, the group that answered (the balancer's header) and its tokens.
+REQUEST = r"""
+import json, sys, time, urllib.error, urllib.request
+url, n_predict = sys.argv[1], int(sys.argv[2])
+body = json.dumps({"prompt": "Once upon a time", "n_predict": n_predict, "temperature": 0,
+                   "ignore_eos": True, "cache_prompt": False}).encode()
+row = {"start": time.monotonic(), "status": None, "group": None}
+try:
+    request = urllib.request.Request(url + "/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        reply = json.load(response)
+        row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
+                "tokens": reply["tokens_predicted"]}
+except urllib.error.HTTPError as error:
+    row |= {"status": error.code, "error": error.read().decode(errors="replace")[:300]}
+except Exception as error:
+    row["error"] = repr(error)
+row["end"] = time.monotonic()
+print(json.dumps(row), flush=True)
+"""
+SHORT = 8
+# Long enough for several short requests, each a fraction of a second, to run meanwhile.
+LONG = 1200
+LONGER = 2400
+
+
+@pytest.fixture(scope="module")
+def up(llama_source: Path) -> Iterator[dict[str, Any]]:
+    if reason := unavailable_reason():
+        unavailable(reason)
+    if node_image.cached(cache_dir()) is None:
+        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_netns()
+    require_tool("haproxy")
+    options = one_plus_two(
+        llama_source, "idle", 218, workers=1, replicas=2, slots=1, context_size=4096,
+        machines=True,
+    )  # fmt: skip
+    contract = cluster.up(options, timeout=1800)
+    spec = ClusterSpec.load(options.cache, options.cluster_id)
+    network = spec.network()
+    assert network is not None and spec.balancer is not None
+    base = str(network.cidr.network_address).rsplit(".", 1)[0]
+    client = network.add_outsider("cl", f"{base}.200", network.cidr.prefixlen)
+    try:
+        yield {
+            "url": contract[outputs.BALANCER_URL],
+            "client": client,
+            "balancer": spec.balancer.balancer(),
+        }
+    finally:
+        assert cluster.down(options.cache, options.cluster_id)
+
+
+def send(up: dict[str, Any], n_predict: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*exec_prefix(up["client"]), sys.executable, "-c", REQUEST, up["url"], str(n_predict)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def answer(request: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = request.communicate(timeout=600)
+    row: dict[str, Any] = json.loads(out)
+    return row
+
+
+def wait_until(what: Callable[[], bool], says: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, says
+        time.sleep(0.05)
+
+
+def busy_groups(up: dict[str, Any]) -> set[str]:
+    return {row["svname"] for row in up["balancer"].stats() if int(row["scur"] or 0) > 0}
+
+
+def test_short_requests_go_to_the_idle_group_while_one_generates(up) -> None:
+    long = send(up, LONG)
+    wait_until(lambda: len(busy_groups(up)) == 1, "the long request never reached a group")
+    (generating,) = busy_groups(up)
+    shorts = []
+    while long.poll() is None and len(shorts) < 5:
+        shorts.append(answer(send(up, SHORT)))
+    first = answer(long)
+    took = ", ".join(f"{r['end'] - r['start']:.2f} s on {r['group']}" for r in shorts)
+    print(f"long {first['end'] - first['start']:.1f} s on {first['group']}; short: {took}")
+    assert first["status"] == 200 and first["tokens"] == LONG and first["group"] == generating
+    assert len(shorts) == 5, "the long generation ended before five short ones were answered"
+    for row in shorts:
+        assert row["status"] == 200 and row["tokens"] == SHORT, row
+        # The other group answered, each while the long one was still generating.
+        assert row["group"] != generating and row["end"] < first["end"], row
+
+
+def test_with_both_groups_busy_a_request_waits_for_the_first_to_free(up) -> None:
+    first = send(up, LONG)
+    wait_until(lambda: len(busy_groups(up)) == 1, "the first request never reached a group")
+    (first_group,) = busy_groups(up)
+    second = send(up, LONGER)
+    wait_until(lambda: len(busy_groups(up)) == 2, "the second request did not take the other")
+    third = send(up, SHORT)
+    wait_until(lambda: up["balancer"].queued() == 1, "the third request was not queued")
+    rows = [answer(request) for request in (first, second, third)]
+    print(", ".join(f"{r['group']} {r['start']:.1f}-{r['end']:.1f}" for r in rows))
+    assert all(row["status"] == 200 for row in rows), rows
+    one, two, three = rows
+    assert one["group"] == first_group != two["group"]
+    # The third went to the group that freed first, once it had, and ended long before the
+    # second group's generation did.
+    assert three["group"] == first_group and three["end"] > one["end"], rows
+    assert three["end"] < two["end"], rows
