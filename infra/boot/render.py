@@ -311,7 +311,11 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _LiteralDumper.add_representer(str, _represent_str)
 
 
+def dump(config: dict[str, Any]) -> str:
+    """A cloud-config body as YAML, its scripts as readable literal blocks."""
+    return yaml.dump(config, Dumper=_LiteralDumper, sort_keys=False, width=100)
+
+
 def render(boot: NodeBoot) -> str:
     """The node's user data: ``#cloud-config`` and the body as YAML."""
-    body = yaml.dump(cloud_config(boot), Dumper=_LiteralDumper, sort_keys=False, width=100)
-    return "#cloud-config\n" + body
+    return "#cloud-config\n" + dump(cloud_config(boot))

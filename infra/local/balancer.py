@@ -4,7 +4,8 @@ groups, as the clouds' internal load balancers are in front of theirs.
 It runs in its own network namespace on the VPC bridge at the balancer's address (``.5``) and
 listens on the server port. It sends a request only to a group whose main node answers
 llama-server's ``GET /health`` with 200: a group that is loading (503) or dead gets none. The
-configuration is rendered here, checked with ``haproxy -c`` before it starts, and HAProxy runs
+configuration is the one every balancer runs (``infra.boot.balancer``), checked with
+``haproxy -c`` before it starts, and HAProxy runs
 in the foreground as a tracked process (its pid in the cluster's state directory) that ``down``
 stops.
 """
@@ -24,21 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.boot.balancer import BACKEND, BalancerBoot, haproxy_config
 from infra.local.netns import exec_prefix
 
 HAPROXY = "haproxy"
-# The response header naming the group that answered (HAProxy's server name, "group1", …).
-SERVED_BY_HEADER = "X-Served-By"
-BACKEND = "groups"
-# Health checks. llama-server answers /health from its HTTP threads without touching the model,
-# so checking every second costs nothing. Two failures take a group out (within about 2 s of its
-# death; a request that meets the dead group before then is retried on another); two passes in
-# a row bring it back once its model is loaded. The clouds' balancers check every 5-10 s; here the
-# failover test waits for these intervals, so they are short.
-CHECK_INTERVAL = "1s"
-CHECK_TIMEOUT = "2s"
-CHECKS_TO_FALL = 2
-CHECKS_TO_RISE = 2
 # A generation answers only when it is done (unless streamed), and a request may wait in the
 # queue for one to end: the timeouts outlast a slot's whole context generated at this rate. This
 # machine is in no catalog, so no decode speed is predicted for it; the cloud balancers use the
@@ -61,76 +51,6 @@ def find_haproxy() -> str:
             "--replicas 1"
         )
     return path
-
-
-def group_server_name(group: int) -> str:
-    """HAProxy's name for a serving group (0-based): ``group1``, ``group2``, … (the contract's
-    ``groups`` order)."""
-    return f"group{group + 1}"
-
-
-def render_config(
-    *,
-    listen_ip: str,
-    port: int,
-    mains: list[str],
-    server_port: int,
-    stats_socket: Path,
-    slots: int = 1,
-    timeout_seconds: int = 600,
-    run_as: str | None = None,
-) -> str:
-    """HAProxy's configuration: one frontend on ``listen_ip:port``, one backend server per
-    serving group's main node, health-checked on ``/health``, given at most ``slots`` requests at
-    once (its llama-server's slots); the rest wait in HAProxy's queue for the first group that
-    frees one. ``timeout_seconds``: the longest a request may generate, or wait."""
-    servers = "\n".join(
-        f"    server {group_server_name(g)} {ip}:{server_port} maxconn {slots}"
-        for g, ip in enumerate(mains)
-    )
-    user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
-    return f"""\
-# Rendered by infra/local/balancer.py; checked with `haproxy -c -f` before it runs.
-global
-    log stdout format raw daemon
-    stats socket {stats_socket} mode 600 level admin
-{user}
-defaults
-    mode http
-    log global
-    option httplog
-    timeout connect 2s
-    timeout client {timeout_seconds}s
-    timeout server {timeout_seconds}s
-    timeout queue {timeout_seconds}s
-    timeout check {CHECK_TIMEOUT}
-    # A request that meets a group that has just died (connection refused, or closed before any
-    # answer) or one still loading (503) is sent again, to another group. One whose connection
-    # the dying server reset gets 502: HAProxy retries a reset only for refused TLS early data.
-    retries 3
-    option redispatch 1
-    retry-on conn-failure empty-response 503
-
-frontend api
-    bind {listen_ip}:{port}
-    default_backend {BACKEND}
-
-backend {BACKEND}
-    # Requests run for seconds to minutes: the group with the fewest open requests gets the
-    # next one (turn by turn among equals). A group takes no more than its slots (maxconn): a
-    # request none can take now waits here, in arrival order, and goes to the first group that
-    # frees a slot, never into one group's own queue behind a long generation.
-    balance leastconn
-    option httpchk GET /health
-    http-check expect status 200
-    # A group whose connection fails is taken out at once, not after its checks fail: a retry
-    # goes to another server than the last, and when the others are full (maxconn) the only one
-    # left would be the dead one; taken out, the retry waits in the queue instead.
-    default-server check inter {CHECK_INTERVAL} fall {CHECKS_TO_FALL} rise {CHECKS_TO_RISE}
-    default-server observe layer4 error-limit 1 on-error mark-down
-    http-response set-header {SERVED_BY_HEADER} %[srv_name]
-{servers}
-"""
 
 
 def unprivileged_user() -> str | None:
@@ -194,16 +114,17 @@ class Balancer:
                 f"socket's {MAX_SOCKET_PATH} bytes; give a shorter --cache"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
+        balancer = BalancerBoot(
+            listen_ip=listen_ip,
+            port=port,
+            mains=tuple(mains),
+            server_port=server_port,
+            slots=slots,
+            timeout_seconds=timeout_seconds,
+        )
         self.config.write_text(
-            render_config(
-                listen_ip=listen_ip,
-                port=port,
-                mains=mains,
-                server_port=server_port,
-                stats_socket=self.stats_socket,
-                slots=slots,
-                timeout_seconds=timeout_seconds,
-                run_as=unprivileged_user(),
+            haproxy_config(
+                balancer, stats_socket=str(self.stats_socket), run_as=unprivileged_user()
             )
         )
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from infra.boot.balancer import SERVED_BY_HEADER, group_server_name
 from infra.core import layout, outputs, sizing
 from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
 from infra.local import balancer as lb
@@ -230,7 +231,7 @@ def test_only_groups_that_pass_the_health_check_get_requests(tmp_path: Path) -> 
         for _ in range(times):
             with urllib.request.urlopen(url, timeout=10) as response:
                 answers.append(response.read().decode())
-                assert response.headers[lb.SERVED_BY_HEADER] == answers[-1]
+                assert response.headers[SERVED_BY_HEADER] == answers[-1]
         return answers
 
     try:
@@ -357,7 +358,7 @@ def test_requests_through_the_balancer_reach_both_groups(up, capsys) -> None:
     mains = {g[outputs.MAIN_PRIVATE_IP] for g in up["contract"][outputs.GROUPS]}
     assert len(mains) == 2
     by_group = {
-        lb.group_server_name(i): g[outputs.MAIN_PRIVATE_IP]
+        group_server_name(i): g[outputs.MAIN_PRIVATE_IP]
         for i, g in enumerate(up["contract"][outputs.GROUPS])
     }
     before = {name: predicted_tokens(up, ip) for name, ip in by_group.items()}

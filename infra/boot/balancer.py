@@ -1,0 +1,164 @@
+"""The balancer in front of a stack's serving groups: HAProxy, configured here once for every
+place it runs (a cloud's balancer node, booted by the cloud-config below, and the local
+cluster's balancer, ``infra.local.balancer``).
+
+It sends a request only to a group whose main node answers llama-server's ``GET /health`` with
+200 (a group that is loading answers 503), and only to a group with a free slot: each group takes
+at most its slots at once, the group with the fewest open requests gets the next request, and a
+request that no group can take now waits in HAProxy's queue, in arrival order, for the first
+group to free a slot, never inside one group's own queue behind a long generation. One HAProxy
+counts every open request; a cloud's managed balancers count per node or proxy and queue nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra.boot.render import APT_CONF, dump, metadata_ruleset
+
+# The response header naming the group that answered (HAProxy's server name, "group1", …).
+SERVED_BY_HEADER = "X-Served-By"
+BACKEND = "groups"
+# Health checks. llama-server answers /health from its HTTP threads without touching the model,
+# so checking every second costs nothing. Two failures take a group out (within about 2 s of its
+# death), and so does one refused connection, at once; two passes in a row bring it back once
+# its model is loaded.
+CHECK_INTERVAL = "1s"
+CHECK_TIMEOUT = "2s"
+CHECKS_TO_FALL = 2
+CHECKS_TO_RISE = 2
+HAPROXY_PACKAGES = ("haproxy", "nftables")
+# Where a balancer node keeps the configuration: the package's own path, written after the
+# package is installed (``defer``), so the package never offers its own in its place.
+HAPROXY_CONFIG_PATH = "/etc/haproxy/haproxy.cfg"
+HAPROXY_UNIT = "haproxy.service"
+# The metadata service is root's alone here too, as on every node: nftables' own unit loads its
+# file on every boot.
+NFTABLES_CONFIG_PATH = "/etc/nftables.conf"
+NFTABLES_UNIT = "nftables.service"
+
+
+def group_server_name(group: int) -> str:
+    """HAProxy's name for a serving group (0-based): ``group1``, ``group2``, … (the contract's
+    ``groups`` order)."""
+    return f"group{group + 1}"
+
+
+@dataclass(frozen=True)
+class BalancerBoot:
+    """What the balancer needs to know: where it listens, each group's main node, the slots
+    each has, and the longest a request may generate or wait (seconds)."""
+
+    listen_ip: str
+    port: int
+    mains: tuple[str, ...]
+    server_port: int
+    slots: int
+    timeout_seconds: int
+
+    def __post_init__(self) -> None:
+        if len(self.mains) < 2:
+            raise ValueError(f"a balancer is for two groups or more, got {list(self.mains)}")
+        if self.slots < 1 or self.timeout_seconds < 1:
+            raise ValueError(
+                f"slots and timeout_seconds are positive, got {self.slots} and "
+                f"{self.timeout_seconds}"
+            )
+
+
+def haproxy_config(
+    balancer: BalancerBoot, *, stats_socket: str | None = None, run_as: str | None = None
+) -> str:
+    """HAProxy's configuration: one frontend on the balancer's address, one backend server per
+    serving group's main node."""
+    servers = "\n".join(
+        f"    server {group_server_name(g)} {ip}:{balancer.server_port} maxconn {balancer.slots}"
+        for g, ip in enumerate(balancer.mains)
+    )
+    stats = f"    stats socket {stats_socket} mode 600 level admin\n" if stats_socket else ""
+    user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
+    timeout = balancer.timeout_seconds
+    return f"""\
+# Rendered by infra/boot/balancer.py; checked with `haproxy -c -f` before it runs.
+global
+    log stdout format raw daemon
+{stats}{user}
+defaults
+    mode http
+    log global
+    option httplog
+    timeout connect 2s
+    # A generation answers only when it is done (unless streamed), and a request may wait in
+    # the queue for one to end: these outlast a slot's whole context at the decode speed.
+    timeout client {timeout}s
+    timeout server {timeout}s
+    timeout queue {timeout}s
+    timeout check {CHECK_TIMEOUT}
+    # A request that meets a group that has just died (connection refused, or closed before any
+    # answer) or one still loading (503) is sent again, to another group. One whose connection
+    # the dying server reset gets 502: HAProxy retries a reset only for refused TLS early data.
+    retries 3
+    option redispatch 1
+    retry-on conn-failure empty-response 503
+
+frontend api
+    bind {balancer.listen_ip}:{balancer.port}
+    default_backend {BACKEND}
+
+backend {BACKEND}
+    # Requests run for seconds to minutes: the group with the fewest open requests gets the
+    # next one (turn by turn among equals). A group takes no more than its slots (maxconn): a
+    # request none can take now waits here, in arrival order, and goes to the first group that
+    # frees a slot, never into one group's own queue behind a long generation.
+    balance leastconn
+    option httpchk GET /health
+    http-check expect status 200
+    default-server check inter {CHECK_INTERVAL} fall {CHECKS_TO_FALL} rise {CHECKS_TO_RISE}
+    # A group whose connection fails is taken out at once, not after its checks fail: a retry
+    # goes to another server than the last, and when the others are full (maxconn) the only one
+    # left would be the dead one; taken out, the retry waits in the queue instead.
+    default-server observe layer4 error-limit 1 on-error mark-down
+    http-response set-header {SERVED_BY_HEADER} %[srv_name]
+{servers}
+"""
+
+
+def cloud_config(balancer: BalancerBoot) -> dict[str, Any]:
+    """A balancer node's cloud-config as data (validated by ``cloud-init schema`` in the
+    tests): Debian's HAProxy under its own unit, this configuration checked before it starts,
+    and the metadata service root's alone, as on every node."""
+    return {
+        "package_update": True,
+        "packages": list(HAPROXY_PACKAGES),
+        "apt": {"conf": APT_CONF},
+        "write_files": [
+            {
+                "path": HAPROXY_CONFIG_PATH,
+                "owner": "root:root",
+                "permissions": "0644",
+                "content": haproxy_config(balancer, run_as="haproxy"),
+                "defer": True,
+            },
+            {
+                "path": NFTABLES_CONFIG_PATH,
+                "owner": "root:root",
+                "permissions": "0644",
+                "content": metadata_ruleset(),
+                "defer": True,
+            },
+        ],
+        # The metadata rules first: HAProxy never needs the node's credentials.
+        "runcmd": [
+            ["systemctl", "enable", NFTABLES_UNIT],
+            ["systemctl", "restart", NFTABLES_UNIT],
+            ["haproxy", "-c", "-f", HAPROXY_CONFIG_PATH],
+            ["systemctl", "enable", HAPROXY_UNIT],
+            ["systemctl", "restart", HAPROXY_UNIT],
+        ],
+    }
+
+
+def render(balancer: BalancerBoot) -> str:
+    """A balancer node's user data: ``#cloud-config`` and the body as YAML."""
+    return "#cloud-config\n" + dump(cloud_config(balancer))

@@ -1,0 +1,85 @@
+"""The balancer node's boot: a schema-valid cloud-config that installs Debian's HAProxy and runs
+the one configuration every balancer runs (the local cluster's too), which HAProxy itself
+accepts; the metadata service root's alone, on every boot."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.boot import balancer
+from infra.boot.balancer import BalancerBoot
+from infra.boot.render import metadata_ruleset
+from tests.conftest import assert_valid_cloud_config, require_tool
+
+BALANCER = BalancerBoot(
+    listen_ip="10.0.1.5",
+    port=8080,
+    mains=("10.0.1.10", "10.0.1.30", "10.0.1.50"),
+    server_port=8080,
+    slots=2,
+    timeout_seconds=2513,
+)
+
+
+def files_of(text: str) -> dict[str, dict[str, object]]:
+    return {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
+
+
+def test_the_balancer_nodes_config_passes_the_schema_and_haproxys_check(tmp_path: Path) -> None:
+    text = balancer.render(BALANCER)
+    assert_valid_cloud_config(text, tmp_path)
+    haproxy = require_tool("haproxy")
+    config = files_of(text)[balancer.HAPROXY_CONFIG_PATH]
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(str(config["content"]))
+    checked = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    # HAProxy refuses what it does not know: the check above can fail.
+    path.write_text(str(config["content"]).replace("balance leastconn", "balance fewest"))
+    broken = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert broken.returncode != 0
+
+
+def test_each_group_takes_its_slots_and_the_rest_wait_for_the_first_free() -> None:
+    text = str(files_of(balancer.render(BALANCER))[balancer.HAPROXY_CONFIG_PATH]["content"])
+    for group, ip in enumerate(BALANCER.mains):
+        assert f"server group{group + 1} {ip}:8080 maxconn 2" in text
+    assert "balance leastconn" in text and "bind 10.0.1.5:8080" in text
+    assert "option httpchk GET /health" in text and "http-check expect status 200" in text
+    for timeout in ("client", "server", "queue"):
+        assert f"timeout {timeout} 2513s" in text
+    assert "user haproxy" in text and "stats socket" not in text
+
+
+def test_the_configuration_is_written_after_the_package_and_checked_before_it_starts() -> None:
+    config = yaml.safe_load(balancer.render(BALANCER))
+    assert set(config["packages"]) == {"haproxy", "nftables"}
+    files = {f["path"]: f for f in config["write_files"]}
+    # Written once the package is in (defer): the package's own file never takes its place.
+    assert files[balancer.HAPROXY_CONFIG_PATH]["defer"] is True
+    assert files[balancer.NFTABLES_CONFIG_PATH]["content"] == metadata_ruleset()
+    commands = [" ".join(command) for command in config["runcmd"]]
+    assert commands.index("systemctl restart nftables.service") < commands.index(
+        "systemctl restart haproxy.service"
+    )
+    assert commands.index("haproxy -c -f /etc/haproxy/haproxy.cfg") < commands.index(
+        "systemctl restart haproxy.service"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"mains": ("10.0.1.10",)}, "two groups or more"),
+        ({"slots": 0}, "positive"),
+        ({"timeout_seconds": 0}, "positive"),
+    ],
+)
+def test_a_balancer_that_cannot_work_is_refused(changes: dict[str, object], says: str) -> None:
+    fields = {**BALANCER.__dict__, **changes}
+    with pytest.raises(ValueError, match=says):
+        BalancerBoot(**fields)  # type: ignore[arg-type]
