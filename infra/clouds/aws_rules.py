@@ -43,16 +43,9 @@ SG_TEXT = re.compile(r"[A-Za-z0-9 ._\-:/()#,@\[\]+=&;{}!$*]*")
 SG_TEXT_MEANING = "security groups take only a-zA-Z0-9. _-:/()#,@[]+=&;{}!$*"
 IAM_NAME = re.compile(r"[\w+=,.@-]+")
 IAM_NAME_MEANING = "IAM names hold letters, digits and _+=,.@- only"
-ELB_NAME = re.compile(r"(?!internal-)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
-ELB_NAME_MEANING = (
-    "1-32 letters, digits and hyphens, not starting or ending with a hyphen or starting with "
-    "'internal-'"
-)
-ELB_API = "https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_CreateLoadBalancer.html"
 EBS = "https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html"
 USER_DATA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html"
 SHUTDOWN = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
-NLB_HEALTH = "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/target-group-health-checks.html"
 CREATE_VOLUME = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html"
 EC2_BLOCK_DEVICE = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html"
 DEVICE_NAMES = "https://docs.aws.amazon.com/ebs/latest/userguide/device_naming.html"
@@ -131,18 +124,6 @@ def _parameter_value(resource: Registered, _stack: Stack) -> str | None:
                 f"a value of {len(str(value))} characters; a standard parameter holds {limit} "
                 f"(tier Advanced: {aws.SSM_ADVANCED_VALUE_CHARS})"
             )
-    return None
-
-
-def _nlb_health_check(resource: Registered, _stack: Stack) -> str | None:
-    check = resource.inputs.get("healthCheck") or {}
-    matcher = str(check.get("matcher", "200"))
-    codes = [int(c) for c in re.split(r"[,-]", matcher) if c.strip().isdigit()]
-    if check.get("protocol") == "HTTP" and not all(200 <= c <= 599 for c in codes):
-        return f"an NLB's HTTP health check matches 200-599 only, not {matcher}"
-    timeout, interval = check.get("timeout"), check.get("interval")
-    if timeout is not None and interval is not None and timeout > interval:
-        return f"health-check timeout {timeout} s exceeds its interval {interval} s"
     return None
 
 
@@ -519,62 +500,5 @@ RULES = by_type(
         ),
         replaced_on=("deviceName", "instanceId", "volumeId"),
         source=f"{TF}ec2/ec2_volume_attachment.go",
-    ),
-    ResourceRules(
-        "aws:lb/loadBalancer:LoadBalancer",
-        (
-            tags(),
-            # Pulumi's auto-name stops at 255, ELBv2 at 32 (pulumi/pulumi-cdk#62).
-            Name("name", ELB_NAME, 1, 32, ELB_NAME_MEANING, ELB_API),
-            OneOf("loadBalancerType", ("network",), ELB_API),
-            Requires(
-                lambda r, _: None if r.inputs.get("internal") else "the balancer must be internal",
-                "the program's rule: llama-server has no authentication of its own",
-            ),
-        ),
-        replaced_on=("name", "internal", "loadBalancerType", "subnetMappings"),
-        source=f"{TF}elbv2/load_balancer.go",
-    ),
-    ResourceRules(
-        "aws:lb/targetGroup:TargetGroup",
-        (
-            tags(),
-            Name(
-                "name",
-                ELB_NAME,
-                1,
-                32,
-                ELB_NAME_MEANING,
-                f"{TF}elbv2/validate.go; {PULUMI_AWS} (AutoName 32)",
-                AutoName(max_length=32),
-            ),
-            Between("healthCheck.interval", 5, 300, f"{TF}elbv2/target_group.go"),
-            Between("healthCheck.timeout", 2, 120, f"{TF}elbv2/target_group.go"),
-            Between("healthCheck.healthyThreshold", 2, 10, f"{TF}elbv2/target_group.go"),
-            Between("healthCheck.unhealthyThreshold", 2, 10, f"{TF}elbv2/target_group.go"),
-            Requires(_nlb_health_check, NLB_HEALTH),
-        ),
-        replaced_on=("name", "port", "protocol", "targetType", "vpcId"),
-        source=f"{TF}elbv2/target_group.go",
-    ),
-    ResourceRules(
-        "aws:lb/targetGroupAttachment:TargetGroupAttachment",
-        (),
-        replaced_on=("targetGroupArn", "targetId", "port"),
-        source=f"{TF}elbv2/target_group_attachment.go",
-    ),
-    ResourceRules(
-        "aws:lb/listener:Listener",
-        (
-            tags(),
-            Between(
-                "tcpIdleTimeoutSeconds",
-                60,
-                6000,
-                "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/network-load-balancers.html#connection-idle-timeout",
-            ),
-        ),
-        replaced_on=("loadBalancerArn",),
-        source=f"{TF}elbv2/listener.go",
     ),
 )

@@ -201,6 +201,9 @@ class CloudFacts:
     model_disk: ModelDisk | None = None
     # The private load balancer in front of the serving groups (replicas > 1).
     balancer_name: str = "load balancer"
+    # The balancer is a node of this type running HAProxy (``infra.boot.balancer``), priced from
+    # the catalog as the groups' nodes are; None: the cloud's own balancer, priced per hour.
+    balancer_instance_type: str | None = None
     # It delivers packets still addressed to its own IP (a passthrough balancer; the guest
     # agent routes that IP locally), so llama-server must listen on every address, not the
     # node's own.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from infra import catalog
 from infra.catalog import InstanceType, service_price
 from infra.clouds import FACTS
 from infra.core.sizing import WORKER_DISK_GB
@@ -155,13 +156,17 @@ def hourly_cost(
     if fast is not None and any(node.instance.vcpus >= fast for node in nodes):
         unpriced.append(facts.fast_network_name)  # billed on top; no price in the catalog
     balancer_usd = None
-    if balancer:
-        balancer_usd = service_price(provider, BALANCER_ITEM).usd
+    if balancer and nodes:
+        balancer_usd = balancer_hourly_usd(provider, nodes[0].instance.region)
         if balancer_usd is None:
             unpriced.append(f"{facts.balancer_name}")
     usage_items = {*facts.nat.hourly_usage(1), *facts.disk.monthly_usage(1, None)}
-    if balancer:
+    if balancer and facts.balancer_instance_type is None:
         usage_items.add(BALANCER_ITEM)
+    if balancer and balancer_usd is not None and facts.balancer_instance_type:
+        found = catalog.find(provider, nodes[0].instance.region, facts.balancer_instance_type)
+        if found is not None:
+            sources.append(f"balancer node: {found.price_source}, {found.price_date or 'no date'}")
     for item in sorted(usage_items):
         price = service_price(provider, item)
         if price.usd is not None:
@@ -176,6 +181,20 @@ def hourly_cost(
         balancer=balancer_usd,
         nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(0))),
     )
+
+
+def balancer_hourly_usd(provider: str, region: str) -> float | None:
+    """The balancer's $/h: a balancer node (its instance and its system disk, at the disk's
+    baseline) where the cloud's balancer is one, else the cloud's balancer by the hour. None:
+    unpriced."""
+    facts = FACTS[provider]
+    if facts.balancer_instance_type is None:
+        return service_price(provider, BALANCER_ITEM).usd
+    node = catalog.find(provider, region, facts.balancer_instance_type)
+    disk = _priced(provider, facts.disk.monthly_usage(WORKER_DISK_GB, None))
+    if node is None or node.hourly_usd is None or disk is None:
+        return None
+    return round(node.hourly_usd + disk / HOURS_PER_MONTH, 5)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -77,6 +77,12 @@ def slot_context(context: int, slots: int) -> int:
     return _pad(_pad(context * slots) // slots)
 
 
+# The decode speed assumed where nothing predicts one (a type without a published bandwidth, or
+# this machine): timeouts sized from it outlast what the clusters the stacks make are predicted
+# to take (the 405B on three c8g.16xlarge: 1.63 tok/s).
+UNKNOWN_DECODE_TPS = 1.0
+
+
 def longest_generation_seconds(context: int, slots: int, decode_tps: float) -> int:
     """The longest a request can run: a slot's whole context generated at ``decode_tps`` (the
     prompt's tokens counted as generated ones, an over-count). A balancer's timeouts outlast it,

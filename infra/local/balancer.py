@@ -29,11 +29,6 @@ from infra.boot.balancer import BACKEND, BalancerBoot, haproxy_config
 from infra.local.netns import exec_prefix
 
 HAPROXY = "haproxy"
-# A generation answers only when it is done (unless streamed), and a request may wait in the
-# queue for one to end: the timeouts outlast a slot's whole context generated at this rate. This
-# machine is in no catalog, so no decode speed is predicted for it; the cloud balancers use the
-# stack's predicted one.
-SLOWEST_LOCAL_DECODE_TPS = 1.0
 # A unix socket's path has room for 107 bytes (sun_path).
 MAX_SOCKET_PATH = 107
 

@@ -37,12 +37,7 @@ from typing import Any
 from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR
 from infra.core import layout, sizing
 from infra.core.limits import RPC_PORT, SERVER_PORT
-from infra.local.balancer import (
-    SLOWEST_LOCAL_DECODE_TPS,
-    Balancer,
-    BalancerError,
-    find_haproxy,
-)
+from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.netns import VpcNetwork, namespace_pids
 from infra.local.nodes import (
     Where,
@@ -191,8 +186,9 @@ def _start_balancer(spec: ClusterSpec) -> None:
             mains=[main.ip for main in spec.main_nodes()],
             server_port=spec.server_port,
             slots=spec.slots,
+            # This machine is in no catalog: nothing predicts its decode speed.
             timeout_seconds=sizing.longest_generation_seconds(
-                spec.context_size, spec.slots, SLOWEST_LOCAL_DECODE_TPS
+                spec.context_size, spec.slots, sizing.UNKNOWN_DECODE_TPS
             ),
         )
         balancer.start()

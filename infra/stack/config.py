@@ -24,13 +24,14 @@ from infra.boot import (
     deliver,
     render,
 )
+from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import files_source as store_path
 from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.core import costs, layout, network_rules, placement, server_args, sizing
+from infra.core import costs, layout, network_rules, perf, placement, server_args, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_WORKERS, METRICS_PORT, Cloud, Role
 from infra.core.placement import Placement
@@ -213,6 +214,31 @@ class ClusterConfig:
     @property
     def balancer_ip(self) -> str | None:
         return layout.balancer_ip(self.private_subnet) if self.replicas > 1 else None
+
+    @property
+    def generation_timeout_seconds(self) -> int:
+        """The longest a request can take: a slot's whole context with every slot of its group
+        busy, at the predicted decode speed (``infra.core.perf``), or at an assumed floor where
+        nothing predicts it. The balancer's timeouts outlast it."""
+        nodes = [self.main_instance_type] + [self.instance_type] * self.worker_count
+        cells = sizing.slot_context(self.context_size, self.slots)
+        step = perf.batch_step(self.model, nodes, self.placement, cells, self.slots)
+        tps = step.stream_tps if step is not None else sizing.UNKNOWN_DECODE_TPS
+        return sizing.longest_generation_seconds(self.context_size, self.slots, tps)
+
+    @property
+    def balancer_boot(self) -> BalancerBoot | None:
+        """The balancer node's boot (replicas > 1 on a cloud whose balancer is a node)."""
+        if self.balancer_ip is None or FACTS[self.cloud].balancer_instance_type is None:
+            return None
+        return BalancerBoot(
+            listen_ip=self.balancer_ip,
+            port=self.server_port,
+            mains=tuple(self.main_ips),
+            server_port=self.server_port,
+            slots=self.slots,
+            timeout_seconds=self.generation_timeout_seconds,
+        )
 
     def boots(self, group: int = 0) -> list[NodeBoot]:
         """A serving group's main node's and then each of its workers' boot settings: its workers

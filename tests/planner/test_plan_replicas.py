@@ -196,8 +196,9 @@ def test_the_set_is_priced_as_every_group_one_nat_and_the_balancer() -> None:
         assert cost.disks == pytest.approx(replicas * (alone.disks or 0), abs=1e-4)
         # AWS's NAT is charged per gateway: the set shares one.
         assert cost.nat == pytest.approx(alone.nat or 0)
-        balancer = catalog.service_price("aws", costs.BALANCER_ITEM).usd
-        assert balancer is not None
+        # The balancer node: a c8g.large and its 30 GB system disk at gp3's baseline.
+        balancer = costs.balancer_hourly_usd("aws", "us-east-1")
+        assert balancer == pytest.approx(0.07976 + 30 * 0.08 / costs.HOURS_PER_MONTH, abs=1e-5)
         expected = replicas * (alone.total or 0) - (replicas - 1) * (alone.nat or 0)
         expected += balancer if replicas > 1 else 0.0
         assert option.hourly_usd == pytest.approx(expected, abs=1e-4)
@@ -226,13 +227,14 @@ def target_settings(option: base.Option, plan: base.Plan) -> dict[str, object]:
 def test_an_unpriced_balancer_marks_the_total_partial_never_guessed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = costs.service_price
+    real = catalog.find
 
-    def without_balancer(provider: str, item: str) -> catalog.ServicePrice:
-        price = real(provider, item)
-        return dataclasses.replace(price, usd=None) if item == costs.BALANCER_ITEM else price
+    def without_balancer(provider: str, region: str, name: str) -> catalog.InstanceType | None:
+        return (
+            None if name == FACTS[provider].balancer_instance_type else real(provider, region, name)
+        )
 
-    monkeypatch.setattr(costs, "service_price", without_balancer)
+    monkeypatch.setattr(catalog, "find", without_balancer)
     one = group(EIGHT_B, aws("c8g.4xlarge"), 4)
     two = search.with_replicas(one, EIGHT_B, CONTEXT, 2, (4, 4))
     assert one.cost.unpriced == () and not one.price_is_partial

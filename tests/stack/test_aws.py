@@ -16,7 +16,8 @@ from infra.boot import metrics_command
 from infra.boot.deliver import for_cloud
 from infra.boot.patches import patches_digest
 from infra.boot.render import boot_files
-from infra.core import outputs, sizing
+from infra.clouds import FACTS
+from infra.core import costs, outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.observe.channels import SsmChannel
 from infra.stack.providers.aws import api_key_policy, files_policy
@@ -712,12 +713,9 @@ def test_a_private_mirror_on_another_port_is_reachable_from_the_main_node_only()
     assert "port 8443" in refused("aws-small", {"llama-rpc-cluster:model": internet}, "model.urls")
 
 
-# Replicas: serving groups behind an internal Network Load Balancer.
+# Replicas: serving groups behind a balancer node (HAProxy).
 REPLICAS = {f"{P}replicas": 2}
-LB = "aws:lb/loadBalancer:LoadBalancer"
-TARGET_GROUP = "aws:lb/targetGroup:TargetGroup"
-ATTACHMENT = "aws:lb/targetGroupAttachment:TargetGroupAttachment"
-LISTENER = "aws:lb/listener:Listener"
+BALANCER = "llama-rpc-cluster-balancer"
 
 
 def _replicas(overrides: dict | None = None):
@@ -726,7 +724,8 @@ def _replicas(overrides: dict | None = None):
 
 def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
     d = deployed("aws-small")
-    assert not d.of_type(LB) and not d.of_type(TARGET_GROUP) and not d.of_type(LISTENER)
+    assert BALANCER not in {r.name for r in d.of_type(INSTANCE)}
+    assert not [r for r in d.resources if r.typ.startswith("aws:lb/")]
     assert d.outputs[outputs.REPLICAS] == 1
     assert d.outputs[outputs.BALANCER_URL] is None
     [group] = d.outputs[outputs.GROUPS]
@@ -748,7 +747,7 @@ def test_replicas_are_groups_at_their_own_addresses_each_with_its_placement() ->
     d = _replicas()
     config = parsed_config("aws-small", REPLICAS)
     workers = config.worker_count
-    instances = {r.name: r.inputs for r in d.of_type(INSTANCE)}
+    instances = {r.name: r.inputs for r in d.of_type(INSTANCE) if r.name != BALANCER}
     assert len(instances) == 2 * (workers + 1)
     for group, prefix in ((0, ""), (1, "replica2-")):
         main_ip, *worker_ips = config.group_ips(group)
@@ -758,7 +757,7 @@ def test_replicas_are_groups_at_their_own_addresses_each_with_its_placement() ->
         assert main["vpcSecurityGroupIds"] == [f"llama-rpc-cluster-{prefix}main-sg-id"]
         env = env_of(user_data_text(main))
         assert env["RPC_WORKERS"] == ",".join(f"{ip}:50052" for ip in worker_ips)
-        # An NLB delivers to the target's own address: llama-server listens there.
+        # HAProxy connects to the main node's own address: llama-server listens there.
         assert "SERVER_LISTEN" not in env
         for i, ip in enumerate(worker_ips, start=1):
             worker = instances[f"llama-rpc-cluster-{prefix}worker-{i}"]
@@ -779,30 +778,35 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
     assert all("cidrIpv4" not in r.inputs for r in rpc)
 
 
-def test_the_balancer_is_internal_at_its_address_and_checks_health() -> None:
-    d = _replicas()
-    config = parsed_config("aws-small", REPLICAS)
-    [lb] = d.of_type(LB)
-    assert lb.inputs["internal"] is True and lb.inputs["loadBalancerType"] == "network"
-    [mapping] = lb.inputs["subnetMappings"]
-    assert mapping == {
-        "subnetId": "llama-rpc-cluster-private-id",
-        "privateIpv4Address": config.balancer_ip,
-    }
-    assert config.balancer_ip.endswith(".5")
-    assert lb.inputs["securityGroups"] == ["llama-rpc-cluster-balancer-sg-id"]
-    [servers] = d.of_type(TARGET_GROUP)
-    check = servers.inputs["healthCheck"]
-    assert (check["protocol"], check["path"], check["matcher"]) == ("HTTP", "/health", "200")
-    assert servers.inputs["targetType"] == "ip" and servers.inputs["port"] == 8080
-    # The tunnel's client is a main node, which may also be the target (NLB hairpinning).
-    assert servers.inputs["preserveClientIp"] == "false"
-    targets = sorted(a.inputs["targetId"] for a in d.of_type(ATTACHMENT))
-    assert targets == sorted(config.main_ips)
-    [listener] = d.of_type(LISTENER)
-    assert (listener.inputs["protocol"], listener.inputs["port"]) == ("TCP", 8080)
-    # Longer than llama-server's own 600 s: a completion without streaming is silent until done.
-    assert listener.inputs["tcpIdleTimeoutSeconds"] > 600
+def test_the_balancer_is_a_private_node_that_sends_each_request_to_a_free_slot() -> None:
+    """The balancer node: HAProxy at the balancer's address, no public address, no role,
+    IMDSv2; each main node a server with its slots (maxconn), checked on /health, and timeouts
+    that outlast a slot's whole context at the predicted decode speed."""
+    d = _replicas({f"{P}slots": 2})
+    config = parsed_config("aws-small", {**REPLICAS, f"{P}slots": 2})
+    [node] = [r for r in d.of_type(INSTANCE) if r.name == BALANCER]
+    inputs = node.inputs
+    assert inputs["privateIp"] == config.balancer_ip and config.balancer_ip.endswith(".5")
+    assert inputs["subnetId"] == "llama-rpc-cluster-private-id"
+    assert inputs["associatePublicIpAddress"] is False and "iamInstanceProfile" not in inputs
+    assert inputs["vpcSecurityGroupIds"] == ["llama-rpc-cluster-balancer-sg-id"]
+    assert inputs["instanceType"] == FACTS["aws"].balancer_instance_type
+    assert inputs["metadataOptions"]["httpTokens"] == "required"
+    assert inputs["rootBlockDevice"]["encrypted"] is True
+    assert not [r for r in d.resources if r.typ.startswith("aws:lb/")]
+    text = user_data_text(inputs)
+    assert text.startswith("#cloud-config\n")
+    [haproxy] = [f for f in yaml.safe_load(text)["write_files"] if f["path"].endswith(".cfg")]
+    config_text = haproxy["content"]
+    for group, ip in enumerate(config.main_ips):
+        assert f"server group{group + 1} {ip}:8080 maxconn 2" in config_text
+    assert f"bind {config.balancer_ip}:8080" in config_text
+    assert "balance leastconn" in config_text and "option httpchk GET /health" in config_text
+    timeout = config.generation_timeout_seconds
+    assert f"timeout server {timeout}s" in config_text
+    assert f"timeout queue {timeout}s" in config_text
+    # A slot's whole context, two streams at once, at the predicted speed: minutes, not hours.
+    assert 60 < timeout < 4 * 3600, timeout
     # The outputs: tests/stack/test_replica_outputs.py, for every cloud.
 
 
@@ -817,10 +821,14 @@ def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:
     }
     assert all(r.inputs["fromPort"] == r.inputs["toPort"] == 8080 for r in into)
     out = [r for r in d.of_type(EGRESS) if r.inputs["securityGroupId"] == balancer_sg]
-    assert {r.inputs["referencedSecurityGroupId"] for r in out} == {
+    # The main nodes; and its package through the NAT gateway, as every node's.
+    assert {r.inputs.get("referencedSecurityGroupId") or r.inputs["cidrIpv4"] for r in out} == {
         "llama-rpc-cluster-main-sg-id",
         "llama-rpc-cluster-replica2-main-sg-id",
+        "0.0.0.0/0",
     }
+    internet = [r for r in out if r.inputs.get("cidrIpv4") == "0.0.0.0/0"]
+    assert sorted(r.inputs["fromPort"] for r in internet) == [80, 443]
     # Each main node admits the balancer on the API port, and nothing else new.
     for prefix in ("", "replica2-"):
         from_balancer = [
@@ -864,6 +872,9 @@ def test_replicas_cost_every_group_and_the_balancer() -> None:
     assert two.nat == one.nat  # one NAT gateway for the whole network
     assert two.total == pytest.approx(two.instances + two.nat + two.disks + two.balancer)
     assert "balancer $" in two.basis
+    # The balancer node's instance and its system disk, priced from the catalog.
+    assert two.balancer == costs.balancer_hourly_usd("aws", "us-east-1")
+    assert any(source.startswith("balancer node: ") for source in two.sources)
 
 
 @pytest.mark.parametrize("replicas", [0, 11, "two"])

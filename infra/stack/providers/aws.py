@@ -1,13 +1,13 @@
 """AWS Graviton: a VPC with a private subnet behind a NAT gateway; per serving group, security
 groups that open the RPC port from that group's main node only and a cluster placement group;
-an internal Network Load Balancer in front of the groups when there are several; and SSM
-instead of SSH.
+a balancer node (HAProxy, ``infra.boot.balancer``) in front of the groups when there are
+several; and SSM instead of SSH.
 
 Baseline (AWS Foundational Security Best Practices): the VPC's default security group holds no
 rules (EC2.2), its default network ACL refuses SSH and RDP from anywhere (EC2.21), VPC flow logs
 go to an S3 bucket of the stack (EC2.6), nodes take IMDSv2 only (EC2.8) and encrypted volumes
 (EC2.7), and have no public address (EC2.9). Only the main node has an instance role, with what
-Session Manager needs; workers have none.
+Session Manager needs; workers and the balancer node have none.
 """
 
 from __future__ import annotations
@@ -24,20 +24,17 @@ from urllib.parse import urlparse
 import pulumi
 import pulumi_aws as aws
 
-from infra.boot.deliver import packed
+from infra.boot.balancer import render as render_balancer
+from infra.boot.deliver import Delivery, deliver, packed
 from infra.boot.metrics_command import read_command
 from infra.boot.render import BOOT_ROOT, fetched_files
 from infra.clouds import aws as aws_facts
-from infra.clouds.base import FLOW_LOG_RETENTION_DAYS, ModelDisk
+from infra.clouds.base import FLOW_LOG_RETENTION_DAYS, ModelDisk, Provisioned
 from infra.clouds.stores import listed_prefixes, s3_object
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
-    BALANCER_IDLE_TIMEOUT_SECONDS,
-    HEALTH_INTERVAL_SECONDS,
-    HEALTH_PATH,
-    HEALTH_THRESHOLD,
     CloudBackend,
     GroupSpec,
     Node,
@@ -218,6 +215,35 @@ def model_mirrors(config: ClusterConfig) -> list[tuple[str, int]]:
 
 # How long a reading may take on the node (it asks each node of its group at once).
 METRICS_READ_SECONDS = 120
+
+
+def private_instance(
+    name: str, tags: dict[str, str], *, root_gb: int, disk: Provisioned, user_data: Delivery
+) -> dict[str, Any]:
+    """What every instance of the stack has: IMDSv2 only, one hop (EC2.8); an encrypted gp3
+    root; its user data, a change of which replaces it (cloud-init reads it on first boot
+    only); its name as a tag."""
+    return {
+        "metadata_options": {
+            "http_tokens": "required",
+            "http_endpoint": "enabled",
+            "http_put_response_hop_limit": 1,
+        },
+        "root_block_device": {
+            "volume_type": "gp3",
+            "volume_size": root_gb,
+            "throughput": disk.throughput_mibps,
+            "iops": disk.iops,
+            "encrypted": True,
+            "delete_on_termination": True,
+            "tags": {**tags, "Name": name},
+        },
+        "ebs_optimized": True,
+        "user_data": None if user_data.gzipped else user_data.value,
+        "user_data_base64": user_data.value if user_data.gzipped else None,
+        "user_data_replace_on_change": True,
+        "tags": {**tags, "Name": name},
+    }
 
 
 def metrics_document_content() -> dict[str, Any]:
@@ -644,107 +670,87 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         network: AwsNetwork,
         *,
         groups: Sequence[AwsGroup],
-        mains: Sequence[Node],
+        mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
     ) -> None:
-        """An internal Network Load Balancer at the balancer's fixed address, forwarding the
-        server port to each group's main node by IP. Client IP preservation is off: the tunnel
-        reaches the balancer from the first group's main node, and a target that is also the
-        client would otherwise never get its reply (NLB hairpinning)."""
+        """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
+        sends each request to a group with a free slot, and queues it for the first to free one
+        when none has. Its security group admits the server port from the first group's main
+        node (the tunnel) and apiAllowedCidrs, and lets it reach the main nodes and, for its
+        package, the NAT gateway."""
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "balancer")
         balancer_group = network.balancer_group
         if balancer_group is None or config.balancer_ip is None:
             raise ValueError("the balancer is made only for replicas > 1")
-        port = config.server_port
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-balancer-api-from-tunnel",
-            security_group_id=balancer_group.id,
-            ip_protocol="tcp",
-            from_port=port,
-            to_port=port,
+        api = config.server_port
+
+        def rule(
+            kind: type[aws.vpc.SecurityGroupIngressRule] | type[aws.vpc.SecurityGroupEgressRule],
+            rule_name: str,
+            port: int,
+            description: str,
+            **peer: Any,
+        ) -> None:
+            kind(
+                f"{name}-balancer-{rule_name}",
+                security_group_id=balancer_group.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description=description,
+                tags=tags,
+                opts=opts,
+                **peer,
+            )
+
+        ingress, egress = aws.vpc.SecurityGroupIngressRule, aws.vpc.SecurityGroupEgressRule
+        rule(
+            ingress,
+            "api-from-tunnel",
+            api,
+            "the tunnel through the main node of the first group (connectCommand)",
             referenced_security_group_id=groups[0].main.id,
-            description="the tunnel through the main node of the first group (connectCommand)",
-            tags=tags,
-            opts=opts,
         )
         for i, group in enumerate(groups):
-            aws.vpc.SecurityGroupEgressRule(
-                f"{name}-balancer-to-main-{i + 1}",
-                security_group_id=balancer_group.id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
+            rule(
+                egress,
+                f"to-main-{i + 1}",
+                api,
+                "requests and health checks to the main nodes",
                 referenced_security_group_id=group.main.id,
-                description="requests and health checks to the main nodes",
-                tags=tags,
-                opts=opts,
             )
         for i, cidr in enumerate(config.api_allowed_cidrs):
-            aws.vpc.SecurityGroupIngressRule(
-                f"{name}-balancer-api-{i}",
-                security_group_id=balancer_group.id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
-                cidr_ipv4=cidr,
-                description="llama-server API from apiAllowedCidrs",
-                tags=tags,
-                opts=opts,
+            rule(ingress, f"api-{i}", api, "llama-server API from apiAllowedCidrs", cidr_ipv4=cidr)
+        for port in BOOT_EGRESS_PORTS:
+            rule(
+                egress,
+                f"egress-{port}",
+                port,
+                "the HAProxy package, through the NAT gateway",
+                cidr_ipv4="0.0.0.0/0",
             )
-        # ELBv2 names hold at most 32 characters, and Pulumi names these "<logical>-<7 random>":
-        # short logical names keep the project's within it (the conformance tier checks it), and
-        # the random part still lets a replacement be made before the old one goes.
-        balancer = aws.lb.LoadBalancer(
-            f"{name}-nlb",
-            internal=True,
-            load_balancer_type="network",
-            subnet_mappings=[
-                {
-                    "subnet_id": network.private_subnet.id,
-                    "private_ipv4_address": config.balancer_ip,
-                }
-            ],
-            security_groups=[balancer_group.id],
-            tags=tags,
-            opts=opts,
-        )
-        servers = aws.lb.TargetGroup(
-            f"{name}-tg",
-            vpc_id=network.vpc.id,
-            target_type="ip",
-            protocol="TCP",
-            port=port,
-            preserve_client_ip="false",
-            health_check={
-                "protocol": "HTTP",
-                "port": "traffic-port",
-                "path": HEALTH_PATH,
-                "matcher": "200",
-                "interval": HEALTH_INTERVAL_SECONDS,
-                "healthy_threshold": HEALTH_THRESHOLD,
-                "unhealthy_threshold": HEALTH_THRESHOLD,
-            },
-            tags=tags,
-            opts=opts,
-        )
-        for i, main in enumerate(mains):
-            aws.lb.TargetGroupAttachment(
-                f"{name}-servers-{i + 1}",
-                target_group_arn=servers.arn,
-                target_id=main.private_ip,
-                port=port,
-                opts=opts,
-            )
-        aws.lb.Listener(
-            f"{name}-api",
-            load_balancer_arn=balancer.arn,
-            protocol="TCP",
-            port=port,
-            default_actions=[{"type": "forward", "target_group_arn": servers.arn}],
-            tcp_idle_timeout_seconds=BALANCER_IDLE_TIMEOUT_SECONDS,
-            tags=tags,
-            opts=opts,
+        boot = config.balancer_boot
+        instance_type = self.facts.balancer_instance_type
+        if boot is None or instance_type is None:
+            raise ValueError("the balancer node is made only for replicas > 1")
+        user_data = deliver(render_balancer(boot), "aws")
+        disk = self.facts.disk.provision(None)
+        balancer_name = f"{name}-balancer"
+        ignore = [] if config.image else ["ami"]
+        aws.ec2.Instance(
+            balancer_name,
+            ami=network.ami,
+            instance_type=instance_type,
+            subnet_id=network.private_subnet.id,
+            private_ip=config.balancer_ip,
+            associate_public_ip_address=False,
+            vpc_security_group_ids=[balancer_group.id],
+            # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
+            **private_instance(
+                balancer_name, tags, root_gb=sizing.WORKER_DISK_GB, disk=disk, user_data=user_data
+            ),
+            opts=pulumi.ResourceOptions(parent=parent, ignore_changes=ignore),
         )
 
     def node(
@@ -778,29 +784,11 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             vpc_security_group_ids=[security_group.id],
             iam_instance_profile=network.main_profile.name if main else None,
             placement_group=group.placement.name,
-            metadata_options={
-                "http_tokens": "required",
-                "http_endpoint": "enabled",
-                "http_put_response_hop_limit": 1,
-            },
-            root_block_device={
-                "volume_type": "gp3",
-                "volume_size": root_gb,
-                "throughput": disk.throughput_mibps,
-                "iops": disk.iops,
-                "encrypted": True,
-                "delete_on_termination": True,
-                "tags": {**tags, "Name": spec.name},
-            },
-            ebs_optimized=True,
             # A power-off from inside (a spend guard's) stops the instance: its compute charge
             # ends, its disk stays. "terminate" would delete the node and its model.
             instance_initiated_shutdown_behavior="stop",
-            user_data=None if user_data.gzipped else user_data.value,
-            user_data_base64=user_data.value if user_data.gzipped else None,
             # New boot data means a new node: cloud-init reads user data on first boot only.
-            user_data_replace_on_change=True,
-            tags={**tags, "Name": spec.name},
+            **private_instance(spec.name, tags, root_gb=root_gb, disk=disk, user_data=user_data),
             opts=node_options(
                 parent, ignore_changes=ignore, depends_on=network.boot_files if main else []
             ),
