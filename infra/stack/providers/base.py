@@ -21,15 +21,15 @@ from infra.core import outputs
 from infra.core.limits import Role
 from infra.stack.config import ClusterConfig
 
-# The balancer's health check, on every cloud: llama-server answers /health with 200 only once
-# its model is loaded (503 while loading), so a group that is booting, loading or down gets no
-# requests.
+# The cloud balancers' health check (GCP's and Azure's; AWS's balancer is a node running
+# ``infra.boot.balancer``): llama-server answers /health with 200 only once its model is loaded
+# (503 while loading), so a group that is booting, loading or down gets no requests.
 HEALTH_PATH = "/health"
 HEALTH_INTERVAL_SECONDS = 10
 HEALTH_THRESHOLD = 2  # checks in a row to change a group's state
 # A completion without streaming sends nothing until it ends, which can take minutes; a
 # balancer's idle timeout must outlast llama-server's own (600 s) or it cuts the answer off.
-# AWS's NLB listener and Azure's load-balancing rule take this; GCP's internal passthrough
+# Azure's load-balancing rule takes this; GCP's internal passthrough
 # balancer keeps its default of 600 s (``infra.clouds.gcp.PASSTHROUGH_IDLE_TIMEOUT_SECONDS``), since
 # setting it needs per-client affinity.
 BALANCER_IDLE_TIMEOUT_SECONDS = 1800
