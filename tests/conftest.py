@@ -13,6 +13,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +28,8 @@ import pytest
 
 from infra import catalog
 from infra.core.pins import LLAMA_CPP_COMMIT
+from infra.local import image as node_image
+from infra.local.machines import unavailable_reason
 from infra.local.source import SourceError, cache_dir, sdist_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,6 +86,65 @@ def require_netns() -> None:
         unavailable("network namespaces need root")
     for tool in ("ip", "nft"):
         require_tool(tool)
+
+
+def require_machines() -> None:
+    """``systemd-nspawn`` machines can run here, and the node image they boot is built."""
+    if reason := unavailable_reason():
+        unavailable(reason)
+    if node_image.cached(cache_dir()) is None:
+        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+
+
+# Sends completions of BODY (JSON) to URL one after another, from wherever it runs (a namespace of
+# the test's), until STOP exists or COUNT requests are done (-1: no limit), each given TIMEOUT
+# seconds, with the API key in KEY_FILE if one is given. One JSON line per request: when it
+# started and ended (CLOCK_MONOTONIC, the test's clock too), the HTTP status, the group that
+# answered (the balancer's header), the text and token count, or the error.
+COMPLETION_CLIENT = r"""
+import json, os, sys, time, urllib.error, urllib.request
+url, stop, count, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+body = sys.argv[5].encode()
+key = open(sys.argv[6]).read().strip() if len(sys.argv) > 6 else ""
+done = 0
+while done != count and not os.path.exists(stop):
+    row = {"start": time.monotonic(), "status": None, "group": None}
+    try:
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        request = urllib.request.Request(url + "/completion", data=body, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            reply = json.load(response)
+            row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
+                    "content": reply["content"], "tokens": reply["tokens_predicted"]}
+    except urllib.error.HTTPError as error:
+        row |= {"status": error.code, "error": error.read().decode(errors="replace")[:300]}
+    except Exception as error:
+        row["error"] = repr(error)
+    row["end"] = time.monotonic()
+    print(json.dumps(row), flush=True)
+    done += 1
+"""
+
+
+def completion_client(
+    url: str,
+    body: dict[str, Any],
+    *,
+    count: int = 1,
+    stop: Path | str = "/nonexistent",
+    timeout: float = 120,
+    key_file: Path | str | None = None,
+) -> list[str]:
+    """The command that runs ``COMPLETION_CLIENT`` (to run inside a namespace, after its
+    ``exec_prefix``): ``count`` completions of ``body`` to ``url`` (-1: until ``stop`` exists),
+    with the API key read from ``key_file`` if given."""
+    key_argument = [str(key_file)] if key_file is not None else []
+    return [
+        sys.executable, "-c", COMPLETION_CLIENT, url, str(stop), str(count), str(timeout),
+        json.dumps(body), *key_argument,
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.costrun import cli
-from infra.local import image as node_image
-from infra.local.machines import unavailable_reason
 from infra.local.model import cached_model, real_model
 from infra.local.source import cache_dir
-from tests.conftest import unavailable
+from tests.conftest import require_machines
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -23,10 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 def test_a_local_cost_run_measures_destroys_audits_and_reports(
     llama_source: Path, tmp_path: Path, capsys
 ) -> None:
-    if reason := unavailable_reason():
-        unavailable(reason)
-    if node_image.cached(cache_dir()) is None:
-        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_machines()
     model = cached_model(llama_source, cache_dir())
     bench = "--requests 3 --repetitions 2 --predict 16 --prompt-words 32"
     code = cli.main([
@@ -77,10 +72,7 @@ def test_a_local_cost_run_with_a_draft_model_reports_its_acceptance(
     """Gemma 3 270M drafting for itself under another name (test_draft_model.py says why), bound
     into the main machine beside the model: the report carries llama-server's drafted and
     accepted tokens over the benchmark's sampled requests, and their decode as the stack's."""
-    if reason := unavailable_reason():
-        unavailable(reason)
-    if node_image.cached(cache_dir()) is None:
-        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_machines()
     model = real_model(cache_dir())
     draft = tmp_path / "draft" / "gemma-3-270m-draft.gguf"
     draft.parent.mkdir()

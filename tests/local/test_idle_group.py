@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,37 +22,22 @@ import pytest
 
 from infra.core import outputs
 from infra.local import cluster
-from infra.local import image as node_image
-from infra.local.machines import unavailable_reason
 from infra.local.netns import exec_prefix
-from infra.local.source import cache_dir
 from infra.local.spec import ClusterSpec
-from tests.conftest import one_plus_two, require_netns, require_tool, unavailable
+from tests.conftest import (
+    completion_client,
+    one_plus_two,
+    require_machines,
+    require_netns,
+    require_tool,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
-# One completion through the balancer: when it started and ended (CLOCK_MONOTONIC, the test's
-# clock too), its status, the group that answered (the balancer's header) and its tokens.
-REQUEST = r"""
-import json, sys, time, urllib.error, urllib.request
-url, n_predict = sys.argv[1], int(sys.argv[2])
-body = json.dumps({"prompt": "Once upon a time", "n_predict": n_predict, "temperature": 0,
-                   "ignore_eos": True, "cache_prompt": False}).encode()
-row = {"start": time.monotonic(), "status": None, "group": None}
-try:
-    request = urllib.request.Request(url + "/completion", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as response:
-        reply = json.load(response)
-        row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
-                "tokens": reply["tokens_predicted"]}
-except urllib.error.HTTPError as error:
-    row |= {"status": error.code, "error": error.read().decode(errors="replace")[:300]}
-except Exception as error:
-    row["error"] = repr(error)
-row["end"] = time.monotonic()
-print(json.dumps(row), flush=True)
-"""
+# Each request is one completion through the balancer (greedy, generating all it is asked for):
+# when it started and ended (CLOCK_MONOTONIC, the test's clock too), its status, the group that
+# answered (the balancer's header) and its tokens.
+BODY = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True, "cache_prompt": False}
 SHORT = 8
 # Long enough for several short requests, each a fraction of a second, to run meanwhile.
 LONG = 1200
@@ -62,10 +46,7 @@ LONGER = 2400
 
 @pytest.fixture(scope="module")
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
-    if reason := unavailable_reason():
-        unavailable(reason)
-    if node_image.cached(cache_dir()) is None:
-        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_machines()
     require_netns()
     require_tool("haproxy")
     options = one_plus_two(
@@ -89,10 +70,10 @@ def up(llama_source: Path) -> Iterator[dict[str, Any]]:
 
 
 def send(up: dict[str, Any], n_predict: int) -> subprocess.Popen[str]:
+    client = completion_client(up["url"], {**BODY, "n_predict": n_predict}, timeout=600)
     return subprocess.Popen(
-        [*exec_prefix(up["client"]), sys.executable, "-c", REQUEST, up["url"], str(n_predict)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [*exec_prefix(up["client"]), *client], stdout=subprocess.PIPE, text=True
+    )
 
 
 def answer(request: subprocess.Popen[str]) -> dict[str, Any]:

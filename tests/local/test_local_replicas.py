@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -39,39 +38,17 @@ from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, names
 from infra.local.nodes import node_short_name
 from infra.local.options import LocalClusterError, UpOptions, plan_placement, state_dir
 from infra.local.spec import BALANCER_NODE, ClusterSpec, api_key_header
-from tests.conftest import free_port, one_plus_two, require_netns, require_tool
+from tests.conftest import (
+    completion_client,
+    free_port,
+    one_plus_two,
+    require_netns,
+    require_tool,
+)
 from tests.models.test_models import write_gguf
 
-# Sends completions to URL one after another, from wherever it runs (a namespace of the test's),
-# until STOP exists or COUNT requests are done; one JSON line per request: when it started and
-# ended (CLOCK_MONOTONIC, the test's clock too), the HTTP status, the group that answered (the
-# balancer's header), the text and token count, or the error.
-CLIENT = r"""
-import json, os, sys, time, urllib.error, urllib.request
-url, stop, count, n_predict = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-key = open(sys.argv[5]).read().strip() if len(sys.argv) > 5 else ""
-body = json.dumps({"prompt": "Hello world, this is", "n_predict": n_predict, "temperature": 0,
-                   "cache_prompt": False}).encode()
-done = 0
-while done != count and not os.path.exists(stop):
-    row = {"start": time.monotonic(), "status": None, "group": None}
-    try:
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = "Bearer " + key
-        request = urllib.request.Request(url + "/completion", data=body, headers=headers)
-        with urllib.request.urlopen(request, timeout=120) as response:
-            reply = json.load(response)
-            row |= {"status": response.status, "group": response.headers.get("X-Served-By"),
-                    "content": reply["content"], "tokens": reply["tokens_predicted"]}
-    except urllib.error.HTTPError as error:
-        row |= {"status": error.code, "error": error.read().decode(errors="replace")[:300]}
-    except Exception as error:
-        row["error"] = repr(error)
-    row["end"] = time.monotonic()
-    print(json.dumps(row), flush=True)
-    done += 1
-"""
+# What the clients send (tests.conftest.completion_client): greedy, no cached prompt reused.
+BODY = {"prompt": "Hello world, this is", "temperature": 0, "cache_prompt": False}
 
 
 # --- settings: refused before anything starts ---------------------------------------------
@@ -294,11 +271,12 @@ def run_client(
 ) -> list[dict[str, Any]]:
     """``count`` requests, one after another, through the balancer from the test's namespace
     (``keyed``: with the cluster's API key)."""
-    key_argument = [up["spec"].api_key_file] if keyed else []
+    client = completion_client(
+        up["contract"][outputs.BALANCER_URL], {**BODY, "n_predict": n_predict}, count=count,
+        key_file=up["spec"].api_key_file if keyed else None,
+    )  # fmt: skip
     result = subprocess.run(
-        [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
-         up["contract"][outputs.BALANCER_URL], "/nonexistent", str(count), str(n_predict),
-         *key_argument],
+        [*exec_prefix(up["client"]), *client],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     return [json.loads(line) for line in result.stdout.splitlines()]
@@ -306,11 +284,13 @@ def run_client(
 
 def start_client(up: dict[str, Any], stop: Path, log: Path) -> subprocess.Popen[bytes]:
     """Requests through the balancer, one after another, until ``stop`` exists."""
-    return subprocess.Popen(
-        [*exec_prefix(up["client"]), sys.executable, "-c", CLIENT,
-         up["contract"][outputs.BALANCER_URL], str(stop), "-1", "32", up["spec"].api_key_file],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
+    client = completion_client(
+        up["contract"][outputs.BALANCER_URL], {**BODY, "n_predict": 32}, count=-1, stop=stop,
+        key_file=up["spec"].api_key_file,
     )  # fmt: skip
+    return subprocess.Popen(
+        [*exec_prefix(up["client"]), *client], stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
 
 
 def predicted_tokens(up: dict[str, Any], main_ip: str) -> int:

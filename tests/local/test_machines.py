@@ -31,12 +31,10 @@ from infra.core import outputs
 from infra.core.limits import METRICS_PORT
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe
 from infra.local import access, cluster
-from infra.local import image as node_image
 from infra.local.access import LocalChannel
-from infra.local.machines import Machine, unavailable_reason
+from infra.local.machines import Machine
 from infra.local.netns import VpcNetwork, exec_prefix
 from infra.local.options import LocalClusterError, build_prefix, state_dir
-from infra.local.source import cache_dir
 from infra.local.spec import ClusterSpec, api_key_header
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
@@ -46,7 +44,7 @@ from tests.conftest import (
     generating,
     one_node_completion,
     one_plus_two,
-    unavailable,
+    require_machines,
 )
 from tests.observe.test_metrics import frame_rows, top_once_while_generating
 
@@ -57,10 +55,7 @@ DELIVERIES = ("aws", "gcp", "azure")
 
 @pytest.fixture(scope="module")
 def up(llama_source: Path) -> Iterator[dict[str, Any]]:
-    if reason := unavailable_reason():
-        unavailable(reason)
-    if node_image.cached(cache_dir()) is None:
-        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_machines()
     # Keyed: the API key reaches llama-server as a systemd credential, as on a VM.
     options = one_plus_two(
         llama_source, "m", 214, machines=True, deliveries=DELIVERIES, api_key=True

@@ -21,11 +21,8 @@ import pytest
 
 from infra.core import outputs
 from infra.local import cluster
-from infra.local import image as node_image
-from infra.local.machines import unavailable_reason
-from infra.local.source import cache_dir
 from infra.local.spec import ClusterSpec, api_key_header
-from tests.conftest import REPO, complete, one_plus_two, unavailable
+from tests.conftest import REPO, complete, one_plus_two, require_machines
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -35,10 +32,7 @@ DEADLINE_HOURS = 0.04  # 144 s
 
 
 def _up(llama_source: Path, prefix: str, octet: int, **changes: Any) -> dict[str, Any]:
-    if reason := unavailable_reason():
-        unavailable(reason)
-    if node_image.cached(cache_dir()) is None:
-        unavailable("the node image is not built (scripts/install-deps builds it, as root)")
+    require_machines()
     options = one_plus_two(
         llama_source, prefix, octet, machines=True, api_key=True, deliveries=("aws",), **changes
     )
