@@ -52,13 +52,6 @@ INTERNAL_SOURCES: Final = tuple(
         "fe80::/10",
     )
 )
-# Google's load-balancer health-check probers, which a GCP firewall must admit for an internal
-# passthrough balancer to see its backends (https://cloud.google.com/load-balancing/docs/
-# health-check-concepts#ip-ranges): Google's own ranges, which no one else sends from. Only these
-# exact ranges pass; anything wider still counts.
-GOOGLE_HEALTH_CHECK_SOURCES: Final = frozenset(
-    ipaddress.ip_network(text) for text in ("35.191.0.0/16", "130.211.0.0/22")
-)
 # Azure sources that mean everyone. Any other word is a service tag, which stands for a
 # service's public addresses (AzureCloud, AppService, Storage.eastus, …), where anyone can
 # rent a machine or a site: only the VNet's own and the platform's probes are not the internet.
@@ -355,16 +348,7 @@ def _open_gcp_firewall(label: str, props: Mapping[str, Any]) -> list[str]:
             f"{label}: this ingress rule names no source, and GCP then admits 0.0.0.0/0 (the "
             "internet); set source_tags (or source_ranges) to the sources that need the port"
         ]
-    # Google's probers reach a GCP firewall's targets only: exempt there, nowhere else.
-    ranges = [r for r in ranges if not _is_google_health_check(r)]
     return _open(label, "this ingress rule", ranges)
-
-
-def _is_google_health_check(source: Any) -> bool:
-    try:
-        return ipaddress.ip_network(str(source).strip()) in GOOGLE_HEALTH_CHECK_SOURCES
-    except ValueError:
-        return False
 
 
 def _gcp_policy_rules(kind: str, props: Mapping[str, Any], label: str) -> list[tuple[str, Any]]:

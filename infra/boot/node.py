@@ -126,8 +126,8 @@ class NodeBoot:
     draft_min: int = 0
     draft_p_min: float = DEFAULT_DRAFT_P_MIN
     server_port: int = SERVER_PORT
-    # The address llama-server listens on; None: the node's own. "0.0.0.0" behind a balancer
-    # that delivers packets still addressed to itself (GCP's passthrough balancer).
+    # The address llama-server listens on; None: the node's own. "0.0.0.0" on GCP, as it has
+    # been since its passthrough balancer (``CloudFacts.server_listens_on_all``).
     server_listen: str | None = None
     context_size: int = 4096
     slots: int = 1

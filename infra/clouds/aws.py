@@ -161,7 +161,6 @@ FACTS = CloudFacts(
     # One HAProxy counts every open request and queues for the first free slot; an internal ALB
     # counts per node (two zones at least) and queues nothing. 2 vCPUs of Graviton4 carry
     # HAProxy's few long requests many times over.
-    balancer_name="HAProxy balancer node",
     balancer_instance_type="c8g.large",
     metadata_hosts=frozenset({"instance-data", "instance-data.ec2.internal"}),
     metadata_addresses=frozenset({"fd00:ec2::254", "fd00:ec2::23"}),

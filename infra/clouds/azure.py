@@ -211,7 +211,10 @@ FACTS = CloudFacts(
         ),
     ),
     nat=NatModel("NAT gateway"),
-    balancer_name="internal Standard Load Balancer",
+    # The Standard Load Balancer hashes each flow and Application Gateway v2's least
+    # connections is a preview: one HAProxy counts every open request and queues for the
+    # first free slot. The smallest Cobalt 100 size (Dplsv6: 2 GiB per vCPU).
+    balancer_instance_type="Standard_D2pls_v6",
     # 168.63.129.16: the platform's wire server (DNS, health probes, the VM agent).
     metadata_hosts=frozenset({"metadata.azure.com"}),
     metadata_addresses=frozenset({"168.63.129.16"}),

@@ -102,13 +102,6 @@ def _unique_priorities(resource: Registered, _stack: Stack) -> str | None:
     return None
 
 
-def _probe_interval(resource: Registered, _stack: Stack) -> str | None:
-    for probe in resource.inputs.get("probes") or []:
-        if probe.get("intervalInSeconds", 15) < 5:
-            return f"probe {probe.get('name')} every {probe.get('intervalInSeconds')} s; at least 5"
-    return None
-
-
 def _rule_names(resource: Registered, _stack: Stack) -> str | None:
     for rule in resource.inputs.get("securityRules") or []:
         name = str(rule.get("name", ""))
@@ -263,26 +256,6 @@ RULES = by_type(
             OneOf("sku.name", ("Standard", "Premium"), "native-client tunnels need Standard"),
         ),
         replaced_on=(*PARENT, "bastionHostName"),
-        source=REPLACEMENT,
-    ),
-    ResourceRules(
-        "azure-native:network:LoadBalancer",
-        (
-            tags(),
-            network_name("loadBalancerName"),
-            Between(
-                "loadBalancingRules.*.idleTimeoutInMinutes",
-                4,
-                100,
-                "https://learn.microsoft.com/azure/load-balancer/load-balancer-tcp-idle-timeout",
-            ),
-            Requires(
-                _probe_interval,
-                "https://learn.microsoft.com/azure/load-balancer/load-balancer-custom-probe-overview",
-            ),
-            OneOf("sku.name", ("Standard",), "Basic load balancers are retired (2025-09-30)"),
-        ),
-        replaced_on=(*PARENT, "loadBalancerName", "sku"),
         source=REPLACEMENT,
     ),
     ResourceRules(

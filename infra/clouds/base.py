@@ -169,6 +169,9 @@ class CloudFacts:
     metadata_hosts: frozenset[str]
     metadata_addresses: frozenset[str]
     chart_colour: str  # the planner's charts draw this cloud's options in it
+    # The instance type of the balancer node in front of the serving groups (replicas > 1): it
+    # runs HAProxy (``infra.boot.balancer``) and is priced from the catalog as the nodes are.
+    balancer_instance_type: str
     # Where the cloud keeps the stack's API key for its main nodes to read at boot; None: it
     # keeps none yet (the API is then reached through the tunnel and apiAllowedCidrs alone).
     api_key_store: str | None = None
@@ -199,15 +202,11 @@ class CloudFacts:
     grace_pattern: re.Pattern[str] | None = None
     # The main node keeps the model on a volume of its own, not its boot disk; None: boot disk.
     model_disk: ModelDisk | None = None
-    # The private load balancer in front of the serving groups (replicas > 1).
-    balancer_name: str = "load balancer"
-    # The balancer is a node of this type running HAProxy (``infra.boot.balancer``), priced from
-    # the catalog as the groups' nodes are; None: the cloud's own balancer, priced per hour.
-    balancer_instance_type: str | None = None
-    # It delivers packets still addressed to its own IP (a passthrough balancer; the guest
-    # agent routes that IP locally), so llama-server must listen on every address, not the
-    # node's own.
-    balancer_keeps_destination: bool = False
+    # llama-server listens on every address of the main node, not its own alone. GCP's nodes
+    # did so behind the passthrough balancer that came before the balancer node (packets
+    # arrived addressed to the balancer); kept, since new boot data replaces every node. The
+    # node has one, private, interface: its firewall decides either way.
+    server_listens_on_all: bool = False
     # The most of a command's output its command channel brings back (``infra.observe.channels``);
     # None: all of it.
     command_output_chars: int | None = None

@@ -25,14 +25,6 @@ _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 # Google's IAP TCP forwarding range: the only source the main node's API port admits
 # (https://cloud.google.com/iap/docs/using-tcp-forwarding#create-firewall-rule).
 IAP_RANGE = "35.235.240.0/20"
-# Where Google's health checkers probe from: an ingress rule must admit them to a balancer's
-# backends (https://cloud.google.com/load-balancing/docs/firewall-rules, and "Probe IP ranges"
-# in https://cloud.google.com/load-balancing/docs/health-check-concepts).
-HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
-# An internal passthrough balancer forgets a connection idle this long. It is the default and
-# the least the API takes, and it can be set only with per-client affinity and PER_SESSION
-# tracking (BackendServiceConnectionTrackingPolicy.idleTimeoutSec in the Compute API reference).
-PASSTHROUGH_IDLE_TIMEOUT_SECONDS = 600
 
 
 def label_set_problem(labels: Mapping[str, str]) -> str | None:
@@ -132,10 +124,11 @@ FACTS = CloudFacts(
     disk=DiskModel("Hyperdisk Balanced", included_mibps=140, included_iops=3000, iops_per_mibps=4),
     # https://cloud.google.com/nat/pricing: per VM behind the gateway, flat above 32 VMs.
     nat=NatModel("Cloud NAT", per_vm_cap=32),
-    balancer_name="internal passthrough Network Load Balancer",
-    # https://cloud.google.com/load-balancing/docs/internal: the guest agent installs a
-    # local route for the forwarding rule's IP, and packets arrive addressed to it.
-    balancer_keeps_destination=True,
+    # An internal Application Load Balancer's Envoys pick the better of two random groups each
+    # and queue nothing: one HAProxy counts every open request and queues for the first free
+    # slot. The smallest C4A; HAProxy's few long requests need little of it.
+    balancer_instance_type="c4a-standard-1",
+    server_listens_on_all=True,
     metadata_hosts=frozenset({"metadata", "metadata.google.internal"}),
     metadata_addresses=frozenset(),
     chart_colour="#4285f4",
@@ -153,8 +146,7 @@ FACTS = CloudFacts(
     api_key_store="Secret Manager",
     limitations={
         "placement": "C4A has no compact placement policy; all nodes share one zone instead",
-        "labels": "networks, subnets, routers, NAT, firewall rules, and the balancer's "
-        "instance group, health check and backend service take no labels; their names carry "
-        "the project instead",
+        "labels": "networks, subnets, routers, NAT, firewall rules and instance groups take no "
+        "labels; their names carry the project instead",
     },
 )

@@ -69,26 +69,20 @@ def _hyperdisk(resource: Registered, _stack: Stack) -> str | None:
     return None
 
 
-def _connection_tracking(resource: Registered, _stack: Stack) -> str | None:
-    tracking = resource.inputs.get("connectionTrackingPolicy") or {}
-    if tracking.get("idleTimeoutSec") is None:
-        return None
-    affinity = resource.inputs.get("sessionAffinity", "NONE")
-    mode = tracking.get("trackingMode", "PER_CONNECTION")
-    if affinity.startswith("CLIENT_IP") and mode == "PER_SESSION":
-        return None
-    return (
-        "connectionTrackingPolicy.idleTimeoutSec is refused unless sessionAffinity is CLIENT_IP* "
-        f"and trackingMode PER_SESSION (here {affinity}, {mode})"
-    )
+# Network tags (an instance's; a firewall rule's sources and targets): RFC 1035, 1-63
+# characters, as a Compute Engine name.
+NETWORK_TAGS = "https://cloud.google.com/vpc/docs/add-remove-network-tags"
 
 
-def _health_timeout(resource: Registered, _stack: Stack) -> str | None:
-    timeout = resource.inputs.get("timeoutSec", 5)
-    interval = resource.inputs.get("checkIntervalSec", 5)
-    if timeout > interval:
-        return f"timeoutSec {timeout} exceeds checkIntervalSec {interval}"
-    return None
+def network_tags(*paths: str) -> Requires:
+    def check(resource: Registered, _stack: Stack) -> str | None:
+        for path in paths:
+            for tag in resource.inputs.get(path) or []:
+                if not GCE_NAME.fullmatch(str(tag)):
+                    return f"network tag {tag!r} ({path}): {GCE_NAME_MEANING}, at most 63"
+        return None
+
+    return Requires(check, NETWORK_TAGS)
 
 
 def _display_name(resource: Registered, _stack: Stack) -> str | None:
@@ -233,6 +227,7 @@ RULES = by_type(
             PLAIN,
             DESCRIPTION,
             OneOf("direction", ("INGRESS", "EGRESS"), f"{MM}Firewall.yaml"),
+            network_tags("sourceTags", "targetTags"),
             Requires(
                 lambda r, _: (
                     None
@@ -261,6 +256,7 @@ RULES = by_type(
                 "https://cloud.google.com/compute/docs/networking/configure-vm-with-high-bandwidth-configuration",
             ),
             OneOf("networkInterfaces.*.nicType", ("GVNIC",), "C4A requires gVNIC"),
+            network_tags("tags"),
             Requires(
                 lambda r, _: (
                     None
@@ -288,68 +284,5 @@ RULES = by_type(
         (PLAIN, DESCRIPTION),
         replaced_on=("name", "zone", "description", "network", "project"),
         source="GoogleCloudPlatform/magic-modules resource_compute_instance_group.go.tmpl",
-    ),
-    ResourceRules(
-        "gcp:compute/instanceGroupMembership:InstanceGroupMembership",
-        (),
-        replaced_on=("instance", "instanceGroup", "zone"),
-        source=f"{MM}InstanceGroupMembership.yaml",
-    ),
-    ResourceRules(
-        "gcp:compute/regionHealthCheck:RegionHealthCheck",
-        (
-            PLAIN,
-            DESCRIPTION,
-            Between("checkIntervalSec", 1, 300, f"{MM}RegionHealthCheck.yaml"),
-            Between("healthyThreshold", 1, 10, f"{MM}RegionHealthCheck.yaml"),
-            Between("unhealthyThreshold", 1, 10, f"{MM}RegionHealthCheck.yaml"),
-            Requires(_health_timeout, f"{MM}RegionHealthCheck.yaml"),
-        ),
-        replaced_on=("name", "region"),
-        source=f"{MM}RegionHealthCheck.yaml",
-    ),
-    ResourceRules(
-        "gcp:compute/regionBackendService:RegionBackendService",
-        (
-            PLAIN,
-            DESCRIPTION,
-            Requires(
-                _connection_tracking,
-                "https://cloud.google.com/compute/docs/reference/rest/v1/regionBackendServices "
-                "(BackendServiceConnectionTrackingPolicy.idleTimeoutSec)",
-            ),
-        ),
-        replaced_on=("name", "loadBalancingScheme", "network"),
-        source=f"{MM}RegionBackendService.yaml",
-    ),
-    ResourceRules(
-        "gcp:compute/forwardingRule:ForwardingRule",
-        (
-            PLAIN,
-            DESCRIPTION,
-            labels(),
-            Requires(
-                lambda r, _: (
-                    "a forwarding rule takes at most 5 ports"
-                    if len(r.inputs.get("ports") or []) > 5
-                    else None
-                ),
-                f"{MM}ForwardingRule.yaml",
-            ),
-        ),
-        # Immutable but for its labels and allowGlobalAccess.
-        replaced_on=(
-            "name",
-            "description",
-            "ipAddress",
-            "ipProtocol",
-            "backendService",
-            "loadBalancingScheme",
-            "network",
-            "subnetwork",
-            "ports",
-            "region",
-        ),
-        source=f"{MM}ForwardingRule.yaml",
     ),
 )

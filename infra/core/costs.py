@@ -1,5 +1,5 @@
 """What a cluster costs per hour: its instances, the NAT for its egress, its disks, and the
-private balancer in front of its serving groups when it has more than one.
+balancer node in front of its serving groups when it has more than one.
 
 One function for the stack's ``hourlyCostUsd`` output and for the planner, so both give the same
 figure for the same cluster. Prices come from the catalog (instances.csv, services.csv: each with
@@ -20,10 +20,9 @@ from infra.core.sizing import WORKER_DISK_GB
 
 HOURS_PER_MONTH = 730
 # What no figure here includes: it depends on use, not on the cluster's shape.
-NOT_COUNTED = (
-    "data transfer, the balancer's per-use charges, flow-log storage, and an Azure Bastion"
-)
-BALANCER_ITEM = "balancer_hour"
+NOT_COUNTED = "data transfer, flow-log storage, and an Azure Bastion"
+# How ``unpriced`` names a balancer node whose instance type the catalog does not price.
+BALANCER_NODE = "the balancer node"
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,9 @@ class HourlyCost:
     unpriced: tuple[str, ...]  # parts whose price the catalog lacks
     sources: tuple[str, ...]  # where each price came from, and its date
     instance_counts: tuple[tuple[str, int, float | None], ...]  # (type, count, $/h each)
-    balancer: float | None = None  # None: no balancer, or its price is unknown (unpriced)
+    # The balancer node: its instance and, where the disk is priced, its system disk. None: no
+    # balancer, or its instance price is unknown (unpriced).
+    balancer: float | None = None
     # The NAT with no node running (the gateway and its address go on; GCP's per-VM part stops).
     nat_stopped: float | None = None
 
@@ -130,7 +131,9 @@ def hourly_cost(
         counts[node.instance.name] = (count + 1, node.instance.hourly_usd)
     unpriced = [f"{name} instances" for name, (_, price) in counts.items() if price is None]
     instances = None if unpriced else sum(node.instance.hourly_usd or 0.0 for node in nodes)
-    nat = _priced(provider, facts.nat.hourly_usage(len(nodes)))
+    # The balancer node reaches its package through the NAT too, and runs while the groups stop.
+    behind_nat_always = 1 if balancer and nodes else 0
+    nat = _priced(provider, facts.nat.hourly_usage(len(nodes) + behind_nat_always))
     if nat is None:
         unpriced.append(facts.nat.name)
     monthly_disks = [
@@ -157,16 +160,15 @@ def hourly_cost(
         unpriced.append(facts.fast_network_name)  # billed on top; no price in the catalog
     balancer_usd = None
     if balancer and nodes:
-        balancer_usd = balancer_hourly_usd(provider, nodes[0].instance.region)
+        balancer_node = balancer_cost(provider, nodes[0].instance.region)
+        balancer_usd = balancer_node.usd
         if balancer_usd is None:
-            unpriced.append(f"{facts.balancer_name}")
+            unpriced.append(BALANCER_NODE)
+        elif not balancer_node.disk_priced and f"{facts.disk.name} disks" not in unpriced:
+            unpriced.append(f"{facts.disk.name} disks")
+        if balancer_node.source:
+            sources.append(f"balancer node: {balancer_node.source}")
     usage_items = {*facts.nat.hourly_usage(1), *facts.disk.monthly_usage(1, None)}
-    if balancer and facts.balancer_instance_type is None:
-        usage_items.add(BALANCER_ITEM)
-    if balancer and balancer_usd is not None and facts.balancer_instance_type:
-        found = catalog.find(provider, nodes[0].instance.region, facts.balancer_instance_type)
-        if found is not None:
-            sources.append(f"balancer node: {found.price_source}, {found.price_date or 'no date'}")
     for item in sorted(usage_items):
         price = service_price(provider, item)
         if price.usd is not None:
@@ -179,22 +181,28 @@ def hourly_cost(
         sources=tuple(sources),
         instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
         balancer=balancer_usd,
-        nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(0))),
+        nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(behind_nat_always))),
     )
 
 
-def balancer_hourly_usd(provider: str, region: str) -> float | None:
-    """The balancer's $/h: a balancer node (its instance and its system disk, at the disk's
-    baseline) where the cloud's balancer is one, else the cloud's balancer by the hour. None:
-    unpriced."""
+@dataclass(frozen=True)
+class BalancerNodeCost:
+    usd: float | None  # its instance and, where priced, its system disk; None: unpriced
+    disk_priced: bool
+    source: str  # the instance price's source and date; "" when the catalog lacks the type
+
+
+def balancer_cost(provider: str, region: str) -> BalancerNodeCost:
+    """The balancer node's $/h: its instance (``CloudFacts.balancer_instance_type``, from the
+    catalog) and its system disk at the disk's baseline, where the catalog prices it."""
     facts = FACTS[provider]
-    if facts.balancer_instance_type is None:
-        return service_price(provider, BALANCER_ITEM).usd
     node = catalog.find(provider, region, facts.balancer_instance_type)
     disk = _priced(provider, facts.disk.monthly_usage(WORKER_DISK_GB, None))
-    if node is None or node.hourly_usd is None or disk is None:
-        return None
-    return round(node.hourly_usd + disk / HOURS_PER_MONTH, 5)
+    if node is None or node.hourly_usd is None:
+        return BalancerNodeCost(None, disk is not None, "")
+    usd = node.hourly_usd + (disk or 0.0) / HOURS_PER_MONTH
+    source = f"{node.price_source}, {node.price_date or 'no date'}"
+    return BalancerNodeCost(round(usd, 5), disk is not None, source)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -1,5 +1,5 @@
-"""The local cluster's private load balancer: HAProxy (Debian's package) in front of the serving
-groups, as the clouds' internal load balancers are in front of theirs.
+"""The local cluster's private balancer: HAProxy (Debian's package) in front of the serving
+groups, with the configuration the clouds' balancer nodes boot with (``infra.boot.balancer``).
 
 It runs in its own network namespace on the VPC bridge at the balancer's address (``.5``) and
 listens on the server port. It sends a request only to a group whose main node answers

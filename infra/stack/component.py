@@ -1,6 +1,6 @@
 """``LlamaRpcCluster``: the private network, and in it one or more serving groups (a main node
-and its workers, each group with its own RPC firewall and placement), behind a private load
-balancer when there is more than one.
+and its workers, each group with its own RPC firewall and placement), behind a balancer node
+when there is more than one.
 
 Every node gets a fixed private address (``infra.core.layout``): a group's main node .10 (.30, .50,
 … for the next groups) and its workers after it, so a main node's boot data can list its
@@ -76,8 +76,11 @@ class LlamaRpcCluster(pulumi.ComponentResource):
                 [backend.node(spec(plan), config, network, group, self) for plan in worker_plans]
             )
             mains.append(backend.node(spec(main_plan), config, network, group, self))
-        if config.replicas > 1:
+        balancer_node = (
             backend.balancer(name, config, network, groups=serving, mains=mains, parent=self)
+            if config.replicas > 1
+            else None
+        )
 
         def group_outputs(main_plan: NodePlan, main: Node, nodes: list[Node]) -> dict[str, Any]:
             return {
@@ -101,7 +104,9 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.INSTANCE_TYPE: config.instance_type.name,
             outputs.WORKER_COUNT: config.worker_count,
             **per_group[0],
-            outputs.CONNECT_COMMAND: backend.connect_command(config, network, mains[0]),
+            outputs.CONNECT_COMMAND: backend.connect_command(
+                config, network, mains[0], balancer_node
+            ),
             outputs.API_KEY: api_key,
             outputs.HOURLY_COST_USD: cost.total,
             outputs.STOPPED_HOURLY_COST_USD: cost.stopped,

@@ -228,8 +228,8 @@ class ClusterConfig:
 
     @property
     def balancer_boot(self) -> BalancerBoot | None:
-        """The balancer node's boot (replicas > 1 on a cloud whose balancer is a node)."""
-        if self.balancer_ip is None or FACTS[self.cloud].balancer_instance_type is None:
+        """The balancer node's boot (replicas > 1)."""
+        if self.balancer_ip is None:
             return None
         return BalancerBoot(
             listen_ip=self.balancer_ip,
@@ -246,10 +246,7 @@ class ClusterConfig:
         facts = FACTS[self.cloud]
         platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
         main_ip, *worker_ips = self.group_ips(group)
-        # Behind a passthrough balancer requests arrive addressed to the balancer's IP. Set with or
-        # without replicas, so that adding groups later leaves the first group's boot data (and its
-        # nodes) as they are. The node's one interface is private; the cloud firewall decides.
-        listen = "0.0.0.0" if facts.balancer_keeps_destination else None  # noqa: S104
+        listen = "0.0.0.0" if facts.server_listens_on_all else None  # noqa: S104
         idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
         switches = switches_off(self.llama_cpp_commit, self.patches_off)
         fits = sizing.fits_memory(self.model.size_bytes, self.main_instance_type)

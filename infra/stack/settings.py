@@ -185,8 +185,9 @@ SETTINGS: tuple[Setting, ...] = (
         "replicas",
         "integer",
         "serving groups (each a main node and workerCount workers, with its own placement) "
-        "behind one private load balancer that sends requests only to groups whose /health "
-        "answers; 1: one group, no balancer",
+        "behind one private balancer node (HAProxy) that sends each request to a group with a "
+        "free slot, of those whose /health answers, and queues it when none has; 1: one "
+        "group, no balancer",
         default=1,
         low=1,
         high=MAX_REPLICAS,

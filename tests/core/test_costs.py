@@ -135,7 +135,6 @@ AWS_PRICES = {
     "disk_iops_month": 0.01,
 }
 GCP_PRICES = {"nat_vm_hour": 0.002, "public_ip_hour": 0.01, "disk_gb_month": 0.2}
-GCP_WITH_BALANCER = {**GCP_PRICES, "balancer_hour": 0.03}
 
 
 @pytest.fixture
@@ -159,9 +158,21 @@ def price_list(
     return use
 
 
-def instance(name: str, hourly_usd: float | None, provider: str = "aws") -> InstanceType:
+def instance(
+    name: str, hourly_usd: float | None, provider: str = "aws", region: str = "r"
+) -> InstanceType:
     return InstanceType(
-        provider, "r", name, "arm64", "graviton4", 8, 64, 10, hourly_usd, "test price", "2026-02-01"
+        provider,
+        region,
+        name,
+        "arm64",
+        "graviton4",
+        8,
+        64,
+        10,
+        hourly_usd,
+        "test price",
+        "2026-02-01",
     )
 
 
@@ -212,15 +223,23 @@ def test_a_stopped_cluster_costs_its_disks_and_its_nat(price_list) -> None:
     assert f"with every instance stopped ${cost.stopped}/h" in cost.basis
 
 
-def test_a_stopped_gcp_cluster_pays_no_per_vm_nat(price_list) -> None:
-    price_list("gcp", GCP_WITH_BALANCER)
-    gcp = [costs.PricedNode(instance("c4a", 1.0, "gcp"), 100)] * 3
+def test_a_stopped_gcp_cluster_pays_no_per_vm_nat_but_the_balancer_nodes(price_list) -> None:
+    price_list("gcp", GCP_PRICES)
+    gcp = [costs.PricedNode(instance("c4a", 1.0, "gcp", "us-central1"), 100)] * 3
     running = costs.hourly_cost("gcp", gcp)
     assert running.nat == round(3 * 0.002 + 0.01, 5)
     assert running.stopped == round(0.01 + (running.disks or 0), 5)
     with_balancer = costs.hourly_cost("gcp", gcp, balancer=True)
-    assert with_balancer.balancer == 0.03
-    assert with_balancer.stopped == round(running.stopped + with_balancer.balancer, 5)
+    # The balancer node: the fixture's c4a-standard-1 and its system disk. It sends through the
+    # NAT too, and runs while the groups are stopped.
+    disk = sizing.WORKER_DISK_GB * GCP_PRICES["disk_gb_month"] / costs.HOURS_PER_MONTH
+    assert with_balancer.balancer == round(0.0449 + disk, 5)
+    assert with_balancer.nat == round(4 * 0.002 + 0.01, 5)
+    assert with_balancer.disks == running.disks
+    assert with_balancer.stopped == round(
+        0.002 + 0.01 + (running.disks or 0) + with_balancer.balancer, 5
+    )
+    assert any(s.startswith("balancer node: test fixture") for s in with_balancer.sources)
 
 
 def test_a_stopped_cluster_with_no_priced_part_has_no_figure(price_list) -> None:

@@ -197,8 +197,10 @@ def test_the_set_is_priced_as_every_group_one_nat_and_the_balancer() -> None:
         # AWS's NAT is charged per gateway: the set shares one.
         assert cost.nat == pytest.approx(alone.nat or 0)
         # The balancer node: a c8g.large and its 30 GB system disk at gp3's baseline.
-        balancer = costs.balancer_hourly_usd("aws", "us-east-1")
-        assert balancer == pytest.approx(0.07976 + 30 * 0.08 / costs.HOURS_PER_MONTH, abs=1e-5)
+        balancer = costs.balancer_cost("aws", "us-east-1").usd
+        assert balancer is not None and balancer == pytest.approx(
+            0.07976 + 30 * 0.08 / costs.HOURS_PER_MONTH, abs=1e-5
+        )
         expected = replicas * (alone.total or 0) - (replicas - 1) * (alone.nat or 0)
         expected += balancer if replicas > 1 else 0.0
         assert option.hourly_usd == pytest.approx(expected, abs=1e-4)
@@ -239,7 +241,7 @@ def test_an_unpriced_balancer_marks_the_total_partial_never_guessed(
     two = search.with_replicas(one, EIGHT_B, CONTEXT, 2, (4, 4))
     assert one.cost.unpriced == () and not one.price_is_partial
     assert two.price_is_partial and two.cost.balancer is None
-    assert two.cost.unpriced == (FACTS["aws"].balancer_name,)
+    assert two.cost.unpriced == (costs.BALANCER_NODE,)
     expected = 2 * (one.cost.instances or 0) + 2 * (one.cost.disks or 0) + (one.cost.nat or 0)
     assert two.hourly_usd == pytest.approx(expected, abs=1e-4)
 

@@ -33,12 +33,13 @@ ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 
 
 def boot_env(d: Deployment, cloud: str, vm: Any) -> tuple[str, dict[str, str]]:
+    """A VM's boot data, and its node settings (none on the balancer node)."""
     text = (
         str(vm.inputs["metadata"]["user-data"])
         if cloud == "gcp"
         else custom_data_text(vm.inputs["osProfile"]["customData"])
     )
-    return text, env_of(text)
+    return text, {} if vm.name.endswith("-balancer") else env_of(text)
 
 
 def assert_told_where_not_what(d: Deployment, cloud: str, key: str, source: str) -> None:

@@ -1,5 +1,6 @@
 """The Azure (Cobalt 100) program under Pulumi mocks: NSG rules, NICs, image, disks, outputs,
-and replicas behind the internal Standard Load Balancer."""
+and replicas behind the balancer node (``tests/stack/test_balancer_node.py`` for what every
+cloud's has in common)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,9 @@ VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"
 NSG = "azure-native:network:NetworkSecurityGroup"
-BALANCER = "azure-native:network:LoadBalancer"
 CLUSTER = "llama-rpc-cluster"
 REPLICA2 = f"{CLUSTER}-replica2"
-GROUP_ID = "llama-rpc-cluster-rg-id"  # as the mocks give it
-BALANCER_ID = f"{GROUP_ID}/providers/Microsoft.Network/loadBalancers/llama-rpc-cluster-balancer"
+BALANCER = f"{CLUSTER}-balancer"
 
 RESOURCE_GROUP = "llama-rpc-cluster-rg"
 
@@ -253,7 +252,7 @@ def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
 
 @functools.cache
 def replicated(**options: Any) -> Deployment:
-    """The preset with two serving groups behind the balancer (and options)."""
+    """The preset with two serving groups behind the balancer node (and options)."""
     overrides = {f"llama-rpc-cluster:{k}": v for k, v in options.items()}
     return deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2, **overrides})
 
@@ -302,7 +301,7 @@ def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(options: dict[str, 
 
 def test_replicas_are_groups_of_nodes_with_their_own_groups_and_placement() -> None:
     d = replicated()
-    nics = {nic.name: nic.inputs["ipConfigurations"] for nic in d.of_type(NIC)}
+    nics = {n.name: n.inputs["ipConfigurations"] for n in d.of_type(NIC) if BALANCER not in n.name}
     addresses = {name: ip["privateIPAddress"] for name, [ip] in nics.items()}
     assert addresses == {
         f"{CLUSTER}-main-nic": "10.42.0.10",
@@ -316,7 +315,11 @@ def test_replicas_are_groups_of_nodes_with_their_own_groups_and_placement() -> N
         group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
         role = "main" if name.endswith("-main-nic") else "worker"
         assert ip["applicationSecurityGroups"] == [asg(group, role)]
-    placements = {vm.name: vm.inputs["proximityPlacementGroup"]["id"] for vm in d.of_type(VM)}
+    placements = {
+        vm.name: vm.inputs["proximityPlacementGroup"]["id"]
+        for vm in d.of_type(VM)
+        if vm.name != BALANCER
+    }
     for name, placement in placements.items():
         group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
         assert placement == f"{group}-ppg-id"
@@ -343,79 +346,71 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
     assert max(p for p in priorities if p != DENY_PRIORITY) < DENY_PRIORITY
 
 
-def test_the_balancer_is_an_internal_standard_one_at_the_balancer_address() -> None:
+def test_the_balancer_node_is_in_its_own_security_group_outside_any_placement() -> None:
     d = replicated()
-    [balancer] = d.of_type(BALANCER)
-    lb = balancer.inputs
-    assert lb["sku"] == {"name": "Standard", "tier": "Regional"}
-    [frontend] = lb["frontendIPConfigurations"]
-    [subnet] = d.of_type("azure-native:network:Subnet")
-    assert frontend["privateIPAddress"] == "10.42.0.5"
-    assert frontend["privateIPAllocationMethod"] == "Static"
-    assert frontend["subnet"] == {"id": f"{subnet.name}-id"}
-    assert "publicIPAddress" not in frontend
-    [probe] = lb["probes"]
-    assert (probe["protocol"], probe["port"], probe["requestPath"]) == ("Http", 8080, "/health")
-    [rule] = lb["loadBalancingRules"]
-    assert (rule["protocol"], rule["frontendPort"], rule["backendPort"]) == ("Tcp", 8080, 8080)
-    assert rule["disableOutboundSnat"] is True
-    assert rule["frontendIPConfiguration"] == {
-        "id": f"{BALANCER_ID}/frontendIPConfigurations/{frontend['name']}"
+    [ip] = d.named(f"{BALANCER}-nic").inputs["ipConfigurations"]
+    assert ip["applicationSecurityGroups"] == [asg(CLUSTER, "balancer")]
+    assert ip["privateIPAllocationMethod"] == "Static"
+    vm = d.named(BALANCER).inputs
+    assert "proximityPlacementGroup" not in vm
+    assert vm["securityProfile"]["securityType"] == "TrustedLaunch"
+    assert vm["tags"]["role"] == "balancer"
+    disk_tags = d.named(f"{BALANCER}-os-disk-tags").inputs["properties"]["tags"]
+    assert disk_tags["role"] == "balancer"
+
+
+@pytest.mark.parametrize("options", [{}, {"bastion": True, "apiAllowedCidrs": ("10.8.0.0/16",)}])
+def test_the_balancer_node_takes_the_api_as_a_main_node_does_and_each_main_admits_it(
+    options: dict[str, Any],
+) -> None:
+    rules = rules_of(replicated(**options))
+    balancer = [asg(CLUSTER, "balancer")]
+    into = {
+        n: r for n, r in rules.items() if r.get("destinationApplicationSecurityGroups") == balancer
     }
-    assert rule["probe"] == {"id": f"{BALANCER_ID}/probes/{probe['name']}"}
-    [pool] = lb["backendAddressPools"]
-    assert rule["backendAddressPool"] == {"id": f"{BALANCER_ID}/backendAddressPools/{pool['name']}"}
-    assert lb["tags"]["stack"] == "azure-cobalt"
-
-
-def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
-    d = replicated()
-    [balancer] = d.of_type(BALANCER)
-    [rule] = balancer.inputs["loadBalancingRules"]
-    members = {
-        nic.name: ip["loadBalancerBackendAddressPools"]
-        for nic in d.of_type(NIC)
-        for ip in nic.inputs["ipConfigurations"]
-        if "loadBalancerBackendAddressPools" in ip
+    expected = {
+        f"balancer-{rule}" for rule in ("allow-api-from-allowed-cidrs", "allow-api-from-bastion")
     }
-    assert members == {
-        f"{CLUSTER}-main-nic": [rule["backendAddressPool"]],
-        f"{REPLICA2}-main-nic": [rule["backendAddressPool"]],
-    }
-
-
-def test_the_balancers_probes_are_admitted_only_with_replicas() -> None:
-    rules = rules_of(replicated())
+    assert set(into) == (expected if options else set())
+    for name, rule in into.items():
+        assert (rule["access"], rule["protocol"], rule["destinationPortRange"]) == (
+            "Allow",
+            "Tcp",
+            "8080",
+        )
+        # The same sources as the first group's main node.
+        assert {k: v for k, v in rule.items() if k.startswith("source")} == {
+            k: v
+            for k, v in rules[name.replace("balancer-", "g1-")].items()
+            if k.startswith("source")
+        }
+        assert rule["priority"] > 2000 and rule["priority"] < DENY_PRIORITY
     for prefix, group, priority in (("g1-", CLUSTER, 140), ("g2-", REPLICA2, 340)):
-        probes = rules[f"{prefix}allow-probes-from-balancer"]
-        assert (probes["access"], probes["protocol"]) == ("Allow", "Tcp")
-        assert probes["sourceAddressPrefix"] == "AzureLoadBalancer"
-        assert probes["destinationApplicationSecurityGroups"] == [asg(group, "main")]
-        assert probes["destinationPortRange"] == "8080"
-        assert probes["priority"] == priority < DENY_PRIORITY
-    alone = rules_of(deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True}))
-    assert not any("probes" in name for name in alone)
+        rule = rules[f"{prefix}allow-api-from-balancer"]
+        assert rule["sourceApplicationSecurityGroups"] == balancer
+        assert rule["destinationApplicationSecurityGroups"] == [asg(group, "main")]
+        assert (rule["destinationPortRange"], rule["priority"]) == ("8080", priority)
+    # Azure's load-balancer probes are admitted nowhere: no managed balancer probes the groups.
+    assert not [r for r in rules.values() if r.get("sourceAddressPrefix") == "AzureLoadBalancer"]
+    priorities = [rule["priority"] for rule in rules.values()]
+    assert len(set(priorities)) == len(priorities)
 
 
-def test_connect_command_reaches_the_first_main_node_and_says_why() -> None:
-    """Run Command runs on a main node, a backend of the balancer, which cannot count on
-    reaching the balancer's frontend; Bastion's IP-based tunnels take no custom ports."""
+def test_connect_command_reaches_the_balancer_node_with_replicas() -> None:
+    """Bastion tunnels to the balancer node as to any VM; without Bastion, Run Command on it
+    asks the balancer for the models."""
     command = replicated().outputs[outputs.CONNECT_COMMAND]
     assert "az vm run-command invoke" in command
-    assert f"--name {CLUSTER}-main " in command
-    assert "curl -s http://10.42.0.10:8080/v1/models" in command
+    assert f"--name {BALANCER} " in command
+    assert "curl -s http://10.42.0.5:8080/v1/models" in command
     tunnel = shlex.split(replicated(bastion=True).outputs[outputs.CONNECT_COMMAND])
-    assert tunnel[tunnel.index("--target-resource-id") + 1] == f"{CLUSTER}-main-id"
-    assert "--target-ip-address" not in tunnel
-    [bastion] = replicated(bastion=True).of_type("azure-native:network:BastionHost")
-    assert not bastion.inputs.get("enableIpConnect")
-    for d in (replicated(), replicated(bastion=True)):
-        [line] = [line for line in d.outputs[outputs.LIMITATIONS] if line.startswith("balancer:")]
-        assert "first group's main node" in line and "balancerUrl" in line
-    assert not any(
-        line.startswith("balancer:")
-        for line in deployed("azure-cobalt").outputs[outputs.LIMITATIONS]
+    assert tunnel[tunnel.index("--target-resource-id") + 1] == f"{BALANCER}-id"
+    alone = shlex.split(
+        deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True}).outputs[outputs.CONNECT_COMMAND]
     )
+    assert alone[alone.index("--target-resource-id") + 1] == f"{CLUSTER}-main-id"
+    for d in (replicated(), replicated(bastion=True)):
+        assert not any(line.startswith("balancer:") for line in d.outputs[outputs.LIMITATIONS])
 
 
 def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
@@ -425,7 +420,7 @@ def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
         "azure-cobalt",
         {"llama-rpc-cluster:bastion": True, "llama-rpc-cluster:apiAllowedCidrs": ("10.8.0.0/16",)},
     )
-    assert not d.of_type(BALANCER)
+    assert not [r.name for r in d.resources if "balancer" in r.name]
     assert d.outputs[outputs.REPLICAS] == 1
     assert d.outputs[outputs.BALANCER_URL] is None
     assert {name: rule["priority"] for name, rule in rules_of(d).items()} == {

@@ -301,13 +301,6 @@ def test_tags_a_tag_the_cloud_refuses_is_caught(
             {"logConfig": {"flowSampling": 2}},
             ("0-1",),
         ),
-        (
-            "azure-cobalt",
-            "three replicas",
-            "azure-native:network:LoadBalancer",
-            {"loadBalancingRules": [{"idleTimeoutInMinutes": 120}]},
-            ("4-100",),
-        ),
     ],
 )
 def test_values_a_value_out_of_bounds_is_caught(
@@ -357,25 +350,19 @@ def test_combinations_a_standard_parameter_over_4_kb_is_caught() -> None:
     assert not families(advanced)
 
 
-def test_combinations_connection_tracking_without_client_affinity_is_caught() -> None:
-    only(
-        changed(
-            run("gcp-c4a", "three replicas"),
-            "gcp:compute/regionBackendService:RegionBackendService",
-            with_inputs(connectionTrackingPolicy={"idleTimeoutSec": 1800}),
-        ),
-        rules.COMBINATION,
-        "sessionAffinity is CLIENT_IP",
-    )
-    legal = changed(
-        run("gcp-c4a", "three replicas"),
-        "gcp:compute/regionBackendService:RegionBackendService",
-        with_inputs(
-            connectionTrackingPolicy={"idleTimeoutSec": 1800, "trackingMode": "PER_SESSION"},
-            sessionAffinity="CLIENT_IP",
-        ),
-    )
-    assert families(legal) == {}
+@pytest.mark.parametrize(
+    ("typ", "values"),
+    [
+        ("gcp:compute/instance:Instance", {"tags": ["Llama-main"]}),
+        ("gcp:compute/firewall:Firewall", {"targetTags": ["a" * 64]}),
+        ("gcp:compute/firewall:Firewall", {"sourceTags": ["main-"]}),
+    ],
+)
+def test_combinations_a_gcp_network_tag_outside_rfc_1035_is_caught(
+    typ: str, values: dict[str, Any]
+) -> None:
+    only(changed(run("gcp-c4a", "three replicas"), typ, with_inputs(**values)), rules.COMBINATION,
+         "network tag")  # fmt: skip
 
 
 def test_combinations_a_vm_that_deletes_its_own_nic_is_caught() -> None:

@@ -1,5 +1,6 @@
 """The GCP (Axion C4A) program under Pulumi mocks: firewall, disks, NICs, image, zone, outputs,
-and replicas behind the internal passthrough Network Load Balancer."""
+and replicas behind the balancer node (``tests/stack/test_balancer_node.py`` for what every
+cloud's has in common)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ import ipaddress
 import re
 import shlex
 
-import pulumi_gcp as gcp
 import pytest
 
 from infra.clouds.gcp import IAP_RANGE, label_problem, service_account_id
 from infra.core import outputs
 from infra.core.limits import METRICS_PORT
-from infra.stack.providers.gcp import HEALTH_CHECK_RANGES
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
-    GCP_SELF_LINKS,
     Deployment,
     deploy,
     deployed,
@@ -33,11 +31,6 @@ GCP_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:clo
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 INSTANCE_GROUP = "gcp:compute/instanceGroup:InstanceGroup"
-MEMBERSHIP = "gcp:compute/instanceGroupMembership:InstanceGroupMembership"
-HEALTH_CHECK = "gcp:compute/regionHealthCheck:RegionHealthCheck"
-BACKEND_SERVICE = "gcp:compute/regionBackendService:RegionBackendService"
-FORWARDING_RULE = "gcp:compute/forwardingRule:ForwardingRule"
-BALANCER_TYPES = {INSTANCE_GROUP, MEMBERSHIP, HEALTH_CHECK, BACKEND_SERVICE, FORWARDING_RULE}
 CLUSTER = "llama-rpc-cluster"
 REPLICA2 = f"{CLUSTER}-replica2"
 # GCP resources that take labels; the network pieces and firewall rules take none.
@@ -231,7 +224,7 @@ def test_a_staged_s3_model_is_refused_where_nodes_cannot_read_s3() -> None:
 
 @functools.cache
 def replicated(stack: str = "gcp-c4a") -> Deployment:
-    """A preset with two serving groups behind the balancer."""
+    """A preset with two serving groups behind the balancer node."""
     return deploy(stack, {"llama-rpc-cluster:replicas": 2})
 
 
@@ -270,7 +263,7 @@ def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(replicas: int) -> N
 
 def test_replicas_are_groups_of_nodes_at_their_layout_addresses() -> None:
     d = replicated()
-    instances = {r.name: r.inputs for r in d.of_type(INSTANCE)}
+    instances = {r.name: r.inputs for r in d.of_type(INSTANCE) if r.name != f"{CLUSTER}-balancer"}
     expected = {
         f"{CLUSTER}-main": "10.42.0.10",
         f"{CLUSTER}-worker-1": "10.42.0.11",
@@ -286,13 +279,13 @@ def test_replicas_are_groups_of_nodes_at_their_layout_addresses() -> None:
         group = REPLICA2 if name.startswith(REPLICA2) else CLUSTER
         role = "main" if name.endswith("-main") else "worker"
         assert inputs["tags"] == [f"{group}-{role}"]
-        assert inputs["zone"] == "us-central1-a"  # one zone: the balancer's instance group's
+        assert inputs["zone"] == "us-central1-a"  # one zone: the instance group's
     main = env_of(instances[f"{REPLICA2}-main"]["metadata"]["user-data"])
     assert main["RPC_WORKERS"] == "10.42.0.31:50052,10.42.0.32:50052"
     worker = env_of(instances[f"{REPLICA2}-worker-1"]["metadata"]["user-data"])
     assert worker["RPC_ALLOWED_SOURCES"] == "10.42.0.30/32"
-    # The passthrough balancer delivers packets addressed to itself: llama-server listens on
-    # every address, with or without replicas, so adding groups changes no node's boot data.
+    # llama-server listens on every address, as it did behind the passthrough balancer that
+    # came before the balancer node: a deployed stack's nodes are not replaced for it.
     for name in (f"{CLUSTER}-main", f"{REPLICA2}-main"):
         assert env_of(instances[name]["metadata"]["user-data"])["SERVER_LISTEN"] == "0.0.0.0"
     one = {r.name: r.inputs for r in deployed("gcp-c4a").of_type(INSTANCE)}
@@ -315,80 +308,48 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
         )
 
 
-def test_the_balancer_is_an_internal_passthrough_one_at_the_balancer_address() -> None:
-    d = replicated()
-    [health] = d.of_type(HEALTH_CHECK)
-    assert health.inputs["httpHealthCheck"] == {"port": 8080, "requestPath": "/health"}
-    assert health.inputs["region"] == "us-central1"
-    [servers] = d.of_type(BACKEND_SERVICE)
-    assert servers.inputs["loadBalancingScheme"] == "INTERNAL"
-    assert servers.inputs["protocol"] == "TCP"
-    assert servers.inputs["healthChecks"] == f"{health.name}-id"
-    [group] = d.of_type(INSTANCE_GROUP)
-    assert group.inputs["zone"] == "us-central1-a"
-    assert servers.inputs["backends"] == [
-        {"group": f"{GCP_SELF_LINKS}/{group.name}", "balancingMode": "CONNECTION"}
-    ]
-    [rule] = d.of_type(FORWARDING_RULE)
-    assert rule.inputs["ipAddress"] == "10.42.0.5"
-    assert rule.inputs["ports"] == ["8080"]
-    assert (rule.inputs["loadBalancingScheme"], rule.inputs["ipProtocol"]) == ("INTERNAL", "TCP")
-    assert rule.inputs["allowGlobalAccess"] is False
-    assert rule.inputs["backendService"] == f"{servers.name}-id"
-    [subnet] = d.of_type("gcp:compute/subnetwork:Subnetwork")
-    assert rule.inputs["subnetwork"] == f"{subnet.name}-id"
-    assert rule.inputs["labels"]["stack"] == "gcp-c4a"
-
-
-def test_the_balancer_sends_to_every_groups_main_node_and_no_other() -> None:
-    d = replicated()
-    [group] = d.of_type(INSTANCE_GROUP)
-    members = d.of_type(MEMBERSHIP)
-    assert sorted(m.inputs["instance"] for m in members) == [
-        f"{GCP_SELF_LINKS}/{CLUSTER}-main",
-        f"{GCP_SELF_LINKS}/{REPLICA2}-main",
-    ]
-    for member in members:
-        assert member.inputs["instanceGroup"] == group.name
-        # A replaced main node joins again: the membership goes (first) and comes with it.
-        options = d.options_of(member)
-        assert options.delete_before_replace is True
-        [vm] = options.replace_with or []
-        assert isinstance(vm, gcp.compute.Instance)
-        assert member.inputs["instance"] == f"{GCP_SELF_LINKS}/{vm.pulumi_resource_name}"
-
-
-def test_health_checks_reach_the_main_nodes_api_only_with_replicas() -> None:
-    rules = {r.name: r.inputs for r in replicated().of_type(FIREWALL)}
-    health = rules[f"{CLUSTER}-main-api-from-health-checks"]
-    assert health["sourceRanges"] == list(HEALTH_CHECK_RANGES)
-    assert health["allows"] == [{"protocol": "tcp", "ports": ["8080"]}]
-    assert health["targetTags"] == [f"{CLUSTER}-main", f"{REPLICA2}-main"]
-    # Each group's main node keeps its own API rule (IAP): the balancer keeps client addresses.
+def test_the_balancer_node_takes_the_api_from_iap_and_api_cidrs_and_reaches_each_main() -> None:
+    d = deploy(
+        "gcp-c4a",
+        {"llama-rpc-cluster:replicas": 2, "llama-rpc-cluster:apiAllowedCidrs": ["10.8.0.0/16"]},
+    )
+    rules = {r.name: r.inputs for r in d.of_type(FIREWALL)}
+    tag = f"{CLUSTER}-balancer"
+    assert d.named(tag).inputs["tags"] == [tag]
+    into = {name: rule for name, rule in rules.items() if tag in rule.get("targetTags", [])}
+    assert set(into) == {f"{tag}-api-from-iap"}
+    api = into[f"{tag}-api-from-iap"]
+    assert api["direction"] == "INGRESS" and api["sourceRanges"] == [IAP_RANGE, "10.8.0.0/16"]
+    assert allowed_ports(api) == {8080}
+    # Each group's main node admits the balancer node on the API port, and no other group's.
     for group in (CLUSTER, REPLICA2):
-        assert rules[f"{group}-main-api-from-iap"]["sourceRanges"] == [IAP_RANGE]
+        rule = rules[f"{group}-main-api-from-balancer"]
+        assert rule["sourceTags"] == [tag] and rule["targetTags"] == [f"{group}-main"]
+        assert allowed_ports(rule) == {8080} and "sourceRanges" not in rule
+        # ... and keeps its own API rule, for a tunnel to that group alone.
         assert rules[f"{group}-main-api-from-iap"]["targetTags"] == [f"{group}-main"]
-    alone = {r.name for r in deployed("gcp-c4a").of_type(FIREWALL)}
-    assert not any("health-checks" in name for name in alone)
+    from_balancer = [r for r in rules.values() if tag in r.get("sourceTags", [])]
+    assert len(from_balancer) == 2
+    # Google's health-check probers are admitted nowhere: no managed balancer probes the groups.
+    for rule in rules.values():
+        assert not any(r.startswith(("35.191.", "130.211.")) for r in rule.get("sourceRanges", []))
 
 
-def test_connect_command_tunnels_to_the_first_main_node_and_says_why() -> None:
-    """IAP TCP forwarding does not support load-balanced targets, and a main node reaches the
-    balancer's address as itself: the tunnel stays on the first group's main node."""
+def test_connect_command_tunnels_to_the_balancer_node_with_replicas() -> None:
+    """IAP reaches the balancer node as it reaches any VM: the tunnel ends there."""
     replicas, alone = replicated().outputs, deployed("gcp-c4a").outputs
-    assert replicas[outputs.CONNECT_COMMAND] == alone[outputs.CONNECT_COMMAND]
-    assert shlex.split(replicas[outputs.CONNECT_COMMAND])[3] == f"{CLUSTER}-main"
-    [balancer] = [line for line in replicas["limitations"] if line.startswith("balancer:")]
-    assert "first group's main node" in balancer and "balancerUrl" in balancer
-    assert not any(line.startswith("balancer:") for line in alone["limitations"])
+    assert shlex.split(replicas[outputs.CONNECT_COMMAND])[3] == f"{CLUSTER}-balancer"
+    assert shlex.split(alone[outputs.CONNECT_COMMAND])[3] == f"{CLUSTER}-main"
+    for out in (replicas, alone):
+        assert not any(line.startswith("balancer:") for line in out[outputs.LIMITATIONS])
 
 
 def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
     """A stack without replicas sees nothing replaced: the first group's resources keep the
     names they had before there were groups."""
     d = deployed("gcp-c4a")
-    # The instance group keeps the stack's zone; it has no members without replicas.
-    assert not [r.name for r in d.resources if r.typ in BALANCER_TYPES - {INSTANCE_GROUP}]
+    # The instance group keeps the stack's zone; it has no members.
+    assert not [r.name for r in d.resources if "balancer" in r.name]
     [group] = d.of_type(INSTANCE_GROUP)
     assert "instances" not in group.inputs
     assert d.outputs[outputs.REPLICAS] == 1

@@ -101,9 +101,13 @@ def test_the_zone_setting_moves_the_cluster_on_purpose(stack: str, cloud: str) -
             "gcp-c4a",
             {f"{P}replicas": 2},
             "gcp:compute/instance:Instance::llama-rpc-cluster-main",
-            {
-                "gcp:compute/instanceGroupMembership:InstanceGroupMembership::llama-rpc-cluster-main-balanced"
-            },
+            set(),  # the balancer node names it by its fixed address
+        ),
+        (
+            "azure-cobalt",
+            {f"{P}replicas": 2},
+            "azure-native:compute:VirtualMachine::llama-rpc-cluster-balancer",
+            {"azure-native:resources:TagAtScope::llama-rpc-cluster-balancer-os-disk-tags"},
         ),
         (
             "azure-cobalt",
@@ -129,7 +133,13 @@ def test_the_zone_setting_moves_the_cluster_on_purpose(stack: str, cloud: str) -
             },
         ),
     ],
-    ids=["aws-main", "gcp-main-balanced", "azure-worker", "azure-main-staged"],
+    ids=[
+        "aws-main",
+        "gcp-main-with-replicas",
+        "azure-balancer",
+        "azure-worker",
+        "azure-main-staged",
+    ],
 )
 def test_replacing_one_node_replaces_only_it_and_what_must_follow(
     stack: str, overrides: dict[str, Any], node: str, follows: set[str]
@@ -138,7 +148,7 @@ def test_replacing_one_node_replaces_only_it_and_what_must_follow(
     actions = plan_update(before, after, forced=frozenset({node}))
     assert acted(actions, "replace") == {node, *follows}
     assert acted(actions, "create", "delete") == set()
-    # Its NIC, its address, the balancer's targets stay: the node keeps its fixed address.
+    # Its NIC, its address, the balancer node's servers stay: the node keeps its fixed address.
     assert "update" not in {actions[key] for key in follows}
 
 

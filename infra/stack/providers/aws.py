@@ -672,7 +672,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         groups: Sequence[AwsGroup],
         mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
-    ) -> None:
+    ) -> Node:
         """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
         sends each request to a group with a free slot, and queues it for the first to free one
         when none has. Its security group admits the server port from the first group's main
@@ -738,7 +738,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         disk = self.facts.disk.provision(None)
         balancer_name = f"{name}-balancer"
         ignore = [] if config.image else ["ami"]
-        aws.ec2.Instance(
+        instance = aws.ec2.Instance(
             balancer_name,
             ami=network.ami,
             instance_type=instance_type,
@@ -752,6 +752,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             ),
             opts=pulumi.ResourceOptions(parent=parent, ignore_changes=ignore),
         )
+        return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
     def node(
         self,
@@ -893,9 +894,10 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         config: ClusterConfig,
         network: AwsNetwork,  # noqa: ARG002 (the Backend interface)
         main: Node,
+        balancer: Node | None,  # noqa: ARG002 (it has no role, so no Session Manager)
     ) -> pulumi.Output[str]:
         port = str(config.server_port)
-        # Through the first group's main node, to the balancer when there is one.
+        # Through the first group's main node, to the balancer node when there is one.
         host = config.balancer_ip or config.main_ip
         parameters = json.dumps({"host": [host], "portNumber": [port], "localPortNumber": [port]})
         return pulumi.Output.concat(

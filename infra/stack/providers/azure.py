@@ -1,8 +1,8 @@
 """Azure Cobalt 100: a VNet with a NAT gateway (new VNets have no default outbound access),
 an NSG whose rules name application security groups per role and serving group and deny all
 other inbound traffic explicitly, accelerated NICs without public IPs, a proximity placement
-group per serving group, and an internal Standard Load Balancer in front of the groups when
-there are several.
+group per serving group, and a balancer node (HAProxy, ``infra.boot.balancer``) in front of the
+groups when there are several.
 
 Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
 any node but where a feature needs one (the main node's, with read access to a staged model's
@@ -24,17 +24,15 @@ import pulumi
 import pulumi_azure_native as azure
 import pulumi_random as random
 
+from infra.boot.balancer import render as render_balancer
+from infra.boot.deliver import deliver
 from infra.clouds import azure as azure_facts
 from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.clouds.stores import blob_object, listed_prefixes
-from infra.core import layout, outputs
+from infra.core import layout, outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.config import AZURE_API_KEY_SECRET, ClusterConfig
 from infra.stack.providers.base import (
-    BALANCER_IDLE_TIMEOUT_SECONDS,
-    HEALTH_INTERVAL_SECONDS,
-    HEALTH_PATH,
-    HEALTH_THRESHOLD,
     CloudBackend,
     GroupSpec,
     Node,
@@ -71,19 +69,8 @@ DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
 # The NSG is shared: each serving group's rules take the first group's priorities (100-140)
 # plus this much per group (300-340 for the second, ... 1900-1940 for the tenth).
 GROUP_PRIORITY_STRIDE = 200
-# Azure's default AllowAzureLoadBalancerInBound (65001) comes after the deny: the balancer's
-# probes need a rule of their own, before it.
-PROBE_PRIORITY = 140
-# The service tag of the platform address (168.63.129.16) that load balancer probes come from:
-# https://learn.microsoft.com/azure/virtual-network/service-tags-overview
-LOAD_BALANCER_TAG = "AzureLoadBalancer"
-# The default idle timeout is 4 minutes, 30 the most a load-balancing rule takes:
-# https://learn.microsoft.com/azure/load-balancer/load-balancer-tcp-reset
-IDLE_TIMEOUT_MINUTES = BALANCER_IDLE_TIMEOUT_SECONDS // 60
-BALANCER_FRONTEND = "private"
-BALANCER_POOL = "main-nodes"
-BALANCER_PROBE = "health"
-BALANCER_RULE = "api"
+# The balancer node's own inbound rules (replicas > 1), after every group's (at most 1940).
+BALANCER_PRIORITY = 3000
 # Storage Blob Data Reader: read and list blobs, nothing else (a built-in role, the same id in
 # every subscription):
 # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/storage#storage-blob-data-reader
@@ -189,10 +176,8 @@ class AzureNetwork:
     bastion: azure.network.BastionHost | None
     # Each serving group's, made before the NSG, which declares every rule at once.
     group_security: tuple[GroupSecurity, ...]
-    # The balancer's backend pool (replicas > 1). A NIC joins a pool through its own IP
-    # configuration, so the pool must exist before the main nodes' NICs: the balancer is made
-    # with the network.
-    balancer_pool_id: pulumi.Output[str] | None = None
+    # The balancer node's application security group (replicas > 1), made before the NSG too.
+    balancer_security: azure.network.ApplicationSecurityGroup | None = None
     # With a spend guard: the custom role that lets a node deallocate itself.
     deallocate_role: azure.authorization.RoleDefinition | None = None
     # With an API key: the stack's Key Vault, which keeps it.
@@ -221,19 +206,37 @@ def group_rule_name(index: int, rule: str) -> str:
     return f"g{index + 1}-{rule}"
 
 
+def _api_port(config: ClusterConfig) -> dict[str, Any]:
+    return {"access": "Allow", "protocol": "Tcp", "destination_port_range": str(config.server_port)}
+
+
+def _api_sources(config: ClusterConfig) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Who reaches the API from outside the cluster, by rule and priority offset: Bastion's
+    subnet (the tunnel) and apiAllowedCidrs."""
+    rules: dict[str, tuple[int, dict[str, Any]]] = {}
+    if config.api_allowed_cidrs:
+        rules["allow-api-from-allowed-cidrs"] = (
+            10,
+            {"source_address_prefixes": list(config.api_allowed_cidrs)},
+        )
+    if config.bastion:
+        rules["allow-api-from-bastion"] = (20, {"source_address_prefix": str(config.public_subnet)})
+    return rules
+
+
 def group_rules(
-    config: ClusterConfig, index: int, main: pulumi.Input[str], worker: pulumi.Input[str]
+    config: ClusterConfig,
+    index: int,
+    main: pulumi.Input[str],
+    worker: pulumi.Input[str],
+    balancer: pulumi.Input[str] | None = None,
 ) -> list[azure.network.SecurityRuleArgsDict]:
     """A serving group's inbound rules, by the ids of its application security groups: its
-    workers take RPC and node metrics from its own main node only; the API
-    from Bastion, apiAllowedCidrs and (replicas > 1) the balancer's probes. The first group's
+    workers take RPC and node metrics from its own main node only; the API from Bastion,
+    apiAllowedCidrs and (``balancer``, replicas > 1) the balancer node. The first group's
     priorities are 100-140, each further group's GROUP_PRIORITY_STRIDE higher."""
     api = {"destination_application_security_groups": [{"id": main}]}
-    api_port = {
-        "access": "Allow",
-        "protocol": "Tcp",
-        "destination_port_range": str(config.server_port),
-    }
+    api_port = _api_port(config)
     rules: dict[str, tuple[int, dict[str, Any]]] = {
         "allow-rpc-from-main": (
             100,
@@ -256,25 +259,28 @@ def group_rules(
             },
         ),
     }
-    if config.api_allowed_cidrs:
-        rules["allow-api-from-allowed-cidrs"] = (
-            110,
-            {**api_port, **api, "source_address_prefixes": list(config.api_allowed_cidrs)},
-        )
-    if config.bastion:
-        rules["allow-api-from-bastion"] = (
-            120,
-            {**api_port, **api, "source_address_prefix": str(config.public_subnet)},
-        )
-    if config.replicas > 1:
-        # The stack's deny rule also stops Azure's default AllowAzureLoadBalancerInBound (65001).
-        rules["allow-probes-from-balancer"] = (
-            PROBE_PRIORITY,
-            {**api_port, **api, "source_address_prefix": LOAD_BALANCER_TAG},
+    for rule, (offset, source) in _api_sources(config).items():
+        rules[rule] = (100 + offset, {**api_port, **api, **source})
+    if balancer is not None:
+        rules["allow-api-from-balancer"] = (
+            140,
+            {**api_port, **api, "source_application_security_groups": [{"id": balancer}]},
         )
     return [
         inbound_rule(group_rule_name(index, rule), base + GROUP_PRIORITY_STRIDE * index, spec)
         for rule, (base, spec) in sorted(rules.items(), key=lambda item: item[1][0])
+    ]
+
+
+def balancer_rules(
+    config: ClusterConfig, balancer: pulumi.Input[str]
+) -> list[azure.network.SecurityRuleArgsDict]:
+    """The balancer node's inbound rules: the API from Bastion and apiAllowedCidrs, as a main
+    node takes it (``balancer`` is the id of its application security group)."""
+    api = {**_api_port(config), "destination_application_security_groups": [{"id": balancer}]}
+    return [
+        inbound_rule(f"balancer-{rule}", BALANCER_PRIORITY + offset, {**api, **source})
+        for rule, (offset, source) in sorted(_api_sources(config).items(), key=lambda i: i[1][0])
     ]
 
 
@@ -307,14 +313,6 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             found["tunnel"] = (
                 "no port forward without `bastion: true`: connectCommand queries the API with "
                 "Run Command"
-            )
-        if config.replicas > 1:
-            found["balancer"] = (
-                "connectCommand reaches the first group's main node only: Bastion's IP-based "
-                "tunnels take no custom ports, and a main node, a backend of the internal "
-                "balancer, cannot be sure to reach the balancer's address itself; clients "
-                "inside the VNet (or a network connected to it and admitted by "
-                "apiAllowedCidrs) use balancerUrl"
             )
         return found
 
@@ -370,13 +368,26 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             )
             for index in range(config.replicas)
         )
+        balancer = (
+            azure.network.ApplicationSecurityGroup(
+                f"{name}-balancer-asg",
+                resource_group_name=rg,
+                tags=self.tags(config, "balancer"),
+                opts=opts,
+            )
+            if config.replicas > 1
+            else None
+        )
+        balancer_id = balancer.id if balancer is not None else None
         # Every rule in the NSG's one write: Azure serialises the writes to an NSG and answers
         # parallel ones (a rule each) with 429 or 409, which the provider may not retry.
         rules = [
             rule
             for index, group in enumerate(security)
-            for rule in group_rules(config, index, group.main.id, group.worker.id)
+            for rule in group_rules(config, index, group.main.id, group.worker.id, balancer_id)
         ]
+        if balancer_id is not None:
+            rules += balancer_rules(config, balancer_id)
         nsg = azure.network.NetworkSecurityGroup(
             f"{name}-nsg",
             resource_group_name=rg,
@@ -415,16 +426,11 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                 tags=tags,
                 opts=opts,
             )
-        pool = (
-            self._load_balancer(name=name, config=config, group=group, subnet=subnet, opts=opts)
-            if config.replicas > 1
-            else None
-        )
         role = self._deallocate_role(name, group, opts) if guarded(config) else None
         vault = (
             self._key_vault(name, config, group, nat_ip, opts) if config.api_key != "none" else None
         )
-        return AzureNetwork(group, subnet, nsg, bastion, security, pool, role, vault)
+        return AzureNetwork(group, subnet, nsg, bastion, security, balancer, role, vault)
 
     def _key_vault(
         self,
@@ -503,77 +509,6 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             assignable_scopes=[group.id],
             opts=opts,
         )
-
-    def _load_balancer(
-        self,
-        *,
-        name: str,
-        config: ClusterConfig,
-        group: azure.resources.ResourceGroup,
-        subnet: azure.network.Subnet,
-        opts: pulumi.ResourceOptions,
-    ) -> pulumi.Output[str]:
-        """An internal Standard Load Balancer at the balancer's fixed address: the server port
-        to every main node whose /health answers 200. It keeps the client's address, so the
-        API rules (Bastion, apiAllowedCidrs) decide who reaches the API through it too. Returns
-        its backend pool's id, which the main nodes' NICs join (``node``)."""
-        if config.balancer_ip is None:
-            raise ValueError("the balancer is made only for replicas > 1")
-        balancer_name = f"{name}-balancer"
-        # The balancer's parts refer to each other by id, known before it exists from its name.
-        balancer_id = group.id.apply(
-            lambda group_id: f"{group_id}/providers/Microsoft.Network/loadBalancers/{balancer_name}"
-        )
-
-        def part(kind: str, part_name: str) -> azure.network.SubResourceArgsDict:
-            return {"id": pulumi.Output.concat(balancer_id, f"/{kind}/{part_name}")}
-
-        port = config.server_port
-        balancer = azure.network.LoadBalancer(
-            balancer_name,
-            load_balancer_name=balancer_name,
-            resource_group_name=group.name,
-            sku={"name": "Standard", "tier": "Regional"},
-            frontend_ip_configurations=[
-                {
-                    "name": BALANCER_FRONTEND,
-                    "private_ip_allocation_method": "Static",
-                    "private_ip_address": config.balancer_ip,
-                    "subnet": {"id": subnet.id},
-                }
-            ],
-            backend_address_pools=[{"name": BALANCER_POOL}],
-            probes=[
-                {
-                    "name": BALANCER_PROBE,
-                    "protocol": "Http",
-                    "port": port,
-                    "request_path": HEALTH_PATH,
-                    "interval_in_seconds": HEALTH_INTERVAL_SECONDS,
-                    "probe_threshold": HEALTH_THRESHOLD,
-                }
-            ],
-            load_balancing_rules=[
-                {
-                    "name": BALANCER_RULE,
-                    "protocol": "Tcp",
-                    "frontend_port": port,
-                    "backend_port": port,
-                    "frontend_ip_configuration": part(
-                        "frontendIPConfigurations", BALANCER_FRONTEND
-                    ),
-                    "backend_address_pool": part("backendAddressPools", BALANCER_POOL),
-                    "probe": part("probes", BALANCER_PROBE),
-                    "idle_timeout_in_minutes": IDLE_TIMEOUT_MINUTES,
-                    "enable_tcp_reset": True,
-                    # Egress goes through the NAT gateway, never the balancer.
-                    "disable_outbound_snat": True,
-                }
-            ],
-            tags=self.tags(config, "balancer"),
-            opts=opts,
-        )
-        return pulumi.Output.concat(balancer.id, f"/backendAddressPools/{BALANCER_POOL}")
 
     def _flow_logs(
         self,
@@ -694,53 +629,52 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         )
         return AzureGroup(main=security.main, worker=security.worker, placement=placement)
 
-    def node(
+    def _vm(
         self,
-        spec: NodeSpec,
+        name: str,
         config: ClusterConfig,
         network: AzureNetwork,
-        group: AzureGroup,
+        *,
+        role: str,
+        vm_size: str,
+        private_ip: str,
+        disk_gb: int,
+        custom_data: str,
+        security: azure.network.ApplicationSecurityGroup,
+        placement: azure.compute.ProximityPlacementGroup | None,
+        identity: bool,
+        extra_tags: Mapping[str, pulumi.Input[str]],
         parent: pulumi.Resource,
-    ) -> Node:
-        opts = pulumi.ResourceOptions(parent=parent)
-        tags = self.tags(config, spec.role)
-        rg = network.resource_group.name
-        main = spec.role == "main"
-        ip_configuration: azure.network.NetworkInterfaceIPConfigurationArgsDict = {
-            "name": "private",
-            "primary": True,
-            "private_ip_allocation_method": "Static",
-            "private_ip_address": spec.private_ip,
-            "subnet": {"id": network.subnet.id},
-            "application_security_groups": [{"id": (group.main if main else group.worker).id}],
-        }
-        if main and network.balancer_pool_id is not None:
-            ip_configuration["load_balancer_backend_address_pools"] = [
-                {"id": network.balancer_pool_id}
-            ]
+    ) -> azure.compute.VirtualMachine:
+        """What every VM of the stack has: an accelerated NIC of its own at its fixed address,
+        in its application security group, with no public IP; Trusted Launch; SSH by key only
+        (a locked key without ``sshPublicKey``); its tags, on its OS disk too; and its boot
+        data, a change of which replaces it."""
+        tags = self.tags(config, role)
         # The NIC holds the node's fixed address: a replacement NIC must come after the old one.
         nic = azure.network.NetworkInterface(
-            f"{spec.name}-nic",
-            resource_group_name=rg,
+            f"{name}-nic",
+            resource_group_name=network.resource_group.name,
             enable_accelerated_networking=True,  # required by Cobalt 100
-            ip_configurations=[ip_configuration],
+            ip_configurations=[
+                {
+                    "name": "private",
+                    "primary": True,
+                    "private_ip_allocation_method": "Static",
+                    "private_ip_address": private_ip,
+                    "subnet": {"id": network.subnet.id},
+                    "application_security_groups": [{"id": security.id}],
+                }
+            ],
             tags=tags,
             opts=node_options(parent),
         )
         key = config.ssh_public_key or LOCKED_SSH_KEY
-        containers = staged_containers(config.fetched_urls) if spec.role == "main" else []
-        keyed = main and network.key_vault is not None
-        vm_tags: dict[str, Any] = dict(tags)
-        if keyed and network.key_vault is not None:
-            # The main node finds its vault by this tag (instance metadata): its boot data
-            # names no output, so a new vault would replace no node. The VM's alone: its OS
-            # disk carries another of the program's.
-            vm_tags[azure_facts.KEY_VAULT_TAG] = network.key_vault.name
         storage: azure.compute.StorageProfileArgsDict = {
             "image_reference": {**IMAGE, "version": config.image or IMAGE["version"]},
             "os_disk": {
                 "create_option": azure.compute.DiskCreateOptionTypes.FROM_IMAGE,
-                "disk_size_gb": spec.disk_gb,
+                "disk_size_gb": disk_gb,
                 "caching": azure.compute.CachingTypes.READ_WRITE,
                 "delete_option": azure.compute.DiskDeleteOptionTypes.DELETE,
                 # Managed disks are encrypted at rest by the platform.
@@ -750,9 +684,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             },
         }
         os_profile: azure.compute.OSProfileArgsDict = {
-            "computer_name": spec.name,
+            "computer_name": name,
             "admin_username": ADMIN_USER,
-            "custom_data": spec.user_data.value,
+            "custom_data": custom_data,
             "linux_configuration": {
                 "disable_password_authentication": True,
                 "ssh": {
@@ -763,9 +697,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             },
         }
         vm = azure.compute.VirtualMachine(
-            spec.name,
-            resource_group_name=rg,
-            hardware_profile={"vm_size": spec.instance_type},
+            name,
+            resource_group_name=network.resource_group.name,
+            hardware_profile={"vm_size": vm_size},
             storage_profile=storage,
             os_profile=os_profile,
             network_profile={
@@ -779,20 +713,16 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                     }
                 ]
             },
-            # A managed identity only where a feature needs one: a staged model's reader, the
-            # API key's reader, and each node's spend guard.
             identity=(
-                {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED}
-                if containers or keyed or network.deallocate_role is not None
-                else None
+                {"type": azure.compute.ResourceIdentityType.SYSTEM_ASSIGNED} if identity else None
             ),
             security_profile={
                 "security_type": SECURITY_TYPE,
                 "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
                 "encryption_at_host": config.encryption_at_host,
             },
-            proximity_placement_group={"id": group.placement.id},
-            tags=vm_tags,
+            proximity_placement_group={"id": placement.id} if placement is not None else None,
+            tags={**tags, **extra_tags},
             # Azure refuses a customData change on an existing VM ("Changing property
             # 'customData' is not allowed"): new boot data means a new node.
             # https://learn.microsoft.com/azure/virtual-machines/custom-data
@@ -801,10 +731,47 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         # The OS disk takes none of the VM's tags. The VM's id is among them, so a replaced VM's
         # new disk is tagged again.
         azure.resources.TagAtScope(
-            f"{spec.name}-os-disk-tags",
+            f"{name}-os-disk-tags",
             scope=vm.storage_profile.apply(_os_disk_id),
             properties={"tags": {**tags, azure_facts.DISK_VM_TAG: vm.vm_id}},
-            opts=opts,
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+        return vm
+
+    def node(
+        self,
+        spec: NodeSpec,
+        config: ClusterConfig,
+        network: AzureNetwork,
+        group: AzureGroup,
+        parent: pulumi.Resource,
+    ) -> Node:
+        opts = pulumi.ResourceOptions(parent=parent)
+        main = spec.role == "main"
+        containers = staged_containers(config.fetched_urls) if main else []
+        keyed = main and network.key_vault is not None
+        extra_tags: dict[str, pulumi.Input[str]] = {}
+        if keyed and network.key_vault is not None:
+            # The main node finds its vault by this tag (instance metadata): its boot data
+            # names no output, so a new vault would replace no node. The VM's alone: its OS
+            # disk carries another of the program's.
+            extra_tags[azure_facts.KEY_VAULT_TAG] = network.key_vault.name
+        vm = self._vm(
+            spec.name,
+            config,
+            network,
+            role=spec.role,
+            vm_size=spec.instance_type,
+            private_ip=spec.private_ip,
+            disk_gb=spec.disk_gb,
+            custom_data=spec.user_data.value,
+            security=group.main if main else group.worker,
+            placement=group.placement,
+            # A managed identity only where a feature needs one: a staged model's reader, the
+            # API key's reader, and each node's spend guard.
+            identity=bool(containers) or keyed or network.deallocate_role is not None,
+            extra_tags=extra_tags,
+            parent=parent,
         )
         if containers:
             self._model_readers(spec.name, config, vm, containers, parent)
@@ -894,47 +861,69 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
 
     def balancer(
         self,
-        name: str,  # noqa: ARG002 (the Backend interface)
-        config: ClusterConfig,  # noqa: ARG002 (the Backend interface)
+        name: str,
+        config: ClusterConfig,
         network: AzureNetwork,
         *,
-        groups: Sequence[AzureGroup],  # noqa: ARG002 (the Backend interface)
-        mains: Sequence[Node],  # noqa: ARG002 (the Backend interface)
-        parent: pulumi.Resource,  # noqa: ARG002 (the Backend interface)
-    ) -> None:
-        """Made with the network: its pool must exist before the main nodes' NICs join it, and
-        the NSG rules its probes need are each group's (``group_rules``)."""
-        if network.balancer_pool_id is None:
-            raise ValueError("the balancer is made only for replicas > 1")
+        groups: Sequence[AzureGroup],  # noqa: ARG002 (each group's rules admit the balancer)
+        mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
+        parent: pulumi.Resource,
+    ) -> Node:
+        """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
+        sends each request to a group with a free slot, and queues it for the first to free one
+        when none has. Its rules are in the NSG (``balancer_rules``, and each group's
+        ``allow-api-from-balancer``); it has no managed identity and no placement group."""
+        boot = config.balancer_boot
+        security = network.balancer_security
+        if boot is None or security is None or config.balancer_ip is None:
+            raise ValueError("the balancer node is made only for replicas > 1")
+        # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
+        vm = self._vm(
+            f"{name}-balancer",
+            config,
+            network,
+            role="balancer",
+            vm_size=self.facts.balancer_instance_type,
+            private_ip=config.balancer_ip,
+            disk_gb=sizing.WORKER_DISK_GB,
+            custom_data=deliver(render_balancer(boot), "azure").value,
+            security=security,
+            placement=None,
+            identity=False,
+            extra_tags={},
+            parent=parent,
+        )
+        return Node(
+            instance_id=vm.name,
+            private_ip=pulumi.Output.from_input(config.balancer_ip),
+            resource_id=vm.id,
+        )
 
     def location(self, network: AzureNetwork) -> dict[str, pulumi.Input[str] | None]:
         return {outputs.ZONE: None, outputs.RESOURCE_GROUP: network.resource_group.name}
 
     def connect_command(
-        self, config: ClusterConfig, network: AzureNetwork, main: Node
+        self, config: ClusterConfig, network: AzureNetwork, main: Node, balancer: Node | None
     ) -> pulumi.Output[str]:
-        """A Bastion tunnel to, or Run Command on, the first group's main node, with replicas
-        too. Bastion reaches an address only by IP-based connection, which takes no custom
-        ports (https://learn.microsoft.com/azure/bastion/connect-ip-address: "Custom ports and
-        protocols aren't currently supported"), and Run Command runs on a main node, a backend
-        of the balancer: an internal balancer's backend that calls its frontend fails whenever
-        the flow is mapped back to itself (https://learn.microsoft.com/azure/load-balancer/
-        load-balancer-troubleshoot-backend-traffic, cause 4). The limitations say so."""
+        """A Bastion tunnel to the balancer node (or the first group's main node without one),
+        or, without Bastion, Run Command on that VM asking its API for the models."""
         port = config.server_port
-        if network.bastion is not None and main.resource_id is not None:
+        target = balancer or main
+        if network.bastion is not None and target.resource_id is not None:
             return pulumi.Output.concat(
                 "az network bastion tunnel --name ",
                 network.bastion.name,
                 " --resource-group ",
                 network.resource_group.name,
                 " --target-resource-id ",
-                main.resource_id,
+                target.resource_id,
                 f" --resource-port {port} --port {port}",
             )
+        address = config.balancer_ip or config.main_ip
         return pulumi.Output.concat(
             "az vm run-command invoke --command-id RunShellScript --resource-group ",
             network.resource_group.name,
             " --name ",
-            main.instance_id,
-            f" --scripts 'curl -s http://{config.main_ip}:{config.server_port}/v1/models'",
+            target.instance_id,
+            f" --scripts 'curl -s http://{address}:{port}/v1/models'",
         )

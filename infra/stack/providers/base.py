@@ -1,5 +1,5 @@
 """The small interface every cloud implements: a network, each serving group's firewall and
-placement, nodes, and the private balancer in front of the groups.
+placement, nodes, and the balancer node in front of the groups.
 
 The component (``infra.stack.component``) only talks to this interface. A cloud is added with its
 facts (``infra.clouds``), its module here, its catalog rows, and a line in each registry; the
@@ -20,19 +20,6 @@ from infra.clouds import CloudFacts
 from infra.core import outputs
 from infra.core.limits import Role
 from infra.stack.config import ClusterConfig
-
-# The cloud balancers' health check (GCP's and Azure's; AWS's balancer is a node running
-# ``infra.boot.balancer``): llama-server answers /health with 200 only once its model is loaded
-# (503 while loading), so a group that is booting, loading or down gets no requests.
-HEALTH_PATH = "/health"
-HEALTH_INTERVAL_SECONDS = 10
-HEALTH_THRESHOLD = 2  # checks in a row to change a group's state
-# A completion without streaming sends nothing until it ends, which can take minutes; a
-# balancer's idle timeout must outlast llama-server's own (600 s) or it cuts the answer off.
-# Azure's load-balancing rule takes this; GCP's internal passthrough
-# balancer keeps its default of 600 s (``infra.clouds.gcp.PASSTHROUGH_IDLE_TIMEOUT_SECONDS``), since
-# setting it needs per-client affinity.
-BALANCER_IDLE_TIMEOUT_SECONDS = 1800
 
 NetworkT = TypeVar("NetworkT")
 GroupT = TypeVar("GroupT")
@@ -123,9 +110,12 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         groups: Sequence[GroupT],
         mains: Sequence[Node],
         parent: pulumi.Resource,
-    ) -> None:
-        """The private load balancer at ``config.balancer_ip`` (replicas > 1 only): the server
-        port, forwarded to every group's main node that answers ``GET /health`` with 200."""
+    ) -> Node:
+        """The balancer node at ``config.balancer_ip`` (replicas > 1 only), booting from
+        ``config.balancer_boot``: HAProxy sends each request on the server port to a group's
+        main node with a free slot, of those that answer ``GET /health`` with 200. Its firewall
+        admits the server port from the tunnel and apiAllowedCidrs, as a main node's does, and
+        each main node admits it."""
 
     def keep_api_key(
         self,
@@ -141,11 +131,11 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
 
     @abstractmethod
     def connect_command(
-        self, config: ClusterConfig, network: NetworkT, main: Node
+        self, config: ClusterConfig, network: NetworkT, main: Node, balancer: Node | None
     ) -> pulumi.Output[str]:
         """How a user reaches the API from a laptop: a command that forwards
-        localhost:<serverPort> to the balancer (replicas > 1) or the main node, through
-        ``main`` (the first group's main node) where the cloud's tunnel needs a VM."""
+        localhost:<serverPort> to the balancer node (replicas > 1) or else ``main``, the first
+        group's main node."""
 
     def location(self, network: NetworkT) -> dict[str, pulumi.Input[str] | None]:  # noqa: ARG002 (the Backend interface)
         """Where the nodes are, as the command channels name it: the zone and the resource

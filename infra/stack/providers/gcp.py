@@ -1,33 +1,33 @@
 """Google Axion (C4A): a custom VPC, Cloud NAT for egress, firewall rules by network tag (per
-serving group), Hyperdisk Balanced disks, gVNIC, Tier_1 networking, IAP for access, and an
-internal passthrough Network Load Balancer in front of the groups when there are several. No
-external IPs.
+serving group), Hyperdisk Balanced disks, gVNIC, Tier_1 networking, IAP for access, and a
+balancer node (HAProxy, ``infra.boot.balancer``) in front of the groups when there are several.
+No external IPs.
 
 Baseline (CIS Google Cloud): no default network, subnet flow logs, project-wide SSH keys
 blocked with OS Login on, Shielded VM, no default service account: the main node runs as a
 service account of the stack with no roles but read access to a staged model's objects, and
-workers run with none.
+workers and the balancer node run with none.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.boot.balancer import render as render_balancer
+from infra.boot.deliver import deliver
 from infra.clouds import gcp as gcp_facts
-from infra.clouds.gcp import HEALTH_CHECK_RANGES, IAP_RANGE
+from infra.clouds.base import Provisioned
+from infra.clouds.gcp import IAP_RANGE
 from infra.clouds.stores import gcs_object, listed_prefixes
-from infra.core import outputs
+from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig
 from infra.stack.providers.base import (
-    HEALTH_INTERVAL_SECONDS,
-    HEALTH_PATH,
-    HEALTH_THRESHOLD,
     CloudBackend,
     GroupSpec,
     Node,
@@ -46,7 +46,6 @@ NAMES_PER_CONDITION = 12
 # The prefix an objects.list request asks for (a Cloud Storage API attribute of IAM Conditions);
 # "" for any other request.
 LIST_PREFIX = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
-HEALTH_TIMEOUT_SECONDS = 5
 
 
 def _chunks(names: Sequence[str], size: int) -> list[list[str]]:
@@ -89,9 +88,8 @@ class GcpNetwork:
     zone: pulumi.Output[str]
     project: pulumi.Output[str]
     main_account: gcp.serviceaccount.Account
-    # The balancer's backends (replicas > 1): an unmanaged instance group in the nodes' zone,
-    # made with the network since each main node joins it as it is made.
-    mains: gcp.compute.InstanceGroup | None = None
+    # The balancer node's network tag (replicas > 1): each group's main nodes admit it.
+    balancer_tag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,19 +102,6 @@ class GcpGroup:
 
 class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
     facts = gcp_facts.FACTS
-
-    def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
-        if config.replicas == 1:
-            return self.facts.limitations
-        return {
-            **self.facts.limitations,
-            # "load-balanced targets aren't supported":
-            # https://cloud.google.com/iap/docs/tcp-forwarding-overview
-            "balancer": "IAP TCP forwarding does not reach load-balanced targets, and a main "
-            "node reaches the balancer's address as itself: connectCommand forwards to the "
-            "first group's main node only; clients inside the VPC (or a network connected to "
-            "it and admitted by apiAllowedCidrs) use balancerUrl",
-        }
 
     def network(
         self, name: str, config: ClusterConfig, parent: pulumi.Resource, *, zone: str | None
@@ -181,20 +166,20 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         # The stack's zone, kept: every VM is created in this group's zone, which ignores
         # later changes unless the zone is a setting (a zone that sorts first later, or one
         # down for an update, must not move the cluster; a zone change replaces every VM). An
-        # unmanaged instance group costs nothing; with replicas it holds the main nodes, the
-        # balancer's backends.
-        mains = gcp.compute.InstanceGroup(
+        # empty unmanaged instance group costs nothing. Its description is kept as it was made:
+        # a new one would replace it, and with it the zone.
+        anchor = gcp.compute.InstanceGroup(
             f"{name}-mains",
             zone=zone,
             network=network.id,
-            description="the stack's zone; with replicas, the balancer's backends",
+            description="the stack's zone",
             opts=pulumi.ResourceOptions(
-                parent=parent, ignore_changes=[] if config.zone else ["zone"]
+                parent=parent,
+                ignore_changes=["description"] if config.zone else ["zone", "description"],
             ),
         )
-        return GcpNetwork(
-            network, subnet, mains.zone, project, account, mains if config.replicas > 1 else None
-        )
+        balancer_tag = f"{name}-balancer" if config.replicas > 1 else None
+        return GcpNetwork(network, subnet, anchor.zone, project, account, balancer_tag)
 
     def group(
         self, spec: GroupSpec, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
@@ -234,31 +219,49 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             description="node metrics (prometheus-node-exporter), read by the group's main node",
             opts=opts,
         )
+        if network.balancer_tag is not None:
+            gcp.compute.Firewall(
+                f"{name}-main-api-from-balancer",
+                network=network.network.id,
+                direction="INGRESS",
+                allows=[{"protocol": "tcp", "ports": [str(config.server_port)]}],
+                source_tags=[network.balancer_tag],
+                target_tags=[main_tag],
+                description="requests and health checks from the balancer node",
+                opts=opts,
+            )
         return GcpGroup(main_tag=main_tag, worker_tag=worker_tag)
 
-    def node(
+    def _vm(
         self,
-        spec: NodeSpec,
+        name: str,
         config: ClusterConfig,
         network: GcpNetwork,
-        group: GcpGroup,
+        *,
+        role: str,
+        machine_type: str,
+        private_ip: str,
+        disk_gb: int,
+        disk: Provisioned,
+        user_data: str,
+        tag: str,
+        service_account: gcp.compute.InstanceServiceAccountArgsDict | None,
+        fast_network: bool,
         parent: pulumi.Resource,
-    ) -> Node:
-        labels = self.tags(config, spec.role)
-        main = spec.role == "main"
-        instance = config.main_instance_type if main else config.instance_type
-        disk = self.facts.disk.provision(spec.disk_throughput_mibps)
-        fast = self.facts.fast_network_min_vcpus
-        tier = "TIER_1" if fast is not None and instance.vcpus >= fast else "DEFAULT"
-        vm = gcp.compute.Instance(
-            spec.name,
-            machine_type=spec.instance_type,
+    ) -> gcp.compute.Instance:
+        """What every VM of the stack has: a Hyperdisk Balanced boot disk, gVNIC and no external
+        IP, OS Login with project SSH keys blocked, Shielded VM, its network tag, and its boot
+        data, a change of which replaces it."""
+        labels = self.tags(config, role)
+        return gcp.compute.Instance(
+            name,
+            machine_type=machine_type,
             zone=network.zone,
             boot_disk={
                 "auto_delete": True,
                 "initialize_params": {
                     "image": config.image or IMAGE,
-                    "size": spec.disk_gb,
+                    "size": disk_gb,
                     "type": "hyperdisk-balanced",  # C4A takes Hyperdisk only
                     "provisioned_throughput": disk.throughput_mibps,
                     "provisioned_iops": disk.iops,
@@ -268,27 +271,22 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             network_interfaces=[
                 {
                     "subnetwork": network.subnet.id,
-                    "network_ip": spec.private_ip,
+                    "network_ip": private_ip,
                     "nic_type": "GVNIC",  # required by C4A
                     # No access_configs: no external IP; egress goes through Cloud NAT.
                 }
             ],
-            network_performance_config={"total_egress_bandwidth_tier": tier},
+            network_performance_config={
+                "total_egress_bandwidth_tier": "TIER_1" if fast_network else "DEFAULT"
+            },
             metadata={
-                "user-data": spec.user_data.value,
+                "user-data": user_data,
                 "enable-oslogin": "TRUE",
                 "block-project-ssh-keys": "TRUE",
             },
-            tags=[group.main_tag if main else group.worker_tag],
+            tags=[tag],
             labels=labels,
-            # Workers run the RPC server, the most exposed process: no account, no token. The
-            # main node's scope is Google's recommended cloud-platform: its account's roles (none,
-            # or the staged model's IAM conditions) decide what the token may do.
-            service_account=(
-                {"email": network.main_account.email, "scopes": ["cloud-platform"]}
-                if main
-                else None
-            ),
+            service_account=service_account,
             shielded_instance_config={
                 "enable_secure_boot": True,
                 "enable_vtpm": True,
@@ -301,22 +299,40 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             # https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#metadata)
             opts=node_options(parent, replace_on_changes=["metadata"]),
         )
-        if main and network.mains is not None:
-            # A replaced VM drops out of its instance group, and a new one by the same name is
-            # not added back while the group's inputs stay the same: the membership is its own
-            # resource, replaced with the VM (the provider's advice:
-            # https://www.pulumi.com/registry/packages/gcp/api-docs/compute/instancegroupmembership/;
-            # replace_with needs a Pulumi CLI from December 2025 on), and removed before the
-            # new one is added, since the new VM has the same URL.
-            gcp.compute.InstanceGroupMembership(
-                f"{spec.name}-balanced",
-                instance=vm.self_link,
-                instance_group=network.mains.name,
-                zone=network.zone,
-                opts=pulumi.ResourceOptions(
-                    parent=parent, delete_before_replace=True, replace_with=[vm]
-                ),
-            )
+
+    def node(
+        self,
+        spec: NodeSpec,
+        config: ClusterConfig,
+        network: GcpNetwork,
+        group: GcpGroup,
+        parent: pulumi.Resource,
+    ) -> Node:
+        main = spec.role == "main"
+        instance = config.main_instance_type if main else config.instance_type
+        fast = self.facts.fast_network_min_vcpus
+        vm = self._vm(
+            spec.name,
+            config,
+            network,
+            role=spec.role,
+            machine_type=spec.instance_type,
+            private_ip=spec.private_ip,
+            disk_gb=spec.disk_gb,
+            disk=self.facts.disk.provision(spec.disk_throughput_mibps),
+            user_data=spec.user_data.value,
+            tag=group.main_tag if main else group.worker_tag,
+            # Workers run the RPC server, the most exposed process: no account, no token. The
+            # main node's scope is Google's recommended cloud-platform: its account's roles
+            # (none, or the staged model's IAM conditions) decide what the token may do.
+            service_account=(
+                {"email": network.main_account.email, "scopes": ["cloud-platform"]}
+                if main
+                else None
+            ),
+            fast_network=fast is not None and instance.vcpus >= fast,
+            parent=parent,
+        )
         return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
 
     def balancer(
@@ -325,68 +341,45 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         config: ClusterConfig,
         network: GcpNetwork,
         *,
-        groups: Sequence[GcpGroup],
-        mains: Sequence[Node],  # noqa: ARG002 (the Backend interface)
+        groups: Sequence[GcpGroup],  # noqa: ARG002 (each group admits the balancer's tag)
+        mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
-    ) -> None:
-        """An internal passthrough Network Load Balancer at the balancer's fixed address: the
-        server port to every main node whose /health answers 200. The main nodes joined its
-        instance group as they were made (``node``). It keeps the client's address, so the
-        API rules (IAP, apiAllowedCidrs) decide who reaches the API through it too."""
-        opts = pulumi.ResourceOptions(parent=parent)
-        if network.mains is None or config.balancer_ip is None:
-            raise ValueError("the balancer is made only for replicas > 1")
-        port = config.server_port
+    ) -> Node:
+        """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
+        sends each request to a group with a free slot, and queues it for the first to free one
+        when none has. The server port is open to it from IAP (connectCommand tunnels to it)
+        and apiAllowedCidrs, as a main node's is; it has no service account."""
+        boot = config.balancer_boot
+        if boot is None or network.balancer_tag is None or config.balancer_ip is None:
+            raise ValueError("the balancer node is made only for replicas > 1")
+        balancer_name = f"{name}-balancer"
         gcp.compute.Firewall(
-            f"{name}-main-api-from-health-checks",
+            f"{balancer_name}-api-from-iap",
             network=network.network.id,
             direction="INGRESS",
-            allows=[{"protocol": "tcp", "ports": [str(port)]}],
-            source_ranges=list(HEALTH_CHECK_RANGES),
-            target_tags=[group.main_tag for group in groups],
-            description="the internal balancer's health checks (Google's probe ranges)",
-            opts=opts,
+            allows=[{"protocol": "tcp", "ports": [str(config.server_port)]}],
+            source_ranges=[IAP_RANGE, *config.api_allowed_cidrs],
+            target_tags=[network.balancer_tag],
+            description="llama-server API, balanced, through IAP (and apiAllowedCidrs)",
+            opts=pulumi.ResourceOptions(parent=parent),
         )
-        health = gcp.compute.RegionHealthCheck(
-            f"{name}-health",
-            region=config.region,
-            http_health_check={"port": port, "request_path": HEALTH_PATH},
-            check_interval_sec=HEALTH_INTERVAL_SECONDS,
-            timeout_sec=HEALTH_TIMEOUT_SECONDS,
-            healthy_threshold=HEALTH_THRESHOLD,
-            unhealthy_threshold=HEALTH_THRESHOLD,
-            description="llama-server answers /health with 200 once its model is loaded",
-            opts=opts,
+        # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
+        vm = self._vm(
+            balancer_name,
+            config,
+            network,
+            role="balancer",
+            machine_type=self.facts.balancer_instance_type,
+            private_ip=config.balancer_ip,
+            disk_gb=sizing.WORKER_DISK_GB,
+            disk=self.facts.disk.provision(None),
+            user_data=deliver(render_balancer(boot), "gcp").value,
+            tag=network.balancer_tag,
+            service_account=None,
+            fast_network=False,
+            parent=parent,
         )
-        servers = gcp.compute.RegionBackendService(
-            f"{name}-servers",
-            region=config.region,
-            load_balancing_scheme="INTERNAL",
-            protocol="TCP",
-            network=network.network.id,
-            health_checks=health.id,
-            backends=[{"group": network.mains.self_link, "balancing_mode": "CONNECTION"}],
-            # No connection_tracking_policy: its idle timeout is refused unless every request
-            # of a client address goes to one group (CLIENT_IP affinity, PER_SESSION tracking),
-            # which defeats the balancer. Its default (PASSTHROUGH_IDLE_TIMEOUT_SECONDS) equals
-            # llama-server's own timeout.
-            description="every serving group's llama-server",
-            opts=opts,
-        )
-        gcp.compute.ForwardingRule(
-            f"{name}-balancer",
-            region=config.region,
-            load_balancing_scheme="INTERNAL",
-            ip_protocol="TCP",
-            ports=[str(port)],
-            network=network.network.id,
-            subnetwork=network.subnet.id,
-            ip_address=config.balancer_ip,
-            allow_global_access=False,  # clients in the stack's region only
-            backend_service=servers.id,
-            labels=self.tags(config, "balancer"),
-            opts=opts,
-        )
+        return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
 
     def keep_api_key(
         self,
@@ -430,18 +423,13 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         return {outputs.ZONE: network.zone, outputs.RESOURCE_GROUP: None}
 
     def connect_command(
-        self, config: ClusterConfig, network: GcpNetwork, main: Node
+        self, config: ClusterConfig, network: GcpNetwork, main: Node, balancer: Node | None
     ) -> pulumi.Output[str]:
-        """An IAP tunnel to the first group's main node, with replicas too. IAP TCP forwarding
-        does not support load-balanced targets (https://cloud.google.com/iap/docs/
-        tcp-forwarding-overview); a tunnel to the balancer's address through a destination
-        group (https://cloud.google.com/iap/docs/tcp-by-host) would be one. And a tunnel to a
-        main node cannot go on to the balancer: a backend reaches the balancer's address as
-        itself (the guest agent's local route). The limitations say so."""
+        """An IAP tunnel to the balancer node, or the first group's main node without one."""
         port = config.server_port
         return pulumi.Output.concat(
             "gcloud compute start-iap-tunnel ",
-            main.instance_id,
+            (balancer or main).instance_id,
             f" {port} --local-host-port=localhost:{port} --zone ",
             network.zone,
             " --project ",

@@ -1,0 +1,149 @@
+"""The balancer node in front of the serving groups (replicas > 1), the same on every cloud under
+Pulumi mocks: one VM at the balancer's address, of the cloud's balancer type, with no public
+address and no identity, booting the cloud-config ``infra.boot.balancer`` renders for the stack
+(HAProxy: least connections, each group's slots as its limit, /health checks, timeouts that
+outlast a slot's whole context); no managed balancer; its price in hourlyCostUsd. A stack with
+one group has none. Each cloud's firewall for it: the cloud's own test module."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.boot.balancer import HAPROXY_CONFIG_PATH, render
+from infra.clouds import FACTS
+from infra.core import costs
+from tests.pulumi_mocks import (
+    Deployment,
+    custom_data_text,
+    deploy,
+    deployed,
+    parsed_config,
+    user_data_text,
+)
+
+P = "llama-rpc-cluster:"
+NAME = "llama-rpc-cluster-balancer"
+STACKS = {"aws": "aws-c8g", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
+OPTIONS = {f"{P}replicas": 2, f"{P}slots": 2}
+VM_TYPE = {
+    "aws": "aws:ec2/instance:Instance",
+    "gcp": "gcp:compute/instance:Instance",
+    "azure": "azure-native:compute:VirtualMachine",
+}
+# Every managed load balancer type of the three providers' SDKs the program could have used.
+MANAGED_BALANCERS = (
+    "aws:lb/",
+    "aws:alb/",
+    "aws:elb/",
+    "gcp:compute/forwardingRule:",
+    "gcp:compute/globalForwardingRule:",
+    "gcp:compute/regionBackendService:",
+    "gcp:compute/backendService:",
+    "azure-native:network:LoadBalancer",
+    "azure-native:network:ApplicationGateway",
+)
+
+
+@functools.cache
+def replicated(cloud: str) -> Deployment:
+    return deploy(STACKS[cloud], OPTIONS)
+
+
+def balancer_node(cloud: str, d: Deployment) -> dict[str, Any]:
+    [node] = [r for r in d.of_type(VM_TYPE[cloud]) if r.name == NAME]
+    return node.inputs
+
+
+def boot_text(cloud: str, inputs: dict[str, Any]) -> str:
+    if cloud == "aws":
+        return user_data_text(inputs)
+    if cloud == "gcp":
+        text: str = inputs["metadata"]["user-data"]
+        return text
+    return custom_data_text(inputs["osProfile"]["customData"])
+
+
+def placed(cloud: str, d: Deployment, inputs: dict[str, Any]) -> tuple[str, str, bool, bool]:
+    """(size, private address, has a public address, has an identity) of a VM."""
+    if cloud == "aws":
+        return (
+            inputs["instanceType"],
+            inputs["privateIp"],
+            inputs["associatePublicIpAddress"] is not False,
+            "iamInstanceProfile" in inputs,
+        )
+    if cloud == "gcp":
+        [nic] = inputs["networkInterfaces"]
+        return (
+            inputs["machineType"],
+            nic["networkIp"],
+            bool(nic.get("accessConfigs")),
+            "serviceAccount" in inputs,
+        )
+    [ip] = d.named(f"{NAME}-nic").inputs["ipConfigurations"]
+    return (
+        inputs["hardwareProfile"]["vmSize"],
+        ip["privateIPAddress"],
+        "publicIPAddress" in ip,
+        "identity" in inputs,
+    )
+
+
+@pytest.mark.parametrize("cloud", list(STACKS))
+def test_the_balancer_node_is_private_and_boots_the_shared_haproxy(cloud: str) -> None:
+    d = replicated(cloud)
+    config = parsed_config(STACKS[cloud], OPTIONS)
+    inputs = balancer_node(cloud, d)
+    size, address, public, identity = placed(cloud, d, inputs)
+    assert size == FACTS[cloud].balancer_instance_type
+    assert address == config.balancer_ip and address.endswith(".5")
+    assert not public and not identity
+    boot = config.balancer_boot
+    assert boot is not None
+    text = boot_text(cloud, inputs)
+    assert text == render(boot)
+    [haproxy] = [f for f in yaml.safe_load(text)["write_files"] if f["path"] == HAPROXY_CONFIG_PATH]
+    cfg = haproxy["content"]
+    for group, ip in enumerate(config.main_ips):
+        assert f"server group{group + 1} {ip}:8080 maxconn 2" in cfg
+    assert f"bind {config.balancer_ip}:8080" in cfg
+    assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg
+    timeout = config.generation_timeout_seconds
+    for kind in ("server", "queue", "client"):
+        assert f"timeout {kind} {timeout}s" in cfg
+    # A slot's whole context at the predicted decode speed, two streams at once: far longer
+    # than the managed balancers' defaults (60 s to 600 s).
+    assert timeout > 600, timeout
+
+
+@pytest.mark.parametrize("cloud", list(STACKS))
+def test_no_managed_balancer_and_none_at_all_without_replicas(cloud: str) -> None:
+    two, one = replicated(cloud), deployed(STACKS[cloud])
+    for d in (two, one):
+        assert not [r.name for r in d.resources if r.typ.startswith(MANAGED_BALANCERS)]
+    assert NAME not in {r.name for r in one.of_type(VM_TYPE[cloud])}
+    assert not [r.name for r in one.resources if "balancer" in r.name]
+    # With replicas, the node and its firewall alone carry its name.
+    assert {r.name for r in two.resources if "balancer" in r.name and r.name.startswith(NAME)}
+
+
+@pytest.mark.parametrize("cloud", list(STACKS))
+def test_the_balancer_node_is_priced_in_the_hourly_cost(cloud: str) -> None:
+    one = parsed_config(STACKS[cloud]).hourly_cost
+    two = parsed_config(STACKS[cloud], OPTIONS).hourly_cost
+    node = costs.balancer_cost(cloud, parsed_config(STACKS[cloud]).region)
+    assert one.balancer is None
+    assert node.usd is not None and two.balancer == node.usd > 0
+    assert costs.BALANCER_NODE not in two.unpriced
+    assert any(source.startswith("balancer node: ") for source in two.sources)
+    if two.total is not None:  # the fixture catalog prices the groups' instances
+        assert two.total == pytest.approx(
+            (two.instances or 0) + (two.nat or 0) + (two.disks or 0) + node.usd, abs=1e-4
+        )
+    assert two.stopped is not None and two.stopped >= node.usd  # it runs while groups stop
+    # The catalog without the type: named unpriced, never guessed.
+    assert costs.balancer_cost(cloud, "nowhere-1").usd is None
