@@ -23,6 +23,7 @@ from infra.core.units import duration
 from infra.stack.files import stack_config
 from infra.stack.needs import needs_of
 from tests.conftest import REPO
+from tests.pulumi_mocks import parsed_config
 
 
 @pytest.fixture(autouse=True)
@@ -113,6 +114,10 @@ FIGURES = [
     Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",
            lambda: "{}/h running, {}/h".format(dollars(stack("aws-c8g")["hourlyUsd"]),
                                                dollars(stack("aws-c8g")["stoppedHourlyUsd"]))),
+    Figure("README.md", "every slot busy (`aws-c8g`: {};",
+           lambda: f"{parsed_config('aws-c8g').generation_timeout_seconds:,} s"),
+    Figure("README.md", "; `aws-r8g`: {}). The client's",
+           lambda: f"{parsed_config('aws-r8g').generation_timeout_seconds:,} s"),
     Figure("docs/planner.md", "three c8g.16xlarge ({}/h with NAT and disks)",
            lambda: dollars(option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["hourlyUsd"])),
     Figure("docs/planner.md", "at the same predicted speed for {}/h",
