@@ -180,6 +180,7 @@ LAYERS = {
     "infra.local": 2,
     "infra.costrun": 2,
     "infra.stage": 2,
+    "infra.k8s": 2,
 }
 COMMAND_LINE = 3  # the commands: they may import anything, and only each other import them
 # The commands outside infra/cli/ (lrc's own package) and the packages' cli and __main__ modules.

@@ -40,6 +40,9 @@ COMMANDS = {
     "costrun": Command(
         "infra.costrun.cli", "deploy, benchmark, destroy and audit stacks; report what each cost"
     ),
+    "k8s": Command(
+        "infra.k8s.cli", "render a stack as a Kubernetes LeaderWorkerSet and its image recipe"
+    ),
     "local": Command("infra.local.__main__", "a cluster on this machine, no cloud account"),
     "catalog": Command("infra.catalog.__main__", "the instance catalog: show, refresh prices"),
     "boot": Command("infra.boot.__main__", "print the cloud-config a node boots with"),

@@ -1,0 +1,321 @@
+"""A stack's serving groups as Kubernetes objects: one LeaderWorkerSet (``replicas`` groups of a
+leader, the main node, and ``workerCount`` workers), the leaders' Service, a NetworkPolicy per
+group and one for the leaders, and the boot settings as ConfigMaps.
+
+One source of truth: a pod runs the script its VM counterpart runs (``llama-server.sh``,
+``rpc-worker.sh``, ``fetch-model.sh`` from the image, ``infra.k8s.image``) with the environment a
+VM's ``node.env`` holds (``NodeBoot.env``), so the leader's llama-server flags are the main
+node's and a worker's ggml-rpc-server flags a worker node's. Only what a pod learns when it
+starts differs: its address (the pod's IP) and its group's workers (their DNS names in the
+LeaderWorkerSet's headless service, with the group's index).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
+from infra.core.limits import METRICS_PORT
+from infra.errors import SettingError
+from infra.stack.config import ClusterConfig
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+# The labels the LeaderWorkerSet controller puts on every pod of a group (v0.10.0).
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+ARCH_LABEL = "kubernetes.io/arch"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# GKE taints Arm node pools with kubernetes.io/arch=arm64:NoSchedule, and AKS and EKS pools may
+# be given the same taint: a pod of an Arm image tolerates it.
+ARM_TOLERATION = {"key": ARCH_LABEL, "operator": "Equal", "value": "arm64", "effect": "NoSchedule"}
+# Where systemd hands llama-server.service its credentials on a VM ($CREDENTIALS_DIRECTORY): the
+# key's Secret is mounted there, so the server reads it from the same path.
+CREDENTIALS_DIRECTORY = "/run/credentials/llama-server.service"
+# The VM boot settings a pod does not take: its address and its group's workers are the pod's
+# own (set when it starts); the key comes from a Secret, not the cloud's store; the model lives
+# on the pod's volume, not a disk of the node's.
+POD_SET = ("LLAMA_NODE_IP", "RPC_WORKERS")
+NOT_IN_PODS = ("API_KEY_SOURCE", "LLAMA_RPC_FILES_SOURCE", "MODEL_DISK_GB", "MODEL_DISK_MODEL")
+# A Kubernetes node keeps a share of its CPUs for the kubelet and the node's daemons.
+RESERVED_CPUS = 1
+GROUP_INDEX = "LWS_GROUP_INDEX"
+MIB = 1024**2
+
+
+class RenderError(SettingError):
+    """A stack setting the Kubernetes objects cannot honour."""
+
+
+def refusals(config: ClusterConfig) -> list[RenderError]:
+    """What of the stack a LeaderWorkerSet cannot do, each naming its setting and the way out."""
+    found = []
+    if config.stop_after_idle_minutes or config.stop_after_hours:
+        setting = "stopAfterIdleMinutes" if config.stop_after_idle_minutes else "stopAfterHours"
+        found.append(
+            RenderError(
+                setting,
+                "a pod cannot power off its node; scale the LeaderWorkerSet to 0 replicas "
+                "instead, and remove the setting to render",
+            )
+        )
+    staged = [url for url in config.fetched_urls if "://" in url and not url.startswith("https")]
+    if staged:
+        found.append(
+            RenderError(
+                "model.urls",
+                f"{staged[0]} is read with a VM's own identity, which a pod does not have; "
+                "list the model's https URLs to render",
+            )
+        )
+    return found
+
+
+def _env(boot: NodeBoot) -> dict[str, str]:
+    env = boot.env(VM_PATHS)
+    return {k: v for k, v in env.items() if k not in (*POD_SET, *NOT_IN_PODS)}
+
+
+def _labels(name: str, config: ClusterConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "llama-rpc-cluster", "app.kubernetes.io/instance": name} | {
+        "llama-rpc-cluster/cloud": config.cloud
+    }
+
+
+def worker_hosts(name: str, workers: int, rpc_port: int) -> str:
+    """The leader's ``--rpc`` list: each worker of its group by its DNS name in the
+    LeaderWorkerSet's headless service (``<name>-<group>-<worker>.<name>``), the group's index
+    expanded by Kubernetes from the pod's label."""
+    return ",".join(f"{name}-$({GROUP_INDEX})-{i}.{name}:{rpc_port}" for i in range(1, workers + 1))
+
+
+def _pod_env(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"name": "LLAMA_NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {
+            "name": GROUP_INDEX,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{GROUP_INDEX_LABEL}']"}},
+        },
+        *extra,
+    ]
+
+
+def _threads(container: str) -> dict[str, Any]:
+    """llama.cpp's threads: the CPUs the container asks for (the VM's are all its cores)."""
+    field = {"containerName": container, "resource": "requests.cpu", "divisor": "1"}
+    return {"name": "LLAMA_THREADS", "valueFrom": {"resourceFieldRef": field}}
+
+
+def _resources(cpus: int, need_bytes: int) -> dict[str, Any]:
+    memory = f"{-(-need_bytes // MIB)}Mi"
+    return {"requests": {"cpu": str(cpus), "memory": memory}, "limits": {"memory": memory}}
+
+
+def _pod(
+    config: ClusterConfig,
+    *,
+    containers: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {ARCH_LABEL: "arm64", INSTANCE_TYPE_LABEL: config.instance_type.name},
+        "tolerations": [ARM_TOLERATION],
+        # The image's llama user, as on a VM: never root.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "automountServiceAccountToken": False,
+        "containers": containers,
+        "volumes": volumes,
+    }
+    if init:
+        spec["initContainers"] = init
+    return spec
+
+
+def _container(
+    name: str, image: str, script: str, env_from: str, env: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "command": [f"{VM_PATHS.bin_dir}/{script}"],
+        "envFrom": [{"configMapRef": {"name": env_from}}],
+        "env": env,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "data", "mountPath": VM_PATHS.data_dir}],
+    }
+
+
+def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> list[dict[str, Any]]:
+    """The stack's Kubernetes objects, in the order to apply them. Raises the first refusal."""
+    for refusal in refusals(config):
+        raise refusal
+    main, *workers = config.boots(0)
+    labels = _labels(name, config)
+    meta = {"namespace": namespace, "labels": labels}
+    leader_env, worker_env = f"{name}-leader-env", f"{name}-worker-env"
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": leader_env, **meta},
+            "data": _env(main),
+        }
+    ]
+    if workers:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": worker_env, **meta},
+                "data": _env(workers[0]),
+            }
+        )
+    shares = config.placement.shares
+    main_cpus = max(1, config.main_instance_type.vcpus - RESERVED_CPUS)
+    leader_extra: list[dict[str, Any]] = [_threads("llama-server")]
+    if workers:
+        hosts = worker_hosts(name, len(workers), config.rpc_port)
+        leader_extra.append({"name": "RPC_WORKERS", "value": hosts})
+    if main.api_key_file:
+        leader_extra.append({"name": "CREDENTIALS_DIRECTORY", "value": CREDENTIALS_DIRECTORY})
+    server = _container(
+        "llama-server", image, "llama-server.sh", leader_env, _pod_env(*leader_extra)
+    )
+    server["ports"] = [{"name": "api", "containerPort": config.server_port}]
+    server["resources"] = _resources(main_cpus, shares[0].need_bytes)
+    server["readinessProbe"] = {
+        "httpGet": {"path": "/health", "port": "api"},
+        "periodSeconds": 10,
+        "failureThreshold": 3,
+    }
+    fetch = _container("fetch-model", image, "fetch-model.sh", leader_env, _pod_env())
+    volumes: list[dict[str, Any]] = [
+        # The model: as large as the main node's disk, on the node's own storage.
+        {"name": "data", "emptyDir": {"sizeLimit": f"{config.main_disk_gb}Gi"}}
+    ]
+    if main.api_key_file:
+        server["volumeMounts"].append(
+            {"name": "api-key", "mountPath": CREDENTIALS_DIRECTORY, "readOnly": True}
+        )
+        volumes.append(
+            {
+                "name": "api-key",
+                "secret": {
+                    "secretName": f"{name}-api-key",
+                    "items": [{"key": API_KEY_CREDENTIAL, "path": API_KEY_CREDENTIAL}],
+                    "defaultMode": 0o400,
+                },
+            }
+        )
+    leader = {
+        "metadata": {"labels": labels},
+        "spec": _pod(config, containers=[server], volumes=volumes, init=[fetch]),
+    }
+    template: dict[str, Any] = {
+        "size": len(workers) + 1,
+        # A group whose pod restarts is made again whole: llama-server cannot take a worker back
+        # mid-flight, as on VMs (a worker that restarts makes its main node load again).
+        "restartPolicy": "RecreateGroupOnPodRestart",
+        "leaderTemplate": leader,
+    }
+    if workers:
+        worker_cpus = max(1, config.instance_type.vcpus - RESERVED_CPUS)
+        rpc = _container(
+            "ggml-rpc-server", image, "rpc-worker.sh", worker_env,
+            _pod_env(_threads("ggml-rpc-server")),
+        )  # fmt: skip
+        rpc["ports"] = [{"name": "rpc", "containerPort": config.rpc_port}]
+        rpc["resources"] = _resources(worker_cpus, max(s.need_bytes for s in shares[1:]))
+        rpc["readinessProbe"] = {"tcpSocket": {"port": "rpc"}, "periodSeconds": 5}
+        template["workerTemplate"] = {
+            "metadata": {"labels": labels},
+            "spec": _pod(config, containers=[rpc], volumes=[{"name": "data", "emptyDir": {}}]),
+        }
+    else:
+        template["workerTemplate"] = leader
+    objects.append(
+        {
+            "apiVersion": LWS_API_VERSION,
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": name, **meta},
+            "spec": {
+                "replicas": config.replicas,
+                # Workers start with the leader; the leader waits for them (wait-workers.sh).
+                "startupPolicy": "LeaderCreated",
+                "leaderWorkerTemplate": template,
+            },
+        }
+    )
+    leaders = {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": f"{name}-api", **meta},
+            "spec": {
+                "type": "ClusterIP",  # inside the cluster only
+                "selector": leaders,
+                "ports": [{"name": "api", "port": config.server_port, "targetPort": "api"}],
+            },
+        }
+    )
+    objects += network_policies(config, name=name, namespace=namespace, labels=labels)
+    return objects
+
+
+def network_policies(
+    config: ClusterConfig, *, name: str, namespace: str, labels: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The leaders take the API from the namespace's pods and apiAllowedCidrs only; each group's
+    workers take RPC and node metrics from their own group's leader only."""
+    meta = {"namespace": namespace, "labels": labels}
+    api_from: list[dict[str, Any]] = [{"podSelector": {}}]
+    api_from += [{"ipBlock": {"cidr": cidr}} for cidr in config.api_allowed_cidrs]
+    policies: list[dict[str, Any]] = [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": f"{name}-leaders", **meta},
+            "spec": {
+                "podSelector": {"matchLabels": {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"from": api_from, "ports": [{"protocol": "TCP", "port": config.server_port}]}
+                ],
+            },
+        }
+    ]
+    if config.worker_count == 0:
+        return policies
+    # A policy cannot say "my own group": one per group, by the group's index.
+    for group in range(config.replicas):
+        own = {LWS_NAME_LABEL: name, GROUP_INDEX_LABEL: str(group)}
+        policies.append(
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": f"{name}-group-{group}-workers", **meta},
+                "spec": {
+                    "podSelector": {
+                        "matchLabels": own,
+                        "matchExpressions": [
+                            {"key": WORKER_INDEX_LABEL, "operator": "NotIn", "values": ["0"]}
+                        ],
+                    },
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {
+                            "from": [
+                                {"podSelector": {"matchLabels": {**own, WORKER_INDEX_LABEL: "0"}}}
+                            ],
+                            "ports": [
+                                {"protocol": "TCP", "port": config.rpc_port},
+                                {"protocol": "TCP", "port": METRICS_PORT},
+                            ],
+                        }
+                    ],
+                },
+            }
+        )
+    return policies
