@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
+from infra.boot.node import API_KEY_CREDENTIAL, STAGED_SCHEMES, VM_PATHS, NodeBoot
 from infra.core.limits import METRICS_PORT
 from infra.errors import SettingError
 from infra.stack.config import ClusterConfig
@@ -59,7 +59,7 @@ def refusals(config: ClusterConfig) -> list[RenderError]:
                 "instead, and remove the setting to render",
             )
         )
-    staged = [url for url in config.fetched_urls if "://" in url and not url.startswith("https")]
+    staged = [url for url in config.fetched_urls if url.startswith(STAGED_SCHEMES)]
     if staged:
         found.append(
             RenderError(
@@ -77,8 +77,10 @@ def _env(boot: NodeBoot) -> dict[str, str]:
 
 
 def _labels(name: str, config: ClusterConfig) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "llama-rpc-cluster", "app.kubernetes.io/instance": name} | {
-        "llama-rpc-cluster/cloud": config.cloud
+    return {
+        "app.kubernetes.io/name": "llama-rpc-cluster",
+        "app.kubernetes.io/instance": name,
+        "llama-rpc-cluster/cloud": config.cloud,
     }
 
 
