@@ -67,11 +67,21 @@ class BalancerBoot:
             )
 
 
+# Main nodes named by DNS (Kubernetes pods): the names are resolved through the system's
+# nameservers, again while HAProxy runs (a group's pod comes back at another address), and a name
+# that does not resolve yet leaves its server down until it does.
+RESOLVERS = "system"
+
+
 def haproxy_config(
-    balancer: BalancerBoot, *, stats_socket: str | None = None, run_as: str | None = None
+    balancer: BalancerBoot,
+    *,
+    stats_socket: str | None = None,
+    run_as: str | None = None,
+    by_name: bool = False,
 ) -> str:
     """HAProxy's configuration: one frontend on the balancer's address, one backend server per
-    serving group's main node."""
+    serving group's main node (``by_name``: the main nodes are DNS names)."""
     servers = "\n".join(
         f"    server {group_server_name(g)} {ip}:{balancer.server_port} maxconn {balancer.slots}"
         for g, ip in enumerate(balancer.mains)
@@ -79,12 +89,18 @@ def haproxy_config(
     stats = f"    stats socket {stats_socket} mode 600 level admin\n" if stats_socket else ""
     user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
     timeout = balancer.timeout_seconds
+    resolvers = (
+        f"resolvers {RESOLVERS}\n    parse-resolv-conf\n    hold valid 10s\n\n" if by_name else ""
+    )
+    by_dns = (
+        f"    default-server resolvers {RESOLVERS} init-addr last,libc,none\n" if by_name else ""
+    )
     return f"""\
 # Rendered by infra/boot/balancer.py; checked with `haproxy -c -f` before it runs.
 global
     log stdout format raw daemon
 {stats}{user}
-defaults
+{resolvers}defaults
     mode http
     log global
     option httplog
@@ -119,7 +135,7 @@ backend {BACKEND}
     # goes to another server than the last, and when the others are full (maxconn) the only one
     # left would be the dead one; taken out, the retry waits in the queue instead.
     default-server observe layer4 error-limit 1 on-error mark-down
-    http-response set-header {SERVED_BY_HEADER} %[srv_name]
+{by_dns}    http-response set-header {SERVED_BY_HEADER} %[srv_name]
 {servers}
 """
 

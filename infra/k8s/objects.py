@@ -1,6 +1,7 @@
 """A stack's serving groups as Kubernetes objects: one LeaderWorkerSet (``replicas`` groups of a
-leader, the main node, and ``workerCount`` workers), the leaders' Service, a NetworkPolicy per
-group and one for the leaders, and the boot settings as ConfigMaps.
+leader, the main node, and ``workerCount`` workers), the API's Service (with replicas, in front of
+HAProxy configured as the VMs' balancer node is), a NetworkPolicy per group and one for the
+leaders, and the boot settings as ConfigMaps.
 
 One source of truth: a pod runs the script its VM counterpart runs (``llama-server.sh``,
 ``rpc-worker.sh``, ``fetch-model.sh`` from the image, ``infra.k8s.image``) with the environment a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.boot.balancer import BalancerBoot, haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, STAGED_SCHEMES, VM_PATHS, NodeBoot
 from infra.core.limits import METRICS_PORT
 from infra.errors import SettingError
@@ -41,6 +43,16 @@ NOT_IN_PODS = ("API_KEY_SOURCE", "LLAMA_RPC_FILES_SOURCE", "MODEL_DISK_GB", "MOD
 RESERVED_CPUS = 1
 GROUP_INDEX = "LWS_GROUP_INDEX"
 MIB = 1024**2
+# The balancer in front of the leaders (replicas > 1): HAProxy's official image (arm64 among its
+# platforms), with the configuration the VMs' balancer node runs.
+HAPROXY_IMAGE = "haproxy:3.0"
+HAPROXY_CONFIG_DIR = "/usr/local/etc/haproxy"  # where the official image reads haproxy.cfg
+HAPROXY_UID = 99  # the official image's haproxy user
+BALANCER_ROLE_LABEL = "llama-rpc-cluster/role"
+# The cluster's DNS domain: the leaders' names, which HAProxy resolves itself, are absolute.
+CLUSTER_DOMAIN = "cluster.local"
+# In its pod the balancer listens on the pod's one interface.
+POD_ADDRESSES = "0.0.0.0"  # noqa: S104
 
 
 class RenderError(SettingError):
@@ -250,6 +262,10 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         }
     )
     leaders = {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}
+    target = leaders
+    if config.replicas > 1:
+        objects += balancer_objects(config, name=name, namespace=namespace, labels=labels)
+        target = balancer_labels(name)
     objects.append(
         {
             "apiVersion": "v1",
@@ -257,7 +273,7 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
             "metadata": {"name": f"{name}-api", **meta},
             "spec": {
                 "type": "ClusterIP",  # inside the cluster only
-                "selector": leaders,
+                "selector": target,
                 "ports": [{"name": "api", "port": config.server_port, "targetPort": "api"}],
             },
         }
@@ -266,27 +282,107 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
     return objects
 
 
+def balancer_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": name, BALANCER_ROLE_LABEL: "balancer"}
+
+
+def leader_names(config: ClusterConfig, name: str, namespace: str) -> tuple[str, ...]:
+    """Each group's leader by its DNS name in the LeaderWorkerSet's headless service."""
+    return tuple(
+        f"{name}-{group}.{name}.{namespace}.svc.{CLUSTER_DOMAIN}"
+        for group in range(config.replicas)
+    )
+
+
+def balancer_config(config: ClusterConfig, name: str, namespace: str) -> str:
+    """HAProxy's configuration for the leaders: the VMs' balancer node's, each group's main node
+    by its pod's DNS name."""
+    boot = BalancerBoot(
+        listen_ip=POD_ADDRESSES,
+        port=config.server_port,
+        mains=leader_names(config, name, namespace),
+        server_port=config.server_port,
+        slots=config.slots,
+        timeout_seconds=config.generation_timeout_seconds,
+    )
+    return haproxy_config(boot, by_name=True)
+
+
+def balancer_objects(
+    config: ClusterConfig, *, name: str, namespace: str, labels: dict[str, str]
+) -> list[dict[str, Any]]:
+    """With replicas, HAProxy in front of the leaders, as the VMs' balancer node is: a request
+    goes to a group with a free slot, and waits for one when none has (kube-proxy alone would
+    spread connections blindly)."""
+    meta = {"namespace": namespace, "labels": labels}
+    pod_labels = {**labels, **balancer_labels(name)}
+    container = {
+        "name": "haproxy",
+        "image": HAPROXY_IMAGE,
+        "ports": [{"name": "api", "containerPort": config.server_port}],
+        "readinessProbe": {"tcpSocket": {"port": "api"}, "periodSeconds": 5},
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "config", "mountPath": HAPROXY_CONFIG_DIR, "readOnly": True}],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-balancer", **meta},
+            "data": {"haproxy.cfg": balancer_config(config, name, namespace)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": f"{name}-balancer", **meta},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": balancer_labels(name)},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "nodeSelector": {ARCH_LABEL: "arm64"},
+                        "tolerations": [ARM_TOLERATION],
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": HAPROXY_UID},
+                        "automountServiceAccountToken": False,
+                        "containers": [container],
+                        "volumes": [{"name": "config", "configMap": {"name": f"{name}-balancer"}}],
+                    },
+                },
+            },
+        },
+    ]
+
+
 def network_policies(
     config: ClusterConfig, *, name: str, namespace: str, labels: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """The leaders take the API from the namespace's pods and apiAllowedCidrs only; each group's
-    workers take RPC and node metrics from their own group's leader only."""
+    """The leaders (and with replicas the balancer) take the API from the namespace's pods and
+    apiAllowedCidrs only; each group's workers take RPC and node metrics from their own group's
+    leader only."""
     meta = {"namespace": namespace, "labels": labels}
     api_from: list[dict[str, Any]] = [{"podSelector": {}}]
     api_from += [{"ipBlock": {"cidr": cidr}} for cidr in config.api_allowed_cidrs]
+    api_ingress = [{"from": api_from, "ports": [{"protocol": "TCP", "port": config.server_port}]}]
+    takes_api = [(f"{name}-leaders", {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"})]
+    if config.replicas > 1:
+        takes_api.append((f"{name}-balancer", balancer_labels(name)))
     policies: list[dict[str, Any]] = [
         {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": {"name": f"{name}-leaders", **meta},
+            "metadata": {"name": policy, **meta},
             "spec": {
-                "podSelector": {"matchLabels": {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}},
+                "podSelector": {"matchLabels": selected},
                 "policyTypes": ["Ingress"],
-                "ingress": [
-                    {"from": api_from, "ports": [{"protocol": "TCP", "port": config.server_port}]}
-                ],
+                "ingress": api_ingress,
             },
         }
+        for policy, selected in takes_api
     ]
     if config.worker_count == 0:
         return policies

@@ -24,12 +24,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.boot.balancer import haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS
 from infra.boot.render import ROLE_UNIT, UNITS_DIR
 from infra.core.limits import METRICS_PORT
 from infra.k8s import cli, image, objects
 from infra.stack.files import config_of, stack_config, stack_names, stack_values
-from tests.conftest import REPO, SCRIPTS, free_port
+from tests.conftest import REPO, SCRIPTS, free_port, require_tool
 
 CRD = REPO / "tests" / "fixtures" / "lws-v0.10.0" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 KUBERNETES = "1.33.0"  # EKS's, GKE's and AKS's current minor (kubernetes-validate's schemas)
@@ -175,6 +176,7 @@ def test_network_policies_admit_rpc_and_metrics_from_the_groups_own_leader_only(
     policies = {o["metadata"]["name"]: o["spec"] for o in found if o["kind"] == "NetworkPolicy"}
     assert set(policies) == {
         f"{NAME}-leaders",
+        f"{NAME}-balancer",
         f"{NAME}-group-0-workers",
         f"{NAME}-group-1-workers",
     }
@@ -205,6 +207,68 @@ def test_network_policies_admit_rpc_and_metrics_from_the_groups_own_leader_only(
     [service] = [o for o in found if o["kind"] == "Service"]
     assert service["spec"]["type"] == "ClusterIP"
     assert not [o for o in found if o["kind"] == "Service" and o["spec"]["type"] != "ClusterIP"]
+
+
+# --- replicas: the VMs' balancer in front of the leaders ---------------------------------------
+
+
+@functools.cache
+def replicated() -> tuple[dict[str, Any], ...]:
+    config = config_of({**stack_values("aws-c8g"), f"{P}replicas": 3, f"{P}slots": 2})
+    return tuple(objects.render(config, name=NAME, namespace=NAMESPACE, image=IMAGE))
+
+
+def test_replicas_sit_behind_haproxy_that_sends_each_request_to_a_free_slot() -> None:
+    config = config_of({**stack_values("aws-c8g"), f"{P}replicas": 3, f"{P}slots": 2})
+    found = {(o["kind"], o["metadata"]["name"]): o for o in replicated()}
+    for obj in found.values():
+        if obj["kind"] != "LeaderWorkerSet":
+            assert core_problems(obj) == [], obj["kind"]
+    cfg = found["ConfigMap", f"{NAME}-balancer"]["data"]["haproxy.cfg"]
+    for group in range(3):
+        leader = f"{NAME}-{group}.{NAME}.{NAMESPACE}.svc.cluster.local"
+        assert f"server group{group + 1} {leader}:8080 maxconn 2" in cfg
+    timeout = config.generation_timeout_seconds
+    assert f"timeout server {timeout}s" in cfg and "balance leastconn" in cfg
+    # The VMs' balancer node's configuration, but for where the servers are and how they are
+    # found (DNS, again while it runs).
+    vm = haproxy_config(config.balancer_boot) if config.balancer_boot else ""
+    differs = re.compile(
+        r"\s*(server |bind |resolvers |parse-resolv|hold |default-server resolvers)"
+    )
+    kept = [line for line in cfg.splitlines() if line and not differs.match(line)]
+    assert kept == [line for line in vm.splitlines() if line and not differs.match(line)]
+    # The Service sends the API to HAProxy; without replicas, to the leader.
+    service = found["Service", f"{NAME}-api"]
+    assert service["spec"]["selector"] == objects.balancer_labels(NAME)
+    deployment = found["Deployment", f"{NAME}-balancer"]
+    pod = deployment["spec"]["template"]
+    assert objects.balancer_labels(NAME).items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["nodeSelector"][objects.ARCH_LABEL] == "arm64"
+    [mount] = pod["spec"]["containers"][0]["volumeMounts"]
+    assert mount["mountPath"] == objects.HAPROXY_CONFIG_DIR
+    [alone] = of_kind("aws-c8g", "Service")
+    assert alone["spec"]["selector"][objects.WORKER_INDEX_LABEL] == "0"
+    assert not of_kind("aws-c8g", "Deployment")
+    # The balancer takes the API from where a leader does, and nothing else.
+    policy = found["NetworkPolicy", f"{NAME}-balancer"]["spec"]
+    assert policy["ingress"] == found["NetworkPolicy", f"{NAME}-leaders"]["spec"]["ingress"]
+
+
+def test_haproxy_accepts_the_balancers_configuration(tmp_path: Path) -> None:
+    haproxy = require_tool("haproxy")
+    [cfg] = [
+        o["data"]["haproxy.cfg"]
+        for o in replicated()
+        if o["metadata"]["name"].endswith("-balancer") and o["kind"] == "ConfigMap"
+    ]
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(cfg)
+    checked = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    path.write_text(cfg.replace("resolvers system init-addr", "resolvers nowhere init-addr"))
+    broken = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert broken.returncode != 0
 
 
 # --- one source of truth: the same scripts, the same flags ----------------------------------
