@@ -19,6 +19,7 @@ from infra.boot.balancer import BalancerBoot, haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, STAGED_SCHEMES, VM_PATHS, NodeBoot
 from infra.core.limits import METRICS_PORT
 from infra.errors import SettingError
+from infra.k8s.image import UID
 from infra.stack.config import ClusterConfig
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -126,17 +127,17 @@ def _resources(cpus: int, need_bytes: int) -> dict[str, Any]:
 
 
 def _pod(
-    config: ClusterConfig,
+    instance_type: str,
     *,
     containers: list[dict[str, Any]],
     volumes: list[dict[str, Any]],
     init: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "nodeSelector": {ARCH_LABEL: "arm64", INSTANCE_TYPE_LABEL: config.instance_type.name},
+        "nodeSelector": {ARCH_LABEL: "arm64", INSTANCE_TYPE_LABEL: instance_type},
         "tolerations": [ARM_TOLERATION],
         # The image's llama user, as on a VM: never root.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "fsGroup": UID},
         "automountServiceAccountToken": False,
         "containers": containers,
         "volumes": volumes,
@@ -224,7 +225,9 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         )
     leader = {
         "metadata": {"labels": labels},
-        "spec": _pod(config, containers=[server], volumes=volumes, init=[fetch]),
+        "spec": _pod(
+            config.main_instance_type.name, containers=[server], volumes=volumes, init=[fetch]
+        ),
     }
     template: dict[str, Any] = {
         "size": len(workers) + 1,
@@ -244,7 +247,11 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         rpc["readinessProbe"] = {"tcpSocket": {"port": "rpc"}, "periodSeconds": 5}
         template["workerTemplate"] = {
             "metadata": {"labels": labels},
-            "spec": _pod(config, containers=[rpc], volumes=[{"name": "data", "emptyDir": {}}]),
+            "spec": _pod(
+                config.instance_type.name,
+                containers=[rpc],
+                volumes=[{"name": "data", "emptyDir": {}}],
+            ),
         }
     else:
         template["workerTemplate"] = leader

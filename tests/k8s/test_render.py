@@ -144,6 +144,22 @@ def test_a_broken_core_object_is_refused(kind: str, break_it: Any) -> None:
     assert core_problems(obj)
 
 
+@pytest.mark.parametrize("stack", stack_names())
+def test_the_leader_runs_on_the_main_nodes_type_and_workers_on_theirs(stack: str) -> None:
+    """aws-r8g's main node is smaller than its workers: each pod asks for its own node's type."""
+    config = stack_config(stack)
+    [lws] = of_kind(stack, "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    wanted = {"leaderTemplate": config.main_instance_type, "workerTemplate": config.instance_type}
+    if config.worker_count == 0:
+        wanted["workerTemplate"] = config.main_instance_type  # size 1: no worker pod
+    for part, instance in wanted.items():
+        spec = template[part]["spec"]
+        assert spec["nodeSelector"][objects.INSTANCE_TYPE_LABEL] == instance.name, part
+        [container] = spec["containers"]
+        assert container["resources"]["requests"]["cpu"] == str(instance.vcpus - 1), part
+
+
 def test_the_pods_run_on_the_stacks_arm_type_and_ask_for_their_placements_memory() -> None:
     config = stack_config("aws-c8g")
     [lws] = of_kind("aws-c8g", "LeaderWorkerSet")
