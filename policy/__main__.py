@@ -90,13 +90,38 @@ def stack_resource(resource: Any) -> rules.Resource:
     )
 
 
-def validate_rpc(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-    port = rules.rpc_port(
+def guarded_port(args: StackValidationArgs) -> int:
+    """The RPC port: the policy's ``rpcPort``, else the stack's, else the program's default."""
+    port: int = rules.rpc_port(
         args.get_config().get(rules.RPC_PORT_KEY),
         pulumi.Config(rules.PROJECT).get(rules.RPC_PORT_KEY),
     )
+    return port
+
+
+def rpc_port_schema() -> PolicyConfigSchema:
+    return PolicyConfigSchema(
+        properties={
+            rules.RPC_PORT_KEY: {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 65535,
+                "description": "The RPC port to guard; without it, the stack's "
+                f"{rules.PROJECT}:{rules.RPC_PORT_KEY}, else {rules.DEFAULT_RPC_PORT}.",
+            }
+        }
+    )
+
+
+def validate_rpc(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     resources = [stack_resource(r) for r in args.resources]
-    for violation in rules.rpc_only_from_main(resources, port):
+    for violation in rules.rpc_only_from_main(resources, guarded_port(args)):
+        report_violation(violation.message, violation.urn or None)
+
+
+def validate_k8s_rpc(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    resources = [stack_resource(r) for r in args.resources]
+    for violation in rules.k8s_rpc_only_from_leader(resources, guarded_port(args)):
         report_violation(violation.message, violation.urn or None)
 
 
@@ -123,17 +148,7 @@ POLICIES = [
         "security group, network tag or application security group, only the main node "
         "carries it, and on Azure the NSG denies every other inbound source.",
         validate=validate_rpc,
-        config_schema=PolicyConfigSchema(
-            properties={
-                rules.RPC_PORT_KEY: {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 65535,
-                    "description": "The RPC port to guard; without it, the stack's "
-                    f"{rules.PROJECT}:{rules.RPC_PORT_KEY}, else {rules.DEFAULT_RPC_PORT}.",
-                }
-            }
-        ),
+        config_schema=rpc_port_schema(),
         severity=Severity.CRITICAL,
         remediation_steps="Make the main node's group, tag or application security group the "
         "rule's only source, and keep it off every other node.",
@@ -193,6 +208,47 @@ POLICIES = [
         "Set internal=True on AWS, load_balancing_scheme INTERNAL on GCP, and a private "
         "frontend address on Azure.",
         Severity.CRITICAL,
+    ),
+    resource_policy(
+        "private-kubernetes-api",
+        "An EKS cluster's Kubernetes API endpoint is private (endpointPrivateAccess), and a "
+        "public endpoint (EKS's default) admits named ranges only, none wider than "
+        f"/{rules.WIDEST_PUBLIC_IPV4_SOURCE} (IPv4) or /{rules.WIDEST_PUBLIC_IPV6_SOURCE} (IPv6) "
+        "of public space.",
+        rules.private_kubernetes_api,
+        "Set endpoint_private_access=True, and endpoint_public_access=False or "
+        "public_access_cidrs to your own network's ranges (kubernetesApiCidrs).",
+        Severity.CRITICAL,
+    ),
+    resource_policy(
+        "eks-nodes-from-launch-template",
+        "An EKS managed node group makes its nodes from a launch template of the stack's (which "
+        "the IMDSv2 and disk policies check) and opens no SSH (remoteAccess).",
+        rules.eks_nodes_from_launch_template,
+        "Give the node group launch_template={id, version} of the stack's template, and remove "
+        "remote_access.",
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "cluster-internal-services",
+        "A Kubernetes Service is ClusterIP (the default) with no externalIPs: nothing outside "
+        "the cluster reaches the pods' RPC port or API through it.",
+        rules.cluster_internal_services,
+        "Set the Service's type to ClusterIP (or leave it unset) and remove externalIPs; reach "
+        "the API through kubectl port-forward.",
+        Severity.CRITICAL,
+    ),
+    StackValidationPolicy(
+        name="k8s-rpc-only-from-leader",
+        description="On Kubernetes, a LeaderWorkerSet's workers (size > 1) are isolated by a "
+        "NetworkPolicy of their namespace, and every policy that selects them admits the RPC "
+        "port only from a podSelector of the set's leaders (worker index 0).",
+        validate=validate_k8s_rpc,
+        config_schema=rpc_port_schema(),
+        severity=Severity.CRITICAL,
+        remediation_steps="Give each group's workers a NetworkPolicy (policyTypes Ingress) whose "
+        "only source for the RPC port is a podSelector of the set's leaders: no ipBlock, no "
+        "namespaceSelector, no rule without `from`.",
     ),
 ]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,12 @@ AWS_ALB: Final = "aws:alb/loadBalancer:LoadBalancer"
 GCP_FORWARDING_RULE: Final = "gcp:compute/forwardingRule:ForwardingRule"
 GCP_GLOBAL_FORWARDING_RULE: Final = "gcp:compute/globalForwardingRule:GlobalForwardingRule"
 AZURE_LOAD_BALANCER: Final = "azure-native:network:LoadBalancer"
+AWS_EKS_CLUSTER: Final = "aws:eks/cluster:Cluster"
+AWS_EKS_NODE_GROUP: Final = "aws:eks/nodeGroup:NodeGroup"
+K8S_SERVICE: Final = "kubernetes:core/v1:Service"
+K8S_SERVICE_PATCH: Final = "kubernetes:core/v1:ServicePatch"
+K8S_NETWORK_POLICY: Final = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+K8S_LEADER_WORKER_SET: Final = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
 _AWS_GROUPS: Final = (AWS_SECURITY_GROUP, AWS_DEFAULT_SECURITY_GROUP)
 # Azure's default inbound rules start here (AllowVnetInBound, 65000).
 AZURE_DEFAULT_RULES_PRIORITY: Final = 65000
@@ -816,6 +823,129 @@ def identity_on_main_only(
     ]
 
 
+# --- invariant 10: the Kubernetes API endpoint is private, or open to named ranges only ---------
+
+
+def _public_cidr_problems(label: str, cidrs: list[Any]) -> list[str]:
+    """Each public-access range judged alone, as the program's kubernetesApiCidrs are (each a
+    range of its own, like each apiAllowedCidrs range's rule on the VM stacks)."""
+    wide = [text for cidr in cidrs for text in internet_sources([cidr])]
+    if not wide:
+        return []
+    return [
+        f"{label}: vpcConfig.publicAccessCidrs admits the internet to the Kubernetes API from "
+        f"{', '.join(wide)} (public ranges wider than /{WIDEST_PUBLIC_IPV4_SOURCE} in IPv4 or "
+        f"/{WIDEST_PUBLIC_IPV6_SOURCE} in IPv6 count as the internet); list only your own "
+        "network's ranges (kubernetesApiCidrs), or set endpoint_public_access=False"
+    ]
+
+
+def private_kubernetes_api(
+    resource_type: str, props: Mapping[str, Any], name: str = ""
+) -> list[str]:
+    """Invariant 10: an EKS cluster's API endpoint is private (``endpointPrivateAccess``), and
+    a public endpoint, which EKS opens unless told not to, admits named ranges only, none of
+    them the internet (EKS admits 0.0.0.0/0 when ``publicAccessCidrs`` is not given)."""
+    if canonical_type(resource_type) != AWS_EKS_CLUSTER:
+        return []
+    config = props.get("vpcConfig")
+    if not _known(config):
+        return []
+    config = _mapping(config)
+    label = _label(resource_type, name)
+    found: list[str] = []
+    private = config.get("endpointPrivateAccess")
+    if _known(private) and private is not True:
+        state = "is not set (EKS's default is false)" if private is None else f"is {private!r}"
+        found.append(
+            f"{label}: vpcConfig.endpointPrivateAccess {state}; set endpoint_private_access=True, "
+            "so that the nodes reach the Kubernetes API inside the VPC"
+        )
+    public = config.get("endpointPublicAccess")
+    if not _known(public) or public is False or str(public).lower() == "false":
+        return found
+    cidrs = config.get("publicAccessCidrs")
+    if not _known(cidrs):
+        return found
+    given = _strings(cidrs)
+    if not given:
+        state = "is not set (EKS's default is true)" if public is None else "is true"
+        found.append(
+            f"{label}: vpcConfig.endpointPublicAccess {state} and vpcConfig.publicAccessCidrs is "
+            "not given, so EKS admits 0.0.0.0/0 (the internet) to the Kubernetes API; set "
+            "endpoint_public_access=False, or public_access_cidrs to your own network's ranges "
+            "(kubernetesApiCidrs)"
+        )
+    return found + _public_cidr_problems(label, given)
+
+
+# --- invariant 11: EKS nodes come from the stack's launch template ------------------------------
+
+
+def eks_nodes_from_launch_template(
+    resource_type: str, props: Mapping[str, Any], name: str = ""
+) -> list[str]:
+    """Invariant 11: an EKS managed node group makes its nodes from a launch template of the
+    stack's (which the IMDSv2, disk and public-address policies check), and opens no SSH
+    (``remoteAccess``, which admits 0.0.0.0/0 to port 22 unless given source groups)."""
+    if canonical_type(resource_type) != AWS_EKS_NODE_GROUP:
+        return []
+    label = _label(resource_type, name)
+    found: list[str] = []
+    template = props.get("launchTemplate")
+    if _known(template) and not any(
+        _present(_mapping(template).get(key)) for key in ("id", "name")
+    ):
+        found.append(
+            f"{label}: launchTemplate is not set, so the nodes come from EKS's own template, "
+            "whose metadata options and disks are EKS's defaults, not the stack's, and which no "
+            "policy checks; set launch_template={id, version} of the stack's template, which "
+            "requires IMDSv2 and encrypts its disks"
+        )
+    remote = props.get("remoteAccess")
+    if _present(remote) and _known(remote):
+        found.append(
+            f"{label}: remoteAccess opens SSH to the nodes (from 0.0.0.0/0 unless "
+            "sourceSecurityGroupIds narrows it); remove remote_access: reach the nodes through "
+            "kubectl or Session Manager"
+        )
+    return found
+
+
+# --- invariant 12: Kubernetes Services stay inside the cluster ---------------------------------
+
+
+def cluster_internal_services(
+    resource_type: str, props: Mapping[str, Any], name: str = ""
+) -> list[str]:
+    """Invariant 12: a Kubernetes Service is ClusterIP (the default) with no external IPs: a
+    LoadBalancer or NodePort Service, or an external IP, reaches the pods from outside the
+    cluster, where no NetworkPolicy or security group of the stack's guards the RPC port or the
+    API."""
+    if canonical_type(resource_type) not in (K8S_SERVICE, K8S_SERVICE_PATCH):
+        return []
+    spec = props.get("spec")
+    if not _known(spec):
+        return []
+    spec = _mapping(spec)
+    label = _label(resource_type, name)
+    found: list[str] = []
+    kind = spec.get("type")
+    if _known(kind) and kind not in (None, "", "ClusterIP"):
+        found.append(
+            f"{label}: spec.type is {kind!r}; set it to 'ClusterIP' (or leave it unset): only "
+            "a ClusterIP Service stays inside the cluster (LoadBalancer and NodePort reach the "
+            "pods from outside it); reach the API through kubectl port-forward"
+        )
+    ips = spec.get("externalIPs")
+    if _present(ips) and _known(ips):
+        found.append(
+            f"{label}: spec.externalIPs ({_shown(_strings(ips))}) admits traffic for those "
+            "addresses to the pods from outside the cluster; remove external_ips"
+        )
+    return found
+
+
 RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "no-internet-ingress": no_internet_ingress,
     "no-public-node-addresses": no_public_addresses,
@@ -824,6 +954,9 @@ RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "nodes-carry-stack-tags": node_tags,
     "internal-load-balancers": internal_balancers,
     "identity-on-main-only": identity_on_main_only,
+    "private-kubernetes-api": private_kubernetes_api,
+    "eks-nodes-from-launch-template": eks_nodes_from_launch_template,
+    "cluster-internal-services": cluster_internal_services,
 }
 
 
@@ -1259,6 +1392,324 @@ def metrics_only_from_main(resources: Sequence[Resource]) -> list[Violation]:
     return _only_from_main(stack, resources, carriers=False)  # the RPC policy reports carriers
 
 
+# --- invariant 13: on Kubernetes, the RPC port only from the group's leader ---------------------
+
+# The labels the LeaderWorkerSet controller puts on every pod of a set (v0.10.0), as the
+# program's infra.stack.kube.objects names them (a test keeps the two equal).
+LWS_NAME_LABEL: Final = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+# Labels a controller adds to the pods with values no manifest tells: the LeaderWorkerSet's own
+# (group key, template hash, …) and its StatefulSets'. A selector on one of these may or may not
+# pick a worker; on any other label the pod template does not carry, it does not.
+_CONTROLLER_LABEL: Final = re.compile(
+    r"leaderworkerset\.sigs\.k8s\.io/.*|controller-revision-hash|"
+    r"statefulset\.kubernetes\.io/pod-name|apps\.kubernetes\.io/pod-index"
+)
+
+
+def _has_unknown(value: Any) -> bool:
+    if value is UNKNOWN:
+        return True
+    if isinstance(value, Mapping):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return any(_has_unknown(v) for v in value)
+    return False
+
+
+def _pod_label(labels: Mapping[str, str], key: str) -> Any:
+    """A pod's label value: a string, None when it has no such label, or ``UNKNOWN`` when only a
+    controller sets it."""
+    if key in labels:
+        return labels[key]
+    return UNKNOWN if _CONTROLLER_LABEL.fullmatch(key) else None
+
+
+def _matches(operator: Any, values: Sequence[str], have: str | None) -> bool:
+    if operator == "In":
+        return have in values
+    if operator == "NotIn":
+        return have not in values
+    if operator == "Exists":
+        return have is not None
+    if operator == "DoesNotExist":
+        return have is None
+    return False  # the API server refuses any other operator
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool | None:
+    """Whether a label selector picks a pod with these labels: True, False, or None when it
+    rests on a label only a controller sets."""
+    terms: list[tuple[str, Any, list[str]]] = [
+        (str(key), "In", [str(value)])
+        for key, value in _mapping(selector.get("matchLabels")).items()
+    ]
+    for item in _items(selector.get("matchExpressions")):
+        expression = _mapping(item)
+        values = [str(v) for v in _items(expression.get("values"))]
+        terms.append((str(expression.get("key")), expression.get("operator"), values))
+    verdicts: list[bool | None] = []
+    for key, operator, values in terms:
+        have = _pod_label(labels, key)
+        verdicts.append(None if have is UNKNOWN else _matches(operator, values, have))
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
+
+
+def _requires(selector: Mapping[str, Any], key: str, value: str) -> bool:
+    """Whether a selector picks only pods whose label ``key`` is ``value``."""
+    if str(_mapping(selector.get("matchLabels")).get(key)) == value:
+        return True
+    return any(
+        str(expression.get("key")) == key
+        and expression.get("operator") == "In"
+        and [str(v) for v in _items(expression.get("values"))] == [value]
+        for expression in map(_mapping, _items(selector.get("matchExpressions")))
+    )
+
+
+def _isolates_ingress(spec: Mapping[str, Any]) -> bool:
+    types = spec.get("policyTypes")
+    if types is None:
+        return True  # Kubernetes' default: Ingress (and Egress when egress rules are given)
+    return "Ingress" in _strings(types)
+
+
+def _k8s_covers(rule: Mapping[str, Any], port: int, named: Mapping[str, int]) -> bool:
+    """Whether an ingress rule admits TCP to ``port`` (no ports: every port; a named port: the
+    workers' container port of that name)."""
+    entries = _items(rule.get("ports"))
+    if not entries:
+        return True
+    for item in entries:
+        entry = _mapping(item)
+        if str(entry.get("protocol") or "TCP").upper() != "TCP":
+            continue
+        value = entry.get("port")
+        if value is None:
+            return True
+        first = _int(value)
+        if first is None:
+            if named.get(str(value)) == port:
+                return True
+            continue
+        last = _int(entry.get("endPort")) or first
+        if first <= port <= last:
+            return True
+    return False
+
+
+def _index_values(count: int, start: int, mentioned: Iterable[str]) -> tuple[list[str], bool]:
+    """The label values ``start``..``count - 1`` a check needs: those a selector names, and one
+    it does not, which stands for every other; and whether it stands for more than itself."""
+    named = sorted({v for v in mentioned if v.isdigit() and start <= int(v) < count}, key=int)
+    for k in range(start, count):
+        if str(k) not in named:
+            return [*named, str(k)], count - start > len(named) + 1
+    return named, False
+
+
+@dataclass(frozen=True)
+class _LeaderWorkerSet:
+    resource: Resource
+    name: str
+    namespace: Any
+    size: int
+    replicas: int
+    labels: Mapping[str, str]  # the workers' pod template's
+    ports: Mapping[str, int]  # the workers' named container ports
+
+
+def _namespace(r: Resource) -> Any:
+    """A Kubernetes object's namespace (None: the provider's default), or ``UNKNOWN``."""
+    meta = r.props.get("metadata")
+    namespace = _mapping(meta).get("namespace") if _known(meta) else UNKNOWN
+    return namespace or None
+
+
+def _leader_worker_set(r: Resource) -> _LeaderWorkerSet | None:
+    """A LeaderWorkerSet with workers whose settings that matter here are all known (None
+    otherwise): its name and namespace, size and replicas, the workers' labels and ports."""
+    meta, spec = r.props.get("metadata"), r.props.get("spec")
+    if not _known(meta) or not _known(spec):
+        return None
+    meta, spec = _mapping(meta), _mapping(spec)
+    template = spec.get("leaderWorkerTemplate")
+    pod = _mapping(_mapping(template).get("workerTemplate")) or _mapping(
+        _mapping(template).get("leaderTemplate")
+    )
+    pod_spec = pod.get("spec")
+    seen = [
+        meta.get("name"),
+        meta.get("namespace"),
+        spec.get("replicas"),
+        template,
+        _mapping(template).get("size"),
+        pod.get("metadata"),
+        pod_spec,
+        *(_mapping(c).get("ports") for c in _items(_mapping(pod_spec).get("containers"))),
+    ]
+    if _has_unknown(seen):
+        return None
+    template = _mapping(template)
+    size = _int(template.get("size", 1))  # the CRD's defaults: size 1, replicas 1
+    replicas = _int(spec.get("replicas", 1))
+    name = meta.get("name")
+    if size is None or size <= 1 or replicas is None or not isinstance(name, str):
+        return None
+    labels = _mapping(_mapping(pod.get("metadata")).get("labels"))
+    ports = {
+        str(port["name"]): containerport
+        for container in _items(_mapping(pod.get("spec")).get("containers"))
+        for port in map(_mapping, _items(_mapping(container).get("ports")))
+        if port.get("name") and (containerport := _int(port.get("containerPort"))) is not None
+    }
+    return _LeaderWorkerSet(
+        r,
+        name,
+        _namespace(r),
+        size,
+        replicas,
+        {str(k): str(v) for k, v in labels.items()},
+        ports,
+    )
+
+
+def _peer_problems(where: str, peers: list[Any], lws: _LeaderWorkerSet) -> Iterator[str]:
+    for j, item in enumerate(peers):
+        peer = _mapping(item)
+        at = f"{where}.from[{j}]"
+        if "ipBlock" in peer:
+            yield f"{at}.ipBlock admits {_mapping(peer['ipBlock']).get('cidr') or 'addresses'}"
+        if "namespaceSelector" in peer:
+            yield f"{at}.namespaceSelector admits pods of other namespaces"
+        selector = peer.get("podSelector")
+        if selector is None:
+            if "ipBlock" not in peer and "namespaceSelector" not in peer:
+                yield f"{at} is empty and admits every source"
+        elif not (
+            _requires(_mapping(selector), LWS_NAME_LABEL, lws.name)
+            and _requires(_mapping(selector), LWS_WORKER_INDEX_LABEL, "0")
+        ):
+            shown = json.dumps(selector, sort_keys=True)
+            yield f"{at}.podSelector {shown} admits pods other than the set's leaders"
+
+
+def _lws_rpc_violations(
+    lws: _LeaderWorkerSet, policies: Sequence[Resource], port: int
+) -> list[Violation]:
+    """The worker pods of one LeaderWorkerSet: each group's are isolated by a NetworkPolicy of
+    their namespace, and every policy that picks them admits the RPC port from the set's
+    leaders alone (Kubernetes admits what any policy that picks a pod admits)."""
+    mine = [p for p in policies if _namespace(p) == lws.namespace]
+    selectors = [_mapping(_mapping(p.props.get("spec")).get("podSelector")) for p in mine]
+
+    def mentioned(key: str) -> list[str]:
+        """The values of a label the namespace's policies select on."""
+        found = [str(_mapping(s.get("matchLabels")).get(key)) for s in selectors]
+        for selector in selectors:
+            for expression in map(_mapping, _items(selector.get("matchExpressions"))):
+                if expression.get("key") == key:
+                    found += [str(v) for v in _items(expression.get("values"))]
+        return found
+
+    groups, more_groups = _index_values(lws.replicas, 0, mentioned(LWS_GROUP_INDEX_LABEL))
+    workers, _ = _index_values(lws.size, 1, mentioned(LWS_WORKER_INDEX_LABEL))
+    label = _label(lws.resource.type, lws.resource.name)
+    fix = (
+        f"admit the RPC port only from the leaders: from: [{{podSelector: {{matchLabels: "
+        f'{{"{LWS_NAME_LABEL}": "{lws.name}", "{LWS_WORKER_INDEX_LABEL}": "0"}}}}}}]'
+    )
+    problems: dict[tuple[str, str], None] = {}
+    bare: list[str] = []
+    for group in groups:
+        isolated = True
+        for worker in workers:
+            pod = {
+                **lws.labels,
+                LWS_NAME_LABEL: lws.name,
+                LWS_GROUP_INDEX_LABEL: group,
+                LWS_WORKER_INDEX_LABEL: worker,
+            }
+            picks = [
+                (p, verdict)
+                for p, selector in zip(mine, selectors, strict=True)
+                if _isolates_ingress(_mapping(p.props.get("spec")))
+                and (verdict := _selects(selector, pod)) is not False
+            ]
+            isolated = isolated and any(verdict for _, verdict in picks)
+            for p, _ in picks:
+                where = _label(p.type, p.name)
+                for i, item in enumerate(_items(_mapping(p.props.get("spec")).get("ingress"))):
+                    rule = _mapping(item)
+                    if not _k8s_covers(rule, port, lws.ports):
+                        continue
+                    at = f"spec.ingress[{i}]"
+                    peers = _items(rule.get("from"))
+                    found = (
+                        list(_peer_problems(at, peers, lws))
+                        if peers
+                        else [f"{at} has no `from` and admits every source"]
+                    )
+                    for problem in found:
+                        message = (
+                            f"{where}: {problem} to the RPC port {port} of LeaderWorkerSet "
+                            f"{lws.name}'s workers; {fix}"
+                        )
+                        problems[message, p.urn] = None
+        if not isolated:
+            bare.append(group)
+    violations = [Violation(message, at) for message, at in problems]
+    if bare:
+        others = (
+            " (and every other group no policy names)"
+            if more_groups and bare[-1] == groups[-1]
+            else ""
+        )
+        violations.insert(
+            0,
+            Violation(
+                f"{label}: spec.leaderWorkerTemplate.size is {lws.size}, but no NetworkPolicy in "
+                f"namespace {lws.namespace or '(the provider default)'} isolates the workers of "
+                f"group {', '.join(bare)}{others}, so every pod of the cluster reaches their RPC "
+                f"port {port}; add one whose podSelector picks them (matchLabels "
+                f'{{"{LWS_NAME_LABEL}": "{lws.name}"}}, matchExpressions {LWS_WORKER_INDEX_LABEL} '
+                f'NotIn ["0"]), with policyTypes ["Ingress"], and {fix}',
+                lws.resource.urn,
+            ),
+        )
+    return violations
+
+
+def k8s_rpc_only_from_leader(
+    resources: Sequence[Resource], port: int = DEFAULT_RPC_PORT
+) -> list[Violation]:
+    """Invariant 13: on Kubernetes, a LeaderWorkerSet's workers (size > 1) are isolated by a
+    NetworkPolicy of their namespace, and every policy that picks them admits the RPC port only
+    from a podSelector of the set's leaders (worker index 0): no ipBlock, no namespaceSelector,
+    no rule without sources. A set or a namespace's policy not yet known (a preview) is not
+    judged: the update's stack check, which sees them, is."""
+    policies = [r for r in resources if canonical_type(r.type) == K8S_NETWORK_POLICY]
+    violations: list[Violation] = []
+    for r in resources:
+        if canonical_type(r.type) != K8S_LEADER_WORKER_SET:
+            continue
+        lws = _leader_worker_set(r)
+        if lws is None:
+            continue
+        unknown = [
+            p
+            for p in policies
+            if _namespace(p) is UNKNOWN
+            or (_namespace(p) == lws.namespace and _has_unknown(p.props.get("spec")))
+        ]
+        if not unknown:
+            violations += _lws_rpc_violations(lws, policies, port)
+    return violations
+
+
 def check_stack(
     resources: Sequence[Resource],
     port: int = DEFAULT_RPC_PORT,
@@ -1275,4 +1726,5 @@ def check_stack(
         ]
     result["rpc-only-from-main"] = rpc_only_from_main(resources, port)
     result["metrics-only-from-main"] = metrics_only_from_main(resources)
+    result["k8s-rpc-only-from-leader"] = k8s_rpc_only_from_leader(resources, port)
     return result

@@ -35,11 +35,26 @@ GCP_SELF_LINKS = "https://www.googleapis.com/compute/v1/projects/my-project/self
 
 # The stacks this repository ships, by name: the mock tiers sweep these, never whatever else lies
 # in stacks/ (a user's own, or one `python -m infra.planner --write-stack` wrote).
-REPOSITORY_STACKS = ("aws-c7g", "aws-c8g", "aws-r8g", "aws-small", "azure-cobalt", "gcp-c4a")
+REPOSITORY_STACKS = (
+    "aws-c7g",
+    "aws-c8g",
+    "aws-eks",
+    "aws-r8g",
+    "aws-small",
+    "azure-cobalt",
+    "gcp-c4a",
+)
+# The stacks whose nodes are Kubernetes pods (platform: kubernetes), not VMs.
+KUBERNETES_STACKS = ("aws-eks",)
 
 
 def stack_names() -> list[str]:
     return list(REPOSITORY_STACKS)
+
+
+def vm_stack_names() -> list[str]:
+    """The shipped stacks whose nodes are VMs."""
+    return [s for s in REPOSITORY_STACKS if s not in KUBERNETES_STACKS]
 
 
 def stack_config(stack: str) -> dict[str, Any]:
@@ -148,6 +163,15 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["result"] = ("0123456789abcdefghijklmnopqrstuvwxyz" * 8)[
                 : int(args.inputs["length"])
             ]
+        if args.typ == "aws:iam/role:Role":
+            state["arn"] = f"arn:aws:iam::123456789012:role/{args.name}"
+        if args.typ == "aws:eks/cluster:Cluster":
+            # What EKS gives a new cluster: its endpoint and certificate authority.
+            state["endpoint"] = "https://0123456789ABCDEF.gr7.us-east-1.eks.amazonaws.com"
+            state["certificateAuthority"] = {"data": "Q0VSVElGSUNBVEU="}
+            state["vpcConfig"] = {**state["vpcConfig"], "clusterSecurityGroupId": "sg-0eks"}
+        if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            state["latestVersion"] = 1
         if args.typ == "aws:ssm/parameter:Parameter":
             state["arn"] = f"arn:aws:ssm:us-east-1:123456789012:parameter{args.inputs['name']}"
         if args.typ == "gcp:serviceaccount/account:Account":
@@ -180,6 +204,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "name": a["name"], "type": "String", "value": "ami-0123456789abcdef0"
             },
             "aws:ec2/getAmi:getAmi": lambda a: {"id": "ami-0fedcba9876543210", **a},
+            "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: {
+                "names": [z for z in ZONES if z not in a.get("excludeNames", [])],
+                "zoneIds": [f"use1-az{i}" for i in (1, 2, 4)], "id": "us-east-1",
+            },
             "azure-native:authorization:getClientConfig": lambda a: {
                 "clientId": "c", "objectId": "o", "subscriptionId": SUBSCRIPTION, "tenantId": "t"
             },

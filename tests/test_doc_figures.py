@@ -118,6 +118,12 @@ FIGURES = [
            lambda: f"{parsed_config('aws-c8g').generation_timeout_seconds:,} s"),
     Figure("README.md", "; `aws-r8g`: {}). The client's",
            lambda: f"{parsed_config('aws-r8g').generation_timeout_seconds:,} s"),
+    Figure("docs/kubernetes.md", "aws-eks: {} plane (aws-c8g on VMs:",
+           lambda: "{}/h, of which {} is the control".format(
+               dollars(stack("aws-eks")["hourlyUsd"]),
+               dollars(stack("aws-eks")["hourlyUsdParts"]["controlPlane"]))),
+    Figure("docs/kubernetes.md", "(aws-c8g on VMs: {}/h)",
+           lambda: dollars(stack("aws-c8g")["hourlyUsd"])),
     Figure("docs/planner.md", "three c8g.16xlarge ({}/h with NAT and disks)",
            lambda: dollars(option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["hourlyUsd"])),
     Figure("docs/planner.md", "at the same predicted speed for {}/h",

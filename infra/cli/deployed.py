@@ -32,6 +32,14 @@ def deployed_outputs(stack: str) -> dict[str, Any]:
         raise NotReachable(f"cannot read stack {stack!r}'s outputs: {error}") from None
     if not found:
         raise NotReachable(f"stack {stack!r} has no outputs: deploy it with `pulumi up`")
+    if found.get(keys.PLATFORM) == "kubernetes":
+        namespace = found.get(keys.KUBERNETES_NAMESPACE)
+        raise NotReachable(
+            f"stack {stack!r} runs on Kubernetes, whose pods this command cannot reach (it "
+            f"reads VMs through the cloud's command channel): `kubectl -n {namespace} get "
+            f"pods` and `kubectl -n {namespace} logs POD` show them, once the first half of "
+            "connectCommand has set kubectl up"
+        )
     return found
 
 

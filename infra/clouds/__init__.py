@@ -3,7 +3,17 @@ resource the program creates, by name. No provider SDK here."""
 
 from __future__ import annotations
 
-from infra.clouds import aws, aws_rules, azure, azure_rules, gcp, gcp_rules, random_rules
+from infra.clouds import (
+    aws,
+    aws_rules,
+    azure,
+    azure_rules,
+    eks_rules,
+    gcp,
+    gcp_rules,
+    kubernetes_rules,
+    random_rules,
+)
 from infra.clouds.base import CloudFacts, UserDataChannel
 from infra.clouds.rules import ResourceRules
 
@@ -14,6 +24,8 @@ RESOURCE_RULES: dict[str, ResourceRules] = {
     **gcp_rules.RULES,
     **azure_rules.RULES,
     **random_rules.RULES,
+    **eks_rules.RULES,
+    **kubernetes_rules.RULES,
 }
 
 __all__ = ["FACTS", "RESOURCE_RULES", "CloudFacts", "ResourceRules", "UserDataChannel"]

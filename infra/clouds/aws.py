@@ -108,6 +108,38 @@ KMS_KEY_ARN = re.compile(
 )
 
 
+# EKS (the kubernetes platform). The version is one in standard support ($0.10/h; extended
+# support is $0.60/h): 1.35 until 2027-03-27 (docs.aws.amazon.com/eks/latest/userguide/
+# kubernetes-versions.html). With support_type STANDARD, EKS upgrades it at the end rather than
+# bill extended support.
+EKS_VERSION = "1.35"
+EKS_SUPPORT_TYPE = "STANDARD"
+# Amazon Linux 2023 for Arm, EKS's own node image (kernel 6.1: the VPC CNI's network policies
+# need 5.10 or later), kept current by EKS.
+EKS_NODE_AMI_TYPE = "AL2023_ARM_64_STANDARD"
+AWS_POLICY = "arn:aws:iam::aws:policy/"
+EKS_CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
+# A node's kubelet, the VPC CNI (which runs with the node's role here) and image pulls from ECR
+# (docs.aws.amazon.com/eks/latest/userguide/create-node-role.html).
+EKS_NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryReadOnly",
+)
+# The VPC CNI enforces NetworkPolicy objects (enableNetworkPolicy, a string) and keeps few spare
+# addresses a node (WARM_IP_TARGET, MINIMUM_IP_TARGET): by default a node holds a whole spare
+# ENI's worth (50 on a 16xlarge), and 48 nodes would exhaust the /24 their pods share.
+# docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html;
+# github.com/aws/amazon-vpc-cni-k8s docs/eni-and-ip-target.md.
+EKS_VPC_CNI_CONFIGURATION = {
+    "enableNetworkPolicy": "true",
+    "env": {"WARM_IP_TARGET": "2", "MINIMUM_IP_TARGET": "4"},
+}
+# EKS refuses control-plane subnets in these zones (by zone id: docs.aws.amazon.com/eks/latest/
+# userguide/network-reqs.html).
+EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
+
+
 def vcpu_quota(instance_type: str) -> VcpuQuota | None:
     letter = instance_type[:1].lower()
     return next((quota for letters, quota in _QUOTAS if letter in letters), None)
@@ -135,6 +167,7 @@ FACTS = CloudFacts(
     # A root volume is at least its AMI's snapshot: 8 GiB for Canonical's Ubuntu 24.04 AMIs.
     boot_disk_gb=Range(8, 65_536),
     disk_throughput_mibps=Range(125, GP3_VOLUME_MAX_MIBPS),
+    boot_disk_max_mibps=GP3_LAUNCH_MAX_MIBPS,
     model_disk=MODEL_DISK,
     # https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html: /16 to /28
     vpc_widest_prefix=16,

@@ -224,6 +224,11 @@ FACTS = CloudFacts(
     model_store_scheme="az://",
     image_meaning="a version of Canonical:ubuntu-24_04-lts:server-arm64",
     refuses={
+        "platform": "the kubernetes platform is EKS's only (AKS is not built; "
+        "docs/kubernetes.md says what it needs): `lrc k8s render` writes the objects for any "
+        "Kubernetes cluster",
+        "kubernetesImage": "there is no kubernetes platform here",
+        "kubernetesApiCidrs": "there is no kubernetes platform here",
         "diskThroughputMibps": "Premium SSD throughput follows the disk's size",
         "zone": "the nodes of a group share a proximity placement group, in no availability "
         "zone, so no update moves them",

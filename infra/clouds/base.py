@@ -21,6 +21,9 @@ OPTIONAL_SETTINGS = (
     "zone",
     "networkWatcher",
     "modelStoreKmsKey",
+    "platform",
+    "kubernetesImage",
+    "kubernetesApiCidrs",
 )
 
 
@@ -181,6 +184,9 @@ class CloudFacts:
     # Settings of OPTIONAL_SETTINGS this cloud cannot honour, each with what it does instead;
     # the config check refuses them rather than dropping them.
     refuses: Mapping[str, str] = field(default_factory=dict)
+    # The most a node's boot disk takes as it launches, where the model is on it (Kubernetes
+    # nodes); None: as ``disk_throughput_mibps``.
+    boot_disk_max_mibps: int | None = None
     # What this cloud cannot do, in words (capability -> what happens instead).
     limitations: Mapping[str, str] = field(default_factory=dict)
     # Nodes of this many vCPUs or more get the cloud's faster network tier, billed on top of

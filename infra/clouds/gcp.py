@@ -136,6 +136,11 @@ FACTS = CloudFacts(
     model_store_scheme="gs://",
     image_meaning="an arm64 Ubuntu 24.04 image (or its family) of the ubuntu-os-cloud project",
     refuses={
+        "platform": "the kubernetes platform is EKS's only (GKE is not built; "
+        "docs/kubernetes.md says what it needs): `lrc k8s render` writes the objects for any "
+        "Kubernetes cluster",
+        "kubernetesImage": "there is no kubernetes platform here",
+        "kubernetesApiCidrs": "there is no kubernetes platform here",
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
         "bastion": "connectCommand forwards through IAP already",
         "encryptionAtHost": "Google encrypts every disk at rest already",

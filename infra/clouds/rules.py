@@ -273,6 +273,22 @@ class OneOf(Rule):
 
 
 @dataclass(frozen=True)
+class Matches(Rule):
+    """A value the API takes only in one format (an ARN)."""
+
+    family: ClassVar[str] = VALUE
+    path: str
+    pattern: re.Pattern[str]
+    meaning: str
+    source: str
+
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
+        for where, value in values_at(resource.inputs, self.path):
+            if not self.pattern.fullmatch(str(value)):
+                yield f"{where} {value!r} is not {self.meaning}"
+
+
+@dataclass(frozen=True)
 class Requires(Rule):
     """A combination of inputs the API refuses (or that breaks a later step): ``check`` returns
     what is wrong, or None."""

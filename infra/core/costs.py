@@ -1,5 +1,6 @@
 """What a cluster costs per hour: its instances, the NAT for its egress, its disks, and the
-balancer node in front of its serving groups when it has more than one.
+balancer node in front of its serving groups when it has more than one; on Kubernetes, the
+control plane.
 
 One function for the stack's ``hourlyCostUsd`` output and for the planner, so both give the same
 figure for the same cluster. Prices come from the catalog (instances.csv, services.csv: each with
@@ -21,6 +22,8 @@ from infra.core.sizing import WORKER_DISK_GB
 HOURS_PER_MONTH = 730
 # What no figure here includes: it depends on use, not on the cluster's shape.
 NOT_COUNTED = "data transfer, flow-log storage, and an Azure Bastion"
+# The managed Kubernetes control plane's row in services.csv (per cluster-hour).
+CONTROL_PLANE_ITEM = "kubernetes_control_plane_hour"
 # How ``unpriced`` names a balancer node whose instance type the catalog does not price.
 BALANCER_NODE = "the balancer node"
 
@@ -49,21 +52,29 @@ class HourlyCost:
     balancer: float | None = None
     # The NAT with no node running (the gateway and its address go on; GCP's per-VM part stops).
     nat_stopped: float | None = None
+    # A managed Kubernetes control plane (EKS), billed while the cluster exists. None: none.
+    control_plane: float | None = None
+    # Whether the disks outlive stopped nodes: a VM's do; a node group scaled to zero
+    # terminates its nodes, disks and all.
+    disks_kept_stopped: bool = True
 
     @property
     def stopped(self) -> float | None:
         """What the cluster costs an hour with every instance stopped (AWS stop, GCP stop,
-        Azure deallocate): its disks, its NAT and its balancer, which go on. Parts the catalog
-        does not price are left out, as in ``total`` (``unpriced`` names them); None when no
-        part is priced."""
-        parts = [p for p in (self.nat_stopped, self.disks, self.balancer) if p is not None]
+        Azure deallocate): its disks, its NAT and its balancer, which go on; on Kubernetes, with
+        its node groups scaled to zero: the NAT and the control plane. Parts the catalog does not
+        price are left out, as in ``total`` (``unpriced`` names them); None when no part is
+        priced."""
+        disks = self.disks if self.disks_kept_stopped else None
+        kept = (self.nat_stopped, disks, self.balancer, self.control_plane)
+        parts = [p for p in kept if p is not None]
         return round(sum(parts), 5) if parts else None
 
     @property
     def total(self) -> float | None:
         if self.instances is None:
             return None
-        parts = (self.instances, self.nat, self.disks, self.balancer)
+        parts = (self.instances, self.nat, self.disks, self.balancer, self.control_plane)
         return round(sum(part or 0.0 for part in parts), 5)
 
     @property
@@ -81,12 +92,29 @@ class HourlyCost:
             parts.append(f"disks ${self.disks}/h")
         if self.balancer is not None:
             parts.append(f"balancer ${self.balancer}/h")
+        if self.control_plane is not None:
+            parts.append(f"Kubernetes control plane ${self.control_plane}/h")
         if self.stopped is not None:
             parts.append(f"with every instance stopped ${self.stopped}/h")
         text = "; ".join(parts)
         if self.unpriced:
             text += f"; without {', '.join(self.unpriced)} (no catalog price)"
         return f"{text}; not counted: {NOT_COUNTED}; {'; '.join(self.sources)}"
+
+
+def kubernetes_worker_disk(
+    main: InstanceType,
+    worker: InstanceType,
+    main_disk_gb: int,
+    worker_disk_gb: int,
+    main_throughput_mibps: int | None,
+) -> tuple[int, int | None]:
+    """On Kubernetes, a worker node's disk and its throughput (None: the baseline): where
+    workers share the main node's type they share its node group, and the leader may land on any
+    of its nodes, so each has the main node's disk."""
+    if main.name == worker.name:
+        return max(main_disk_gb, worker_disk_gb), main_throughput_mibps
+    return worker_disk_gb, None
 
 
 def cluster_nodes(
@@ -97,13 +125,21 @@ def cluster_nodes(
     main_disk_gb: int,
     worker_disk_gb: int,
     main_disk_throughput_mibps: int | None,
+    kubernetes: bool = False,
 ) -> list[PricedNode]:
     """The main node (whose disk the model loads from) and each worker, as the stack creates
     them: workers' disks at the type's baseline throughput, as is a main node's boot disk where
-    its model has a disk of its own."""
-    system_gb = WORKER_DISK_GB if FACTS[main.provider].model_disk else 0
+    its model has a disk of its own. On Kubernetes (``kubernetes``) the model is on the node's
+    one disk, and workers of the main node's type have its disk."""
+    own_disk = FACTS[main.provider].model_disk and not kubernetes
+    system_gb = WORKER_DISK_GB if own_disk else 0
+    worker_disk: tuple[int, int | None] = (worker_disk_gb, None)
+    if kubernetes:
+        worker_disk = kubernetes_worker_disk(
+            main, worker, main_disk_gb, worker_disk_gb, main_disk_throughput_mibps
+        )
     return [PricedNode(main, main_disk_gb, main_disk_throughput_mibps, system_gb)] + [
-        PricedNode(worker, worker_disk_gb)
+        PricedNode(worker, *worker_disk)
     ] * workers
 
 
@@ -120,10 +156,15 @@ def _priced(provider: str, usage: dict[str, float]) -> float | None:
 
 
 def hourly_cost(
-    provider: str, nodes: Sequence[PricedNode], *, balancer: bool = False
+    provider: str,
+    nodes: Sequence[PricedNode],
+    *,
+    balancer: bool = False,
+    control_plane: bool = False,
 ) -> HourlyCost:
     """Every node of every serving group, and the private balancer in front of the groups
-    (``balancer``: there is one when a stack has more than one group)."""
+    (``balancer``: there is one when a stack has more than one group); with ``control_plane``,
+    the managed Kubernetes control plane the nodes join (``CONTROL_PLANE_ITEM``)."""
     facts = FACTS[provider]
     counts: dict[str, tuple[int, float | None]] = {}
     for node in nodes:
@@ -168,6 +209,14 @@ def hourly_cost(
             unpriced.append(f"{facts.disk.name} disks")
         if balancer_node.source:
             sources.append(f"balancer node: {balancer_node.source}")
+    plane_usd = None
+    if control_plane:
+        plane = service_price(provider, CONTROL_PLANE_ITEM)
+        plane_usd = plane.usd
+        if plane_usd is None:
+            unpriced.append("the Kubernetes control plane")
+        else:
+            sources.append(f"{CONTROL_PLANE_ITEM}: {plane.source}, {plane.date}")
     usage_items = {*facts.nat.hourly_usage(1), *facts.disk.monthly_usage(1, None)}
     for item in sorted(usage_items):
         price = service_price(provider, item)
@@ -181,6 +230,8 @@ def hourly_cost(
         sources=tuple(sources),
         instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
         balancer=balancer_usd,
+        control_plane=plane_usd,
+        disks_kept_stopped=not control_plane,
         nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(behind_nat_always))),
     )
 

@@ -37,6 +37,15 @@ def public_subnet(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
     return next(subnets)
 
 
+def kubernetes_subnets(
+    network: ipaddress.IPv4Network,
+) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """EKS: the public /24 halved, the NAT's subnet and, in a second zone, the control plane's
+    (EKS takes subnets in two zones); the nodes and their pods keep the private /24."""
+    nat, control_plane = public_subnet(network).subnets(new_prefix=SUBNET_PREFIX + 1)
+    return nat, control_plane
+
+
 def node_ips(subnet: ipaddress.IPv4Network, workers: int, group: int = 0) -> list[str]:
     """A serving group's main node address, then each of its workers'."""
     base = subnet.network_address + MAIN_HOST + GROUP_STRIDE * group

@@ -55,6 +55,15 @@ def vpc_cidr_problem(network: ipaddress.IPv4Network, widest_prefix: int) -> str 
     return None
 
 
+def is_internal(text: str) -> bool:
+    """A range inside private address space (``INTERNAL_SOURCES``): a VPN's, a peered
+    network's; not the internet's."""
+    network = ipaddress.ip_network(text, strict=False)
+    if not isinstance(network, ipaddress.IPv4Network):
+        return False  # the cluster's network is IPv4 only
+    return any(network.subnet_of(space) for space in INTERNAL_SOURCES)
+
+
 def api_cidr_problem(text: str) -> str | None:
     """Why this source range may not reach the API, or None."""
     try:
@@ -66,7 +75,7 @@ def api_cidr_problem(text: str) -> str | None:
             f"{text} is IPv6, and the cluster's network is IPv4 only: the rule would never "
             "match; give the IPv4 range your requests come from"
         )
-    if any(network.subnet_of(space) for space in INTERNAL_SOURCES):
+    if is_internal(text):
         return None
     if network.prefixlen < WIDEST_PUBLIC_API_PREFIX:
         return (

@@ -65,6 +65,12 @@ HOURLY_COST_BASIS = "hourlyCostBasis"
 MAIN_INSTANCE_TYPE = "mainInstanceType"
 LIMITATIONS = "limitations"
 DETAIL_KEYS = (HOURLY_COST_BASIS, MAIN_INSTANCE_TYPE, LIMITATIONS)
+# The kubernetes platform's details: the platform, the EKS cluster's name and the namespace of
+# the stack's objects (what kubectl needs).
+PLATFORM = "platform"
+KUBERNETES_CLUSTER = "kubernetesCluster"
+KUBERNETES_NAMESPACE = "kubernetesNamespace"
+KUBERNETES_KEYS = (PLATFORM, KUBERNETES_CLUSTER, KUBERNETES_NAMESPACE)
 # What each entry of GROUPS holds.
 GROUP_KEYS = (
     MAIN_PRIVATE_IP,

@@ -17,3 +17,11 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 def is_full_commit(text: str) -> bool:
     """True for a full 40-character lowercase hex commit hash (never a branch or a tag)."""
     return _COMMIT.fullmatch(text) is not None
+
+
+# The LeaderWorkerSet controller (kubernetes-sigs/lws) the EKS stack installs: its release's
+# manifest (CRDs, controller, webhook; the controller image is built for arm64).
+LWS_VERSION = "v0.10.0"
+LWS_MANIFEST_URL = (
+    f"https://github.com/kubernetes-sigs/lws/releases/download/{LWS_VERSION}/manifests.yaml"
+)

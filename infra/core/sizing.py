@@ -119,13 +119,19 @@ def draft_bytes(draft: Model, context: int, slots: int) -> int:
 
 
 def main_disk_throughput_mibps(
-    cloud: str, model_bytes: int | None = None, main: InstanceType | None = None
+    cloud: str,
+    model_bytes: int | None = None,
+    main: InstanceType | None = None,
+    *,
+    boot_disk: bool = False,
 ) -> int | None:
     """The main disk's default throughput on a cloud; None where the disk has no such knob.
     A model the main node's memory cannot hold is written to the disk and read back from it as
     it loads: its disk gets as much as the node can use for that (its published disk
-    bandwidth), within the cloud's range."""
-    limits = FACTS[cloud].disk_throughput_mibps
+    bandwidth), within the cloud's range; within a boot disk's (``boot_disk``: Kubernetes nodes,
+    where the model is on the node's one disk)."""
+    facts = FACTS[cloud]
+    limits = facts.disk_throughput_mibps
     if limits is None:
         return None
     default = limits.clamp(DEFAULT_DISK_THROUGHPUT_MIBPS)
@@ -134,7 +140,10 @@ def main_disk_throughput_mibps(
     bandwidth = catalog.disk_bandwidth(cloud, main.name)
     if bandwidth is None:
         return default
-    return max(default, limits.clamp(int(bandwidth.mibps_for(DISK_PASSES * model_bytes))))
+    wanted = max(default, limits.clamp(int(bandwidth.mibps_for(DISK_PASSES * model_bytes))))
+    if boot_disk and facts.boot_disk_max_mibps is not None:
+        return min(wanted, facts.boot_disk_max_mibps)
+    return wanted
 
 
 def main_disk_read_mibps(

@@ -128,7 +128,13 @@ def _local_target(args: argparse.Namespace, cluster_id: str = "costrun") -> Targ
 def _cloud_target(stack: str) -> Target:
     from infra.costrun.cloud import PulumiTarget  # noqa: PLC0415
 
-    return PulumiTarget(stack)
+    target = PulumiTarget(stack)
+    if target.config.kubernetes:
+        raise CostRunError(
+            f"--stack {stack}: a cost run measures a stack's VMs through the cloud's command "
+            "channel, which an EKS stack's pods do not have; run it on a VM stack"
+        )
+    return target
 
 
 def targets_from(args: argparse.Namespace) -> list[Target]:

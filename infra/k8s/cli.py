@@ -14,7 +14,7 @@ import yaml
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.cli.naming import prog
 from infra.cli.options import add_json, add_stack, print_json, stack_of
-from infra.k8s import image, objects
+from infra.stack.kube import image, objects
 
 # A Kubernetes object name the LeaderWorkerSet's pods and Service derive theirs from (RFC 1035
 # labels: the pods' DNS names in the headless service), kept short enough for its suffixes.

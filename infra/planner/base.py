@@ -63,6 +63,8 @@ class Option:
     # One group as billed (its nodes and disks); ``cost`` is every group's, one NAT and the
     # balancer.
     priced: tuple[costs.PricedNode, ...] = field(default=(), compare=False, repr=False)
+    # "kubernetes": the nodes in an EKS cluster (its control plane priced, no balancer node).
+    platform: str = "vm"
 
     @property
     def main_instance(self) -> InstanceType:
@@ -117,7 +119,9 @@ class Option:
     @property
     def group_cost(self) -> costs.HourlyCost:
         """One serving group alone: its nodes, its own NAT and no balancer."""
-        return costs.hourly_cost(self.provider, self.priced)
+        return costs.hourly_cost(
+            self.provider, self.priced, control_plane=self.platform == "kubernetes"
+        )
 
     @property
     def balancer_usd(self) -> float | None:

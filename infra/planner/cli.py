@@ -20,6 +20,7 @@ from infra.models import Model, ModelError
 from infra.planner import base, report, search, serve, target
 from infra.planner.base import PlanError, Target, TargetUnmet
 from infra.stack import config, files
+from infra.stack.settings import PLATFORMS
 
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -89,6 +90,14 @@ def parser() -> argparse.ArgumentParser:
         help="evaluate the cluster that stacks/Pulumi.NAME.yaml deploys (its model, types, "
         "disks, context, slots and replicas); with --streams or --aggregate-tps, the replicas "
         "of its group that meet the target",
+    )
+    p.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default="vm",
+        help="how the nodes run: `kubernetes` prices them as an EKS cluster (its control plane, "
+        "HAProxy as pods instead of a balancer node, the model on each node's one disk); AWS "
+        "only (default %(default)s)",
     )
     p.add_argument(
         "--sort",
@@ -200,7 +209,11 @@ def describe_model(args: argparse.Namespace) -> Model:
 
 
 def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
-    providers = args.provider or catalog.providers()
+    providers = args.provider or [
+        p
+        for p in catalog.providers()
+        if args.platform == "vm" or "platform" not in FACTS[p].refuses
+    ]
     if args.region:
         if len(providers) != 1:
             raise PlanError("--region", "give exactly one --cloud with --region")
@@ -249,7 +262,7 @@ def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> base
     if args.slots is not None:
         search.check_slots(args.slots)
     if goal is not None:
-        shape = target.Shape(count=args.count, slots=args.slots)
+        shape = target.Shape(count=args.count, slots=args.slots, platform=args.platform)
         if args.count is not None:
             search.check_count(args.count)
         return target.sized(model, args.context, instance, goal, shape,
@@ -271,6 +284,7 @@ def _single(args: argparse.Namespace, model: Model, goal: Target | None) -> base
         args.context,
         slots=args.slots,
         download_gbps=args.download_gbps,
+        platform=args.platform,
     )
     return base.Plan(model, args.context, args.slots, [option], download_gbps=args.download_gbps)
 
@@ -284,7 +298,7 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
         ("--instance-type", args.instance_type), ("--count", args.count),
         ("--cloud", args.provider), ("--region", args.region),
         ("--context", args.context != sizing.DEFAULT_CONTEXT),
-        ("--slots", args.slots is not None),
+        ("--slots", args.slots is not None), ("--platform", args.platform != "vm"),
     ) if value]  # fmt: skip
     if given:
         raise PlanError("--stack", f"the stack file says what {given[0]} would; leave it out")
@@ -302,6 +316,7 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
         main_disk_gb=cfg.main_disk_gb,
         worker_disk_gb=cfg.worker_disk_gb,
         disk_throughput_mibps=cfg.disk_throughput_mibps,
+        platform=cfg.platform,
     )
     if goal is not None:
         return target.sized(cfg.model, cfg.context_size, instance, goal, shape,
@@ -317,6 +332,7 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
         main_disk_gb=cfg.main_disk_gb,
         worker_disk_gb=cfg.worker_disk_gb,
         disk_throughput_mibps=cfg.disk_throughput_mibps,
+        platform=cfg.platform,
     )
     if cfg.replicas > 1:  # priced as the stack prices it; its speed with every slot busy
         loads = (cfg.slots,) * cfg.replicas
@@ -363,6 +379,17 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise PlanError(flag, "goes with --write-stack NAME, which writes it into the stack")
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
+    if args.platform != "vm":
+        without = [p for p in args.provider or () if "platform" in FACTS[p].refuses]
+        if without:
+            why = FACTS[without[0]].refuses["platform"]
+            raise PlanError("--platform", f"--cloud {without[0]}: {why}; plan with --cloud aws")
+        if args.write_stack:
+            raise PlanError(
+                "--platform",
+                "--write-stack writes a VM stack; set platform and kubernetesImage in it "
+                "afterwards (docs/kubernetes.md)",
+            )
     if args.draft_acceptance is not None:
         if not args.engines:
             raise PlanError("--draft-acceptance", "goes with --engines")
@@ -386,7 +413,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     elif goal is not None:
         result = target.plan(describe_model(args), args.context, _where(args), goal,
                              slots=args.slots, download_gbps=args.download_gbps,
-                             sort=args.sort)  # fmt: skip
+                             sort=args.sort, platform=args.platform)  # fmt: skip
         if not result.options:
             raise TargetUnmet(goal.flag, target.unmet(result))
     else:
@@ -396,6 +423,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             _where(args),
             args.download_gbps,
             sizing.DEFAULT_SLOTS if args.slots is None else args.slots,
+            platform=args.platform,
         )
     result = result.sorted_by(args.sort)
     shown = result.only(

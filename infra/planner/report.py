@@ -82,7 +82,9 @@ def option_json(option: Option) -> dict[str, Any]:
             "nat": option.cost.nat,
             "disks": option.cost.disks,
             "balancer": option.cost.balancer,
+            "controlPlane": option.cost.control_plane,
         },
+        "platform": option.platform,
         # With every instance stopped: the disks, the NAT and the balancer go on.
         "stoppedHourlyUsd": option.cost.stopped,
         "groupHourlyUsd": option.group_cost.total,
@@ -122,7 +124,7 @@ def load_json(option: Option) -> dict[str, Any]:
 def assumptions(plan: Plan) -> dict[str, Any]:
     cal = perf.calibration()
     slots = f"{plan.slots} slot(s)" if plan.target is None else "each group's slots"
-    return {
+    found: dict[str, Any] = {
         "memory": (
             f"{slots} of {plan.context} tokens: every node holds the KV cache of "
             "its layers for every slot, its compute buffers and OS headroom; the layers are "
@@ -153,17 +155,21 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "
         "catalog lacks is named in `unpriced` and left out of hourlyUsd",
-    } | (
-        {}
-        if plan.target is None
-        else {
-            "target": f"{plan.target.describe()}: each option is the fewest replicas of a group "
-            "that meet it (the group's slots chosen unless --slots or the stack says); tok/s "
-            "and $/Mtok at the target's load (--streams: those streams; --aggregate-tps: every "
-            "slot busy)",
-            "throughput": target.batching_basis(),
-        }
-    )
+    }
+    if any(o.platform == "kubernetes" for o in plan.options):
+        found["platform"] = (
+            "kubernetes: the nodes as an EKS cluster's node groups, its control plane's hourly "
+            "price added, no balancer node (HAProxy runs as pods), the model on each node's one "
+            "disk (workers of the main node's type get its disk)"
+        )
+    if plan.target is not None:
+        found["target"] = (
+            f"{plan.target.describe()}: each option is the fewest replicas of a group that meet "
+            "it (the group's slots chosen unless --slots or the stack says); tok/s and $/Mtok at "
+            "the target's load (--streams: those streams; --aggregate-tps: every slot busy)"
+        )
+        found["throughput"] = target.batching_basis()
+    return found
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
@@ -311,6 +317,8 @@ def summary(plan: Plan, best: Option) -> str:
     )
     if best.replicas > 1:
         how = f"each {how}, behind a private balancer"
+    if best.platform == "kubernetes":
+        how += ", as EKS node groups"
     if best.load is not None:
         load = best.load
         how += (

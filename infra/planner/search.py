@@ -39,6 +39,7 @@ def evaluate(
     disk_throughput_mibps: int | None = None,
     replicas: int = 1,
     loads: Sequence[int] = (),
+    platform: str = "vm",
 ) -> Option:
     """One cluster of ``count`` nodes (a ``main`` node, by default an ``instance`` too, and
     ``count - 1`` workers of ``instance``): where the layers go, whether they fit, what it
@@ -51,7 +52,7 @@ def evaluate(
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = main_disk_gb or sizing.default_main_disk_gb(model.size_bytes)
     throughput = disk_throughput_mibps or sizing.main_disk_throughput_mibps(
-        instance.provider, model.size_bytes, main_type
+        instance.provider, model.size_bytes, main_type, boot_disk=platform == "kubernetes"
     )
     priced = costs.cluster_nodes(
         main_type,
@@ -60,6 +61,7 @@ def evaluate(
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk_gb,
         main_disk_throughput_mibps=throughput,
+        kubernetes=platform == "kubernetes",
     )
     disk_mibps = sizing.main_disk_read_mibps(main_type, main_disk, throughput, model.size_bytes)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
@@ -67,7 +69,7 @@ def evaluate(
         instance=instance,
         count=count,
         placement=layout,
-        cost=costs.hourly_cost(instance.provider, priced),
+        cost=costs.hourly_cost(instance.provider, priced, control_plane=platform == "kubernetes"),
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
         serve={
             path: time_to_serve(
@@ -81,6 +83,7 @@ def evaluate(
         main=main if main is not None and main != instance else None,
         slots=slots,
         priced=tuple(priced),
+        platform=platform,
     )
     if replicas == 1 and not loads:
         return option
@@ -135,7 +138,11 @@ def with_replicas(
         replicas=replicas,
         load=load,
         cost=costs.hourly_cost(
-            option.provider, list(option.priced) * replicas, balancer=replicas > 1
+            option.provider,
+            list(option.priced) * replicas,
+            # On Kubernetes, HAProxy runs as pods: no balancer node.
+            balancer=replicas > 1 and option.platform == "vm",
+            control_plane=option.platform == "kubernetes",
         ),
         # Every group's main node downloads the model.
         download_usd=None if download is None else round(download * replicas, 2),
@@ -228,6 +235,7 @@ def plan(
     slots: int = sizing.DEFAULT_SLOTS,
     *,
     sort: str = SORTS[0],
+    platform: str = "vm",
 ) -> Plan:
     """For each (provider, region) (by default each cloud's home region), every Arm type's
     smallest cluster that holds the model, ranked by ``sort`` (``Option.sort_key``)."""
@@ -246,6 +254,14 @@ def plan(
                 rejected.append(Rejection(instance, reason))
                 continue
             options.append(
-                evaluate(model, instance, count, context, slots=slots, download_gbps=download_gbps)
+                evaluate(
+                    model,
+                    instance,
+                    count,
+                    context,
+                    slots=slots,
+                    download_gbps=download_gbps,
+                    platform=platform,
+                )
             )
     return Plan(model, context, slots, options, rejected, download_gbps).sorted_by(sort)

@@ -33,6 +33,7 @@ class Shape:
     main_disk_gb: int | None = None
     worker_disk_gb: int = sizing.WORKER_DISK_GB
     disk_throughput_mibps: int | None = None
+    platform: str = "vm"
 
 
 def default_sort(target: Target) -> str:
@@ -84,6 +85,7 @@ def groups(
             main_disk_gb=shape.main_disk_gb,
             worker_disk_gb=shape.worker_disk_gb,
             disk_throughput_mibps=shape.disk_throughput_mibps,
+            platform=shape.platform,
         )
         if group.fits:
             found.append(group)
@@ -178,6 +180,7 @@ def plan(
     slots: int | None = None,
     download_gbps: float = INTERNET_GBPS,
     sort: str | None = None,
+    platform: str = "vm",
 ) -> Plan:
     """For each (provider, region) and Arm type, the best set that meets the target (by
     ``sort``), and the best of the other kind (replicas against one group) for ``verdict``."""
@@ -189,7 +192,7 @@ def plan(
     options: list[Option] = []
     alternatives: list[Option] = []
     short: list[tuple[float, Rejection]] = []
-    shape = Shape(slots=slots)
+    shape = Shape(slots=slots, platform=platform)
     for provider, region in where:
         for instance in search.arm_types(provider, region):
             made = groups(

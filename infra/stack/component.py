@@ -40,7 +40,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         config = args.config
         backend = get_backend(config.cloud)
         network = backend.network(name, config, self, zone=args.zone)
-        api_key = _api_key(name, config, self)
+        api_key = stack_api_key(name, config, self)
         if api_key is not None:
             backend.keep_api_key(name, config, network, api_key, self)
 
@@ -125,7 +125,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
         self.register_outputs({**self.outputs, **self.details})
 
 
-def _api_key(
+def stack_api_key(
     name: str, config: ClusterConfig, parent: pulumi.Resource
 ) -> pulumi.Output[str] | None:
     """The stack's API key, a secret: the apiKey setting's, or one generated for the stack (a

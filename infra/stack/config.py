@@ -26,6 +26,7 @@ from infra.boot import (
 )
 from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import files_source as store_path
+from infra.boot.node import STAGED_SCHEMES
 from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
@@ -132,6 +133,10 @@ class ClusterConfig:
     draft_sha256: tuple[str, ...] = ()
     draft_max: int = DEFAULT_DRAFT_MAX
     draft_min: int = 0
+    # How the nodes run: "vm", or "kubernetes" (AWS: EKS, infra.stack.kube).
+    platform: str = "vm"
+    kubernetes_image: str | None = None  # the pods' image (platform kubernetes)
+    kubernetes_api_cidrs: tuple[str, ...] = ()  # who reaches the EKS endpoint from outside
 
     @property
     def fetched_urls(self) -> tuple[str, ...]:
@@ -172,8 +177,24 @@ class ClusterConfig:
         return f"aws-ssm:{self.region}:{self.api_key_parameter}"
 
     @property
+    def kubernetes(self) -> bool:
+        return self.platform == "kubernetes"
+
+    @property
+    def kubernetes_worker_disk(self) -> tuple[int, int | None]:
+        """On Kubernetes, a worker node's disk and throughput (``costs.kubernetes_worker_disk``)."""
+        return costs.kubernetes_worker_disk(
+            self.main_instance_type,
+            self.instance_type,
+            self.main_disk_gb,
+            self.worker_disk_gb,
+            self.disk_throughput_mibps,
+        )
+
+    @property
     def hourly_cost(self) -> costs.HourlyCost:
-        """Instances, NAT and disks, priced from the catalog as the planner prices them."""
+        """Instances, NAT and disks, priced from the catalog as the planner prices them; on
+        Kubernetes, the control plane and no balancer node (HAProxy runs as pods there)."""
         group = costs.cluster_nodes(
             self.main_instance_type,
             self.instance_type,
@@ -181,8 +202,14 @@ class ClusterConfig:
             main_disk_gb=self.main_disk_gb,
             worker_disk_gb=self.worker_disk_gb,
             main_disk_throughput_mibps=self.disk_throughput_mibps,
+            kubernetes=self.kubernetes,
         )
-        return costs.hourly_cost(self.cloud, group * self.replicas, balancer=self.replicas > 1)
+        return costs.hourly_cost(
+            self.cloud,
+            group * self.replicas,
+            balancer=self.replicas > 1 and not self.kubernetes,
+            control_plane=self.kubernetes,
+        )
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:
@@ -367,7 +394,12 @@ def _disk(settings: Mapping[str, Any], key: str, default: int, facts: CloudFacts
 
 
 def _throughput(
-    settings: Mapping[str, Any], facts: CloudFacts, model: Model, main: InstanceType
+    settings: Mapping[str, Any],
+    facts: CloudFacts,
+    model: Model,
+    main: InstanceType,
+    *,
+    kubernetes: bool,
 ) -> int | None:
     key = "diskThroughputMibps"
     limits = facts.disk_throughput_mibps
@@ -375,9 +407,18 @@ def _throughput(
         return None
     throughput = BY_KEY[key].read(settings)
     if throughput is None:
-        return sizing.main_disk_throughput_mibps(facts.name, model.size_bytes, main)
+        return sizing.main_disk_throughput_mibps(
+            facts.name, model.size_bytes, main, boot_disk=kubernetes
+        )
     if throughput not in limits:
         raise ConfigError(key, f"{throughput} is outside {facts.name}'s {limits} MiB/s")
+    most = facts.boot_disk_max_mibps
+    if kubernetes and most is not None and throughput > most:
+        raise ConfigError(
+            key,
+            f"{throughput} MiB/s: on Kubernetes the model is on the node's boot disk, which "
+            f"launches with at most {most}; give {most} or less",
+        )
     return int(throughput)
 
 
@@ -604,8 +645,7 @@ def _patches_off(settings: Mapping[str, Any], commit: str) -> tuple[str, ...]:
     return tuple(given)
 
 
-def _api_cidrs(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    key = "apiAllowedCidrs"
+def _api_cidrs(settings: Mapping[str, Any], key: str = "apiAllowedCidrs") -> tuple[str, ...]:
     raw = BY_KEY[key].read(settings)
     if not isinstance(raw, list):
         raise ConfigError(key, "must be a list of CIDRs")
@@ -778,6 +818,7 @@ def from_settings(
         raise ConfigError("cloud", f"{cloud!r} is not one of {', '.join(FACTS)}")
     facts = FACTS[cloud]
     _refused(settings, facts)
+    platform = BY_KEY["platform"].read(settings)
     region = _region(facts, region)
     worker_type = _instance(cloud, region, "instanceType", BY_KEY["instanceType"].read(settings))
     main_name = BY_KEY["mainInstanceType"].read(settings) or worker_type.name
@@ -851,7 +892,9 @@ def from_settings(
         placement=shares,
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
-        disk_throughput_mibps=_throughput(settings, facts, model, main_type),
+        disk_throughput_mibps=_throughput(
+            settings, facts, model, main_type, kubernetes=platform == "kubernetes"
+        ),
         api_allowed_cidrs=_api_cidrs(settings),
         tags=_tags(settings, facts),
         ssh_public_key=BY_KEY["sshPublicKey"].read(settings),
@@ -876,7 +919,11 @@ def from_settings(
         draft_sha256=draft_setting.sha256 if draft_setting else (),
         draft_max=BY_KEY["draftMax"].read(settings),
         draft_min=BY_KEY["draftMin"].read(settings),
+        platform=platform,
+        kubernetes_image=BY_KEY["kubernetesImage"].read(settings),
+        kubernetes_api_cidrs=_api_cidrs(settings, "kubernetesApiCidrs"),
     )
+    _platform(config)
     _spending(settings, config)
     try:
         # Every node's user data, rendered and delivered as the program will: a boot setting the
@@ -904,3 +951,54 @@ def _spending(settings: Mapping[str, Any], config: ClusterConfig) -> None:
         f"{config.instance_type.name}), more than maxHourlyUsd (${limit}/h); fewer replicas or "
         f"workers, or raise it to {math.ceil(total)} if you mean it",
     )
+
+
+def kubernetes_refusals(config: ClusterConfig) -> list[tuple[str, str]]:
+    """What of a stack pods cannot do, as (setting, why and the way out): the stack's
+    config check refuses these with platform kubernetes, and ``lrc k8s render`` for any stack."""
+    found = []
+    if config.stop_after_idle_minutes or config.stop_after_hours:
+        setting = "stopAfterIdleMinutes" if config.stop_after_idle_minutes else "stopAfterHours"
+        found.append(
+            (
+                setting,
+                "a pod cannot power off its node; scale the LeaderWorkerSet to 0 replicas "
+                "instead, and remove the setting",
+            )
+        )
+    staged = [url for url in config.fetched_urls if url.startswith(STAGED_SCHEMES)]
+    if staged:
+        found.append(
+            (
+                "model.urls",
+                f"{staged[0]} is read with a VM's own identity, which a pod does not have; "
+                "list the model's https URLs",
+            )
+        )
+    return found
+
+
+def _platform(config: ClusterConfig) -> None:
+    """The kubernetes platform's own settings, given only with it, and what it cannot do."""
+    if not config.kubernetes:
+        for key, given in (
+            ("kubernetesImage", config.kubernetes_image),
+            ("kubernetesApiCidrs", config.kubernetes_api_cidrs),
+        ):
+            if given:
+                raise ConfigError(key, "is for platform kubernetes only; remove it")
+        return
+    if config.image:
+        raise ConfigError(
+            "image",
+            "the EKS nodes run Amazon Linux 2023 for Arm, which EKS keeps current; remove it",
+        )
+    if not config.kubernetes_image:
+        raise ConfigError(
+            "kubernetesImage",
+            "is required with platform kubernetes: build the image from `lrc k8s render "
+            "--stack STACK --image IMAGE --out DIR` (DIR/image), push it to a registry the "
+            "nodes pull from, and `pulumi config set kubernetesImage IMAGE`",
+        )
+    for key, why in kubernetes_refusals(config):
+        raise ConfigError(key, why)

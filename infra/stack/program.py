@@ -1,5 +1,6 @@
 """The Pulumi program: read the stack's config, ask the cloud account what the stack needs (the
-preflight), build the cluster, export the output contract. Nothing is created before both pass.
+preflight), build the cluster (VMs, or with platform kubernetes an EKS cluster), export the
+output contract. Nothing is created before both pass.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from infra import preflight
 from infra.preflight.live import CredentialsError, Reader, program_reader
 from infra.stack import config as stack_config
 from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
+from infra.stack.kube.eks import LlamaRpcKubernetesCluster, LlamaRpcKubernetesClusterArgs
 from infra.stack.needs import needs_of
 
 # The providers' own settings the preflight reads with (their credentials and profile).
 PROVIDER_SETTINGS = {"aws": ("profile",)}
 
 
-def run(read_account: Reader | None = None) -> LlamaRpcCluster:
+def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKubernetesCluster:
     """``read_account``: how the preflight reads the account (the provider's credentials by
     default; tests give recorded answers)."""
     try:
@@ -43,8 +45,13 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster:
             "the cloud account is not ready for this stack, and nothing was created:\n"
             + "\n".join(f"  - {problem}" for problem in problems)
         )
-    args = LlamaRpcClusterArgs(config=config, zone=preflight.zone_for(needs, account))
-    cluster = LlamaRpcCluster(pulumi.get_project(), args)
+    zone = preflight.zone_for(needs, account)
+    cluster: LlamaRpcCluster | LlamaRpcKubernetesCluster
+    if config.kubernetes:
+        kube_args = LlamaRpcKubernetesClusterArgs(config=config, zone=zone)
+        cluster = LlamaRpcKubernetesCluster(pulumi.get_project(), kube_args)
+    else:
+        cluster = LlamaRpcCluster(pulumi.get_project(), LlamaRpcClusterArgs(config, zone))
     for key, value in {**cluster.outputs, **cluster.details}.items():
         pulumi.export(key, value)
     return cluster

@@ -47,6 +47,7 @@ DEFAULT_MAX_HOURLY_USD = 100
 MIN_IDLE_MINUTES, MAX_IDLE_MINUTES = 5, 7 * 24 * 60
 MAX_DEADLINE_HOURS = 30 * 24
 Kind = Literal["string", "integer", "boolean", "array", "object"]
+PLATFORMS = ("vm", "kubernetes")
 
 
 class ConfigError(SettingError):
@@ -158,6 +159,15 @@ def _port(key: str, default: int, what: str) -> Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("cloud", "string", f"where the cluster runs: {', '.join(FACTS)}", default="aws"),
+    Setting(
+        "platform",
+        "string",
+        "how the nodes run: `vm` (one VM a node, booted by cloud-init) or `kubernetes` (AWS: "
+        "an EKS cluster of Arm nodes running the groups as a LeaderWorkerSet; docs/kubernetes.md)",
+        default="vm",
+        valid=lambda text: text in PLATFORMS,
+        meaning=f"one of {', '.join(PLATFORMS)}",
+    ),
     Setting(
         "instanceType",
         "string",
@@ -398,6 +408,21 @@ SETTINGS: tuple[Setting, ...] = (
         "boolean",
         "Azure encryption at host for the nodes' disks and caches",
         default=False,
+    ),
+    Setting(
+        "kubernetesImage",
+        "string",
+        "with platform kubernetes: the image the pods run, built from the build context "
+        "`lrc k8s render --out DIR` writes (DIR/image) and pushed where the nodes pull from "
+        "(an ECR repository of the account)",
+    ),
+    Setting(
+        "kubernetesApiCidrs",
+        "array",
+        "with platform kubernetes: IPv4 ranges outside the VPC that may reach the EKS API "
+        "endpoint (where `pulumi up` and kubectl run; public ones no wider than /24); empty: "
+        "the endpoint is private, reached from inside the VPC only",
+        default=[],
     ),
     Setting(
         "modelStoreKmsKey",

@@ -178,3 +178,33 @@ def test_exec_runs_a_command_on_a_groups_main_node(
     capsys.readouterr()
     assert lrc.main(["exec", "--stack", "s", "--timeout", "0", "--", "uptime"]) == 2
     assert "--timeout 0: give a positive number of seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["wait", "--stack", "aws-eks"],
+        ["status", "--stack", "aws-eks"],
+        ["exec", "--stack", "aws-eks", "--", "uptime"],
+        ["start", "--stack", "aws-eks"],
+        ["top", "--stack", "aws-eks", "--once"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_kubernetes_stack_is_refused_with_kubectls_way_in(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the EKS stack exports (under mocks): the commands that read VMs say so, and name
+    kubectl, before they ask for any channel."""
+    from tests.pulumi_mocks import deployed as mocked
+
+    found = mocked("aws-eks").outputs
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: found)
+
+    def no_channels(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a channel was asked for")
+
+    monkeypatch.setattr(deployed_module, "stack_channels", no_channels)
+    assert lrc.main(command) == 2
+    err = capsys.readouterr().err
+    assert "runs on Kubernetes" in err and "kubectl -n llama-rpc-cluster get pods" in err

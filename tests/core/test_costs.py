@@ -19,7 +19,14 @@ from infra.core import costs, outputs, sizing
 from infra.costrun.cloud import PulumiTarget
 from infra.planner import cli as planner_cli
 from tests.conftest import CATALOG_FIXTURE
-from tests.pulumi_mocks import deploy, deployed, parsed_config, stack_config, stack_names
+from tests.pulumi_mocks import (
+    deploy,
+    deployed,
+    parsed_config,
+    stack_config,
+    stack_names,
+    vm_stack_names,
+)
 
 P = "llama-rpc-cluster:"
 # Settings the planner never chooses: it prices a cluster with the default disks.
@@ -55,6 +62,7 @@ def test_a_homogeneous_cluster_costs_what_the_planner_says(stack: str) -> None:
         config.worker_count + 1,
         config.context_size,
         slots=config.slots,
+        platform=config.platform,
     )
     assert option.fits
     out = deployment.outputs
@@ -96,7 +104,7 @@ def test_one_figure_is_compared_where_every_part_has_a_price() -> None:
 
 
 @pytest.mark.parametrize(
-    "stack", [s for s in stack_names() if stack_config(s)[f"{P}cloud"] == "aws"]
+    "stack", [s for s in vm_stack_names() if stack_config(s)[f"{P}cloud"] == "aws"]
 )
 def test_an_aws_figure_prices_the_instances_and_volumes_created(stack: str) -> None:
     d = deployed(stack)

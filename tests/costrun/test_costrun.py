@@ -449,6 +449,7 @@ def test_a_dry_run_of_the_shipped_stacks_reads_as_the_planner_does(tmp_path, cap
         (["--workers", "3"], "--workers is for --local"),
         (["--model", "m.gguf"], "--model is for --local"),
         (["--threads", "2"], "--threads is for --local"),
+        (["--stack", "aws-eks"], "--stack aws-eks: a cost run measures a stack's VMs"),
     ],
 )
 def test_an_option_that_cannot_work_for_a_stack_is_refused(tmp_path, capsys, extra, says) -> None:

@@ -28,8 +28,9 @@ from infra.boot.balancer import haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS
 from infra.boot.render import ROLE_UNIT, UNITS_DIR
 from infra.core.limits import METRICS_PORT
-from infra.k8s import cli, image, objects
+from infra.k8s import cli
 from infra.stack.files import config_of, stack_config, stack_names, stack_values
+from infra.stack.kube import image, objects
 from tests.conftest import REPO, SCRIPTS, free_port, require_tool
 
 CRD = REPO / "tests" / "fixtures" / "lws-v0.10.0" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"

@@ -349,3 +349,57 @@ def test_spot_prices_have_their_own_dated_column_never_mixed_with_on_demand(
                        "--count", "3")  # fmt: skip
     assert code == 0
     assert f"${3 * c8g.spot_hourly_usd:,.2f} ({c8g.spot_price_date})" in out
+
+
+def test_the_kubernetes_platform_prices_the_control_plane_and_no_balancer_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same group on EKS: the control plane's hourly price on top, HAProxy as pods instead
+    of a balancer node, and the model on each node's one disk (so no second disk on the main
+    node, and workers of its type with its disk)."""
+    group = ["llama-3.1-70b-q4_0", "--instance-type", "c8g.8xlarge", "--count", "2", "--json"]
+    code, out, _ = run(capsys, *group)
+    assert code == 0
+    [vm] = json.loads(out)["options"]
+    code, out, _ = run(capsys, *group, "--platform", "kubernetes")
+    assert code == 0
+    document = json.loads(out)
+    [eks] = document["options"]
+    plane = catalog.service_price("aws", costs.CONTROL_PLANE_ITEM).usd
+    assert plane is not None
+    assert eks["platform"] == "kubernetes" and vm["platform"] == "vm"
+    assert eks["hourlyUsdParts"]["controlPlane"] == plane
+    assert vm["hourlyUsdParts"]["controlPlane"] is None
+    assert eks["hourlyUsdParts"]["instances"] == vm["hourlyUsdParts"]["instances"]
+    assert "platform" in document["assumptions"]
+    # The priced nodes are the EKS stack's: one group's node disks as its launch templates have.
+    model = PRESETS["llama-3.1-70b-q4_0"]
+    c8g = catalog.find("aws", "us-east-1", "c8g.8xlarge")
+    assert c8g is not None
+    option = search.evaluate(model, c8g, 2, 4096, platform="kubernetes")
+    main, worker = option.priced
+    assert main.system_disk_gb == 0 and (worker.disk_gb, worker.disk_throughput_mibps) == (
+        main.disk_gb,
+        main.disk_throughput_mibps,
+    )
+    assert eks["hourlyUsd"] == costs.hourly_cost("aws", option.priced, control_plane=True).total
+    # With replicas: no balancer node.
+    code, out, _ = run(capsys, *group, "--platform", "kubernetes", "--streams", "3", "--slots", "1")
+    assert code == 0
+    for found in json.loads(out)["options"]:
+        assert found["replicas"] > 1 and found["hourlyUsdParts"]["balancer"] is None
+        assert found["hourlyUsdParts"]["controlPlane"] == plane
+
+
+def test_the_kubernetes_platform_plans_on_aws_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "llama-3.1-8b-q4_0", "--platform", "kubernetes", "--json")
+    assert code == 0
+    assert {o["provider"] for o in json.loads(out)["options"]} == {"aws"}
+    for args, words in [
+        (["--cloud", "gcp"], "error: --platform: --cloud gcp: the kubernetes platform is EKS's"),
+        (["--write-stack", "x", "--model-url", "https://e.invalid/m"], "set platform and"),
+    ]:
+        code, _, err = run(capsys, "llama-3.1-8b-q4_0", "--platform", "kubernetes", *args)
+        assert code == 2 and words in err, err
+    code, _, err = run(capsys, "--stack", "aws-eks", "--platform", "kubernetes")
+    assert code == 2 and "what --platform would; leave it out" in err

@@ -345,8 +345,10 @@ def test_streams_json_has_the_sets_keys_and_the_verdict(
         assert option["batchBound"] in ("memory bandwidth", "compute") or option[
             "batchBound"
         ].startswith(perf.NO_BATCHING_GAIN)
-        assert set(option["hourlyUsdParts"]) == {"instances", "nat", "disks", "balancer"}
-        assert (option["hourlyUsdParts"]["balancer"] is not None) == (option["replicas"] > 1)
+        parts = option["hourlyUsdParts"]
+        assert set(parts) == {"instances", "nat", "disks", "balancer", "controlPlane"}
+        assert (parts["balancer"] is not None) == (option["replicas"] > 1)
+        assert parts["controlPlane"] is None and option["platform"] == "vm"
         assert option["groupHourlyUsd"] <= option["hourlyUsd"]
         assert option["usdPerMillionTokens"] == pytest.approx(
             option["hourlyUsd"] / (option["aggregateTps"] * 3600) * 1e6, abs=0.011

@@ -22,6 +22,7 @@ import yaml
 
 from infra.core import limits as types
 from infra.local.source import cache_dir
+from infra.stack.kube import objects as kube
 from policy import rules
 from tests.conftest import REPO, unavailable
 from tests.pulumi_mocks import (
@@ -29,6 +30,7 @@ from tests.pulumi_mocks import (
     azure_asg_id,
     deploy,
     deployed,
+    parsed_config,
     stack_config,
     stack_names,
 )
@@ -36,8 +38,10 @@ from tests.pulumi_mocks import (
 POLICY = REPO / "policy"
 PROJECT = "llama-rpc-cluster"
 RPC_PORT = rules.DEFAULT_RPC_PORT
-POLICIES = [*rules.RESOURCE_VALIDATORS, "rpc-only-from-main", "metrics-only-from-main"]
 METRICS = "metrics-only-from-main"
+K8S_RPC = "k8s-rpc-only-from-leader"
+STACK_POLICIES = ("rpc-only-from-main", METRICS, K8S_RPC)
+POLICIES = [*rules.RESOURCE_VALIDATORS, *STACK_POLICIES]
 # The application security groups' ids, as the mocks give them (Azure's form).
 ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
 ASG_WORKER = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-worker-asg")
@@ -47,8 +51,14 @@ def cloud_of(stack: str) -> str:
     return str(stack_config(stack).get(f"{PROJECT}:cloud", "aws"))
 
 
+def kubernetes(stack: str) -> bool:
+    """Whether a preset's nodes are pods (platform kubernetes: an EKS cluster), not VMs."""
+    return stack_config(stack).get(f"{PROJECT}:platform") == "kubernetes"
+
+
 def preset(cloud: str) -> str:
-    return next(s for s in stack_names() if cloud_of(s) == cloud)
+    """The first preset of a cloud whose nodes are VMs."""
+    return next(s for s in stack_names() if cloud_of(s) == cloud and not kubernetes(s))
 
 
 def urn(stack: str, typ: str, name: str) -> str:
@@ -142,11 +152,17 @@ def test_every_preset_passes_every_policy(stack: str) -> None:
     assert sorted(result) == sorted(POLICIES)
     problems = [f"{policy}: {v.message}" for policy, found_ in result.items() for v in found_]
     assert not problems, "\n".join(problems)
-    # ... and not because nothing applied: each preset has nodes and firewall rules.
-    nodes = {rules.AWS_INSTANCE, rules.GCP_INSTANCE, rules.AZURE_VM}
-    firewall = {rules.AWS_INGRESS_RULE, rules.GCP_FIREWALL, rules.AZURE_NSG}
-    assert any(r.type in nodes for r in found)
-    assert any(r.type in firewall for r in found)
+    # ... and not because nothing applied: each preset has nodes and firewall rules (on
+    # Kubernetes: node groups from launch templates, and the pods' network policies).
+    if kubernetes(stack):
+        nodes = {rules.AWS_EKS_NODE_GROUP, rules.AWS_LAUNCH_TEMPLATE}
+        firewall = {rules.K8S_NETWORK_POLICY, rules.K8S_LEADER_WORKER_SET, rules.AWS_EKS_CLUSTER}
+        assert {r.type for r in found} >= nodes | firewall
+    else:
+        nodes = {rules.AWS_INSTANCE, rules.GCP_INSTANCE, rules.AZURE_VM}
+        firewall = {rules.AWS_INGRESS_RULE, rules.GCP_FIREWALL, rules.AZURE_NSG}
+        assert any(r.type in nodes for r in found)
+        assert any(r.type in firewall for r in found)
 
 
 def test_a_preset_on_another_rpc_port_passes_on_that_port() -> None:
@@ -764,6 +780,29 @@ def test_resource_checks_never_report_a_value_a_preview_does_not_know() -> None:
             rules.AZURE_SECURITY_RULE,
             {"direction": "Inbound", "access": "Allow", "sourceAddressPrefix": unknown},
         ),
+        (rules.AWS_EKS_CLUSTER, {"vpcConfig": unknown}),
+        (
+            rules.AWS_EKS_CLUSTER,
+            {
+                "vpcConfig": {
+                    "endpointPrivateAccess": unknown,
+                    "endpointPublicAccess": unknown,
+                    "publicAccessCidrs": ["0.0.0.0/0"],
+                }
+            },
+        ),
+        (
+            rules.AWS_EKS_CLUSTER,
+            {"vpcConfig": {"endpointPrivateAccess": True, "publicAccessCidrs": unknown}},
+        ),
+        (
+            rules.AWS_EKS_CLUSTER,
+            {"vpcConfig": {"endpointPrivateAccess": True, "publicAccessCidrs": [unknown]}},
+        ),
+        (rules.AWS_EKS_NODE_GROUP, {"launchTemplate": unknown, "remoteAccess": unknown}),
+        (rules.AWS_EKS_NODE_GROUP, {"launchTemplate": {"id": unknown, "version": unknown}}),
+        (rules.K8S_SERVICE, {"spec": unknown}),
+        (rules.K8S_SERVICE, {"spec": {"type": unknown, "externalIPs": unknown}}),
     ]
     for typ, props in checks:
         for policy, validator in rules.RESOURCE_VALIDATORS.items():
@@ -990,7 +1029,7 @@ def expected(stack: str, found: list[rules.Resource], port: int = RPC_PORT) -> l
         (
             policy,
             v.message,
-            v.urn if policy in ("rpc-only-from-main", "metrics-only-from-main") else "",
+            v.urn if policy in STACK_POLICIES else "",
         )
         for policy, found_violations in result.items()
         for v in found_violations
@@ -1013,13 +1052,14 @@ def test_the_pack_declares_every_policy_mandatory(pack: Callable[..., Pack]) -> 
     assert sorted(p.name for p in info.policies) == sorted(POLICIES)
     assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
     kinds = {p.name: p.policy_type for p in info.policies}
-    assert kinds.pop("rpc-only-from-main") == analyzer_pb2.POLICY_TYPE_STACK
-    assert kinds.pop("metrics-only-from-main") == analyzer_pb2.POLICY_TYPE_STACK
+    for policy in STACK_POLICIES:
+        assert kinds.pop(policy) == analyzer_pb2.POLICY_TYPE_STACK
     assert set(kinds.values()) == {analyzer_pb2.POLICY_TYPE_RESOURCE}
     pack_file = yaml.safe_load((POLICY / "PulumiPolicy.yaml").read_text())
     assert pack_file["runtime"]["name"] == "python"
-    rpc = next(p for p in info.policies if p.name == "rpc-only-from-main")
-    assert "rpcPort" in rpc.configSchema.properties
+    for policy in ("rpc-only-from-main", K8S_RPC):
+        rpc = next(p for p in info.policies if p.name == policy)
+        assert "rpcPort" in rpc.configSchema.properties
     assert all(p.remediation_steps for p in info.policies)
 
 
@@ -1486,3 +1526,741 @@ def test_the_metrics_port_from_the_vpc_is_reported_on_every_cloud(cloud: str) ->
         )
     found = changed(resources(stack), name, change)
     only(messages(stack, found), METRICS, name, "node metrics port 9100")
+
+
+# --- the EKS stack (platform kubernetes): its AWS resources and its Kubernetes objects ----------
+
+EKS = "aws-c8g"  # a preset with workers: a LeaderWorkerSet of size > 1
+K8S_NAMESPACE = PROJECT
+IMAGE = "registry.example/llama-rpc:1"
+LWS = PROJECT  # the LeaderWorkerSet's name (metadata.name)
+EKS_CLUSTER = f"{PROJECT}-eks"
+WORKER_TEMPLATE = f"{PROJECT}-worker-template"
+WORKER_NODES = f"{PROJECT}-worker-nodes"
+API_SERVICE = f"{PROJECT}-api"
+WORKERS_POLICY = f"{PROJECT}-group-0-workers"
+
+
+def k8s_type(obj: dict[str, Any]) -> str:
+    """The Pulumi type token of a Kubernetes object (pulumi-kubernetes: core for the "" group)."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return f"kubernetes:{group or 'core'}/{version}:{obj['kind']}"
+
+
+def eks_launch_template(stack: str, role: str) -> dict[str, Any]:
+    """A node group's launch template as the EKS stack registers it (/work/notes/eks_spec.md)."""
+    tags = {"project": PROJECT, "stack": stack, "role": role}
+    return {
+        "description": f"{role} nodes of {PROJECT}",
+        "metadataOptions": {
+            "httpEndpoint": "enabled",
+            "httpTokens": "required",
+            "httpPutResponseHopLimit": 1,
+        },
+        "blockDeviceMappings": [
+            {
+                "deviceName": "/dev/xvda",
+                "ebs": {
+                    "volumeSize": 200,
+                    "volumeType": "gp3",
+                    "encrypted": "true",
+                    "deleteOnTermination": "true",
+                    "throughput": 250,
+                },
+            }
+        ],
+        "placement": {"groupName": f"{PROJECT}-placement-id"},
+        "tagSpecifications": [
+            {"resourceType": "instance", "tags": tags},
+            {"resourceType": "volume", "tags": tags},
+        ],
+        "tags": tags,
+        "updateDefaultVersion": True,
+    }
+
+
+def eks_resources(
+    stack: str = EKS,
+    overrides: dict[str, Any] | None = None,
+    public_cidrs: list[str] | None = None,
+) -> list[rules.Resource]:
+    """What the EKS stack registers beyond the VPC (whose types the VM stacks' tests cover): the
+    cluster, a launch template and node group per role, and the objects `render` makes."""
+    config = parsed_config(stack, {f"{PROJECT}:{k}": v for k, v in (overrides or {}).items()})
+    vpc: dict[str, Any] = {
+        "subnetIds": [f"{PROJECT}-private-id", f"{PROJECT}-private-b-id"],
+        "endpointPrivateAccess": True,
+        "endpointPublicAccess": public_cidrs is not None,
+    }
+    if public_cidrs is not None:
+        vpc["publicAccessCidrs"] = public_cidrs
+    found: list[tuple[str, str, dict[str, Any]]] = [
+        (
+            rules.AWS_EKS_CLUSTER,
+            EKS_CLUSTER,
+            {
+                "roleArn": f"arn:aws:iam::123456789012:role/{PROJECT}-cluster-role",
+                "version": "1.35",
+                "vpcConfig": vpc,
+                "accessConfig": {
+                    "authenticationMode": "API",
+                    "bootstrapClusterCreatorAdminPermissions": True,
+                },
+                "upgradePolicy": {"supportType": "STANDARD"},
+                "tags": {"project": PROJECT, "stack": stack, "role": "control-plane"},
+            },
+        )
+    ]
+    for role, instance_type, count in (
+        ("main", config.main_instance_type.name, config.replicas),
+        ("worker", config.instance_type.name, config.replicas * config.worker_count),
+    ):
+        template = f"{PROJECT}-{role}-template"
+        found.append((rules.AWS_LAUNCH_TEMPLATE, template, eks_launch_template(stack, role)))
+        nodes = {
+            "clusterName": f"{EKS_CLUSTER}-id",
+            "nodeRoleArn": f"arn:aws:iam::123456789012:role/{PROJECT}-node-role",
+            "subnetIds": [f"{PROJECT}-private-id"],
+            "scalingConfig": {"desiredSize": count, "minSize": count, "maxSize": count},
+            "amiType": "AL2023_ARM_64_STANDARD",
+            "capacityType": "ON_DEMAND",
+            "instanceTypes": [instance_type],
+            "launchTemplate": {"id": f"{template}-id", "version": "1"},
+            "updateConfig": {"maxUnavailable": 1},
+            "labels": {"llama-rpc-cluster/role": role},
+            "tags": {"project": PROJECT, "stack": stack, "role": role},
+        }
+        found.append((rules.AWS_EKS_NODE_GROUP, f"{PROJECT}-{role}-nodes", nodes))
+    for obj in kube.render(config, name=LWS, namespace=K8S_NAMESPACE, image=IMAGE):
+        found.append((k8s_type(obj), obj["metadata"]["name"], obj))
+    return [
+        rules.Resource(typ, name, copy.deepcopy(props), urn(stack, typ, name), f"{name}-id")
+        for typ, name, props in found
+    ]
+
+
+def of_type(found: list[rules.Resource], typ: str) -> list[rules.Resource]:
+    return [r for r in found if r.type == typ]
+
+
+def eks_messages(
+    found: list[rules.Resource], port: int = RPC_PORT, baseline: list[rules.Resource] | None = None
+) -> dict[str, list[str]]:
+    return messages(EKS, found, port, baseline=eks_resources() if baseline is None else baseline)
+
+
+def retyped(
+    found: list[rules.Resource], typ: str, name: str, change: Callable[[dict[str, Any]], object]
+) -> list[rules.Resource]:
+    """The stack with one resource, picked by type and name, changed (on a copy)."""
+    assert any(r.type == typ and r.name == name for r in found), f"no {typ} {name}"
+    out = []
+    for r in found:
+        if r.type != typ or r.name != name:
+            out.append(r)
+            continue
+        props = copy.deepcopy(dict(r.props))
+        change(props)
+        out.append(rules.Resource(r.type, r.name, props, r.urn, r.id, r.property_dependencies))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "public_cidrs"),
+    [
+        ({}, None),
+        ({}, ["203.0.113.0/24", "198.51.100.0/24", "52.1.0.0/16", "10.8.0.0/16"]),
+        ({"replicas": 3}, None),
+        ({"replicas": 2, "apiAllowedCidrs": ["10.8.0.0/16"]}, ["203.0.113.0/24"]),
+    ],
+)
+def test_the_eks_stack_passes_every_policy(
+    overrides: dict[str, Any], public_cidrs: list[str] | None
+) -> None:
+    found = eks_resources(EKS, overrides, public_cidrs)
+    result = violations(EKS, found)
+    assert sorted(result) == sorted(POLICIES)
+    assert not any(result.values()), result
+    # ... and not because nothing applied: every new type is there, and a set with workers.
+    types = {r.type for r in found}
+    assert {
+        rules.AWS_EKS_CLUSTER,
+        rules.AWS_EKS_NODE_GROUP,
+        rules.AWS_LAUNCH_TEMPLATE,
+        rules.K8S_SERVICE,
+        rules.K8S_NETWORK_POLICY,
+        rules.K8S_LEADER_WORKER_SET,
+    } <= types
+    [lws] = of_type(found, rules.K8S_LEADER_WORKER_SET)
+    assert lws.props["spec"]["leaderWorkerTemplate"]["size"] > 1
+    # Without the workers' policies, the same stack fails.
+    bare = [r for r in found if not r.name.endswith("-workers")]
+    assert rules.k8s_rpc_only_from_leader(bare) != []
+
+
+def test_the_policy_knows_the_labels_and_port_the_program_uses() -> None:
+    assert rules.LWS_NAME_LABEL == kube.LWS_NAME_LABEL
+    assert rules.LWS_GROUP_INDEX_LABEL == kube.GROUP_INDEX_LABEL
+    assert rules.LWS_WORKER_INDEX_LABEL == kube.WORKER_INDEX_LABEL
+    assert k8s_type({"apiVersion": kube.LWS_API_VERSION, "kind": "LeaderWorkerSet"}) == (
+        rules.K8S_LEADER_WORKER_SET
+    )
+    assert parsed_config(EKS).rpc_port == rules.DEFAULT_RPC_PORT
+
+
+# --- 10. the Kubernetes API endpoint is private -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("vpc", "fix"),
+    [
+        ({"endpointPrivateAccess": False}, "endpointPrivateAccess is False"),
+        ({"endpointPrivateAccess": None}, "endpointPrivateAccess is not set"),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": None}, "admits 0.0.0.0/0"),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": []}, "publicAccessCidrs is not given"),
+        ({"endpointPublicAccess": None}, "endpointPublicAccess is not set (EKS's default is true)"),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": ["0.0.0.0/0"]}, "from 0.0.0.0/0"),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": ["::/0"]}, "from ::/0"),
+        (
+            {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.0/24", "52.0.0.0/8"]},
+            "from 52.0.0.0/8",
+        ),
+        (
+            {"endpointPublicAccess": True, "publicAccessCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+            "from 0.0.0.0/1, 128.0.0.0/1",
+        ),
+    ],
+)
+def test_a_public_kubernetes_api_is_reported(vpc: dict[str, Any], fix: str) -> None:
+    def edit(props: dict[str, Any]) -> None:
+        for key, value in vpc.items():
+            if value is None:
+                props["vpcConfig"].pop(key, None)
+            else:
+                props["vpcConfig"][key] = value
+
+    found = retyped(eks_resources(), rules.AWS_EKS_CLUSTER, EKS_CLUSTER, edit)
+    [message] = only(eks_messages(found), "private-kubernetes-api", EKS_CLUSTER, fix)
+    assert "vpcConfig." in message
+
+
+def test_a_kubernetes_api_open_to_named_ranges_passes() -> None:
+    """Each range is judged as the program's kubernetesApiCidrs are: a /16 of public space at
+    most (each a range of its own, as each apiAllowedCidrs range is a rule of its own)."""
+    check = rules.private_kubernetes_api
+    private = {"endpointPrivateAccess": True, "endpointPublicAccess": False}
+    assert check(rules.AWS_EKS_CLUSTER, {"vpcConfig": private}, "c") == []
+    public = {
+        "endpointPrivateAccess": True,
+        "endpointPublicAccess": True,
+        "publicAccessCidrs": ["52.1.0.0/16", "52.2.0.0/16", "10.0.0.0/8", "100.64.0.0/10"],
+    }
+    assert check(rules.AWS_EKS_CLUSTER, {"vpcConfig": public}, "c") == []
+    wide = {**public, "publicAccessCidrs": ["52.0.0.0/15"]}
+    assert check(rules.AWS_EKS_CLUSTER, {"vpcConfig": wide}, "c")
+    # Another type with the same inputs is none of this policy's business.
+    assert check(rules.AWS_INSTANCE, {"vpcConfig": wide}, "c") == []
+
+
+# --- 11. EKS nodes from the stack's launch template ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p.pop("launchTemplate"), "launchTemplate is not set"),
+        (lambda p: p.update(launchTemplate={"version": "1"}), "launchTemplate is not set"),
+        (
+            lambda p: p.update(remoteAccess={"ec2SshKey": "my-key"}),
+            "remoteAccess opens SSH",
+        ),
+        (
+            lambda p: p.update(remoteAccess={"ec2SshKey": "k", "sourceSecurityGroupIds": ["sg-1"]}),
+            "remove remote_access",
+        ),
+    ],
+)
+def test_an_eks_node_group_outside_the_launch_template_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    found = retyped(eks_resources(), rules.AWS_EKS_NODE_GROUP, WORKER_NODES, change)
+    only(eks_messages(found), "eks-nodes-from-launch-template", WORKER_NODES, fix)
+
+
+def test_a_node_group_by_template_name_passes() -> None:
+    props = {"launchTemplate": {"name": "lt", "version": "$Latest"}}
+    assert rules.eks_nodes_from_launch_template(rules.AWS_EKS_NODE_GROUP, props, "ng") == []
+
+
+def test_the_eks_launch_template_passes_every_resource_policy() -> None:
+    props = eks_launch_template(EKS, "worker")
+    for policy, validator in rules.RESOURCE_VALIDATORS.items():
+        assert validator(rules.AWS_LAUNCH_TEMPLATE, props, WORKER_TEMPLATE) == [], policy
+
+
+@pytest.mark.parametrize(
+    ("change", "policy", "fix"),
+    [
+        (
+            lambda p: p["metadataOptions"].update(httpTokens="optional"),
+            "aws-imdsv2-required",
+            "httpTokens is 'optional'",
+        ),
+        (
+            lambda p: p["metadataOptions"].pop("httpTokens"),
+            "aws-imdsv2-required",
+            "httpTokens is not set",
+        ),
+        (lambda p: p.pop("metadataOptions"), "aws-imdsv2-required", "IMDSv2"),
+        (
+            lambda p: p["blockDeviceMappings"][0]["ebs"].update(encrypted="false"),
+            "encrypted-node-disks",
+            "blockDeviceMappings[0].ebs.encrypted",
+        ),
+        (
+            lambda p: p["blockDeviceMappings"][0]["ebs"].pop("encrypted"),
+            "encrypted-node-disks",
+            "blockDeviceMappings[0].ebs.encrypted",
+        ),
+        (
+            lambda p: p.update(networkInterfaces=[{"associatePublicIpAddress": "true"}]),
+            "no-public-node-addresses",
+            "networkInterfaces[0].associatePublicIpAddress",
+        ),
+        (
+            lambda p: p.update(iamInstanceProfile={"name": "p"}),
+            "identity-on-main-only",
+            "iamInstanceProfile",
+        ),
+    ],
+)
+def test_the_eks_launch_template_is_checked_for_every_node_it_makes(
+    change: Callable[[dict[str, Any]], object], policy: str, fix: str
+) -> None:
+    found = retyped(eks_resources(), rules.AWS_LAUNCH_TEMPLATE, WORKER_TEMPLATE, change)
+    only(eks_messages(found), policy, WORKER_TEMPLATE, fix)
+
+
+# --- 12. Kubernetes Services stay in the cluster ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p["spec"].update(type="LoadBalancer"), "spec.type is 'LoadBalancer'"),
+        (lambda p: p["spec"].update(type="NodePort"), "spec.type is 'NodePort'"),
+        (
+            lambda p: p["spec"].update(externalIPs=["198.51.100.7"]),
+            "spec.externalIPs (198.51.100.7)",
+        ),
+    ],
+)
+def test_a_service_reachable_from_outside_the_cluster_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    found = retyped(eks_resources(), rules.K8S_SERVICE, API_SERVICE, change)
+    only(eks_messages(found), "cluster-internal-services", API_SERVICE, fix)
+
+
+def test_a_clusterip_service_passes_and_so_does_one_of_no_type() -> None:
+    check = rules.cluster_internal_services
+    assert check(rules.K8S_SERVICE, {"spec": {"type": "ClusterIP"}}, "s") == []
+    assert check(rules.K8S_SERVICE, {"spec": {"ports": [{"port": 80}]}}, "s") == []
+    assert check(rules.K8S_SERVICE, {"spec": {"externalIPs": []}}, "s") == []
+    # A patch that turns a Service into a load balancer is a Service that is one.
+    patch = {"spec": {"type": "LoadBalancer"}}
+    [message] = check(rules.K8S_SERVICE_PATCH, patch, "p")
+    assert "p: spec.type is 'LoadBalancer'" in message
+
+
+# --- 13. on Kubernetes, the RPC port only from the group's leader -------------------------------
+
+
+def workers_rule(props: dict[str, Any]) -> dict[str, Any]:
+    rule: dict[str, Any] = props["spec"]["ingress"][0]
+    return rule
+
+
+LEADER = {kube.LWS_NAME_LABEL: LWS, kube.WORKER_INDEX_LABEL: "0"}
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (
+            lambda p: workers_rule(p)["from"].append({"ipBlock": {"cidr": "10.0.0.0/8"}}),
+            "spec.ingress[0].from[1].ipBlock admits 10.0.0.0/8",
+        ),
+        (
+            lambda p: workers_rule(p)["from"][0].update(namespaceSelector={}),
+            "spec.ingress[0].from[0].namespaceSelector admits pods of other namespaces",
+        ),
+        (
+            lambda p: workers_rule(p).update({"from": []}),
+            "spec.ingress[0] has no `from` and admits every source",
+        ),
+        (lambda p: workers_rule(p).pop("from"), "spec.ingress[0] has no `from`"),
+        (
+            lambda p: workers_rule(p)["from"].append({"podSelector": {}}),
+            "spec.ingress[0].from[1].podSelector {} admits pods other than the set's leaders",
+        ),
+        (
+            lambda p: workers_rule(p)["from"][0]["podSelector"]["matchLabels"].pop(
+                kube.WORKER_INDEX_LABEL
+            ),
+            "spec.ingress[0].from[0].podSelector",
+        ),
+        (
+            lambda p: workers_rule(p)["from"].append({}),
+            "spec.ingress[0].from[1] is empty",
+        ),
+        (  # a second rule for every port
+            lambda p: p["spec"]["ingress"].append({"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}),
+            "spec.ingress[1].from[0].ipBlock admits 0.0.0.0/0",
+        ),
+        (  # the RPC port by its name in the workers' pods
+            lambda p: p["spec"]["ingress"].append(
+                {"from": [{"podSelector": {}}], "ports": [{"port": "rpc"}]}
+            ),
+            "spec.ingress[1].from[0].podSelector {}",
+        ),
+        (  # a range that holds it
+            lambda p: p["spec"]["ingress"].append(
+                {"from": [{"podSelector": {}}], "ports": [{"port": 50000, "endPort": 50100}]}
+            ),
+            "spec.ingress[1].from[0].podSelector {}",
+        ),
+    ],
+)
+def test_a_workers_policy_admitting_more_than_the_leaders_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    found = retyped(eks_resources(), rules.K8S_NETWORK_POLICY, WORKERS_POLICY, change)
+    [message] = only(eks_messages(found), K8S_RPC, WORKERS_POLICY, fix)
+    assert f"RPC port {RPC_PORT} of LeaderWorkerSet {LWS}'s workers" in message
+    assert json.dumps(LEADER)[1:-1] in message  # the fix: the leaders' selector
+
+
+def test_another_policy_that_picks_the_workers_is_judged_too() -> None:
+    """Kubernetes admits what any policy picking a pod admits: a second, wider policy opens the
+    port beside the program's narrow one."""
+    stack = EKS
+    found = eks_resources()
+    wide = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "allow-monitoring", "namespace": K8S_NAMESPACE},
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": PROJECT}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]}],
+        },
+    }
+    found = added(stack, found, rules.K8S_NETWORK_POLICY, "allow-monitoring", wide)
+    only(eks_messages(found), K8S_RPC, "allow-monitoring", "namespaceSelector")
+    # The same policy for other ports, other pods or another namespace is none of its business.
+    for edit in (
+        lambda p: p["spec"]["ingress"][0].update(ports=[{"port": 9090}]),
+        lambda p: p["spec"]["ingress"][0].update(ports=[{"port": RPC_PORT, "protocol": "UDP"}]),
+        lambda p: p["spec"]["ingress"][0].update(ports=[{"port": "metrics"}]),
+        lambda p: p["spec"]["podSelector"]["matchLabels"].update(app="grafana"),
+        lambda p: p["spec"].update(policyTypes=["Egress"]),
+        lambda p: p["metadata"].update(namespace="monitoring"),
+    ):
+        ok = retyped(found, rules.K8S_NETWORK_POLICY, "allow-monitoring", edit)
+        assert not any(eks_messages(ok).values()), eks_messages(ok)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "change", "fix"),
+    [
+        (
+            {},
+            lambda found: [r for r in found if r.name != WORKERS_POLICY],
+            "isolates the workers of group 0,",
+        ),
+        (
+            {"replicas": 3},
+            lambda found: [r for r in found if r.name != f"{PROJECT}-group-1-workers"],
+            "isolates the workers of group 1,",
+        ),
+        (
+            {},
+            lambda found: retyped(
+                found,
+                rules.K8S_NETWORK_POLICY,
+                WORKERS_POLICY,
+                lambda p: p["spec"].update(policyTypes=["Egress"]),
+            ),
+            "group 0,",
+        ),
+        (
+            {},
+            lambda found: retyped(
+                found,
+                rules.K8S_NETWORK_POLICY,
+                WORKERS_POLICY,
+                lambda p: p["metadata"].update(namespace="default"),
+            ),
+            f"in namespace {K8S_NAMESPACE}",
+        ),
+        (
+            {},
+            lambda found: retyped(
+                found,
+                rules.K8S_NETWORK_POLICY,
+                WORKERS_POLICY,
+                lambda p: p["spec"]["podSelector"]["matchLabels"].update(
+                    {kube.LWS_NAME_LABEL: "another-set"}
+                ),
+            ),
+            "group 0,",
+        ),
+        (  # a selector on a label only the controller sets proves nothing
+            {},
+            lambda found: retyped(
+                found,
+                rules.K8S_NETWORK_POLICY,
+                WORKERS_POLICY,
+                lambda p: p["spec"]["podSelector"]["matchLabels"].update(
+                    {"leaderworkerset.sigs.k8s.io/group-key": "abc"}
+                ),
+            ),
+            "group 0,",
+        ),
+    ],
+)
+def test_workers_no_policy_isolates_are_reported_on_the_leader_worker_set(
+    overrides: dict[str, Any],
+    change: Callable[[list[rules.Resource]], list[rules.Resource]],
+    fix: str,
+) -> None:
+    baseline = eks_resources(EKS, overrides)
+    result = eks_messages(change(baseline), baseline=baseline)
+    [message] = only(result, K8S_RPC, f"LeaderWorkerSet {LWS}", fix)
+    assert "spec.leaderWorkerTemplate.size is" in message and "NotIn" in message
+
+
+def test_a_set_without_workers_needs_no_policy() -> None:
+    found = [r for r in eks_resources() if r.type != rules.K8S_NETWORK_POLICY]
+    one = retyped(
+        found,
+        rules.K8S_LEADER_WORKER_SET,
+        LWS,
+        lambda p: p["spec"]["leaderWorkerTemplate"].update(size=1),
+    )
+    assert rules.k8s_rpc_only_from_leader(one) == []
+    default = retyped(
+        found,
+        rules.K8S_LEADER_WORKER_SET,
+        LWS,
+        lambda p: p["spec"]["leaderWorkerTemplate"].pop("size"),  # the CRD's default: 1
+    )
+    assert rules.k8s_rpc_only_from_leader(default) == []
+
+
+def test_the_k8s_rpc_check_guards_the_stacks_rpc_port() -> None:
+    baseline = eks_resources(EKS, {"rpcPort": 50060})
+    assert not any(messages(EKS, baseline, 50060, baseline=[]).values())
+    # A rule from anywhere on 50060 is caught on that port and is nothing to 50052.
+    open_rule = {"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 50060}]}
+    found = retyped(
+        baseline,
+        rules.K8S_NETWORK_POLICY,
+        WORKERS_POLICY,
+        lambda p: p["spec"]["ingress"].append(open_rule),
+    )
+    only(messages(EKS, found, 50060, baseline=baseline), K8S_RPC, WORKERS_POLICY, "port 50060")
+    assert not messages(EKS, found, 50052, baseline=baseline)[K8S_RPC]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: (
+            r.props.update(spec=rules.UNKNOWN) if r.type == rules.K8S_LEADER_WORKER_SET else None
+        ),
+        lambda r: (
+            r.props["spec"]["leaderWorkerTemplate"].update(size=rules.UNKNOWN)
+            if r.type == rules.K8S_LEADER_WORKER_SET
+            else None
+        ),
+        lambda r: (
+            r.props["metadata"].update(namespace=rules.UNKNOWN)
+            if r.type == rules.K8S_NETWORK_POLICY
+            else None
+        ),
+        lambda r: (
+            r.props["spec"].update(ingress=rules.UNKNOWN) if r.name == WORKERS_POLICY else None
+        ),
+        lambda r: (
+            r.props["spec"]["podSelector"].update(matchLabels=rules.UNKNOWN)
+            if r.name == WORKERS_POLICY
+            else None
+        ),
+    ],
+)
+def test_the_k8s_rpc_check_does_not_judge_what_a_preview_does_not_know(
+    change: Callable[[rules.Resource], object],
+) -> None:
+    """Even a stack with no narrow policy: once the values are known, the update judges it."""
+    found = eks_resources()
+    broken = retyped(
+        found,
+        rules.K8S_NETWORK_POLICY,
+        WORKERS_POLICY,
+        lambda p: workers_rule(p)["from"].append({"ipBlock": {"cidr": "0.0.0.0/0"}}),
+    )
+    assert rules.k8s_rpc_only_from_leader(broken)
+    for r in broken:
+        change(r)
+    assert rules.k8s_rpc_only_from_leader(broken) == []
+
+
+def test_the_pack_reports_what_the_rules_report_on_the_eks_stack(
+    pack: Callable[..., Pack],
+) -> None:
+    running = pack(preset("aws"))
+    found = eks_resources()
+    assert report(analyze(running, found)) == expected(EKS, found) == []
+    broken = retyped(
+        found,
+        rules.AWS_EKS_CLUSTER,
+        EKS_CLUSTER,
+        lambda p: p["vpcConfig"].update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"]),
+    )
+    broken = retyped(
+        broken,
+        rules.AWS_EKS_NODE_GROUP,
+        WORKER_NODES,
+        lambda p: p.update(remoteAccess={"ec2SshKey": "k"}),
+    )
+    broken = retyped(
+        broken, rules.K8S_SERVICE, API_SERVICE, lambda p: p["spec"].update(type="LoadBalancer")
+    )
+    broken = retyped(
+        broken,
+        rules.K8S_NETWORK_POLICY,
+        WORKERS_POLICY,
+        lambda p: workers_rule(p)["from"].append({"ipBlock": {"cidr": "10.0.0.0/8"}}),
+    )
+    reports = report(analyze(running, broken))
+    assert reports == expected(EKS, broken)
+    assert sorted(policy for policy, _, _ in reports) == sorted(
+        [
+            "private-kubernetes-api",
+            "eks-nodes-from-launch-template",
+            "cluster-internal-services",
+            K8S_RPC,
+        ]
+    )
+    [at] = [where for policy, _, where in reports if policy == K8S_RPC]
+    assert at == urn(EKS, rules.K8S_NETWORK_POLICY, WORKERS_POLICY)
+    # A first preview that knows neither the policies nor the set reports nothing of them.
+    for r in broken:
+        if r.type in (rules.K8S_NETWORK_POLICY, rules.K8S_LEADER_WORKER_SET):
+            r.props["spec"] = rules.UNKNOWN  # type: ignore[index]
+    assert [policy for policy, _, _ in report(analyze(running, broken))] == [
+        "cluster-internal-services",
+        "eks-nodes-from-launch-template",
+        "private-kubernetes-api",
+    ]
+
+
+# --- the Kubernetes presets as the program registers them under mocks ---------------------------
+
+KUBERNETES_PRESETS = [s for s in stack_names() if kubernetes(s)]
+
+
+def named(found: list[rules.Resource], typ: str, suffix: str) -> rules.Resource:
+    [r] = [r for r in found if r.type == typ and r.name.endswith(suffix)]
+    return r
+
+
+@pytest.mark.parametrize("stack", KUBERNETES_PRESETS)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"kubernetesApiCidrs": ["203.0.113.0/24", "198.51.100.0/24", "10.8.0.0/16"]},
+        {"replicas": 2, "apiAllowedCidrs": ["10.8.0.0/16"]},
+    ],
+)
+def test_the_kubernetes_options_stay_within_the_policy(stack: str, options: dict[str, Any]) -> None:
+    found = resources(stack, deploy(stack, {f"{PROJECT}:{k}": v for k, v in options.items()}))
+    assert not any(violations(stack, found).values()), violations(stack, found)
+    cluster = named(found, rules.AWS_EKS_CLUSTER, "-eks")
+    public = "kubernetesApiCidrs" in options
+    assert cluster.props["vpcConfig"]["endpointPublicAccess"] is public
+    policies = of_type(found, rules.K8S_NETWORK_POLICY)
+    assert len([p for p in policies if p.name.endswith("-workers")]) == options.get("replicas", 1)
+
+
+@pytest.mark.parametrize("stack", KUBERNETES_PRESETS)
+def test_a_kubernetes_presets_invariants_broken_are_reported(stack: str) -> None:
+    found = resources(stack)
+    [lws] = of_type(found, rules.K8S_LEADER_WORKER_SET)
+    assert lws.props["spec"]["leaderWorkerTemplate"]["size"] > 1
+    cluster = named(found, rules.AWS_EKS_CLUSTER, "-eks")
+    workers = named(found, rules.K8S_NETWORK_POLICY, "-group-0-workers")
+    [nodes, *_] = of_type(found, rules.AWS_EKS_NODE_GROUP)
+    [service, *_] = of_type(found, rules.K8S_SERVICE)
+    # (resource to change, change, policy that reports it, the resource it names, the fix)
+    cases: list[tuple[rules.Resource, Callable[[dict[str, Any]], object], str, str, str]] = [
+        (
+            cluster,
+            lambda p: p["vpcConfig"].pop("endpointPublicAccess"),
+            "private-kubernetes-api",
+            cluster.name,
+            "EKS's default is true",
+        ),
+        (
+            nodes,
+            lambda p: p.pop("launchTemplate"),
+            "eks-nodes-from-launch-template",
+            nodes.name,
+            "launchTemplate is not set",
+        ),
+        (
+            service,
+            lambda p: p["spec"].update(type="NodePort"),
+            "cluster-internal-services",
+            service.name,
+            "'NodePort'",
+        ),
+        (
+            workers,
+            lambda p: workers_rule(p)["from"].append({"ipBlock": {"cidr": "10.0.0.0/8"}}),
+            K8S_RPC,
+            workers.name,
+            "ipBlock admits 10.0.0.0/8",
+        ),
+        (
+            workers,
+            lambda p: p["spec"].update(policyTypes=["Egress"]),
+            K8S_RPC,
+            lws.name,
+            "isolates the workers of group 0",
+        ),
+    ]
+    for r, change, policy, name, fix in cases:
+        only(messages(stack, retyped(found, r.type, r.name, change)), policy, name, fix)
+
+
+@pytest.mark.parametrize("stack", KUBERNETES_PRESETS)
+@pytest.mark.parametrize("first_preview", [False, True])
+def test_the_pack_reports_what_the_rules_report_on_a_kubernetes_preset(
+    pack: Callable[..., Pack], stack: str, first_preview: bool
+) -> None:
+    running = pack(stack)
+    found = engine_view(stack, first_preview=first_preview)
+    assert report(analyze(running, found)) == expected(stack, found) == []
+    workers = named(found, rules.K8S_NETWORK_POLICY, "-group-0-workers")
+    broken = retyped(
+        found,
+        workers.type,
+        workers.name,
+        lambda p: workers_rule(p)["from"].append({"namespaceSelector": {}}),
+    )
+    assert report(analyze(running, broken)) == expected(stack, broken)
+    [(policy, message, where)] = new_reports(running, found, broken)
+    assert (policy, where) == (K8S_RPC, workers.urn)
+    assert "namespaceSelector admits pods of other namespaces" in message

@@ -32,12 +32,12 @@ from tests.pulumi_mocks import (
     refused,
     revealed,
     stack_config,
-    stack_names,
     tag_path,
     user_data_text,
+    vm_stack_names,
 )
 
-AWS_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "aws"]
+AWS_STACKS = [s for s in vm_stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "aws"]
 # Resources that AWS cannot tag (associations and attachments).
 P = "llama-rpc-cluster:"
 INSTANCE = "aws:ec2/instance:Instance"

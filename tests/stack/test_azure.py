@@ -27,11 +27,13 @@ from tests.pulumi_mocks import (
     env_of,
     parsed_config,
     stack_config,
-    stack_names,
     tag_path,
+    vm_stack_names,
 )
 
-AZURE_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"]
+AZURE_STACKS = [
+    s for s in vm_stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "azure"
+]
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
 RULE = "azure-native:network:SecurityRule"

@@ -19,7 +19,7 @@ import pytest
 
 from infra.clouds import FACTS, RESOURCE_RULES, rules
 from infra.core.limits import MAX_WORKERS
-from tests.pulumi_mocks import Deployment, deploy, stack_config, stack_names
+from tests.pulumi_mocks import KUBERNETES_STACKS, Deployment, deploy, stack_config, stack_names
 
 P = "llama-rpc-cluster:"
 STORE_URLS = {
@@ -31,6 +31,7 @@ SMALL_MODEL = stack_config("aws-small")[f"{P}model"]
 KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 NODE_TYPES = {
     "aws:ec2/instance:Instance",
+    "aws:eks/nodeGroup:NodeGroup",
     "gcp:compute/instance:Instance",
     "azure-native:compute:VirtualMachine",
 }
@@ -48,7 +49,14 @@ def many_tags(cloud: str) -> dict[str, str]:
     return {f"k{i:02d}" + "x" * 125: "v" * 256 for i in range(46)}
 
 
-def staged(stack: str) -> dict[str, Any]:
+def on_vms(stack: str) -> bool:
+    return stack not in KUBERNETES_STACKS
+
+
+def staged(stack: str) -> dict[str, Any] | None:
+    """A model staged in the cloud's store (read with a VM's identity: not on Kubernetes)."""
+    if not on_vms(stack):
+        return None
     cloud = cloud_of(stack)
     model = {**stack_config(stack)[f"{P}model"], "urls": STORE_URLS[cloud], "sha256": []}
     extra = {f"{P}modelStoreResourceGroup": "models-rg"} if cloud == "azure" else {}
@@ -72,14 +80,25 @@ VARIANTS: dict[str, Callable[[str], dict[str, Any] | None]] = {
         "gcp": {f"{P}zone": "us-central1-c"},
         "azure": {f"{P}networkWatcher": "ops-rg/nw-eastus"},
     }[cloud_of(stack)],
-    "spend guards": lambda stack: {f"{P}stopAfterIdleMinutes": 30, f"{P}stopAfterHours": 12},
+    "spend guards": lambda stack: (
+        {f"{P}stopAfterIdleMinutes": 30, f"{P}stopAfterHours": 12} if on_vms(stack) else None
+    ),
     "SSE-KMS staged model": lambda stack: (
-        {**staged(stack), f"{P}modelStoreKmsKey": KMS_KEY} if cloud_of(stack) == "aws" else None
+        {**(staged(stack) or {}), f"{P}modelStoreKmsKey": KMS_KEY}
+        if cloud_of(stack) == "aws" and on_vms(stack)
+        else None
+    ),
+    "Kubernetes API CIDRs": lambda stack: (
+        None if on_vms(stack) else {f"{P}kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}
+    ),
+    "another main type": lambda stack: (
+        None if on_vms(stack) else {f"{P}mainInstanceType": "c8g.8xlarge"}
     ),
 }
 # The largest stacks, once per cloud: every group of the most workers llama.cpp takes.
 LARGEST = {f"{P}replicas": 3, f"{P}workerCount": MAX_WORKERS, f"{P}maxHourlyUsd": 10_000}
 CLOUD_STACKS = {cloud: next(s for s in stack_names() if cloud_of(s) == cloud) for cloud in FACTS}
+KUBERNETES_STACK = KUBERNETES_STACKS[0]
 LARGEST_CASES = [
     pytest.param(CLOUD_STACKS[cloud], "largest", id=f"{cloud}-largest") for cloud in sorted(FACTS)
 ]
@@ -116,6 +135,13 @@ def test_the_largest_stack_keeps_its_clouds_rules(cloud: str) -> None:
     d = run(CLOUD_STACKS[cloud], "largest")
     nodes = [r for r in d.resources if r.typ in NODE_TYPES and not r.name.endswith("-balancer")]
     assert len(nodes) == 3 * (MAX_WORKERS + 1)
+    assert broken(d) == []
+
+
+def test_the_largest_kubernetes_stack_keeps_its_clouds_rules() -> None:
+    d = run(KUBERNETES_STACK, "largest")
+    [pool] = d.of_type("aws:eks/nodeGroup:NodeGroup")
+    assert pool.inputs["scalingConfig"]["desiredSize"] == 3 * (MAX_WORKERS + 1)
     assert broken(d) == []
 
 

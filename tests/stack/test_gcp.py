@@ -24,10 +24,10 @@ from tests.pulumi_mocks import (
     ready_account,
     refused,
     stack_config,
-    stack_names,
+    vm_stack_names,
 )
 
-GCP_STACKS = [s for s in stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "gcp"]
+GCP_STACKS = [s for s in vm_stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "gcp"]
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 INSTANCE_GROUP = "gcp:compute/instanceGroup:InstanceGroup"

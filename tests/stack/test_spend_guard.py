@@ -21,6 +21,7 @@ from tests.pulumi_mocks import (
     stack_names,
     stack_values,
     user_data_text,
+    vm_stack_names,
 )
 
 P = "llama-rpc-cluster:"
@@ -52,7 +53,7 @@ def nodes(d: Deployment, cloud: str) -> list[Any]:
     return [r for r in d.of_type(NODE_TYPES[cloud]) if not r.name.endswith("-balancer")]
 
 
-@pytest.mark.parametrize("stack", stack_names())
+@pytest.mark.parametrize("stack", vm_stack_names())
 def test_every_node_gets_the_guard_and_its_clouds_way_to_stop(stack: str) -> None:
     cloud = cloud_of(stack)
     guarded = deploy(stack, {**GUARDS, f"{P}replicas": 2})
@@ -74,7 +75,7 @@ def test_an_azure_node_stops_by_deallocating_itself() -> None:
     assert FACTS["aws"].stop_by == FACTS["gcp"].stop_by == "poweroff"
 
 
-@pytest.mark.parametrize("stack", [s for s in stack_names() if cloud_of(s) == "aws"])
+@pytest.mark.parametrize("stack", [s for s in vm_stack_names() if cloud_of(s) == "aws"])
 def test_an_ec2_node_that_powers_itself_off_stops(stack: str) -> None:
     for node in nodes(deploy(stack, {}), "aws"):
         assert node.inputs["instanceInitiatedShutdownBehavior"] == "stop"

@@ -13,6 +13,7 @@ Session Manager needs; workers and the balancer node have none.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import shlex
 from collections.abc import Sequence
@@ -278,70 +279,13 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         tags = self.tags(config, "network")
         if zone is None:
             raise ValueError("AWS subnets need a zone (the preflight chooses one)")
-        vpc = aws.ec2.Vpc(
-            f"{name}-vpc",
-            cidr_block=str(config.vpc_cidr),
-            enable_dns_support=True,
-            enable_dns_hostnames=True,
-            tags={**tags, "Name": f"{name}-vpc"},
-            opts=opts,
-        )
-        # Nodes live in the private subnet; the public one holds only the NAT gateway. The
-        # subnets hold the stack's zone: without the setting, the one the stack was created in
-        # is kept when another zone comes first later (a zone change replaces a subnet, and with
-        # it every node). Replaced, a subnet goes first: its range can only be used once.
-        subnet_opts = pulumi.ResourceOptions(
-            parent=parent,
-            delete_before_replace=True,
-            ignore_changes=[] if config.zone else ["availabilityZone"],
-        )
-        public, private = (
-            aws.ec2.Subnet(
-                f"{name}-{kind}",
-                vpc_id=vpc.id,
-                cidr_block=str(cidr),
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{name}-{kind}"},
-                opts=subnet_opts,
-            )
-            for kind, cidr in (("public", config.public_subnet), ("private", config.private_subnet))
-        )
-        gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=opts)
-        public_routes = aws.ec2.RouteTable(
-            f"{name}-public-routes",
-            vpc_id=vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
-            tags=tags,
-            opts=opts,
-        )
-        aws.ec2.RouteTableAssociation(
-            f"{name}-public-routes", subnet_id=public.id, route_table_id=public_routes.id, opts=opts
-        )
-        # A public NAT gateway fails ("has no Internet gateway attached") when it comes first,
-        # and a destroy that detaches the gateway before the NAT's public address is gone retries
-        # for minutes: both follow the gateway (the provider's own "Public NAT" example).
-        after_gateway = pulumi.ResourceOptions(parent=parent, depends_on=[gateway])
-        nat_ip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=after_gateway)
-        nat = aws.ec2.NatGateway(
-            f"{name}-nat",
-            allocation_id=nat_ip.id,
-            subnet_id=public.id,
-            tags=tags,
-            opts=after_gateway,
-        )
-        private_routes = aws.ec2.RouteTable(
-            f"{name}-private-routes",
-            vpc_id=vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
-            tags=tags,
-            opts=opts,
-        )
-        aws.ec2.RouteTableAssociation(
-            f"{name}-private-routes",
-            subnet_id=private.id,
-            route_table_id=private_routes.id,
-            opts=opts,
+        vpc, (public, private), private_routes = self.vpc_behind_nat(
+            name,
+            config,
+            parent,
+            public_range=config.public_subnet,
+            private=[("private", config.private_subnet, zone)],
+            zone=zone,
         )
         if any(is_s3_url(url) for url in config.fetched_urls):
             # Model downloads from S3 stay inside AWS and skip the NAT's per-GB charge.
@@ -354,9 +298,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 tags=tags,
                 opts=opts,
             )
-        self._baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
+        self.baseline(name=name, vpc=vpc, subnets=[public, private], tags=tags, opts=opts)
         if config.flow_logs:
-            self._flow_logs(name, vpc, tags, opts)
+            self.flow_logs(name, vpc, tags, opts)
         # The main node's role: its SSM agent (the tunnel, Run Command), and reads of its boot
         # files, and of the model and the API key where the stack has them. Workers get no role.
         role = aws.iam.Role(
@@ -409,7 +353,90 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             )
         return AwsNetwork(vpc, private, profile, role, ami, balancer_group, boot_files)
 
-    def _baseline(
+    def vpc_behind_nat(
+        self,
+        name: str,
+        config: ClusterConfig,
+        parent: pulumi.Resource,
+        *,
+        public_range: ipaddress.IPv4Network,
+        private: Sequence[tuple[str, ipaddress.IPv4Network, pulumi.Input[str]]],
+        zone: str,
+    ) -> tuple[aws.ec2.Vpc, list[aws.ec2.Subnet], aws.ec2.RouteTable]:
+        """The VPC, its public subnet (the NAT gateway's) in ``zone``, and each private subnet
+        (kind, range, zone) routed out through the NAT; the subnets, public first, and the
+        private subnets' route table."""
+        opts = pulumi.ResourceOptions(parent=parent)
+        tags = self.tags(config, "network")
+        vpc = aws.ec2.Vpc(
+            f"{name}-vpc",
+            cidr_block=str(config.vpc_cidr),
+            enable_dns_support=True,
+            enable_dns_hostnames=True,
+            tags={**tags, "Name": f"{name}-vpc"},
+            opts=opts,
+        )
+        # Nodes live in the private subnet; the public one holds only the NAT gateway. The
+        # subnets hold the stack's zone: without the setting, the one the stack was created in
+        # is kept when another zone comes first later (a zone change replaces a subnet, and with
+        # it every node). Replaced, a subnet goes first: its range can only be used once.
+        subnet_opts = pulumi.ResourceOptions(
+            parent=parent,
+            delete_before_replace=True,
+            ignore_changes=[] if config.zone else ["availabilityZone"],
+        )
+        public, *privates = (
+            aws.ec2.Subnet(
+                f"{name}-{kind}",
+                vpc_id=vpc.id,
+                cidr_block=str(cidr),
+                availability_zone=subnet_zone,
+                map_public_ip_on_launch=False,
+                tags={**tags, "Name": f"{name}-{kind}"},
+                opts=subnet_opts,
+            )
+            for kind, cidr, subnet_zone in (("public", public_range, zone), *private)
+        )
+        gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=opts)
+        public_routes = aws.ec2.RouteTable(
+            f"{name}-public-routes",
+            vpc_id=vpc.id,
+            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
+            tags=tags,
+            opts=opts,
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{name}-public-routes", subnet_id=public.id, route_table_id=public_routes.id, opts=opts
+        )
+        # A public NAT gateway fails ("has no Internet gateway attached") when it comes first,
+        # and a destroy that detaches the gateway before the NAT's public address is gone retries
+        # for minutes: both follow the gateway (the provider's own "Public NAT" example).
+        after_gateway = pulumi.ResourceOptions(parent=parent, depends_on=[gateway])
+        nat_ip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=after_gateway)
+        nat = aws.ec2.NatGateway(
+            f"{name}-nat",
+            allocation_id=nat_ip.id,
+            subnet_id=public.id,
+            tags=tags,
+            opts=after_gateway,
+        )
+        private_routes = aws.ec2.RouteTable(
+            f"{name}-private-routes",
+            vpc_id=vpc.id,
+            routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
+            tags=tags,
+            opts=opts,
+        )
+        for (kind, _, _), subnet in zip(private, privates, strict=True):
+            aws.ec2.RouteTableAssociation(
+                f"{name}-{kind}-routes",
+                subnet_id=subnet.id,
+                route_table_id=private_routes.id,
+                opts=opts,
+            )
+        return vpc, [public, *privates], private_routes
+
+    def baseline(
         self,
         *,
         name: str,
@@ -497,7 +524,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         )
         return [*parameters, grant]
 
-    def _flow_logs(
+    def flow_logs(
         self, name: str, vpc: aws.ec2.Vpc, tags: dict[str, Any], opts: pulumi.ResourceOptions
     ) -> None:
         """VPC flow logs to a private S3 bucket of the stack (S3 is the cheaper destination;

@@ -16,7 +16,7 @@ from infra.boot.render import BUILD_PACKAGES, NODE_PACKAGES, SERVICE_USER, boot_
 
 # Canonical's Ubuntu 24.04, as the VMs boot (the arm64 image of the tag).
 BASE_IMAGE = "ubuntu:24.04"
-UID = 10001  # the pods' runAsUser (infra.k8s.objects)
+UID = 10001  # the pods' runAsUser (infra.stack.kube.objects)
 # The exporter runs on a VM beside the node's services; a pod has no host to report on.
 IMAGE_PACKAGES = tuple(
     sorted(set(BUILD_PACKAGES) | set(NODE_PACKAGES) - {"prometheus-node-exporter"})

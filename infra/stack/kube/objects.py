@@ -4,23 +4,25 @@ HAProxy configured as the VMs' balancer node is), a NetworkPolicy per group and 
 leaders, and the boot settings as ConfigMaps.
 
 One source of truth: a pod runs the script its VM counterpart runs (``llama-server.sh``,
-``rpc-worker.sh``, ``fetch-model.sh`` from the image, ``infra.k8s.image``) with the environment a
-VM's ``node.env`` holds (``NodeBoot.env``), so the leader's llama-server flags are the main
-node's and a worker's ggml-rpc-server flags a worker node's. Only what a pod learns when it
+``rpc-worker.sh``, ``fetch-model.sh`` from the image, ``infra.stack.kube.image``) with the
+environment a VM's ``node.env`` holds (``NodeBoot.env``), so the leader's llama-server flags are
+the main node's and a worker's ggml-rpc-server flags a worker node's. Only what a pod learns when it
 starts differs: its address (the pod's IP) and its group's workers (their DNS names in the
 LeaderWorkerSet's headless service, with the group's index).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from infra.boot.balancer import BalancerBoot, haproxy_config
-from infra.boot.node import API_KEY_CREDENTIAL, STAGED_SCHEMES, VM_PATHS, NodeBoot
+from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
 from infra.core.limits import METRICS_PORT
 from infra.errors import SettingError
-from infra.k8s.image import UID
-from infra.stack.config import ClusterConfig
+from infra.stack.config import ClusterConfig, kubernetes_refusals
+from infra.stack.kube.image import UID
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 # The labels the LeaderWorkerSet controller puts on every pod of a group (v0.10.0).
@@ -50,6 +52,7 @@ HAPROXY_IMAGE = "haproxy:3.0"
 HAPROXY_CONFIG_DIR = "/usr/local/etc/haproxy"  # where the official image reads haproxy.cfg
 HAPROXY_UID = 99  # the official image's haproxy user
 BALANCER_ROLE_LABEL = "llama-rpc-cluster/role"
+SETTINGS_DIGEST = "llama-rpc-cluster/settings-sha256"  # a pod template's annotation
 # The cluster's DNS domain: the leaders' names, which HAProxy resolves itself, are absolute.
 CLUSTER_DOMAIN = "cluster.local"
 # In its pod the balancer listens on the pod's one interface.
@@ -61,32 +64,22 @@ class RenderError(SettingError):
 
 
 def refusals(config: ClusterConfig) -> list[RenderError]:
-    """What of the stack a LeaderWorkerSet cannot do, each naming its setting and the way out."""
-    found = []
-    if config.stop_after_idle_minutes or config.stop_after_hours:
-        setting = "stopAfterIdleMinutes" if config.stop_after_idle_minutes else "stopAfterHours"
-        found.append(
-            RenderError(
-                setting,
-                "a pod cannot power off its node; scale the LeaderWorkerSet to 0 replicas "
-                "instead, and remove the setting to render",
-            )
-        )
-    staged = [url for url in config.fetched_urls if url.startswith(STAGED_SCHEMES)]
-    if staged:
-        found.append(
-            RenderError(
-                "model.urls",
-                f"{staged[0]} is read with a VM's own identity, which a pod does not have; "
-                "list the model's https URLs to render",
-            )
-        )
-    return found
+    """What of the stack a LeaderWorkerSet cannot do, each naming its setting and the way out
+    (the EKS stack's config check refuses the same: ``kubernetes_refusals``)."""
+    return [RenderError(setting, why) for setting, why in kubernetes_refusals(config)]
 
 
 def _env(boot: NodeBoot) -> dict[str, str]:
     env = boot.env(VM_PATHS)
     return {k: v for k, v in env.items() if k not in (*POD_SET, *NOT_IN_PODS)}
+
+
+def _settings_digest(env: dict[str, str]) -> dict[str, str]:
+    """A pod template's digest of the settings its pods read once, at start, from their
+    ConfigMap: new settings change the template, and the LeaderWorkerSet (or Deployment) makes
+    its pods again (a ConfigMap's change alone reaches no running pod)."""
+    text = json.dumps(env, sort_keys=True).encode()
+    return {SETTINGS_DIGEST: hashlib.sha256(text).hexdigest()}
 
 
 def _labels(name: str, config: ClusterConfig) -> dict[str, str]:
@@ -224,7 +217,7 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
             }
         )
     leader = {
-        "metadata": {"labels": labels},
+        "metadata": {"labels": labels, "annotations": _settings_digest(objects[0]["data"])},
         "spec": _pod(
             config.main_instance_type.name, containers=[server], volumes=volumes, init=[fetch]
         ),
@@ -246,7 +239,7 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         rpc["resources"] = _resources(worker_cpus, max(s.need_bytes for s in shares[1:]))
         rpc["readinessProbe"] = {"tcpSocket": {"port": "rpc"}, "periodSeconds": 5}
         template["workerTemplate"] = {
-            "metadata": {"labels": labels},
+            "metadata": {"labels": labels, "annotations": _settings_digest(objects[1]["data"])},
             "spec": _pod(
                 config.instance_type.name,
                 containers=[rpc],
@@ -335,12 +328,13 @@ def balancer_objects(
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "config", "mountPath": HAPROXY_CONFIG_DIR, "readOnly": True}],
     }
+    settings = {"haproxy.cfg": balancer_config(config, name, namespace)}
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": f"{name}-balancer", **meta},
-            "data": {"haproxy.cfg": balancer_config(config, name, namespace)},
+            "data": settings,
         },
         {
             "apiVersion": "apps/v1",
@@ -350,7 +344,7 @@ def balancer_objects(
                 "replicas": 1,
                 "selector": {"matchLabels": balancer_labels(name)},
                 "template": {
-                    "metadata": {"labels": pod_labels},
+                    "metadata": {"labels": pod_labels, "annotations": _settings_digest(settings)},
                     "spec": {
                         "nodeSelector": {ARCH_LABEL: "arm64"},
                         "tolerations": [ARM_TOLERATION],

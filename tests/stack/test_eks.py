@@ -1,0 +1,416 @@
+"""The kubernetes platform (``platform: kubernetes``, aws-eks): the EKS stack under mocks.
+
+What it registers (a private endpoint, network policies enforced by the VPC CNI, Graviton node
+groups from launch templates), that the Kubernetes objects it applies are exactly what
+``lrc k8s render`` writes for the same stack, its price (the control plane included) against
+the resources it makes, what a second ``up`` changes, and the settings it refuses before
+anything is created.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import Any
+
+import pytest
+
+from infra import catalog
+from infra.boot.node import API_KEY_CREDENTIAL
+from infra.clouds import aws as aws_facts
+from infra.clouds import rules
+from infra.core import costs, outputs
+from infra.core.pins import LWS_MANIFEST_URL
+from infra.stack.kube import eks, objects
+from tests.pulumi_mocks import (
+    GENERATED_KEY,
+    ZONES,
+    Deployment,
+    RecordingMocks,
+    deploy,
+    deployed,
+    parsed_config,
+    plan_update,
+    refused,
+    revealed,
+)
+
+P = "llama-rpc-cluster:"
+STACK = "aws-eks"
+COMPONENT = "llama-rpc-cluster:index:LlamaRpcKubernetesCluster"
+CLUSTER = "aws:eks/cluster:Cluster"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+SUBNET = "aws:ec2/subnet:Subnet"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+ADDON = "aws:eks/addon:Addon"
+CONTROLLER = "kubernetes:yaml/v2:ConfigFile"
+LWS = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
+# What the program puts beside the rendered objects: the namespace and the API key's Secret.
+STACK_OWN = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:Secret"}
+
+
+def applied(d: Deployment) -> list[dict[str, Any]]:
+    """The Kubernetes objects the stack applies, as objects (registration order aside)."""
+    found = []
+    for r in d.resources:
+        if not r.typ.startswith("kubernetes:") or r.typ == CONTROLLER or r.typ in STACK_OWN:
+            continue
+        found.append({k: v for k, v in r.inputs.items() if v is not None})
+    return found
+
+
+def plain(value: Any) -> Any:
+    """Numbers as the engine hands them over (floats) made whole again, to compare with JSON."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {f"{P}replicas": 3}, {f"{P}mainInstanceType": "c8g.8xlarge"}, {f"{P}apiKey": "none"}],
+    ids=["as-shipped", "three-replicas", "another-main-type", "no-key"],
+)
+def test_the_applied_objects_are_what_lrc_k8s_render_writes(overrides: dict[str, Any]) -> None:
+    """One source of truth: the stack applies the render of its own settings, object for
+    object and field for field, with the image it is given."""
+    d = deploy(STACK, overrides)
+    config = parsed_config(STACK, overrides)
+    rendered = objects.render(
+        config, name=eks.LWS_NAME, namespace=eks.NAMESPACE, image=str(config.kubernetes_image)
+    )
+    got = sorted((plain(o) for o in applied(d)), key=key)
+    assert got == sorted(rendered, key=key)
+    leader = next(o for o in got if o["kind"] == "LeaderWorkerSet")
+    containers = leader["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]
+    assert {c["image"] for c in containers} == {config.kubernetes_image}
+
+
+def test_the_api_key_is_a_secret_the_leaders_read_and_none_without_one() -> None:
+    d = deployed(STACK)
+    [secret] = d.of_type("kubernetes:core/v1:Secret")
+    assert secret.inputs["metadata"] == {
+        "name": f"{eks.LWS_NAME}-api-key",
+        "namespace": "llama-rpc-cluster",
+    }
+    data = secret.inputs["stringData"]
+    assert rules.is_secret(data)  # kept encrypted in the state
+    value = revealed(data)[API_KEY_CREDENTIAL]
+    assert value.startswith(GENERATED_KEY)
+    assert d.outputs[outputs.API_KEY] == value
+    assert outputs.API_KEY in d.secret_outputs
+    without = deploy(STACK, {f"{P}apiKey": "none"})
+    assert without.of_type("kubernetes:core/v1:Secret") == []
+    assert without.outputs[outputs.API_KEY] is None
+
+
+def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> None:
+    d = deployed(STACK)
+    [cluster] = d.of_type(CLUSTER)
+    vpc = cluster.inputs["vpcConfig"]
+    assert vpc["endpointPrivateAccess"] is True and vpc["endpointPublicAccess"] is False
+    assert "publicAccessCidrs" not in vpc  # EKS's default for it is 0.0.0.0/0
+    assert cluster.inputs["version"] == aws_facts.EKS_VERSION
+    assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
+    assert cluster.inputs["accessConfig"]["authenticationMode"] == "API"
+    assert d.of_type(INGRESS) == []
+    # A public range opens the public endpoint to it alone; a private one (a VPN, a peered
+    # network) reaches the private endpoint through the cluster's security group, on 443 only.
+    ranges = ["203.0.113.0/24", "10.8.0.0/16"]
+    opened = deploy(STACK, {f"{P}kubernetesApiCidrs": ranges})
+    [cluster] = opened.of_type(CLUSTER)
+    vpc = cluster.inputs["vpcConfig"]
+    assert vpc["endpointPublicAccess"] is True and vpc["publicAccessCidrs"] == ["203.0.113.0/24"]
+    [rule] = opened.of_type(INGRESS)
+    assert rule.inputs["securityGroupId"] == "sg-0eks"  # the cluster's own, as EKS made it
+    assert (rule.inputs["cidrIpv4"], rule.inputs["fromPort"], rule.inputs["toPort"]) == (
+        "10.8.0.0/16",
+        443,
+        443,
+    )
+    assert not any("endpoint" in line for line in opened.outputs[outputs.LIMITATIONS])
+    assert any("endpoint" in line for line in d.outputs[outputs.LIMITATIONS])
+    private_only = deploy(STACK, {f"{P}kubernetesApiCidrs": ["10.8.0.0/16"]})
+    [cluster] = private_only.of_type(CLUSTER)
+    assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
+
+
+def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
+    d = deployed(STACK)
+    subnets = {r.name.removeprefix("llama-rpc-cluster-"): r.inputs for r in d.of_type(SUBNET)}
+    assert set(subnets) == {"public", "private", "control-plane"}
+    [cluster] = d.of_type(CLUSTER)
+    assert cluster.inputs["vpcConfig"]["subnetIds"] == [
+        "llama-rpc-cluster-private-id",
+        "llama-rpc-cluster-control-plane-id",
+    ]
+    node_zone = subnets["private"]["availabilityZone"]
+    assert node_zone == ZONES[0] == d.outputs[outputs.ZONE]
+    assert subnets["control-plane"]["availabilityZone"] not in (node_zone, None)
+    # The zone was asked for without the node zone and the zones EKS refuses.
+    [asked] = [c for c in d_calls(STACK) if c.token.endswith("getAvailabilityZones")]
+    assert asked.args["excludeNames"] == [node_zone]
+    assert set(asked.args["excludeZoneIds"]) == set(aws_facts.EKS_UNSUPPORTED_ZONE_IDS)
+    # Every range inside the VPC, none overlapping.
+    vpc = ipaddress.ip_network(parsed_config(STACK).vpc_cidr)
+    ranges = [ipaddress.ip_network(s["cidrBlock"]) for s in subnets.values()]
+    assert all(r.subnet_of(vpc) for r in ranges)
+    assert not any(a.overlaps(b) for i, a in enumerate(ranges) for b in ranges[i + 1 :])
+    # The smallest VPC the settings take still holds the three.
+    small = deploy(STACK, {f"{P}vpcCidr": "10.9.0.0/23"})
+    assert len(small.of_type(SUBNET)) == 3
+
+
+def d_calls(stack: str) -> list[Any]:
+    mocks = RecordingMocks()
+    deploy(stack, mocks=mocks)
+    return mocks.calls
+
+
+def test_network_policies_are_enforced_by_the_vpc_cni() -> None:
+    [addon] = deployed(STACK).of_type(ADDON)
+    assert addon.inputs["addonName"] == "vpc-cni"
+    values = json.loads(addon.inputs["configurationValues"])
+    assert values["enableNetworkPolicy"] == "true"  # a string, as the add-on's schema takes it
+    assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pools"),
+    [
+        ({}, {"nodes": ("c8g.16xlarge", 3)}),
+        ({f"{P}replicas": 2}, {"nodes": ("c8g.16xlarge", 6)}),
+        (
+            {f"{P}mainInstanceType": "c8g.8xlarge", f"{P}replicas": 2},
+            {"main": ("c8g.8xlarge", 2), "worker": ("c8g.16xlarge", 4)},
+        ),
+    ],
+    ids=["as-shipped", "two-replicas", "another-main-type"],
+)
+def test_one_graviton_node_group_per_type_from_a_locked_down_launch_template(
+    overrides: dict[str, Any], pools: dict[str, tuple[str, int]]
+) -> None:
+    d = deploy(STACK, overrides)
+    config = parsed_config(STACK, overrides)
+    groups = {r.name.removeprefix("llama-rpc-cluster-"): r.inputs for r in d.of_type(NODE_GROUP)}
+    templates = {r.name: r.inputs for r in d.of_type(TEMPLATE)}
+    assert {
+        role: (g["instanceTypes"][0], g["scalingConfig"]["desiredSize"])
+        for role, g in groups.items()
+    } == pools
+    for role, group in groups.items():
+        assert group["amiType"] == "AL2023_ARM_64_STANDARD"
+        assert group["subnetIds"] == ["llama-rpc-cluster-private-id"]
+        assert "remoteAccess" not in group and "diskSize" not in group
+        size = group["scalingConfig"]
+        assert size["minSize"] == size["desiredSize"] == size["maxSize"]
+        template = templates[f"llama-rpc-cluster-{role}-template"]
+        assert group["launchTemplate"]["id"] == f"llama-rpc-cluster-{role}-template-id"
+        assert template["metadataOptions"]["httpTokens"] == "required"
+        # One hop: a pod cannot reach the node's instance metadata, or its role.
+        assert template["metadataOptions"]["httpPutResponseHopLimit"] == 1
+        [root] = template["blockDeviceMappings"]
+        assert root["ebs"]["encrypted"] == "true" and root["ebs"]["volumeType"] == "gp3"
+        # The pods' nodeSelector finds the group: every pod of the type has its disk.
+        disk = config.main_disk_gb if role in ("main", "nodes") else config.worker_disk_gb
+        assert root["ebs"]["volumeSize"] == disk
+        assert "imageId" not in template and "instanceType" not in template
+        assert "userData" not in template and "iamInstanceProfile" not in template
+    # Each pod asks for a node of its own type, and the node groups have one for each.
+    lws = next(o for o in applied(d) if o["kind"] == "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    selected = [
+        template[t]["spec"]["nodeSelector"][objects.INSTANCE_TYPE_LABEL]
+        for t in ("leaderTemplate", "workerTemplate")
+    ]
+    assert set(selected) == {t for t, _ in pools.values()}
+
+
+def test_the_controller_comes_from_its_pinned_release_before_the_leader_worker_set() -> None:
+    d = deployed(STACK)
+    [controller] = d.of_type(CONTROLLER)
+    assert controller.inputs["file"] == LWS_MANIFEST_URL
+    assert "/download/v0.10.0/" in LWS_MANIFEST_URL
+    stack = d.stack()
+    [lws] = [r for r in stack.resources if r.type == LWS]
+    [ctrl] = [r for r in stack.resources if r.type == CONTROLLER]
+    assert stack.waits_for(lws, ctrl)
+    # The controller's pods need nodes and their network.
+    for other in stack.resources:
+        if other.type in (NODE_GROUP, ADDON):
+            assert stack.waits_for(ctrl, other), other.name
+    # Every Kubernetes object goes through the stack's own provider, to the stack's cluster.
+    for r in d.resources:
+        if r.typ.startswith("kubernetes:"):
+            assert d.options_of(r).provider is not None, r.name
+
+
+def test_every_resource_is_a_child_of_the_component_named_from_it() -> None:
+    d = deployed(STACK)
+    for r in d.resources:
+        if r.typ == COMPONENT:
+            continue
+        assert r.name.startswith("llama-rpc-cluster-"), r.name
+        parent = d.options_of(r).parent
+        assert parent is not None and parent.pulumi_resource_type == COMPONENT, r.name
+
+
+def test_the_outputs_keep_the_contract_and_say_how_to_reach_the_api() -> None:
+    out = deployed(STACK).outputs
+    assert set(out) == {*outputs.ALL_KEYS, *outputs.DETAIL_KEYS, *outputs.KUBERNETES_KEYS}
+    assert out[outputs.PLATFORM] == "kubernetes"
+    assert out[outputs.KUBERNETES_NAMESPACE] == eks.NAMESPACE
+    assert out[outputs.KUBERNETES_CLUSTER] == "llama-rpc-cluster-eks"
+    assert out[outputs.CONNECT_COMMAND] == (
+        "aws eks update-kubeconfig --region us-east-1 --name llama-rpc-cluster-eks && "
+        "kubectl -n llama-rpc-cluster port-forward service/llama-rpc-api 8080:8080"
+    )
+    # The leader's --rpc list names the group's workers as the pods' DNS names resolve.
+    assert out[outputs.RPC_SERVERS] == "llama-rpc-0-1.llama-rpc:50052,llama-rpc-0-2.llama-rpc:50052"
+    assert out[outputs.LLAMA_SERVER_URL] == (
+        "http://llama-rpc-0.llama-rpc.llama-rpc-cluster.svc.cluster.local:8080"
+    )
+    assert out[outputs.BALANCER_URL] is None
+    replicas = deploy(STACK, {f"{P}replicas": 2}).outputs
+    assert replicas[outputs.BALANCER_URL] == (
+        "http://llama-rpc-api.llama-rpc-cluster.svc.cluster.local:8080"
+    )
+    assert [g[outputs.RPC_SERVERS] for g in replicas[outputs.GROUPS]] == [
+        "llama-rpc-0-1.llama-rpc:50052,llama-rpc-0-2.llama-rpc:50052",
+        "llama-rpc-1-1.llama-rpc:50052,llama-rpc-1-2.llama-rpc:50052",
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {f"{P}replicas": 2}, {f"{P}mainInstanceType": "c8g.8xlarge"}],
+    ids=["as-shipped", "two-replicas", "another-main-type"],
+)
+def test_the_hourly_cost_prices_what_the_stack_makes_and_its_control_plane(
+    overrides: dict[str, Any],
+) -> None:
+    """Priced here from the resources themselves: each node group's type and count, each
+    node's disk as its launch template gives it, one NAT gateway, and the control plane; no
+    balancer node (HAProxy runs as pods)."""
+    d = deploy(STACK, overrides)
+    templates = {r.name: r.inputs for r in d.of_type(TEMPLATE)}
+    nodes = []
+    for group in d.of_type(NODE_GROUP):
+        entry = catalog.find("aws", "us-east-1", group.inputs["instanceTypes"][0])
+        assert entry is not None
+        ebs = templates[f"{group.name}-template"]["blockDeviceMappings"][0]["ebs"]
+        node = costs.PricedNode(entry, int(ebs["volumeSize"]), int(ebs["throughput"]))
+        nodes += [node] * int(group.inputs["scalingConfig"]["desiredSize"])
+    expected = costs.hourly_cost("aws", nodes, control_plane=True)
+    out = d.outputs
+    assert out[outputs.HOURLY_COST_USD] == expected.total
+    plane = catalog.service_price("aws", costs.CONTROL_PLANE_ITEM).usd
+    assert plane == 0.2  # the fixture catalog's
+    without_plane = costs.hourly_cost("aws", nodes)
+    assert round(expected.total - without_plane.total, 5) == plane
+    assert "Kubernetes control plane $0.2/h" in out[outputs.HOURLY_COST_BASIS]
+    # Scaled to no nodes (their disks go with them), the control plane and the NAT go on.
+    assert out[outputs.STOPPED_HOURLY_COST_USD] == round(expected.nat_stopped + plane, 5)
+    assert not d.of_type("aws:ec2/instance:Instance")
+
+
+def test_a_second_up_changes_nothing_and_new_settings_reach_only_the_pods() -> None:
+    before = deploy(STACK)
+    again = deploy(STACK, mocks=RecordingMocks(prior=before))
+    actions = plan_update(before, again)
+    assert {k for k, a in actions.items() if a != "same"} == set()
+    # A new context size: the leaders' settings and their template (which remakes the groups);
+    # no node, node group or control plane is touched.
+    after = deploy(STACK, {f"{P}contextSize": 2048}, RecordingMocks(prior=before))
+    actions = plan_update(before, after)
+    touched = {k.split("::")[1] for k, a in actions.items() if a != "same"}
+    assert touched == {"llama-rpc-cluster-llama-rpc-leader-env", "llama-rpc-cluster-llama-rpc"}
+    assert actions[f"{LWS}::llama-rpc-cluster-llama-rpc"] == "update"
+    # A new image: only the LeaderWorkerSet, updated in place.
+    after = deploy(
+        STACK, {f"{P}kubernetesImage": "example.com/llama-rpc:2"}, RecordingMocks(prior=before)
+    )
+    actions = plan_update(before, after)
+    assert {k for k, a in actions.items() if a != "same"} == {f"{LWS}::llama-rpc-cluster-llama-rpc"}
+
+
+def test_new_settings_change_the_pod_template_they_reach() -> None:
+    """The pods read their settings from ConfigMaps once, at start: a template's digest of them
+    is what makes the LeaderWorkerSet remake its groups."""
+
+    def digests(overrides: dict[str, Any]) -> tuple[str, str]:
+        config = parsed_config(STACK, overrides)
+        lws = next(
+            o
+            for o in objects.render(config, name="x", namespace="y", image="z")
+            if o["kind"] == "LeaderWorkerSet"
+        )["spec"]["leaderWorkerTemplate"]
+        return tuple(  # type: ignore[return-value]
+            lws[t]["metadata"]["annotations"][objects.SETTINGS_DIGEST]
+            for t in ("leaderTemplate", "workerTemplate")
+        )
+
+    leader, worker = digests({})
+    assert digests({}) == (leader, worker)
+    new_leader, same_worker = digests({f"{P}contextSize": 2048})
+    assert new_leader != leader and same_worker == worker
+    commit = digests({f"{P}llamaCppCommit": "0" * 40})
+    assert commit[0] != leader and commit[1] != worker
+
+
+@pytest.mark.parametrize(
+    ("overrides", "setting", "words"),
+    [
+        ({f"{P}kubernetesImage": None}, "kubernetesImage", "lrc k8s render"),
+        (
+            {f"{P}image": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20251001"},
+            "image",
+            "Amazon Linux 2023",
+        ),
+        ({f"{P}stopAfterIdleMinutes": 30}, "stopAfterIdleMinutes", "0 replicas"),
+        ({f"{P}stopAfterHours": 8}, "stopAfterHours", "0 replicas"),
+        (
+            {f"{P}model": {"preset": "llama-3.1-8b-q4_0", "urls": ["s3://models/llama.gguf"]}},
+            "model.urls",
+            "https URLs",
+        ),
+        ({f"{P}kubernetesApiCidrs": ["0.0.0.0/0"]}, "kubernetesApiCidrs", ""),
+        ({f"{P}platform": "k8s"}, "platform", "vm, kubernetes"),
+    ],
+)
+def test_what_the_platform_cannot_do_is_refused_by_name(
+    overrides: dict[str, Any], setting: str, words: str
+) -> None:
+    assert words in refused(STACK, overrides, setting)
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "setting"),
+    [
+        ("gcp-c4a", {f"{P}platform": "kubernetes"}, "platform"),
+        ("azure-cobalt", {f"{P}platform": "kubernetes"}, "platform"),
+        ("gcp-c4a", {f"{P}kubernetesImage": "example.com/x:1"}, "kubernetesImage"),
+        ("aws-c8g", {f"{P}kubernetesImage": "example.com/x:1"}, "kubernetesImage"),
+        ("aws-c8g", {f"{P}kubernetesApiCidrs": ["203.0.113.0/24"]}, "kubernetesApiCidrs"),
+    ],
+)
+def test_the_platforms_settings_are_refused_where_there_is_no_such_platform(
+    stack: str, overrides: dict[str, Any], setting: str
+) -> None:
+    refused(stack, overrides, setting)
+
+
+def test_a_refused_stack_creates_nothing() -> None:
+    mocks = RecordingMocks()
+    with pytest.raises(Exception, match="stopAfterHours"):
+        deploy(STACK, {f"{P}stopAfterHours": 8}, mocks)
+    assert mocks.resources == []
