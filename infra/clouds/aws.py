@@ -119,12 +119,13 @@ EKS_SUPPORT_TYPE = "STANDARD"
 EKS_NODE_AMI_TYPE = "AL2023_ARM_64_STANDARD"
 AWS_POLICY = "arn:aws:iam::aws:policy/"
 EKS_CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
-# A node's kubelet, the VPC CNI (which runs with the node's role here) and image pulls from ECR
+# A node's kubelet, the VPC CNI (which runs with the node's role here) and image pulls from ECR,
+# pulls only (ReadOnly would also list and describe every repository of the account)
 # (docs.aws.amazon.com/eks/latest/userguide/create-node-role.html).
 EKS_NODE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
     "AmazonEKS_CNI_Policy",
-    "AmazonEC2ContainerRegistryReadOnly",
+    "AmazonEC2ContainerRegistryPullOnly",
 )
 # The VPC CNI enforces NetworkPolicy objects (enableNetworkPolicy, a string) and keeps few spare
 # addresses a node (WARM_IP_TARGET, MINIMUM_IP_TARGET): by default a node holds a whole spare

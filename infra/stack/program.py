@@ -27,11 +27,11 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKuberne
         # A RunError prints the message alone: nothing has been created at this point.
         raise pulumi.RunError(str(error)) from None
     needs = needs_of(config, pulumi.get_stack())
+    settings = {
+        f"{config.cloud}:{key}": pulumi.Config(config.cloud).get(key)
+        for key in PROVIDER_SETTINGS.get(config.cloud, ())
+    }
     if read_account is None:
-        settings = {
-            f"{config.cloud}:{key}": pulumi.Config(config.cloud).get(key)
-            for key in PROVIDER_SETTINGS.get(config.cloud, ())
-        }
         read_account = program_reader(config.cloud, settings)
     try:
         account = read_account(needs)
@@ -48,7 +48,9 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKuberne
     zone = preflight.zone_for(needs, account)
     cluster: LlamaRpcCluster | LlamaRpcKubernetesCluster
     if config.kubernetes:
-        kube_args = LlamaRpcKubernetesClusterArgs(config=config, zone=zone)
+        kube_args = LlamaRpcKubernetesClusterArgs(
+            config=config, zone=zone, aws_profile=settings.get("aws:profile")
+        )
         cluster = LlamaRpcKubernetesCluster(pulumi.get_project(), kube_args)
     else:
         cluster = LlamaRpcCluster(pulumi.get_project(), LlamaRpcClusterArgs(config, zone))

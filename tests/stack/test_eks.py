@@ -414,3 +414,17 @@ def test_a_refused_stack_creates_nothing() -> None:
     with pytest.raises(Exception, match="stopAfterHours"):
         deploy(STACK, {f"{P}stopAfterHours": 8}, mocks)
     assert mocks.resources == []
+
+
+def test_kubectl_and_pulumi_use_the_aws_providers_profile() -> None:
+    """The stack's objects are applied with a token the AWS CLI takes on each use, as the AWS
+    provider's own profile; connectCommand's kubeconfig names it too."""
+    [provider] = deployed(STACK).of_type("pulumi:providers:kubernetes")
+    token = json.loads(provider.inputs["kubeconfig"])["users"][0]["user"]["exec"]
+    assert token["command"] == "aws" and token["args"][:2] == ["eks", "get-token"]
+    assert "env" not in token
+    d = deploy(STACK, {"aws:profile": "prod"})
+    [provider] = d.of_type("pulumi:providers:kubernetes")
+    token = json.loads(provider.inputs["kubeconfig"])["users"][0]["user"]["exec"]
+    assert token["env"] == [{"name": "AWS_PROFILE", "value": "prod"}]
+    assert "--name llama-rpc-cluster-eks --profile prod && " in d.outputs[outputs.CONNECT_COMMAND]

@@ -11,6 +11,7 @@ controller from its release, and the objects ``lrc k8s render`` writes for the s
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,14 +81,23 @@ def api_ranges(cidrs: Sequence[str]) -> tuple[list[str], list[str]]:
     return [c for c in cidrs if c not in private], private
 
 
-def kubeconfig(cluster: str, endpoint: str | None, authority: str | None, region: str) -> str:
+def kubeconfig(
+    cluster: str,
+    endpoint: str | None,
+    authority: str | None,
+    region: str,
+    profile: str | None = None,
+) -> str:
     """A kubeconfig for the cluster that asks the AWS CLI for a token on each use (a token taken
-    once would expire in the 15 minutes an `up` can take before the objects are applied)."""
-    token = {
+    once would expire in the 15 minutes an `up` can take before the objects are applied), with
+    the AWS provider's profile."""
+    token: dict[str, Any] = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "command": "aws",
         "args": ["eks", "get-token", "--region", region, "--cluster-name", cluster],
     }
+    if profile:
+        token["env"] = [{"name": "AWS_PROFILE", "value": profile}]
     return json.dumps(
         {
             "apiVersion": "v1",
@@ -136,6 +146,8 @@ KINDS: Mapping[str, Any] = {
 class LlamaRpcKubernetesClusterArgs:
     config: ClusterConfig
     zone: str | None = None  # the nodes' zone (the preflight chooses it)
+    # The AWS provider's profile (aws:profile), which kubectl's token and connectCommand use.
+    aws_profile: str | None = None
 
 
 class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
@@ -197,7 +209,9 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             for pool in node_pools(config)
         ]
         api_key = stack_api_key(name, config, self)
-        self._workloads(name, config, cluster, api_key, after=[cni, *pools])
+        self._workloads(
+            name, config, cluster, api_key, after=[cni, *pools], profile=args.aws_profile
+        )
 
         cost = config.hourly_cost
         per_group = [group_outputs(config, group) for group in range(config.replicas)]
@@ -208,7 +222,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             outputs.WORKER_COUNT: config.worker_count,
             **per_group[0],
             outputs.CONNECT_COMMAND: cluster.name.apply(
-                lambda cluster_name: connect_command(config, cluster_name)
+                lambda cluster_name: connect_command(config, cluster_name, args.aws_profile)
             ),
             outputs.API_KEY: api_key,
             outputs.HOURLY_COST_USD: cost.total,
@@ -297,6 +311,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         api_key: pulumi.Output[str] | None,
         *,
         after: list[pulumi.Resource],
+        profile: str | None,
     ) -> None:
         """On the cluster: the LeaderWorkerSet controller once the nodes and their network are
         up (``after``), the namespace, the API key's Secret and the rendered objects."""
@@ -305,7 +320,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             f"{name}-k8s",
             kubeconfig=pulumi.Output.all(
                 cluster.name, cluster.endpoint, cluster.certificate_authority.data
-            ).apply(lambda got: kubeconfig(got[0], got[1], got[2], config.region)),
+            ).apply(lambda got: kubeconfig(got[0], got[1], got[2], config.region, profile)),
             opts=child,
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -456,11 +471,12 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         KINDS[kind](logical, metadata=metadata, **body, opts=opts)
 
 
-def connect_command(config: ClusterConfig, cluster: str) -> str:
+def connect_command(config: ClusterConfig, cluster: str, profile: str | None = None) -> str:
     """kubectl's credentials for the cluster, then the API's Service on this machine."""
     port = config.server_port
+    with_profile = f" --profile {shlex.quote(profile)}" if profile else ""
     return (
-        f"aws eks update-kubeconfig --region {config.region} --name {cluster} && "
+        f"aws eks update-kubeconfig --region {config.region} --name {cluster}{with_profile} && "
         f"kubectl -n {NAMESPACE} port-forward service/{LWS_NAME}-api {port}:{port}"
     )
 

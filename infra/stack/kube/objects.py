@@ -49,8 +49,11 @@ MIB = 1024**2
 # The balancer in front of the leaders (replicas > 1): HAProxy's official image (arm64 among its
 # platforms), with the configuration the VMs' balancer node runs.
 HAPROXY_IMAGE = "haproxy:3.0"
-HAPROXY_CONFIG_DIR = "/usr/local/etc/haproxy"  # where the official image reads haproxy.cfg
-HAPROXY_UID = 99  # the official image's haproxy user
+# The official image's configuration directory and its haproxy user (uid and gid 99):
+# docker-library/haproxy 3.0/Dockerfile @bc729b36 (useradd --uid 99; CMD haproxy -f
+# /usr/local/etc/haproxy/haproxy.cfg; USER haproxy).
+HAPROXY_CONFIG_DIR = "/usr/local/etc/haproxy"
+HAPROXY_UID = 99
 BALANCER_ROLE_LABEL = "llama-rpc-cluster/role"
 SETTINGS_DIGEST = "llama-rpc-cluster/settings-sha256"  # a pod template's annotation
 # The cluster's DNS domain: the leaders' names, which HAProxy resolves itself, are absolute.
