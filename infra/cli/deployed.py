@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from infra.core import outputs as keys
+from infra.core.limits import KUBERNETES
 from infra.observe.channels import Channel, ChannelError, stack_channels
 
 
@@ -32,7 +33,7 @@ def deployed_outputs(stack: str) -> dict[str, Any]:
         raise NotReachable(f"cannot read stack {stack!r}'s outputs: {error}") from None
     if not found:
         raise NotReachable(f"stack {stack!r} has no outputs: deploy it with `pulumi up`")
-    if found.get(keys.PLATFORM) == "kubernetes":
+    if found.get(keys.PLATFORM) == KUBERNETES:
         namespace = found.get(keys.KUBERNETES_NAMESPACE)
         raise NotReachable(
             f"stack {stack!r} runs on Kubernetes, whose pods this command cannot reach (it "

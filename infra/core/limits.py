@@ -7,6 +7,9 @@ from typing import Literal, get_args
 # A cloud's name: a key of ``infra.clouds.FACTS``, the registry that lists them.
 Cloud = str
 Role = Literal["main", "worker"]
+# How a stack's nodes run: a VM each, or as pods of a Kubernetes cluster (EKS).
+VM, KUBERNETES = "vm", "kubernetes"
+PLATFORMS = (VM, KUBERNETES)
 ROLES: tuple[Role, ...] = get_args(Role)
 
 RPC_PORT = 50052

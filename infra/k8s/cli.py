@@ -14,6 +14,7 @@ import yaml
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.cli.naming import prog
 from infra.cli.options import add_json, add_stack, print_json, stack_of
+from infra.core import image_refs
 from infra.stack.kube import image, objects
 
 # A Kubernetes object name the LeaderWorkerSet's pods and Service derive theirs from (RFC 1035
@@ -63,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not NAME.fullmatch(args.name):
             raise objects.RenderError(
                 "--name", f"{args.name!r}: 1-40 lowercase letters, digits and '-', from a letter"
+            )
+        if not image_refs.is_image_reference(args.image):
+            raise objects.RenderError(
+                "--image", f"{args.image!r} is not {image_refs.IMAGE_MEANING}"
             )
         if not NAMESPACE.fullmatch(args.namespace):
             raise objects.RenderError(

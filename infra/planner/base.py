@@ -11,7 +11,7 @@ from typing import Any
 
 from infra.catalog import InstanceType
 from infra.core import costs, perf, sizing
-from infra.core.limits import MAX_REPLICAS
+from infra.core.limits import KUBERNETES, MAX_REPLICAS, VM
 from infra.core.placement import Placement
 from infra.errors import SettingError
 from infra.models import Model
@@ -64,7 +64,11 @@ class Option:
     # balancer.
     priced: tuple[costs.PricedNode, ...] = field(default=(), compare=False, repr=False)
     # "kubernetes": the nodes in an EKS cluster (its control plane priced, no balancer node).
-    platform: str = "vm"
+    platform: str = VM
+
+    @property
+    def kubernetes(self) -> bool:
+        return self.platform == KUBERNETES
 
     @property
     def main_instance(self) -> InstanceType:
@@ -119,9 +123,7 @@ class Option:
     @property
     def group_cost(self) -> costs.HourlyCost:
         """One serving group alone: its nodes, its own NAT and no balancer."""
-        return costs.hourly_cost(
-            self.provider, self.priced, control_plane=self.platform == "kubernetes"
-        )
+        return costs.hourly_cost(self.provider, self.priced, control_plane=self.kubernetes)
 
     @property
     def balancer_usd(self) -> float | None:

@@ -15,12 +15,11 @@ from infra.cli.naming import prog
 from infra.cli.options import add_json, print_json
 from infra.clouds import FACTS
 from infra.core import sizing
-from infra.core.limits import MAX_REPLICAS
+from infra.core.limits import MAX_REPLICAS, PLATFORMS, VM
 from infra.models import Model, ModelError
 from infra.planner import base, report, search, serve, target
 from infra.planner.base import PlanError, Target, TargetUnmet
 from infra.stack import config, files
-from infra.stack.settings import PLATFORMS
 
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 
@@ -94,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--platform",
         choices=PLATFORMS,
-        default="vm",
+        default=VM,
         help="how the nodes run: `kubernetes` prices them as an EKS cluster (its control plane, "
         "HAProxy as pods instead of a balancer node, the model on each node's one disk); AWS "
         "only (default %(default)s)",
@@ -210,9 +209,7 @@ def describe_model(args: argparse.Namespace) -> Model:
 
 def _where(args: argparse.Namespace) -> list[tuple[str, str]]:
     providers = args.provider or [
-        p
-        for p in catalog.providers()
-        if args.platform == "vm" or "platform" not in FACTS[p].refuses
+        p for p in catalog.providers() if args.platform == VM or "platform" not in FACTS[p].refuses
     ]
     if args.region:
         if len(providers) != 1:
@@ -298,7 +295,7 @@ def _stack(args: argparse.Namespace, goal: Target | None) -> base.Plan:
         ("--instance-type", args.instance_type), ("--count", args.count),
         ("--cloud", args.provider), ("--region", args.region),
         ("--context", args.context != sizing.DEFAULT_CONTEXT),
-        ("--slots", args.slots is not None), ("--platform", args.platform != "vm"),
+        ("--slots", args.slots is not None), ("--platform", args.platform != VM),
     ) if value]  # fmt: skip
     if given:
         raise PlanError("--stack", f"the stack file says what {given[0]} would; leave it out")
@@ -379,7 +376,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise PlanError(flag, "goes with --write-stack NAME, which writes it into the stack")
     if args.download_gbps <= 0:
         raise PlanError("--download-gbps", f"must be positive, got {args.download_gbps}")
-    if args.platform != "vm":
+    if args.platform != VM:
         without = [p for p in args.provider or () if "platform" in FACTS[p].refuses]
         if without:
             why = FACTS[without[0]].refuses["platform"]

@@ -156,7 +156,7 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "
         "catalog lacks is named in `unpriced` and left out of hourlyUsd",
     }
-    if any(o.platform == "kubernetes" for o in plan.options):
+    if any(o.kubernetes for o in plan.options):
         found["platform"] = (
             "kubernetes: the nodes as an EKS cluster's node groups, its control plane's hourly "
             "price added, no balancer node (HAProxy runs as pods), the model on each node's one "
@@ -317,7 +317,7 @@ def summary(plan: Plan, best: Option) -> str:
     )
     if best.replicas > 1:
         how = f"each {how}, behind a private balancer"
-    if best.platform == "kubernetes":
+    if best.kubernetes:
         how += ", as EKS node groups"
     if best.load is not None:
         load = best.load

@@ -17,7 +17,7 @@ from infra import catalog
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
 from infra.core import costs, perf, placement, sizing
-from infra.core.limits import MAX_NODES, MAX_REPLICAS, MAX_WORKERS
+from infra.core.limits import KUBERNETES, MAX_NODES, MAX_REPLICAS, MAX_WORKERS, VM
 from infra.models import Model
 from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
 from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
@@ -39,20 +39,21 @@ def evaluate(
     disk_throughput_mibps: int | None = None,
     replicas: int = 1,
     loads: Sequence[int] = (),
-    platform: str = "vm",
+    platform: str = VM,
 ) -> Option:
     """One cluster of ``count`` nodes (a ``main`` node, by default an ``instance`` too, and
     ``count - 1`` workers of ``instance``): where the layers go, whether they fit, what it
     costs, its speed. The disks default to what a stack gets by default. With ``replicas`` and
     ``loads`` (each group's streams at once), the set of groups (``with_replicas``)."""
     check_count(count)
+    kubernetes = platform == KUBERNETES
     main_type = main or instance
     workers = count - 1
     nodes = [main_type] + [instance] * workers
     layout = placement.place(model, context, slots, [sizing.usable_memory_bytes(n) for n in nodes])
     main_disk = main_disk_gb or sizing.default_main_disk_gb(model.size_bytes)
     throughput = disk_throughput_mibps or sizing.main_disk_throughput_mibps(
-        instance.provider, model.size_bytes, main_type, boot_disk=platform == "kubernetes"
+        instance.provider, model.size_bytes, main_type, boot_disk=kubernetes
     )
     priced = costs.cluster_nodes(
         main_type,
@@ -61,7 +62,7 @@ def evaluate(
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk_gb,
         main_disk_throughput_mibps=throughput,
-        kubernetes=platform == "kubernetes",
+        kubernetes=kubernetes,
     )
     disk_mibps = sizing.main_disk_read_mibps(main_type, main_disk, throughput, model.size_bytes)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
@@ -69,7 +70,7 @@ def evaluate(
         instance=instance,
         count=count,
         placement=layout,
-        cost=costs.hourly_cost(instance.provider, priced, control_plane=platform == "kubernetes"),
+        cost=costs.hourly_cost(instance.provider, priced, control_plane=kubernetes),
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
         serve={
             path: time_to_serve(
@@ -141,8 +142,8 @@ def with_replicas(
             option.provider,
             list(option.priced) * replicas,
             # On Kubernetes, HAProxy runs as pods: no balancer node.
-            balancer=replicas > 1 and option.platform == "vm",
-            control_plane=option.platform == "kubernetes",
+            balancer=replicas > 1 and not option.kubernetes,
+            control_plane=option.kubernetes,
         ),
         # Every group's main node downloads the model.
         download_usd=None if download is None else round(download * replicas, 2),
@@ -235,7 +236,7 @@ def plan(
     slots: int = sizing.DEFAULT_SLOTS,
     *,
     sort: str = SORTS[0],
-    platform: str = "vm",
+    platform: str = VM,
 ) -> Plan:
     """For each (provider, region) (by default each cloud's home region), every Arm type's
     smallest cluster that holds the model, ranked by ``sort`` (``Option.sort_key``)."""

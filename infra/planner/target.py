@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from infra.catalog import InstanceType
 from infra.core import perf, sizing
-from infra.core.limits import MAX_REPLICAS
+from infra.core.limits import MAX_REPLICAS, VM
 from infra.models import Model
 from infra.planner import search
 from infra.planner.base import SORTS, Option, Plan, Rejection, Target, TargetUnmet, check_sort
@@ -33,7 +33,7 @@ class Shape:
     main_disk_gb: int | None = None
     worker_disk_gb: int = sizing.WORKER_DISK_GB
     disk_throughput_mibps: int | None = None
-    platform: str = "vm"
+    platform: str = VM
 
 
 def default_sort(target: Target) -> str:
@@ -180,7 +180,7 @@ def plan(
     slots: int | None = None,
     download_gbps: float = INTERNET_GBPS,
     sort: str | None = None,
-    platform: str = "vm",
+    platform: str = VM,
 ) -> Plan:
     """For each (provider, region) and Arm type, the best set that meets the target (by
     ``sort``), and the best of the other kind (replicas against one group) for ``verdict``."""

@@ -34,7 +34,15 @@ from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import costs, layout, network_rules, perf, placement, server_args, sizing
 from infra.core.layout import PROJECT
-from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_WORKERS, METRICS_PORT, Cloud, Role
+from infra.core.limits import (
+    DEFAULT_DRAFT_MAX,
+    KUBERNETES,
+    MAX_WORKERS,
+    METRICS_PORT,
+    VM,
+    Cloud,
+    Role,
+)
 from infra.core.placement import Placement
 from infra.models import Model, ModelError
 from infra.models.parts import model_id
@@ -134,7 +142,7 @@ class ClusterConfig:
     draft_max: int = DEFAULT_DRAFT_MAX
     draft_min: int = 0
     # How the nodes run: "vm", or "kubernetes" (AWS: EKS, infra.stack.kube).
-    platform: str = "vm"
+    platform: str = VM
     kubernetes_image: str | None = None  # the pods' image (platform kubernetes)
     kubernetes_api_cidrs: tuple[str, ...] = ()  # who reaches the EKS endpoint from outside
 
@@ -178,7 +186,7 @@ class ClusterConfig:
 
     @property
     def kubernetes(self) -> bool:
-        return self.platform == "kubernetes"
+        return self.platform == KUBERNETES
 
     @property
     def kubernetes_worker_disk(self) -> tuple[int, int | None]:
@@ -893,7 +901,7 @@ def from_settings(
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk,
         disk_throughput_mibps=_throughput(
-            settings, facts, model, main_type, kubernetes=platform == "kubernetes"
+            settings, facts, model, main_type, kubernetes=platform == KUBERNETES
         ),
         api_allowed_cidrs=_api_cidrs(settings),
         tags=_tags(settings, facts),

@@ -26,6 +26,7 @@ from infra.clouds import FACTS
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import sizing
+from infra.core.image_refs import IMAGE_MEANING, is_image_reference
 from infra.core.layout import PROJECT
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
@@ -33,8 +34,10 @@ from infra.core.limits import (
     MAX_DRAFT_TOKENS,
     MAX_REPLICAS,
     MAX_WORKERS,
+    PLATFORMS,
     RPC_PORT,
     SERVER_PORT,
+    VM,
 )
 from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
 from infra.core.server_args import API_KEY, MODEL_ALIAS
@@ -47,7 +50,6 @@ DEFAULT_MAX_HOURLY_USD = 100
 MIN_IDLE_MINUTES, MAX_IDLE_MINUTES = 5, 7 * 24 * 60
 MAX_DEADLINE_HOURS = 30 * 24
 Kind = Literal["string", "integer", "boolean", "array", "object"]
-PLATFORMS = ("vm", "kubernetes")
 
 
 class ConfigError(SettingError):
@@ -164,7 +166,7 @@ SETTINGS: tuple[Setting, ...] = (
         "string",
         "how the nodes run: `vm` (one VM a node, booted by cloud-init) or `kubernetes` (AWS: "
         "an EKS cluster of Arm nodes running the groups as a LeaderWorkerSet; docs/kubernetes.md)",
-        default="vm",
+        default=VM,
         valid=lambda text: text in PLATFORMS,
         meaning=f"one of {', '.join(PLATFORMS)}",
     ),
@@ -415,6 +417,8 @@ SETTINGS: tuple[Setting, ...] = (
         "with platform kubernetes: the image the pods run, built from the build context "
         "`lrc k8s render --out DIR` writes (DIR/image) and pushed where the nodes pull from "
         "(an ECR repository of the account)",
+        valid=is_image_reference,
+        meaning=IMAGE_MEANING,
     ),
     Setting(
         "kubernetesApiCidrs",

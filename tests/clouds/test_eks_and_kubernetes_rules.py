@@ -1,6 +1,6 @@
 """The EKS stack's AWS and Kubernetes input rules (``infra.clouds.eks_rules``,
-``infra.clouds.kubernetes_rules``) on a stack built by hand as the program will register it
-(``/work/notes/eks_spec.md``): it keeps every rule, and each broken input is caught by the rule
+``infra.clouds.kubernetes_rules``) on a stack built by hand as ``infra.stack.kube.eks``
+registers it: it keeps every rule, and each broken input is caught by the rule
 family it belongs to, with a message naming the input. No program run, no network.
 """
 

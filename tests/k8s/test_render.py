@@ -549,6 +549,8 @@ def test_json_gives_the_objects_and_the_secret_to_make(capsys: pytest.CaptureFix
         (["--stack", "nope"], "no stacks/Pulumi.nope.yaml"),
         (["--stack", "aws-c8g", "--name", "Llama"], "--name"),
         (["--stack", "aws-c8g", "--namespace", "Bad_NS"], "--namespace"),
+        (["--stack", "aws-c8g", "--image", "My Registry/llama:1"], "--image"),
+        (["--stack", "aws-c8g", "--image", "llama:"], "an image reference"),
     ],
 )
 def test_bad_input_is_a_usage_error_naming_it(

@@ -1548,7 +1548,7 @@ def k8s_type(obj: dict[str, Any]) -> str:
 
 
 def eks_launch_template(stack: str, role: str) -> dict[str, Any]:
-    """A node group's launch template as the EKS stack registers it (/work/notes/eks_spec.md)."""
+    """A node group's launch template as the EKS stack registers it (``infra.stack.kube.eks``)."""
     tags = {"project": PROJECT, "stack": stack, "role": role}
     return {
         "description": f"{role} nodes of {PROJECT}",

@@ -144,6 +144,13 @@ def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> 
     assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
 
 
+def invokes_of(stack: str) -> list[Any]:
+    """The invokes the program makes for a stack (the mocks record them)."""
+    mocks = RecordingMocks()
+    deploy(stack, mocks=mocks)
+    return mocks.calls
+
+
 def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     d = deployed(STACK)
     subnets = {r.name.removeprefix("llama-rpc-cluster-"): r.inputs for r in d.of_type(SUBNET)}
@@ -157,7 +164,7 @@ def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     assert node_zone == ZONES[0] == d.outputs[outputs.ZONE]
     assert subnets["control-plane"]["availabilityZone"] not in (node_zone, None)
     # The zone was asked for without the node zone and the zones EKS refuses.
-    [asked] = [c for c in d_calls(STACK) if c.token.endswith("getAvailabilityZones")]
+    [asked] = [c for c in invokes_of(STACK) if c.token.endswith("getAvailabilityZones")]
     assert asked.args["excludeNames"] == [node_zone]
     assert set(asked.args["excludeZoneIds"]) == set(aws_facts.EKS_UNSUPPORTED_ZONE_IDS)
     # Every range inside the VPC, none overlapping.
@@ -168,12 +175,6 @@ def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     # The smallest VPC the settings take still holds the three.
     small = deploy(STACK, {f"{P}vpcCidr": "10.9.0.0/23"})
     assert len(small.of_type(SUBNET)) == 3
-
-
-def d_calls(stack: str) -> list[Any]:
-    mocks = RecordingMocks()
-    deploy(stack, mocks=mocks)
-    return mocks.calls
 
 
 def test_network_policies_are_enforced_by_the_vpc_cni() -> None:
@@ -371,6 +372,8 @@ def test_new_settings_change_the_pod_template_they_reach() -> None:
     ("overrides", "setting", "words"),
     [
         ({f"{P}kubernetesImage": None}, "kubernetesImage", "lrc k8s render"),
+        ({f"{P}kubernetesImage": "My Registry/llama:1"}, "kubernetesImage", "an image reference"),
+        ({f"{P}kubernetesImage": "ecr.example.com/llama:"}, "kubernetesImage", "[:TAG]"),
         (
             {f"{P}image": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20251001"},
             "image",
