@@ -188,7 +188,7 @@ def serve_seconds(cache: Path, source: Path, machines: bool) -> float:
 def serve_time(cache: Path, source: Path, repetitions: int) -> dict[str, object]:
     image = node_image.cached(cache)
     if image is None:
-        raise SystemExit("no node image: run `python -m infra.local image` first (as root)")
+        raise SystemExit("no node image: run `lrc local image` first (as root)")
     build("all", build_prefix(cache), source)  # warm: both modes reuse the cached build
     runs: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(repetitions):  # interleaved, so a slow spell hits both modes alike

@@ -172,7 +172,7 @@ def main() -> int:
     source = sdist_tree(cache)
     bin_dir = build_prefix(cache) / LLAMA_CPP_COMMIT / "bin"
     if not (bin_dir / "llama-server").is_file():
-        sys.exit(f"no llama.cpp build in {bin_dir}: run `python -m infra.local up` once first")
+        sys.exit(f"no llama.cpp build in {bin_dir}: run `lrc local up` once first")
     models = {d: cached_model(source, cache, replace(LOAD, n_layer=d)) for d in DEPTHS}
     described = {d: gguf_header.describe(str(m)) for d, m in models.items()}
     # What moves between the depths: the layers' weights (the embeddings and head are alike).

@@ -33,6 +33,7 @@ from infra.local.machines import unavailable_reason
 from infra.local.source import SourceError, cache_dir, sdist_tree
 
 REPO = Path(__file__).resolve().parent.parent
+LRC = Path(sys.executable).parent / "lrc"  # the console script the project installs
 SCRIPTS = REPO / "cloud-init" / "scripts"
 # The tests' own catalog: the product's types, with test prices, sources and dates.
 CATALOG_FIXTURE = REPO / "tests" / "fixtures" / "catalog"

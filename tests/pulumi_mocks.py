@@ -34,7 +34,7 @@ GCP_SELF_LINKS = "https://www.googleapis.com/compute/v1/projects/my-project/self
 
 
 # The stacks this repository ships, by name: the mock tiers sweep these, never whatever else lies
-# in stacks/ (a user's own, or one `python -m infra.planner --write-stack` wrote).
+# in stacks/ (a user's own, or one `lrc plan --write-stack` wrote).
 REPOSITORY_STACKS = (
     "aws-c7g",
     "aws-c8g",

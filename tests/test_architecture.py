@@ -1,5 +1,6 @@
 """The package's shape: no import cycles, no cloud SDK where only facts are needed, no module
-loaded twice by ``python -m``, and cloud facts that depend on nothing but the standard library."""
+loaded twice by the one module the product runs with ``-m``, and cloud facts that depend on
+nothing but the standard library."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def test_the_import_graph_sees_imports_at_every_depth(tmp_path: Path) -> None:
     assert "infra.catalog.refresh.common" in graph["infra.catalog.refresh.gcp"]  # a module
     assert "infra.clouds" in graph["infra.core.costs"]  # a name from a package
     assert "infra.boot.deliver" in graph["infra.boot"]  # a package's own submodules
-    assert "infra.models.gguf_header" in graph["infra.planner.cli"]  # inside a function
+    assert "infra.models.gguf_header" in graph["infra.planner.request"]  # inside a function
     source = tmp_path / "__init__.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
@@ -180,11 +181,10 @@ LAYERS = {
     "infra.local": 2,
     "infra.costrun": 2,
     "infra.stage": 2,
-    "infra.k8s": 2,
+    # 3: the commands, lrc's own package; they may import anything, and nothing imports them.
+    "infra.cli": 3,
 }
-COMMAND_LINE = 3  # the commands: they may import anything, and only each other import them
-# The commands outside infra/cli/ (lrc's own package) and the packages' cli and __main__ modules.
-COMMAND_MODULES = ("infra.top", "infra.plan")
+COMMAND_LINE = LAYERS["infra.cli"]
 # Imports that the layers allow but the design does not: the Pulumi program never depends on
 # how a stack is planned or watched.
 NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
@@ -192,9 +192,6 @@ NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
 
 def unit_of(module: str) -> tuple[str, int]:
     """The package a module belongs to in the layer table, and its layer."""
-    last = module.rsplit(".", 1)[-1]
-    if module in COMMAND_MODULES or last in ("cli", "__main__") or module.startswith("infra.cli."):
-        return module, COMMAND_LINE
     for package, layer in LAYERS.items():
         if module == package or module.startswith(package + "."):
             return package, layer
@@ -209,7 +206,7 @@ def layer_problems(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             to_unit, to_layer = unit_of(target)
             if to_layer == COMMAND_LINE and layer != COMMAND_LINE:
-                problems.append(f"{module} imports the command {target}")
+                problems.append(f"{module} imports the command line: {target}")
             elif to_layer > layer:
                 problems.append(f"{module} (layer {layer}) imports {target} (layer {to_layer})")
             elif any(to_unit == banned for banned in NEVER.get(unit, ())):
@@ -218,16 +215,14 @@ def layer_problems(graph: dict[str, set[str]]) -> list[str]:
 
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The module graph folded onto the layer table's packages (commands apart)."""
+    """The module graph folded onto the layer table's packages."""
     packages: dict[str, set[str]] = {}
     for module, targets in graph.items():
-        unit, layer = unit_of(module)
-        if layer == COMMAND_LINE:
-            continue
+        unit, _ = unit_of(module)
         edges = packages.setdefault(unit, set())
         for target in targets:
-            to_unit, to_layer = unit_of(target)
-            if to_unit != unit and to_layer != COMMAND_LINE:
+            to_unit, _ = unit_of(target)
+            if to_unit != unit:
                 edges.add(to_unit)
                 packages.setdefault(to_unit, set())
     return packages
@@ -266,9 +261,8 @@ def test_the_layer_rules_catch_an_import_up_into_a_command_or_across_a_line() ->
         "infra.core.costs": {"infra.catalog", "infra.clouds"},
         "infra.stack.config": {"infra.core.costs", "infra.boot"},
         "infra.local.cluster": {"infra.stack.config", "infra.observe.metrics"},
-        "infra.planner.cli": {"infra.stack.files", "infra.local.cluster"},
-        "infra.planner.__main__": {"infra.planner.cli"},
-        "infra.plan": {"infra.planner.cli"},
+        "infra.cli.plan": {"infra.planner.request", "infra.cli.options"},
+        "infra.cli.local": {"infra.local.cluster"},
     }
     assert layer_problems(fine) == []
     assert layer_problems({"infra.core.costs": {"infra.stack.config"}}) == [
@@ -277,8 +271,15 @@ def test_the_layer_rules_catch_an_import_up_into_a_command_or_across_a_line() ->
     assert layer_problems({"infra.observe.top": {"infra.local.access"}}) == [
         "infra.observe.top (layer 1) imports infra.local.access (layer 2)"
     ]
-    assert layer_problems({"infra.costrun.pipeline": {"infra.stage.cli"}}) == [
-        "infra.costrun.pipeline imports the command infra.stage.cli"
+    assert layer_problems({"infra.costrun.pipeline": {"infra.cli.stage"}}) == [
+        "infra.costrun.pipeline imports the command line: infra.cli.stage"
+    ]
+    # A package's own module named cli or __main__ is in its package's layer, as any other.
+    assert layer_problems({"infra.planner.cli": {"infra.cli.options"}}) == [
+        "infra.planner.cli imports the command line: infra.cli.options"
+    ]
+    assert layer_problems({"infra.boot.__main__": {"infra.local.cluster"}}) == [
+        "infra.boot.__main__ (layer 1) imports infra.local.cluster (layer 2)"
     ]
     assert layer_problems({"infra.stack.component": {"infra.observe.metrics"}}) == [
         "infra.stack.component imports infra.observe.metrics: infra.stack never imports "
@@ -311,7 +312,7 @@ def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
         "infra.boot",
         "infra.stack.settings",
         "infra.stack.config",
-        "infra.planner.cli",
+        "infra.cli.plan",
     ]
     code = SDK_PROBE.format(sdks=set(SDKS), modules=modules)
     result = subprocess.run(
@@ -322,44 +323,42 @@ def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
     assert all(not sdk for sdk in loaded.values()), loaded
 
 
-# Runs a package as ``python -m`` does, then prints every loaded module's file by name.
+# Runs a module as ``python -m`` does, then prints every loaded module's file by name.
 RUN_AS_MAIN = """
 import atexit, json, runpy, sys
 def report():
     files = {{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}}
     sys.__stdout__.write("\\nMODULES " + json.dumps(files) + "\\n")
 atexit.register(report)
-sys.argv = [{package!r}, *{args!r}]
-runpy.run_module({package!r}, run_name="__main__", alter_sys=True)
+sys.argv = [{module!r}, *{args!r}]
+runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize(
-    ("package", "args"),
-    [("infra.planner", ["--help"]), ("infra.boot", ["--role", "worker"])],
-    ids=["planner", "boot"],
-)
-def test_python_dash_m_loads_each_module_once(package: str, args: list[str]) -> None:
-    """``python -m`` runs the package's __main__.py as ``__main__``: were that file also imported
-    by its own name, or any module loaded under two names or twice, its code would run twice and
-    its state exist in two copies."""
+def test_the_supervisor_run_as_a_module_loads_each_module_once() -> None:
+    """The local cluster starts its supervisor with ``-m infra.local.supervisor`` (the one module
+    the product runs so), which runs the file as ``__main__``: were it also imported by its own
+    name, or any module loaded under two names or twice, its code would run twice and its state
+    exist in two copies."""
+    module = "infra.local.supervisor"
+    code = RUN_AS_MAIN.format(module=module, args=["--help"])
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", RUN_AS_MAIN.format(package=package, args=args)],
+        [sys.executable, "-X", "importtime", "-c", code],
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
+    assert result.stdout.startswith(f"usage: {module} [-h] state")  # it ran, as __main__
     imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", result.stderr, re.M)
     infra = [name for name in imported if name.split(".")[0] == "infra"]
-    assert package in infra  # the listing is read
+    assert "infra.local.spec" in infra  # the listing is read: the supervisor's own imports
     twice = sorted({name for name in infra if infra.count(name) > 1})
     assert not twice, f"imported more than once: {twice}"
-    assert f"{package}.__main__" not in infra, "__main__.py imported again by its own name"
+    assert module not in infra, "the module imported again by its own name"
     files: dict[str, str | None] = json.loads(result.stdout.rsplit("MODULES ", 1)[1])
     names_by_file: dict[Path, list[str]] = {}
     for name, file in files.items():
         if file and Path(file).resolve().is_relative_to(INFRA):
             names_by_file.setdefault(Path(file).resolve(), []).append(name)
-    main = INFRA / package.removeprefix("infra.").replace(".", "/") / "__main__.py"
-    assert main.resolve() not in names_by_file, "__main__.py imported again by its own name"
+    assert module not in files, "the module loaded again by its own name"
     aliases = {str(f): n for f, n in names_by_file.items() if len(n) > 1}
     assert not aliases, f"one file loaded under several names: {aliases}"
 

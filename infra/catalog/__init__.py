@@ -14,7 +14,7 @@ names another directory holding the same four files (the tests point it at a cat
 own, so a price refresh cannot change what they expect). It is read whenever a table is loaded
 without an explicit path; each file is parsed once and kept, keyed by its path, so switching
 directories needs no cache clearing. ``CATALOG_FILE`` and its siblings always name this
-package's own files, which ``python -m infra.catalog refresh`` updates.
+package's own files, which ``lrc catalog refresh`` updates.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ SERVICES_FILE = PACKAGE_DIR / SERVICES_NAME
 DISKS_FILE = PACKAGE_DIR / DISKS_NAME
 GIB = 1024**3
 # The spot source of a row no refresh has priced (and of a CSV without the spot columns).
-SPOT_NOT_FETCHED = "not fetched: run python -m infra.catalog refresh"
+SPOT_NOT_FETCHED = "not fetched: run lrc catalog refresh"
 
 T = TypeVar("T")
 

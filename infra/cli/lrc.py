@@ -1,7 +1,7 @@
 """``lrc``: the product's one command, beside ``pulumi up`` and ``pulumi destroy``.
 
-Each command is the module that also answers to ``python -m infra.<name>``; it is imported only
-when run, so that ``lrc plan`` loads no cloud SDK.
+Each command is a module of this package, ``infra.cli.<name>``, imported only when run, so that
+``lrc plan`` loads no cloud SDK.
 """
 
 from __future__ import annotations
@@ -10,42 +10,33 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 
-from infra.cli.naming import RUNNING_AS
+from infra.cli.options import PROGRAM
 from infra.core.pins import LLAMA_CPP_COMMIT
 
-PROGRAM = "lrc"
 DISTRIBUTION = "llama-rpc-cluster"
 
 
-@dataclass(frozen=True)
-class Command:
-    module: str  # where its ``main(argv) -> int`` lives
-    summary: str
-
-
+# Each command's summary; its ``main(argv) -> int`` is in ``infra.cli.<name>``.
 COMMANDS = {
-    "plan": Command("infra.planner.cli", "size and price a cluster for a model on every cloud"),
-    "check": Command(
-        "infra.preflight.cli", "read what a stack needs of its cloud account, before pulumi up"
-    ),
-    "wait": Command("infra.cli.wait", "after pulumi up: wait until every group of a stack serves"),
-    "status": Command("infra.cli.status", "each serving group's phase, read once"),
-    "start": Command("infra.cli.start", "start a stack's stopped nodes (a spend guard's) again"),
-    "top": Command("infra.top", "watch a deployed stack's nodes, live"),
-    "exec": Command("infra.cli.exec_command", "run a command as root on a group's main node"),
-    "stage": Command("infra.stage.cli", "copy a model's parts once into the cloud's object store"),
-    "costrun": Command(
-        "infra.costrun.cli", "deploy, benchmark, destroy and audit stacks; report what each cost"
-    ),
-    "k8s": Command(
-        "infra.k8s.cli", "render a stack as a Kubernetes LeaderWorkerSet and its image recipe"
-    ),
-    "local": Command("infra.local.__main__", "a cluster on this machine, no cloud account"),
-    "catalog": Command("infra.catalog.__main__", "the instance catalog: show, refresh prices"),
-    "boot": Command("infra.boot.__main__", "print the cloud-config a node boots with"),
+    "plan": "size and price a cluster for a model on every cloud",
+    "check": "read what a stack needs of its cloud account, before pulumi up",
+    "wait": "after pulumi up: wait until every group of a stack serves",
+    "status": "each serving group's phase, read once",
+    "start": "start a stack's stopped nodes (a spend guard's) again",
+    "top": "watch a deployed stack's nodes, live",
+    "exec": "run a command as root on a group's main node",
+    "stage": "copy a model's parts once into the cloud's object store",
+    "costrun": "deploy, benchmark, destroy and audit stacks; report what each cost",
+    "k8s": "render a stack as a Kubernetes LeaderWorkerSet and its image recipe",
+    "local": "a cluster on this machine, no cloud account",
+    "catalog": "the instance catalog: show, refresh prices",
+    "boot": "print the cloud-config a node boots with",
+}
+# Run as any other, not listed in the help: what the project's own files are written with.
+DEVELOPER_COMMANDS = {
+    "settings": "write Pulumi.yaml's config block or docs/settings.md's table from the settings",
 }
 
 
@@ -66,7 +57,7 @@ def usage() -> str:
         "`pulumi up` and `pulumi destroy`; lrc does the rest.",
         "",
         "commands:",
-        *(f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()),
+        *(f"  {name:<{width}}  {summary}" for name, summary in COMMANDS.items()),
         "",
         f"`{PROGRAM} COMMAND --help` shows a command's options.",
     ]
@@ -74,7 +65,7 @@ def usage() -> str:
 
 
 def entry(name: str) -> Callable[[list[str]], int]:
-    module = importlib.import_module(COMMANDS[name].module)
+    module = importlib.import_module(f"infra.cli.{name}")
     run: Callable[[list[str]], int] = module.main
     return run
 
@@ -88,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name == "--version":
         print(version())
         return 0
-    if name not in COMMANDS:
+    if name not in COMMANDS | DEVELOPER_COMMANDS:
         print(f"{PROGRAM}: unknown command {name!r}; the commands: {', '.join(COMMANDS)}",
               file=sys.stderr)  # fmt: skip
         return 2
@@ -99,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(name: str, rest: list[str]) -> int:
-    """Command ``name`` with its arguments, under its ``lrc`` name."""
-    token = RUNNING_AS.set(f"{PROGRAM} {name}")
+    """Command ``name`` with its arguments."""
     try:
         return entry(name)(rest)
     except SystemExit as stop:  # argparse's --help (0) and usage errors (2)
@@ -108,5 +98,3 @@ def run(name: str, rest: list[str]) -> int:
     except BrokenPipeError:  # `lrc catalog show | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    finally:
-        RUNNING_AS.reset(token)

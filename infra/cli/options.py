@@ -1,29 +1,64 @@
-"""Options every command spells the same way."""
+"""What every command shares: its parser under its ``lrc`` name, and the options every command
+spells the same way (``--stack``, ``--cloud``, ``--json``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
+PROGRAM = "lrc"
 
-def add_stack(parser: argparse.ArgumentParser, meaning: str) -> None:
-    """``--stack NAME``; a bare NAME, the older spelling, still works."""
-    parser.add_argument("--stack", dest="stack_option", metavar="NAME", help=meaning)
-    parser.add_argument("stack", nargs="?", help=argparse.SUPPRESS)
-
-
-def stack_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-    """The one stack the command is about (a usage error, exit 2, when none or two are given)."""
-    given: list[str] = [str(name) for name in (args.stack_option, args.stack) if name]
-    if len(given) != 1:
-        parser.error("give the stack once: --stack NAME")
-    return given[0]
-
+DEPLOYED = "a deployed stack, as `pulumi up --stack` named it"
+IN_STACKS = "a stack of stacks/, as `pulumi up --stack` names it"
 
 # Every JSON document a command prints carries it; it grows when a key changes meaning or goes.
 SCHEMA_VERSION = 1
+
+
+class Adds(Protocol):
+    """A parser or a group of its arguments."""
+
+    def add_argument(self, *names: str, **options: Any) -> argparse.Action: ...
+
+
+def command_parser(
+    name: str, description: str | None, parents: Iterable[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """The parser of ``lrc NAME``: its usage and errors carry that name."""
+    return argparse.ArgumentParser(
+        prog=f"{PROGRAM} {name}", description=description, parents=list(parents)
+    )
+
+
+def add_stack(target: Adds, meaning: str, **options: Any) -> None:
+    target.add_argument("--stack", metavar="NAME", help=meaning, **options)
+
+
+def add_cloud(target: Adds, clouds: Iterable[str], meaning: str, **options: Any) -> None:
+    target.add_argument("--cloud", choices=sorted(clouds), help=meaning, **options)
+
+
+def add_json(target: Adds) -> None:
+    target.add_argument(
+        "--json", action="store_true", help=f"print JSON (schemaVersion {SCHEMA_VERSION})"
+    )
+
+
+def json_option() -> argparse.ArgumentParser:
+    """``--json``, as a parent parser."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_json(parent)
+    return parent
+
+
+def stack_options(meaning: str = DEPLOYED) -> argparse.ArgumentParser:
+    """``--stack NAME`` (required) and ``--json``: the options of a command about one stack."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_stack(parent, meaning, required=True)
+    add_json(parent)
+    return parent
 
 
 def json_text(document: Mapping[str, Any]) -> str:
@@ -32,9 +67,3 @@ def json_text(document: Mapping[str, Any]) -> str:
 
 def print_json(document: Mapping[str, Any]) -> None:
     print(json_text(document), end="")
-
-
-def add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json", action="store_true", help=f"print JSON (schemaVersion {SCHEMA_VERSION})"
-    )

@@ -5,22 +5,17 @@ group serving."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, deployed_outputs
-from infra.cli.naming import prog
-from infra.cli.options import add_json, add_stack, print_json, stack_of
+from infra.cli.options import command_parser, print_json, stack_options
 from infra.cli.power import StartError, start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("infra.cli.start"), description=__doc__)
-    add_stack(parser, "a deployed stack, as `pulumi up --stack` named it")
-    add_json(parser)
-    args = parser.parse_args(argv)
-    stack = stack_of(parser, args)
+    args = command_parser("start", __doc__, [stack_options()]).parse_args(argv)
+    stack = args.stack
     try:
         found = deployed_outputs(stack)
     except NotReachable as error:

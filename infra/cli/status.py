@@ -4,15 +4,13 @@ power-off) is reported as ``stopped``, with the command that starts it."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from infra.cli.deployed import NotReachable, reach
-from infra.cli.naming import prog
-from infra.cli.options import add_json, add_stack, print_json, stack_of
+from infra.cli.options import command_parser, print_json, stack_options
 from infra.cli.power import STOPPED_STATES, StartError, power_states
 from infra.core import outputs as keys
 from infra.observe.channels import group_outputs
@@ -42,11 +40,8 @@ def stopped_groups(stack: str, found: dict[str, Any], states: list[GroupState]) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("infra.cli.status"), description=__doc__)
-    add_stack(parser, "a deployed stack, as `pulumi up --stack` named it")
-    add_json(parser)
-    args = parser.parse_args(argv)
-    stack = stack_of(parser, args)
+    args = command_parser("status", __doc__, [stack_options()]).parse_args(argv)
+    stack = args.stack
     try:
         found, channels = reach(stack)
     except NotReachable as error:

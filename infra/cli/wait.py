@@ -3,28 +3,24 @@ serves, showing each group's boot phase as it changes."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
 from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
-from infra.cli.naming import prog
-from infra.cli.options import add_json, add_stack, print_json, stack_of
+from infra.cli.options import command_parser, print_json, stack_options
 from infra.observe.wait import GroupState, WaitError, wait_until_serving
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("infra.cli.wait"), description=__doc__)
-    add_stack(parser, "a deployed stack, as `pulumi up --stack` named it")
+    parser = command_parser("wait", __doc__, [stack_options()])
     parser.add_argument(
         "--timeout", type=float, default=7200, help="seconds to wait (default 7200)"
     )
     parser.add_argument("--interval", type=float, default=15, help="seconds between reads")
-    add_json(parser)
     args = parser.parse_args(argv)
-    stack = stack_of(parser, args)
+    stack = args.stack
     if args.timeout <= 0 or args.interval <= 0:
         parser.error("--timeout and --interval: give positive numbers of seconds")
     try:

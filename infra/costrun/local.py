@@ -1,5 +1,5 @@
 """The local cluster as a cost-run target: machines on this machine, the command channel is
-`python -m infra.local exec`, and the audit looks for any process, namespace, mount or state the
+`lrc local exec`, and the audit looks for any process, namespace, mount or state the
 cluster could have left."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LocalTarget:
         elif not can_use_netns():
             missing.append("network namespaces need root, iproute2 and nftables")
         if node_image.cached(self.options.cache) is None:
-            missing.append("the node image is not built: run `python -m infra.local image`")
+            missing.append("the node image is not built: run `lrc local image`")
         if not self.options.model.is_file():
             missing.append(f"the model {self.options.model} does not exist")
         return missing

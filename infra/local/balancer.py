@@ -24,6 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.boot.balancer import BACKEND, BalancerBoot, haproxy_config
 from infra.local.netns import exec_prefix
@@ -213,6 +214,23 @@ class Balancer:
             for row in csv.DictReader(io.StringIO(text))
             if row.get("pxname") == BACKEND and row.get("svname") != "FRONTEND"
         ]
+
+    def checks(self) -> dict[str, dict[str, Any]]:
+        """Each group's state as the health checks see it, by its server's name (``group1``);
+        when the balancer cannot be read, ``error`` says why."""
+        try:
+            rows = self.stats()
+        except BalancerError as error:
+            return {"error": {"status": str(error)}}
+        return {
+            row["svname"]: {
+                "status": row["status"],
+                "check": row["check_status"],
+                "requests": int(row["stot"] or 0),
+                "open": int(row["scur"] or 0),
+            }
+            for row in rows
+        }
 
     def group_states(self) -> dict[str, str]:
         """Each group's check state, e.g. ``{"group1": "UP", "group2": "DOWN"}``."""

@@ -81,7 +81,7 @@ def up(
     if (state / SPEC_FILE).exists():
         if _running(state, ClusterSpec.read(state)):
             raise LocalClusterError(
-                f"cluster {options.cluster_id!r} is already up; run `python -m infra.local down"
+                f"cluster {options.cluster_id!r} is already up; run `lrc local down"
                 f"{'' if options.cluster_id == 'local' else ' --id ' + options.cluster_id}` first"
             )
         down(options.cache, options.cluster_id)
@@ -221,7 +221,7 @@ def _build_on_host(options: UpOptions, state: Path, progress: Callable[[str], No
 def _start_supervisor(state: Path) -> None:
     log = (state / "supervisor.log").open("a")
     process = subprocess.Popen(
-        [sys.executable, "-m", "infra.local", "supervise", str(state)],
+        [sys.executable, "-m", "infra.local.supervisor", str(state)],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -354,8 +354,8 @@ def _log_tail(state: Path, spec: ClusterSpec, node: str, lines: int = 15) -> str
         )
         shown = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
         return (
-            f"\nits journal (kept until `python -m infra.local down`; "
-            f"`python -m infra.local journal {node}` shows it all):\n{shown.rstrip()}"
+            f"\nits journal (kept until `lrc local down`; "
+            f"`lrc local journal {node}` shows it all):\n{shown.rstrip()}"
         )
     log = state / "logs" / f"{node}.log"
     try:
@@ -363,7 +363,7 @@ def _log_tail(state: Path, spec: ClusterSpec, node: str, lines: int = 15) -> str
     except FileNotFoundError:
         return f" (no log at {log})"
     shown = "\n".join(f"  {line}" for line in tail)
-    return f"\nlast {len(tail)} lines of {log} (kept until `python -m infra.local down`):\n{shown}"
+    return f"\nlast {len(tail)} lines of {log} (kept until `lrc local down`):\n{shown}"
 
 
 def down(cache: Path, cluster_id: str) -> bool:

@@ -50,7 +50,7 @@ IMAGE_FILES = {
     "etc/cloud/cloud.cfg.d/90-llama-rpc-machine.cfg": (
         "datasource_list: [ NoCloud, None ]\n"
         "network: {config: disabled}\n"
-        # Nodes are reached through `python -m infra.local exec`, the local SSM or IAP; the image
+        # Nodes are reached through `lrc local exec`, the local SSM or IAP; the image
         # has no SSH server whose host keys cloud-init could make.
         "ssh_genkeytypes: []\n"
     ),

@@ -261,7 +261,7 @@ def machine_image(options: UpOptions) -> node_image.Image:
     image = node_image.cached(options.cache)
     if image is None:
         raise LocalClusterError(
-            "the node image is not built; run `python -m infra.local image` (once: it fetches "
+            "the node image is not built; run `lrc local image` (once: it fetches "
             f"Debian {node_image.RELEASE}'s packages)"
         )
     return image

@@ -44,7 +44,7 @@ def sdist_tree(cache: Path | None = None, *, download: bool = True) -> Path:
     if not archive.is_file():
         if not download:
             raise SourceError(
-                f"{archive} is missing; run `python -m infra.local fetch-source` "
+                f"{archive} is missing; run `lrc local fetch-source` "
                 "or pass --source DIR (a llama.cpp checkout)"
             )
         _download_sdist(archive)

@@ -146,7 +146,7 @@ class ClusterSpec:
         if not self.balancer or not self.netns:
             return command
         on = "" if self.id == "local" else f" --id {self.id}"
-        return f"python -m infra.local exec{on} main -- {command}"
+        return f"lrc local exec{on} main -- {command}"
 
     def contract(self) -> dict[str, Any]:
         """The same output contract as a cloud stack: the top-level node keys are the first
@@ -245,7 +245,7 @@ class ClusterSpec:
             return cls.read(state_dir(cache, cluster_id))
         except FileNotFoundError:
             raise LocalClusterError(
-                f"no local cluster {cluster_id!r} is up; start one with `python -m infra.local up`"
+                f"no local cluster {cluster_id!r} is up; start one with `lrc local up`"
             ) from None
 
 

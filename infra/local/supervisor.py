@@ -8,16 +8,22 @@ It reads the very unit files that the VMs install (``cloud-init/systemd/``): ``E
 ``credstore/``, handed over in ``$CREDENTIALS_DIRECTORY`` as systemd does). Commands under the
 VM's script directory run from ``cloud-init/scripts/``; ``User=`` and the sandboxing options are
 not applied.
+
+The local cluster starts it detached, as a process of its own (``-m infra.local.supervisor
+STATE_DIR``, no command of a user's).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -241,3 +247,15 @@ def supervise(state_dir: Path) -> int:
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="infra.local.supervisor", description="Run a local cluster's nodes until SIGTERM."
+    )
+    parser.add_argument("state", type=Path, help="the cluster's state directory")
+    return supervise(parser.parse_args(argv).state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

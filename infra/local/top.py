@@ -1,4 +1,4 @@
-"""``python -m infra.local top``: what every node of a local cluster is doing, refreshed live.
+"""``lrc local top``: what every node of a local cluster is doing, refreshed live.
 
 Per node: its phase (from its status file, as ``status`` shows it), CPU use, memory, the bytes it
 sends to and receives from the other nodes, and on each main node the KV cache use, tokens

@@ -1,6 +1,6 @@
 """The command channels that run a command as root on a stack's node and bring its output back:
 AWS SSM ``send_command``, GCP SSH through Identity-Aware Proxy, Azure Run Command, and on the
-local cluster ``python -m infra.local exec``'s path. None opens a port: each goes through the
+local cluster ``lrc local exec``'s path. None opens a port: each goes through the
 provider's own agent or tunnel, as ``connectCommand`` does.
 
 ``stack_channels(outputs, ...)`` gives one channel per serving group, to its main node.

@@ -1,6 +1,6 @@
-"""What every node of a deployed stack is doing, refreshed live (``python -m infra.top STACK``).
+"""What every node of a deployed stack is doing, refreshed live (``lrc top --stack S``).
 
-The view of ``python -m infra.local top`` (``infra.observe.topview``), read through the provider's
+The view of ``lrc local top`` (``infra.observe.topview``), read through the provider's
 command channel (``infra.observe.channels``: SSM, IAP SSH, Run Command): each serving group's main
 node runs ``llama-rpc-metrics``, which reads every node of its group inside the private network
 (node-exporter on each, and its own llama-server), and the groups are asked at once. Nothing is

@@ -1,4 +1,4 @@
-"""The live view of a cluster's nodes, as ``python -m infra.local top`` and ``python -m infra.top``
+"""The live view of a cluster's nodes, as ``lrc local top`` and ``lrc top``
 draw it: two readings of every node (``NodeReading``) make a row of figures each (``row``), and
 the rows a frame (``render``). Pure: the readers fetch (``infra.local.top`` on this machine,
 ``infra.observe.top`` through a stack's command channel).

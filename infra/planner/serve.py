@@ -11,7 +11,7 @@ Every rate is a named figure with its basis: the catalog, a benchmark of this re
 (``bench/results/*.json``), a cited source, or a stated assumption. Two download paths:
 
 - ``internet``: the model's own host, through the NAT gateway, at an assumed rate;
-- ``staged``: the provider's object store in the stack's region (``python -m infra.stage``),
+- ``staged``: the provider's object store in the stack's region (``lrc stage``),
   many ranged reads at once over the private path, up to the instance's network.
 
 The load, with the build's patch set (``cloud-init/patches``, docs/loader.md): where the file

@@ -6,7 +6,7 @@ Azure subscription whose region has no Network Watcher or has not registered
 ``Microsoft.Insights`` for the flow log. The preflight reads those facts with the user's own
 credentials (``infra.preflight.aws``, ``.gcp``, ``.azure``), then ``problems`` says what is
 missing and how to fix it. The Pulumi program runs it before it registers any resource, and
-``python -m infra.preflight STACK`` runs it on its own. It also chooses the zone a new stack is
+``lrc check --stack S`` runs it on its own. It also chooses the zone a new stack is
 created in: the first, by name, that offers every type.
 """
 

@@ -6,17 +6,14 @@ This table drives the config check (``infra.stack.config``), the ``config:`` blo
 setting that a cloud cannot honour is refused there by that cloud's facts
 (``CloudFacts.refuses``), and the table names it.
 
-``python -m infra.stack.settings --pulumi-yaml`` prints the ``config:`` block, ``--readme`` the
-table.
+``lrc settings --pulumi-yaml`` prints the ``config:`` block, ``--readme`` the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -486,7 +483,7 @@ def project_file_block() -> str:
     """The ``config:`` block as it stands in ``Pulumi.yaml``, with a comment on what is left out."""
     left_out = ", ".join(s.key for s in SETTINGS if not in_project_file(s))
     comment = (
-        "Written by `python -m infra.stack.settings --pulumi-yaml` from infra/stack/settings.py. "
+        "Written by `lrc settings --pulumi-yaml` from infra/stack/settings.py. "
         "Settings whose default is computed or unset are not declared here (Pulumi asks every "
         f"stack for a declared key that has no default): {left_out}. docs/settings.md "
         "lists every setting."
@@ -513,20 +510,3 @@ def readme_table() -> str:
             what += f" (refused on {', '.join(refused)})"
         rows.append(f"| `{setting.key}` | {setting.kind} | {default} | {what} |")
     return "\n".join(rows) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.stack.settings",
-        description="Print the settings as Pulumi.yaml's config block or as a Markdown table.",
-    )
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--pulumi-yaml", action="store_true", help="the config: block")
-    which.add_argument("--readme", action="store_true", help="the Markdown table")
-    args = parser.parse_args(argv)
-    sys.stdout.write(project_file_block() if args.pulumi_yaml else readme_table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

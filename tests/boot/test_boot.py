@@ -33,6 +33,7 @@ from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.local import image, supervisor
 from infra.local.supervisor import parse_unit
 from tests.conftest import (
+    LRC,
     REPO,
     SCRIPTS,
     assert_valid_cloud_config,
@@ -564,7 +565,7 @@ def test_a_worker_never_opens_rpc_beyond_the_cluster(sources: tuple, message: st
 @pytest.mark.parametrize("role", ROLES)
 def test_cli_prints_a_cloud_config(role: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "infra.boot", "--role", role, "--cloud", "aws"],
+        [LRC, "boot", "--role", role, "--cloud", "aws"],
         capture_output=True, text=True, cwd=REPO, check=True,
     )  # fmt: skip
     assert result.stdout.startswith("#cloud-config\n")
@@ -572,11 +573,11 @@ def test_cli_prints_a_cloud_config(role: str) -> None:
     stored = f"LLAMA_RPC_FILES_SOURCE='aws-ssm:us-east-1:/llama-rpc-cluster/example/boot/{role}'"
     assert (stored in result.stdout) == (role == "main")  # a worker has no role to read it with
     whole = subprocess.run(
-        [sys.executable, "-m", "infra.boot", "--role", role],
+        [LRC, "boot", "--role", role],
         capture_output=True, text=True, cwd=REPO, check=True,
     ).stdout  # fmt: skip
     encoded = subprocess.run(
-        [sys.executable, "-m", "infra.boot", "--role", role, "--cloud", "azure", "--encoded"],
+        [LRC, "boot", "--role", role, "--cloud", "azure", "--encoded"],
         capture_output=True, text=True, cwd=REPO, check=True,
     )  # fmt: skip
     raw = base64.b64decode(encoded.stdout)

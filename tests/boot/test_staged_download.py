@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.stack.providers.aws import staged_model_policy
-from tests.conftest import REPO, SCRIPTS, require_netns, require_tool
+from tests.conftest import LRC, REPO, SCRIPTS, require_netns, require_tool
 
 pytestmark = pytest.mark.netns
 
@@ -221,13 +221,13 @@ def test_without_the_stores_region_the_boot_stops_at_once(store, tmp_path) -> No
 
 
 def stage(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m infra.stage` inside the namespace, as the person staging."""
+    """`lrc stage` inside the namespace, as the person staging."""
     key_id, secret = store.admin_key
     env = {**os.environ, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CA_BUNDLE"):
         env.pop(name, None)
     return subprocess.run(
-        ["ip", "netns", "exec", store.namespace, sys.executable, "-m", "infra.stage",
+        ["ip", "netns", "exec", store.namespace, LRC, "stage",
          "--endpoint", store.endpoint, *args],
         env=env, capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
     )  # fmt: skip

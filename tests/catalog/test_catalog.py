@@ -566,7 +566,7 @@ def test_only_https_price_urls_are_fetched() -> None:
 
 
 def test_refresh_refuses_a_region_that_is_not_a_name(capsys) -> None:
-    from infra.catalog.__main__ import main
+    from infra.cli.catalog import main
 
     assert main(["refresh", "--cloud", "azure", "--region", "eastus' or 1 eq 1"]) == 2
     assert '--region "eastus\' or 1 eq 1" is not a region name' in capsys.readouterr().err

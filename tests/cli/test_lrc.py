@@ -15,20 +15,29 @@ import pytest
 from infra.cli import lrc as cli
 from infra.cli import options
 from infra.core.pins import LLAMA_CPP_COMMIT
+from tests.conftest import LRC as INSTALLED
 from tests.conftest import REPO
-
-INSTALLED = Path(sys.executable).parent / "lrc"  # the console script the project installs
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     shown = capsys.readouterr().out
-    for name, command in cli.COMMANDS.items():
-        assert f"  {name}" in shown and command.summary in shown
+    for name, summary in cli.COMMANDS.items():
+        assert f"  {name}" in shown and summary in shown
+    for name, summary in cli.DEVELOPER_COMMANDS.items():  # run as any other, not listed
+        assert f"  {name} " not in shown and summary not in shown
     assert cli.main([]) == 2  # nothing asked: the usage, as an error
 
 
-@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_every_command_is_a_module_of_the_command_line_package() -> None:
+    modules = {path.stem for path in (REPO / "infra" / "cli").glob("*.py")}
+    assert set(cli.COMMANDS) | set(cli.DEVELOPER_COMMANDS) <= modules
+    # What is not a command is what the commands share.
+    shared = {"__init__", "lrc", "options", "deployed", "power"}
+    assert modules - set(cli.COMMANDS) - set(cli.DEVELOPER_COMMANDS) == shared
+
+
+@pytest.mark.parametrize("name", [*cli.COMMANDS, *cli.DEVELOPER_COMMANDS])
 def test_each_command_answers_help_version_and_a_usage_error_under_its_lrc_name(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -57,14 +66,6 @@ def test_an_unknown_command_is_a_usage_error_naming_the_commands(
         "unknown command 'deploy'; the commands: plan, check, wait, status, start, top, exec"
         in capsys.readouterr().err
     )
-
-
-def test_the_python_dash_m_names_still_answer_as_themselves() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "infra.planner", "--help"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
-    assert result.stdout.startswith("usage: python -m infra.planner ")
 
 
 def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) -> None:
@@ -168,12 +169,36 @@ def test_an_unknown_catalog_price_names_the_refresh_that_fetches_it(
 
 
 @pytest.mark.parametrize("name", ["check", "top"])
-def test_a_stack_is_named_with_stack_once(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_stack_is_named_with_stack(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([name, "--stack", "no-such-stack"]) == 2
     assert "no-such-stack" in capsys.readouterr().err  # read as the stack, and not found
-    for twice in (["a", "--stack", "b"], []):
-        assert cli.main([name, *twice]) == 2
-        assert "give the stack once: --stack NAME" in capsys.readouterr().err
+    assert cli.main([name]) == 2
+    assert "the following arguments are required: --stack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "aws-c8g"],
+        ["top", "aws-c8g"],
+        ["k8s", "render", "aws-c8g", "--image", "r/i:1"],
+        ["plan", "llama-3.1-8b-q4_0", "--provider", "aws"],
+        ["catalog", "show", "--provider", "aws"],
+        ["stage", "--region", "us-east-1", "--provider", "aws", "--bucket", "b", "--url", "https://h/a"],
+        ["costrun", "run", "--stacks", "aws-c8g", "--dry-run"],
+        ["local", "supervise", "/tmp/no-such-cluster"],
+    ],
+    ids=["bare-stack-check", "bare-stack-top", "bare-stack-k8s", "provider-plan",
+         "provider-catalog", "provider-stage", "stacks-costrun", "local-supervise"],
+)  # fmt: skip
+def test_the_older_spellings_are_usage_errors(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare stack name, ``--provider`` and the cost run's ``--stacks a,b`` are gone: each is
+    refused under the command's ``lrc`` name, and nothing is read or started."""
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: lrc {args[0]}") and "error:" in err
 
 
 def test_a_cloud_is_named_with_cloud(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,9 +15,9 @@ import pytest
 
 from infra import catalog, planner
 from infra.catalog import InstanceType
+from infra.cli import plan as plan_command
 from infra.core import costs, outputs, sizing
 from infra.costrun.cloud import PulumiTarget
-from infra.planner import cli as planner_cli
 from tests.conftest import CATALOG_FIXTURE
 from tests.pulumi_mocks import (
     deploy,
@@ -89,7 +89,7 @@ def test_the_stack_the_planner_and_the_cost_run_give_one_figure(
     stack's output, ``plan --stack`` and the cost run's prediction are one number, exactly, and
     leave out the same parts."""
     out = deployed(stack).outputs
-    assert planner_cli.main(["--stack", stack, "--json"]) == 0
+    assert plan_command.main(["--stack", stack, "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)["options"][0]
     predicted = PulumiTarget(stack).predict()
     assert out[outputs.HOURLY_COST_USD] == planned["hourlyUsd"] == predicted.hourly_usd

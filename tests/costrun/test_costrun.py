@@ -18,9 +18,10 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
+from infra.cli import costrun as cli
 from infra.core import outputs, perf
 from infra.core.units import money
-from infra.costrun import cli, report, rpc_bytes
+from infra.costrun import report, rpc_bytes, runs
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
 from infra.costrun.events import EventLog, needs_cleanup, read_events
@@ -407,13 +408,15 @@ def fake_targets(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeTarget]:
         made[stack] = FakeTarget(stack, fail="destroy" if stack == "leaky" else "")
         return made[stack]
 
-    monkeypatch.setattr(cli, "_cloud_target", cloud)
+    monkeypatch.setattr(runs, "cloud_target", cloud)
     monkeypatch.setattr("infra.costrun.pipeline.time.sleep", lambda _: None)
     return made
 
 
 def test_the_command_refuses_a_run_predicted_over_max_usd(tmp_path, fake_targets, capsys) -> None:
-    code = cli.main(["run", "--stacks", "a,b", "--max-usd", "4.5", "--out", str(tmp_path)])
+    code = cli.main(
+        ["run", "--stack", "a", "--stack", "b", "--max-usd", "4.5", "--out", str(tmp_path)]
+    )
     assert code == 2
     # Each: $3.6/h over 600 s to serve, 600 s of benchmark, 300 s of destroy, and $1 at once.
     assert "--max-usd 4.5: the run is predicted at $5.00" in capsys.readouterr().err
@@ -463,9 +466,9 @@ def test_the_default_timeout_leaves_a_slow_stack_time_to_serve() -> None:
     """Azure's stack is predicted to serve after 94 min: an hour's timeout would tear it down
     while it loads. The default is half again the prediction, and at least an hour."""
     azure = PulumiTarget("azure-cobalt").predict().serve_seconds["total"]
-    assert cli.default_timeout(azure) == max(3600, math.ceil(1.5 * azure)) >= azure
-    assert cli.default_timeout(600) == 3600 and cli.default_timeout(None) == 3600
-    assert cli.default_timeout(5619.5) == 8430
+    assert runs.default_timeout(azure) == max(3600, math.ceil(1.5 * azure)) >= azure
+    assert runs.default_timeout(600) == 3600 and runs.default_timeout(None) == 3600
+    assert runs.default_timeout(5619.5) == 8430
 
 
 def test_the_command_reports_every_stack_and_fails_loudly_on_a_leftover(
@@ -764,7 +767,7 @@ def test_a_local_run_without_the_llama_cpp_source_says_how_to_fetch_it(
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     assert cli.main(["run", "--local", "--model", str(model), "--dry-run"]) == 2
-    assert "run `python -m infra.local fetch-source`" in capsys.readouterr().err
+    assert "run `lrc local fetch-source`" in capsys.readouterr().err
 
 
 def test_the_one_off_download_is_paid_by_every_groups_main_node_unless_staged() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.costrun import cli
+from infra.cli import costrun as cli
 from infra.local.model import cached_model, real_model
 from infra.local.source import cache_dir
 from tests.conftest import require_machines

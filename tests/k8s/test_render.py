@@ -27,8 +27,8 @@ import yaml
 from infra.boot.balancer import haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS
 from infra.boot.render import ROLE_UNIT, UNITS_DIR
+from infra.cli import k8s as cli
 from infra.core.limits import METRICS_PORT
-from infra.k8s import cli
 from infra.stack.files import config_of, stack_config, stack_names, stack_values
 from infra.stack.kube import image, objects
 from tests.conftest import REPO, SCRIPTS, free_port, require_tool

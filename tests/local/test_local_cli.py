@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.local.__main__ import main
+from infra.cli.local import main
 from infra.local.options import UpOptions, plan_placement, state_dir
 from tests.models.test_models import write_gguf
 

@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from infra.boot.balancer import SERVED_BY_HEADER, group_server_name
+from infra.cli.local import main
 from infra.core import layout, outputs, sizing
 from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
 from infra.local import balancer as lb
 from infra.local import cluster
 from infra.local import options as local_options
-from infra.local.__main__ import main
 from infra.local.netns import MAX_INTERFACE_NAME, VpcNetwork, exec_prefix, namespace_pids
 from infra.local.nodes import node_short_name
 from infra.local.options import LocalClusterError, UpOptions, plan_placement, state_dir

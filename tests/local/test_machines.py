@@ -15,7 +15,6 @@ import gzip
 import io
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +38,7 @@ from infra.local.spec import ClusterSpec, api_key_header
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
 from tests.conftest import (
+    LRC,
     REPO,
     complete,
     generating,
@@ -78,7 +78,7 @@ def machine(up: dict[str, Any], name: str) -> Machine:
 
 
 def on(up: dict[str, Any], name: str, *command: str, stdin: str | None = None) -> str:
-    """Run a command on a node, through `python -m infra.local exec`'s own path; its output."""
+    """Run a command on a node, through `lrc local exec`'s own path; its output."""
     argv = access.exec_argv(up["spec"], name, list(command))
     result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, (command, result.stdout, result.stderr)
@@ -126,7 +126,7 @@ def delivered_config(up: dict[str, Any], name: str) -> dict[str, Any]:
 
 def cli(up: dict[str, Any], *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "infra.local", *args[:1], "--id", up["spec"].id, *args[1:]],
+        [LRC, "local", *args[:1], "--id", up["spec"].id, *args[1:]],
         capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -433,7 +433,7 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
 
 
 def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up) -> None:
-    """`python -m infra.top`'s path on a stack, over the local command channel: the command
+    """`lrc top`'s path on a stack, over the local command channel: the command
     installs llama-rpc-metrics in the main machine, which reads each machine's exporter inside
     the VPC (the main node's egress to its workers' metrics port) and its own llama-server."""
     channel = LocalChannel(up["spec"], "main")

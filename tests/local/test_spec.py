@@ -71,7 +71,7 @@ def test_groups_nodes_and_the_entry_point() -> None:
     with pytest.raises(LocalClusterError, match="no node 'w9' in cluster 't'; its nodes: main, "):
         spec.node("w9")
     assert spec.entry_url() == "http://10.9.0.5:8080"  # the balancer
-    assert spec.from_entry("curl x") == "python -m infra.local exec --id t main -- curl x"
+    assert spec.from_entry("curl x") == "lrc local exec --id t main -- curl x"
     contract = spec.contract()
     assert contract[outputs.BALANCER_URL] == "http://10.9.0.5:8080"
     assert contract[outputs.RPC_SERVERS] == "10.9.0.11:50052"

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from infra import top as top_command
 from infra.boot import metrics_command
 from infra.boot.installed import installed_text
 from infra.cli import deployed
+from infra.cli import top as top_command
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import MAX_WORKERS
@@ -387,7 +387,7 @@ def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
         return [ScriptChannel(group)]
 
     monkeypatch.setattr(deployed, "stack_channels", channels)
-    assert top_command.main(["aws-c8g", "--once", "--interval", "0.2"]) == 0
+    assert top_command.main(["--stack", "aws-c8g", "--once", "--interval", "0.2"]) == 0
     shown = capsys.readouterr().out
     assert "stack 'aws-c8g' (3 nodes)" in shown and "worker-2" in shown
     assert asked == [stack_outputs(group.ips)]
@@ -398,7 +398,7 @@ def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     assert document["nodes"][0]["phase"] == "serving"
     assert document["nodes"][0]["memory_bytes"] > 0 and document["nodes"][2]["notes"]
     monkeypatch.setattr(deployed, "stack_outputs", lambda stack: {})
-    assert top_command.main(["aws-c8g", "--once"]) == 2
+    assert top_command.main(["--stack", "aws-c8g", "--once"]) == 2
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
 
 

@@ -7,7 +7,6 @@ import io
 import json
 import math
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from infra.local.options import LocalClusterError
 from infra.local.spec import ClusterSpec, LocalNode, api_key_header
 from infra.observe import metrics, topview
 from infra.observe.metrics import MetricsError, Snapshot
-from tests.conftest import REPO, generating
+from tests.conftest import LRC, REPO, generating
 
 FIXTURES = REPO / "tests" / "fixtures" / "metrics"
 # The recorded scrapes were about this far apart.
@@ -295,7 +294,7 @@ def test_proc_net_dev_reads_as_node_exporters_counters() -> None:
         metrics.proc_net_dev_samples("  eth0: 1 2 3\n")
 
 
-# --- python -m infra.local top: figures and frame, from readings made here ---
+# --- lrc local top: figures and frame, from readings made here ---
 
 
 def reading(n: int, **fields) -> topview.NodeReading:
@@ -397,11 +396,11 @@ def frame_rows(text: str, names: list[str]) -> dict[str, list[str]]:
 
 
 def top_once_while_generating(spec: ClusterSpec, url: str, interval: float = 2.0) -> str:
-    """`python -m infra.local top --once` while the main node generates, so that every column
+    """`lrc local top --once` while the main node generates, so that every column
     has something to show."""
     with generating(url, api_key_header(spec)):
         result = subprocess.run(
-            [sys.executable, "-m", "infra.local", "top", "--id", spec.id, "--once",
+            [LRC, "local", "top", "--id", spec.id, "--once",
              "--interval", str(interval)],
             capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
         )  # fmt: skip
@@ -428,7 +427,7 @@ def test_top_once_shows_each_node_of_a_running_cluster(cluster_1p2: dict[str, An
     assert "as a share of this machine's" in shown
     with generating(contract[outputs.LLAMA_SERVER_URL]):
         result = subprocess.run(
-            [sys.executable, "-m", "infra.local", "top", "--id", spec.id, "--json",
+            [LRC, "local", "top", "--id", spec.id, "--json",
              "--interval", "2"],
             capture_output=True, text=True, check=False, cwd=REPO, timeout=120,
         )  # fmt: skip

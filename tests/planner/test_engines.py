@@ -12,10 +12,10 @@ import pytest
 
 from infra import catalog
 from infra.catalog import InstanceType
+from infra.cli.plan import main
 from infra.core import perf, placement, sizing
 from infra.models import PRESETS
 from infra.planner import engines
-from infra.planner.cli import main
 from tests.pulumi_mocks import refused
 
 MODEL = PRESETS["llama-3.1-405b-q4_0"]

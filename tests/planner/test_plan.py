@@ -6,8 +6,6 @@ import dataclasses
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +16,13 @@ from hypothesis import strategies as st
 from infra import catalog, planner
 from infra.boot.patches import patches_digest
 from infra.catalog import InstanceType
+from infra.cli.plan import main
 from infra.core import perf, placement, sizing
 from infra.core.limits import MAX_NODES
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
 from infra.planner import serve
-from infra.planner.cli import main
 from infra.stack import config
 from tests.conftest import REPO
 
@@ -598,17 +596,10 @@ def test_slots_hold_a_context_each_and_need_more_memory(capsys) -> None:
     assert code == 2 and "--slots: 0 is outside 1-64" in err
 
 
-def test_the_short_module_name_runs_the_planner() -> None:
-    """`python -m infra.plan`, as the README and the issues write it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.plan", "llama-3.1-405b-q4_0", "--provider", "aws", "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
-    staged = json.loads(done.stdout)["options"][0]["timeToServe"]["staged"]
+def test_the_time_to_serve_names_each_phase_of_the_staged_path(capsys) -> None:
+    code, out, err = run(capsys, "llama-3.1-405b-q4_0", "--cloud", "aws", "--json")
+    assert code == 0, err
+    staged = json.loads(out)["options"][0]["timeToServe"]["staged"]
     assert [p["name"] for p in staged["phases"]][:4] == ["boot", "build", "download", "verify"]
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from infra import catalog
+from infra.cli.plan import main
 from infra.core import costs, perf
 from infra.models import PRESETS
 from infra.planner import base, report, search
-from infra.planner.cli import main
 from infra.stack import config, files
 from tests import pulumi_mocks
 

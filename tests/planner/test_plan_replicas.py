@@ -16,13 +16,13 @@ import yaml
 
 from infra import catalog
 from infra.catalog import InstanceType
+from infra.cli.plan import main
 from infra.clouds import FACTS
 from infra.core import costs, perf, sizing
 from infra.core.limits import MAX_REPLICAS
 from infra.models import PRESETS, Model
 from infra.planner import base, report, search, target, verdict
 from infra.planner.base import Target
-from infra.planner.cli import main
 from infra.planner.target import Shape
 from infra.stack import config, files
 from infra.stack.settings import DEFAULT_MAX_HOURLY_USD

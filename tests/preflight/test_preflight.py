@@ -17,9 +17,9 @@ import pytest
 from botocore.stub import Stubber
 
 from infra import preflight
+from infra.cli.check import main
 from infra.preflight import aws, azure, gcp, live
 from infra.preflight.api import JsonApi
-from infra.preflight.cli import main
 from infra.preflight.live import Reader
 from infra.stack.needs import needs_of
 from tests.conftest import REPO
@@ -539,7 +539,7 @@ def test_the_command_says_ready_or_names_each_problem(capsys: pytest.CaptureFixt
         return recorded_reader(answers)
 
     answers = gcp_answers
-    assert main(["gcp-c4a"], reader_for=factory) == 0
+    assert main(["--stack", "gcp-c4a"], reader_for=factory) == 0
     out = capsys.readouterr().out
     assert "zone: us-central1-b (the first that offers every type" in out
     assert "quota C4A CPUs (C4A_CPUS): 200 vCPUs, 0 in use, 0 of them this stack's" in out
@@ -551,7 +551,7 @@ def test_the_command_says_ready_or_names_each_problem(capsys: pytest.CaptureFixt
         return found
 
     answers = short
-    assert main(["gcp-c4a", "--json"], reader_for=factory) == 1
+    assert main(["--stack", "gcp-c4a", "--json"], reader_for=factory) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ready"] is False and report["zone"] == "us-central1-b"
     assert report["schemaVersion"] == 1
@@ -562,7 +562,7 @@ def test_the_command_says_ready_or_names_each_problem(capsys: pytest.CaptureFixt
 def test_the_command_names_a_missing_stack_and_a_bad_setting(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["no-such-stack"]) == 2
+    assert main(["--stack", "no-such-stack"]) == 2
     assert "stack 'no-such-stack': no stacks/Pulumi.no-such-stack.yaml" in capsys.readouterr().err
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.stage.cli import main
+from infra.cli.stage import main
 
 
 @pytest.mark.parametrize(

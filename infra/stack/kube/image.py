@@ -9,7 +9,7 @@ binaries may use instructions the pool's CPUs lack, or miss ones they have.
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from infra.boot.node import VM_PATHS, NodeBoot
 from infra.boot.render import BUILD_PACKAGES, NODE_PACKAGES, SERVICE_USER, boot_files
@@ -35,6 +35,18 @@ def context_files(main: NodeBoot, worker: NodeBoot | None) -> dict[str, tuple[st
                 file["content"],
             )
     return found
+
+
+def write_context(out: Path, main: NodeBoot, worker: NodeBoot | None) -> Path:
+    """The build context, ``out/image``: the boot files and the Dockerfile."""
+    context = out / "image"
+    for name, (mode, content) in context_files(main, worker).items():
+        path = context / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        path.chmod(int(mode, 8))
+    (context / "Dockerfile").write_text(dockerfile(main))
+    return context
 
 
 def dockerfile(main: NodeBoot) -> str:

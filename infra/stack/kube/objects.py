@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from infra.boot.balancer import BalancerBoot, haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
+from infra.core import image_refs
 from infra.core.limits import METRICS_PORT
 from infra.errors import SettingError
 from infra.stack.config import ClusterConfig, kubernetes_refusals
@@ -62,8 +64,26 @@ CLUSTER_DOMAIN = "cluster.local"
 POD_ADDRESSES = "0.0.0.0"  # noqa: S104
 
 
+# A name the LeaderWorkerSet's pods and Service derive theirs from (RFC 1035 labels: the pods'
+# DNS names in the headless service), kept short enough for its suffixes.
+NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 class RenderError(SettingError):
     """A stack setting the Kubernetes objects cannot honour."""
+
+
+def check_names(*, name: str, namespace: str, image: str) -> None:
+    """``lrc k8s render``'s ``--name``, ``--namespace`` and ``--image``, before anything is
+    rendered."""
+    if not NAME.fullmatch(name):
+        why = f"{name!r}: 1-40 lowercase letters, digits and '-', from a letter"
+        raise RenderError("--name", why)
+    if not image_refs.is_image_reference(image):
+        raise RenderError("--image", f"{image!r} is not {image_refs.IMAGE_MEANING}")
+    if not NAMESPACE.fullmatch(namespace):
+        raise RenderError("--namespace", f"{namespace!r}: lowercase letters, digits and '-'")
 
 
 def refusals(config: ClusterConfig) -> list[RenderError]:

@@ -1,15 +1,14 @@
-"""python -m infra.local: a llama.cpp RPC cluster on this machine.
+"""lrc local: a llama.cpp RPC cluster on this machine.
 
-python -m infra.local up [--machines] [--workers N] [--replicas N] [--model PATH] [--context N]
-                        [--json]
-python -m infra.local status [--json]
-python -m infra.local top [--interval S] [--once]   (each node's CPU, memory, traffic, tokens/s)
-python -m infra.local exec NODE -- COMMAND...     (a shell on a node: the local SSM or IAP)
-python -m infra.local journal NODE [JOURNALCTL ARGS...]
-python -m infra.local reboot NODE
-python -m infra.local start                       (machines a spend guard powered off, again)
-python -m infra.local down
-python -m infra.local image | fetch-source        (install steps: the node image, the source)
+lrc local up [--machines] [--workers N] [--replicas N] [--model PATH] [--context N] [--json]
+lrc local status [--json]
+lrc local top [--interval S] [--once]   (each node's CPU, memory, traffic, tokens/s)
+lrc local exec NODE -- COMMAND...     (a shell on a node: the local SSM or IAP)
+lrc local journal NODE [JOURNALCTL ARGS...]
+lrc local reboot NODE
+lrc local start                       (machines a spend guard powered off, again)
+lrc local down
+lrc local image | fetch-source        (install steps: the node image, the source)
 """
 
 from __future__ import annotations
@@ -17,13 +16,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from infra.boot import BootConfigError
-from infra.cli.naming import prog
-from infra.cli.options import add_json, json_text, print_json
+from infra.cli.options import command_parser, json_option, json_text, print_json
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import DEFAULT_DRAFT_MAX, MAX_REPLICAS
@@ -31,7 +29,6 @@ from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.sizing import DEFAULT_CONTEXT, DEFAULT_SLOTS
 from infra.local import access, cluster, top
 from infra.local import image as node_image
-from infra.local.balancer import BalancerError
 from infra.local.machines import unavailable_reason
 from infra.local.model import GEMMA_NOTICE, real_model, real_model_terms
 from infra.local.options import (
@@ -43,7 +40,6 @@ from infra.local.options import (
 )
 from infra.local.source import SourceError, cache_dir, sdist_tree
 from infra.local.spec import ClusterSpec
-from infra.local.supervisor import supervise
 from infra.observe.status import phase_text
 from infra.observe.topview import Row, rows_data
 
@@ -178,7 +174,7 @@ def _journal(args: argparse.Namespace) -> int:
 def _reboot(args: argparse.Namespace) -> int:
     spec = ClusterSpec.load(args.cache, args.id)
     access.reboot(spec, args.node)
-    print(f"{args.node} rebooted; `python -m infra.local status` shows it come back")
+    print(f"{args.node} rebooted; `lrc local status` shows it come back")
     return 0
 
 
@@ -196,30 +192,10 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _balancer_checks(spec: ClusterSpec) -> dict[str, dict[str, Any]] | None:
-    """Each group's state as the balancer's health checks see it (None: no balancer)."""
-    if spec.balancer is None:
-        return None
-    balancer = spec.balancer.balancer()
-    try:
-        rows = balancer.stats()
-    except BalancerError as error:
-        return {"error": {"status": str(error)}}
-    return {
-        row["svname"]: {
-            "status": row["status"],
-            "check": row["check_status"],
-            "requests": int(row["stot"] or 0),
-            "open": int(row["scur"] or 0),
-        }
-        for row in rows
-    }
-
-
 def _status(args: argparse.Namespace) -> int:
     spec = ClusterSpec.load(args.cache, args.id)
     statuses = cluster.read_status(spec)
-    checks = _balancer_checks(spec)
+    checks = None if spec.balancer is None else spec.balancer.balancer().checks()
     if args.json:
         document = {
             "outputs": spec.contract(),
@@ -257,7 +233,8 @@ def _status(args: argparse.Namespace) -> int:
             phase = "machine stopped" if node.name in stopped else phase_text(status)
             line = f"{indent}{node.name:<6} {phase:<20}"
             if node.name in stopped and status.get("phase") == "stopped":
-                line += f" by its spend guard ({status['last_stop_reason']}); `start` boots it"
+                reason = status["last_stop_reason"]
+                line += f" by its spend guard ({reason}); `lrc local start` boots it"
             if status.get("last_error"):
                 line += f" last error: {status['last_error']}"
             print(line)
@@ -304,11 +281,12 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--id", default="local", help="cluster name, to run several (default: local)"
     )
-    parser = argparse.ArgumentParser(prog=prog("infra.local"), description=__doc__.splitlines()[0])
+    reports = [common, json_option()]
+    parser = command_parser("local", __doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     start = sub.add_parser(
-        "up", parents=[common], help="build, boot and wait until the main node serves"
+        "up", parents=reports, help="build, boot and wait until the main node serves"
     )
     start.add_argument("--workers", type=int, default=2, help="workers per serving group")
     start.add_argument(
@@ -359,7 +337,7 @@ def _parser() -> argparse.ArgumentParser:
         "--api-key",
         action="store_true",
         help="generate an API key that every request but /health must carry (its file: "
-        "`local status`)",
+        "`lrc local status`)",
     )
     start.add_argument(
         "--stop-after-idle-minutes",
@@ -397,17 +375,12 @@ def _parser() -> argparse.ArgumentParser:
         help="machines: each node's user data as these clouds deliver it, main first, repeated "
         "over the workers (default aws; e.g. aws,gcp,azure)",
     )
-    add_json(start)
-    show = sub.add_parser(
-        "status", parents=[common], help="the output contract and each node's phase"
-    )
-    add_json(show)
-    watch = sub.add_parser(
-        "top", parents=[common], help="each node's phase, CPU, memory, traffic and tokens/s, live"
+    sub.add_parser("status", parents=reports, help="the output contract and each node's phase")
+    watch = sub.add_parser(  # --json: one reading's rows, over one interval
+        "top", parents=reports, help="each node's phase, CPU, memory, traffic and tokens/s, live"
     )
     watch.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
     watch.add_argument("--once", action="store_true", help="print one frame and stop")
-    add_json(watch)  # one reading's rows, over one interval
     run_on = sub.add_parser(
         "exec", parents=[common], help="run a command on a node, as root (the local SSM or IAP)"
     )
@@ -424,12 +397,11 @@ def _parser() -> argparse.ArgumentParser:
     restart.add_argument("node")
     again = sub.add_parser(
         "start",
-        parents=[common],
+        parents=reports,
         help="start the machines that powered off (a spend guard) on their disks, and wait "
         "until every group serves",
     )
     again.add_argument("--timeout", type=float, default=1800)
-    add_json(again)
     sub.add_parser("down", parents=[common], help="stop every node and remove the namespaces")
     sub.add_parser(
         "image",
@@ -439,8 +411,6 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "fetch-source", parents=[common], help="download and unpack the pinned llama.cpp source"
     )
-    run = sub.add_parser("supervise")  # internal: the detached supervisor
-    run.add_argument("state", type=Path)
     return parser
 
 
@@ -455,10 +425,6 @@ def _image(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace) -> int:
-    return supervise(args.state)
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": _up,
     "status": _status,
@@ -470,11 +436,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "down": _down,
     "image": _image,
     "fetch-source": _fetch_source,
-    "supervise": _supervise,
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code: int = COMMANDS[args.command](args)
@@ -490,7 +455,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

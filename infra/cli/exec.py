@@ -9,19 +9,14 @@ import sys
 from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
-from infra.cli.naming import prog
-from infra.cli.options import add_json, print_json
+from infra.cli.options import command_parser, print_json, stack_options
 from infra.observe.channels import ChannelError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("infra.cli.exec_command"), description=__doc__)
-    parser.add_argument(
-        "--stack", required=True, metavar="NAME", help="a deployed stack, as `pulumi up` named it"
-    )
+    parser = command_parser("exec", __doc__, [stack_options()])
     parser.add_argument("--group", type=int, default=1, help="the serving group (default 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
-    add_json(parser)
     parser.add_argument("command_line", nargs=argparse.REMAINDER, help="-- COMMAND...")
     args = parser.parse_args(argv)
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line

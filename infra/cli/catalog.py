@@ -1,8 +1,7 @@
-"""``python -m infra.catalog``: show the catalog, or refresh its prices from the price APIs."""
+"""``lrc catalog``: show the catalog, or refresh its prices from the price APIs."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import sys
@@ -11,29 +10,22 @@ from collections.abc import Sequence
 
 from infra import catalog
 from infra.catalog import refresh
-from infra.cli.naming import prog
-from infra.cli.options import add_json, print_json
+from infra.cli.options import PROGRAM, add_cloud, command_parser, json_option, print_json
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("infra.catalog"))
+    parser = command_parser("catalog", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser("show", help="print the catalog's rows")
-    show.add_argument(
-        "--cloud", "--provider", dest="provider", choices=sorted(refresh.PROVIDERS),
-        help="only this cloud's rows",
-    )  # fmt: skip
-    add_json(show)
+    show = commands.add_parser("show", help="print the catalog's rows", parents=[json_option()])
+    add_cloud(show, refresh.PROVIDERS, "only this cloud's rows")
     update = commands.add_parser(
         "refresh", help="fetch on-demand and spot prices and update the CSV"
     )
-    update.add_argument(
-        "--cloud", "--provider", dest="provider", required=True, choices=sorted(refresh.PROVIDERS)
-    )
+    add_cloud(update, refresh.PROVIDERS, "the cloud whose prices to fetch", required=True)
     update.add_argument("--region", help="default: every region the catalog has for it")
     update.add_argument("--dry-run", action="store_true", help="report, change nothing")
     args = parser.parse_args(argv)
-    shown = [e for e in catalog.load() if args.provider in (None, e.provider)]
+    shown = [e for e in catalog.load() if args.cloud in (None, e.provider)]
     if args.command == "show" and args.json:
         rows = [dataclasses.asdict(e) for e in shown]
         print_json({"instances": rows})
@@ -43,9 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{'$/h':<12} price source and date; spot $/h")  # fmt: skip
         for e in shown:
             # An unknown price says how to fetch it, for this row's cloud and region.
-            fetch = (
-                f"run `{prog('infra.catalog')} refresh --cloud {e.provider} --region {e.region}`"
-            )
+            fetch = f"run `{PROGRAM} catalog refresh --cloud {e.provider} --region {e.region}`"
             price = "unknown" if e.hourly_usd is None else f"${e.hourly_usd:g}/h"
             source = f"{e.price_source} {e.price_date}" if e.hourly_usd is not None else fetch
             spot = (
@@ -64,11 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     regions = (
         [args.region]
         if args.region
-        else sorted({e.region for e in catalog.load() if e.provider == args.provider})
+        else sorted({e.region for e in catalog.load() if e.provider == args.cloud})
     )
     try:
         for region in regions:
-            report = refresh.refresh(args.provider, region, dry_run=args.dry_run)
+            report = refresh.refresh(args.cloud, region, dry_run=args.dry_run)
             print("\n".join(report.lines()))
     except (refresh.RefreshError, urllib.error.URLError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -79,7 +69,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         raise
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""python -m infra.preflight STACK: ask the cloud account, read-only, whether it has what the
+"""``lrc check --stack S``: ask the cloud account, read-only, whether it has what the
 stack needs (quotas, the types offered in its zone or region, Azure's Network Watcher and
 Microsoft.Insights), with your own credentials, as ``pulumi up`` does before it creates anything.
 
@@ -8,14 +8,12 @@ stack or its settings are wrong or no credentials are found.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from infra import preflight
-from infra.cli.naming import prog
-from infra.cli.options import add_json, add_stack, print_json, stack_of
+from infra.cli.options import IN_STACKS, command_parser, print_json, stack_options
 from infra.preflight.account import Account
 from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
@@ -50,14 +48,8 @@ def _report(needs: preflight.Needs, account: Account, found: list[preflight.Prob
 
 
 def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_reader) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("infra.preflight"),
-        description="Check, read-only, that the cloud account has what a stack needs.",
-    )
-    add_stack(parser, "a stack of stacks/, as `pulumi up --stack` names it")
-    add_json(parser)
-    args = parser.parse_args(argv)
-    args.stack = stack_of(parser, args)
+    description = "Check, read-only, that the cloud account has what a stack needs."
+    args = command_parser("check", description, [stack_options(IN_STACKS)]).parse_args(argv)
     try:
         values = stack_values(args.stack)
         config = config_of(values)

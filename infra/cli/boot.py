@@ -1,18 +1,15 @@
-"""Print the cloud-config a node of the reference layout boots with.
-
-python -m infra.boot --role worker|main [--cloud CLOUD] [--encoded]
-"""
+"""``lrc boot --role worker|main [--cloud CLOUD] [--encoded]``: print the cloud-config a node of
+the reference layout boots with."""
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Sequence
 
 from infra.boot.deliver import deliver, for_cloud
 from infra.boot.node import example
 from infra.boot.render import render
-from infra.cli.naming import prog
-from infra.cli.options import add_json, print_json
+from infra.cli.options import add_cloud, command_parser, json_option, print_json
 from infra.clouds import FACTS
 from infra.core.limits import ROLES
 
@@ -20,20 +17,14 @@ from infra.core.limits import ROLES
 EXAMPLE_PATH = "/llama-rpc-cluster/example/boot"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("infra.boot"), description="Print the cloud-config a node boots with."
-    )
+def main(argv: Sequence[str] | None = None) -> int:
+    description = "Print the cloud-config a node boots with."
+    parser = command_parser("boot", description, [json_option()])
     parser.add_argument("--role", choices=ROLES, required=True)
-    parser.add_argument(
-        "--cloud",
-        choices=sorted(FACTS),
-        help="also report how this cloud receives it, and its size",
-    )
+    add_cloud(parser, FACTS, "also report how this cloud receives it, and its size")
     parser.add_argument(
         "--encoded", action="store_true", help="print the delivered value itself (with --cloud)"
     )
-    add_json(parser)
     args = parser.parse_args(argv)
     node = example(args.role)
     if args.cloud:  # as the cloud boots it: AWS's user data holds the first steps only
@@ -63,7 +54,3 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     sys.stdout.write(user_data)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

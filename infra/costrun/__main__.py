@@ -1,5 +1,0 @@
-import sys
-
-from infra.costrun.cli import main
-
-sys.exit(main())

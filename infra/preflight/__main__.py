@@ -1,5 +1,0 @@
-import sys
-
-from infra.preflight.cli import main
-
-sys.exit(main())

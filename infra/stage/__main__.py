@@ -1,5 +1,0 @@
-import sys
-
-from infra.stage.cli import main
-
-sys.exit(main())
