@@ -17,7 +17,6 @@ from infra.core.pins import LLAMA_CPP_COMMIT
 
 DISTRIBUTION = "llama-rpc-cluster"
 
-
 # Each command's summary; its ``main(argv) -> int`` is in ``infra.cli.<name>``.
 COMMANDS = {
     "plan": "size and price a cluster for a model on every cloud",
@@ -36,7 +35,7 @@ COMMANDS = {
 }
 # Run as any other, not listed in the help: what the project's own files are written with.
 DEVELOPER_COMMANDS = {
-    "settings": "write Pulumi.yaml's config block or docs/settings.md's table from the settings",
+    "settings": "print Pulumi.yaml's config block or docs/settings.md's table, from the settings",
 }
 
 
