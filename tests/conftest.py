@@ -365,6 +365,17 @@ def small_tmpfs() -> Iterator[Callable[[int], Path]]:
 
 
 @pytest.fixture
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS credentials anywhere boto3 looks: no keys or profile in the environment, no
+    files, no metadata service asked."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
 def fake_bin(tmp_path: Path) -> tuple[Path, Callable[[str, str], Path]]:
     """A directory of stand-in commands, and a function that writes one (name, bash body); put
     the directory first in PATH."""

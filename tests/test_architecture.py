@@ -171,9 +171,11 @@ LAYERS = {
     "infra.catalog": 0,
     "infra.models": 0,
     "infra.core": 0,
-    # 1: what a node boots, the Pulumi program and its preflight, observing nodes, planning.
+    # 1: what a node boots, the Pulumi program and its preflight, a cloud's live account,
+    # observing nodes, planning.
     "infra.boot": 1,
     "infra.preflight": 1,
+    "infra.live": 1,
     "infra.stack": 1,
     "infra.observe": 1,
     "infra.planner": 1,
@@ -315,6 +317,21 @@ def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
         "infra.cli.plan",
     ]
     code = SDK_PROBE.format(sdks=set(SDKS), modules=modules)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(result.stdout)
+    assert set(loaded) == set(modules)
+    assert all(not sdk for sdk in loaded.values()), loaded
+
+
+def test_the_live_operations_load_a_cloud_sdk_only_when_called() -> None:
+    """Every command, the local cluster's channel and the program import ``infra.live``: its
+    registry of all three clouds costs none of their SDKs (boto3, Google's, Azure's, Pulumi's)
+    until a live call is made."""
+    modules = ["infra.live", "infra.observe.wait", "infra.stage.staging", "infra.cli.check"]
+    sdks = {*SDKS, "boto3", "botocore", "google", "azure"}
+    code = SDK_PROBE.format(sdks=sdks, modules=modules)
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )

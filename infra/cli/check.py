@@ -9,18 +9,22 @@ stack or its settings are wrong or no credentials are found.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from infra import preflight
 from infra.cli.options import IN_STACKS, command_parser, print_json, stack_options
+from infra.live import Access, LiveError, Reader, live_cloud
 from infra.preflight.account import Account
-from infra.preflight.live import CredentialsError, Reader, cli_reader
 from infra.stack.files import StackFileError, config_of, stack_values
 from infra.stack.needs import needs_of
 from infra.stack.settings import ConfigError
 
-ReaderFactory = Callable[[str, Mapping[str, Any]], Reader]
+# The stack's cloud and the user's way into its account -> the account's reader.
+ReaderFactory = Callable[[str, Access], Reader]
+
+
+def cli_reader(cloud: str, access: Access) -> Reader:
+    return live_cloud(cloud).cli_reader(access)
 
 
 def _report(needs: preflight.Needs, account: Account, found: list[preflight.Problem]) -> str:
@@ -54,8 +58,8 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
         values = stack_values(args.stack)
         config = config_of(values)
         needs = needs_of(config, args.stack)
-        account = reader_for(config.cloud, values)(needs)
-    except (StackFileError, ConfigError, CredentialsError) as error:
+        account = reader_for(config.cloud, Access(config.region, values))(needs)
+    except (StackFileError, ConfigError, LiveError) as error:
         print(f"preflight: {error}", file=sys.stderr)
         return 2
     found = preflight.problems(needs, account)

@@ -1,14 +1,13 @@
-"""A deployed stack as the commands reach it: its outputs (Pulumi's Automation API) and a
-command channel to each serving group's main node."""
+"""A deployed stack as the commands reach it: its outputs (Pulumi's Automation API), the user's
+way into its account, and a command channel to each serving group's main node."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from infra.core import outputs as keys
 from infra.core.limits import KUBERNETES
-from infra.observe.channels import Channel, ChannelError, stack_channels
+from infra.live import Access, Channel, LiveError, run_cli, stack_channels
 
 
 class NotReachable(RuntimeError):
@@ -44,35 +43,27 @@ def deployed_outputs(stack: str) -> dict[str, Any]:
     return found
 
 
+def user_access(stack: str, found: dict[str, Any]) -> Access:
+    """The user's own way into the deployed stack's account: its region, and its stack file's
+    values where there is one here (``gcp:project``)."""
+    from infra.stack.files import stack_values  # noqa: PLC0415
+
+    try:
+        values = stack_values(stack)
+    except Exception:  # noqa: BLE001 (a stack without a file here: the environment may say)
+        values = {}
+    return Access(str(found.get(keys.REGION, "")), values, runner=run_cli)
+
+
 def reach(stack: str) -> tuple[dict[str, Any], list[Channel]]:
     """The stack's outputs and a channel to each serving group's main node."""
     found = deployed_outputs(stack)
     try:
-        channels = stack_channels(
-            found,
-            aws_ssm=lambda: _ssm_client(str(found[keys.REGION])),
-            gcp_project=gcp_project(stack),
-        )
-    except ChannelError as error:
+        channels = stack_channels(found, access=user_access(stack, found))
+    except LiveError as error:
         raise NotReachable(f"stack {stack!r}: {error}") from None
     return found, channels
 
 
 def main_channels(stack: str) -> list[Channel]:
     return reach(stack)[1]
-
-
-def _ssm_client(region: str) -> Any:
-    import boto3  # noqa: PLC0415
-
-    return boto3.client("ssm", region_name=region)
-
-
-def gcp_project(stack: str) -> str:
-    from infra.stack.files import stack_values  # noqa: PLC0415
-
-    try:
-        configured = stack_values(stack).get("gcp:project")
-    except Exception:  # noqa: BLE001 (a stack without a file here: the environment may name the project)
-        configured = None
-    return str(configured or os.environ.get("GOOGLE_CLOUD_PROJECT", ""))

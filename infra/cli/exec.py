@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
 from infra.cli.options import command_parser, print_json, stack_options
-from infra.observe.channels import ChannelError
+from infra.live import ChannelError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

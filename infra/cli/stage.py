@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from infra.cli.options import add_cloud, add_stack, command_parser, json_option, print_json
+from infra.live import LIVE, StageError
 from infra.observe.status import Progress, gigabytes
-from infra.stage.staging import OWN_STORE, sdk_problem, stage, staging
-from infra.stage.stores import open_store
-from infra.stage.upload import Copied, StageError
+from infra.stage.staging import sdk_problem, stage, staging
+from infra.stage.upload import Copied
 
 
 class Shown:
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     add_stack(which, "stage this stack's model, in its cloud and region")
     which.add_argument("--region", help="the region of the stack that will read it")
-    add_cloud(parser, OWN_STORE, "with --region: the stack's cloud (default aws)")
+    add_cloud(parser, LIVE, "with --region: the stack's cloud (default aws)")
     parser.add_argument(
         "--bucket", required=True,
         help="an existing bucket in that region (Blob Storage: ACCOUNT/CONTAINER)",
@@ -80,18 +80,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StageError, StackFileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    cloud = LIVE[asked.cloud]
     try:  # the copy itself: a part that fails its checksum, a bucket elsewhere (1)
-        store = open_store(asked.cloud, args.bucket, region=asked.region, endpoint=args.endpoint)
+        store = cloud.open_store(args.bucket, region=asked.region, endpoint=args.endpoint)
         staged, digests = stage(
             store, asked.urls, asked.sums, prefix=args.prefix, region=asked.region, report=Shown()
         )
     except StageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except Exception as error:  # the SDKs': credentials, access, a missing bucket
-        if not type(error).__module__.startswith(("botocore", "boto3", "google", "azure")):
+    except Exception as error:  # the SDK's: credentials, access, a missing bucket
+        problem = sdk_problem(cloud, args.bucket, error)
+        if problem is None:
             raise
-        print(f"error: {sdk_problem(asked.cloud, args.bucket, error)}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 1
     print("# in the stack's llama-rpc-cluster:model:")
     if args.json:

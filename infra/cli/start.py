@@ -8,9 +8,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from infra.cli.deployed import NotReachable, deployed_outputs
+from infra.cli.deployed import NotReachable, deployed_outputs, user_access
 from infra.cli.options import command_parser, print_json, stack_options
-from infra.cli.power import StartError, start
+from infra.core import outputs as keys
+from infra.live import LiveError, live_cloud
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,8 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        lines = start(stack, found)
-    except StartError as error:
+        cloud = live_cloud(str(found.get(keys.CLOUD)))
+        lines = cloud.start(found, keys.node_ids(found), user_access(stack, found))
+    except LiveError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if args.json:

@@ -9,11 +9,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from infra.cli.deployed import NotReachable, reach
+from infra.cli.deployed import NotReachable, reach, user_access
 from infra.cli.options import command_parser, print_json, stack_options
-from infra.cli.power import STOPPED_STATES, StartError, power_states
 from infra.core import outputs as keys
-from infra.observe.channels import group_outputs
+from infra.live import LiveError, live_cloud
 from infra.observe.wait import GroupState, read_group
 
 
@@ -22,10 +21,12 @@ def stopped_groups(stack: str, found: dict[str, Any], states: list[GroupState]) 
     unreachable = [s for s in states if s.phase == "unreachable"]
     if not unreachable:
         return states
-    mains = [str(group[keys.MAIN_INSTANCE_ID]) for group in group_outputs(found)]
+    mains = keys.main_ids(found)
     try:
-        power = power_states(stack, found, [mains[s.group - 1] for s in unreachable])
-    except StartError:
+        cloud = live_cloud(str(found.get(keys.CLOUD)))
+        asked = [mains[s.group - 1] for s in unreachable]
+        power = cloud.power_states(found, asked, user_access(stack, found))
+    except LiveError:
         return states  # the channel's own error says enough
     return [
         dataclasses.replace(
@@ -33,7 +34,8 @@ def stopped_groups(stack: str, found: dict[str, Any], states: list[GroupState]) 
             phase="stopped",
             detail=f"{power[mains[state.group - 1]]}: `lrc start --stack {stack}`",
         )
-        if state.phase == "unreachable" and power.get(mains[state.group - 1]) in STOPPED_STATES
+        if state.phase == "unreachable"
+        and power.get(mains[state.group - 1]) in cloud.stopped_states
         else state
         for state in states
     ]

@@ -213,7 +213,7 @@ class CloudFacts:
     # arrived addressed to the balancer); kept, since new boot data replaces every node. The
     # node has one, private, interface: its firewall decides either way.
     server_listens_on_all: bool = False
-    # The most of a command's output its command channel brings back (``infra.observe.channels``);
+    # The most of a command's output its command channel brings back (``infra.live``);
     # None: all of it.
     command_output_chars: int | None = None
 

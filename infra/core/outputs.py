@@ -1,7 +1,13 @@
-"""The output contract: the same keys for every provider (and for the local cluster).
+"""The output contract: the same keys for every provider (and for the local cluster), and how a
+deployed stack's groups and nodes are read from it.
 
 The program exports these names and the tests read them; neither spells a key by hand.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 CLOUD = "cloud"
 REGION = "region"
@@ -85,3 +91,24 @@ GROUP_KEYS = (
 def rpc_servers(worker_ips: list[str], port: int) -> str:
     """``--rpc`` list for llama-server: ``ip:port`` in worker order, comma-separated."""
     return ",".join(f"{ip}:{port}" for ip in worker_ips)
+
+
+def group_outputs(stack_outputs: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Each serving group's outputs, in order (a stack from before replicas: the top level)."""
+    groups = stack_outputs.get(GROUPS)
+    return list(groups) if groups else [stack_outputs]
+
+
+def main_ids(stack_outputs: Mapping[str, Any]) -> list[str]:
+    """Each serving group's main node, in order."""
+    return [str(group[MAIN_INSTANCE_ID]) for group in group_outputs(stack_outputs)]
+
+
+def node_ids(stack_outputs: Mapping[str, Any]) -> list[str]:
+    """Every node of the stack, each group's workers before its main node (a main node that
+    comes up first waits for them anyway)."""
+    ids: list[str] = []
+    for group in group_outputs(stack_outputs):
+        ids += [str(worker) for worker in group.get(WORKER_INSTANCE_IDS) or []]
+        ids.append(str(group[MAIN_INSTANCE_ID]))
+    return ids

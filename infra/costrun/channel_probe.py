@@ -17,8 +17,9 @@ from typing import Any
 
 from infra.boot import metrics_command
 from infra.core import outputs as keys
+from infra.core.outputs import group_outputs
+from infra.live import Channel, ChannelError
 from infra.observe import group_metrics
-from infra.observe.channels import Channel, ChannelError, group_outputs
 from infra.observe.usage import Reading
 
 READ_TIMEOUT_SECONDS = 120

@@ -1,11 +1,9 @@
 """A cloud stack as a cost-run target: the Automation API deploys and destroys the project's own
-program and stack file; the provider's command channel reads the main node and runs the
-benchmark (AWS SSM ``send_command``, GCP IAP SSH, Azure Run Command); the audit asks the
-provider for anything still tagged or labelled with the stack."""
+program and stack file; the cloud's command channel reads the main node and runs the benchmark,
+and its audit asks for anything still tagged or labelled with the stack (``infra.live``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -13,71 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.catalog import InstanceType
-from infra.clouds import gcp as gcp_facts
-from infra.core.layout import PROJECT
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
 from infra.costrun.target import Prediction, StepError, parse_status
+from infra.live import Access, Channel, LiveError, Runner, live_cloud, run_cli, stack_channels
 from infra.models import Model
-from infra.observe.channels import Channel, ChannelError, Runner, run_cli, stack_channels
 from infra.observe.status import STATUS_COMMAND
 from infra.stack.config import ClusterConfig
 from infra.stack.files import REPO, stack_config, stack_values
-
-
-def aws_leftovers(tagging: Any, ec2: Any, stack: str) -> list[str]:
-    """Everything tagged with the stack (Resource Groups Tagging API), cross-checked with EC2:
-    a terminated instance stays listed by tag for a while, and is not a leftover."""
-    found: list[str] = []
-    filters = [{"Key": "project", "Values": [PROJECT]}, {"Key": "stack", "Values": [stack]}]
-    for page in tagging.get_paginator("get_resources").paginate(TagFilters=filters):
-        found += [r["ResourceARN"] for r in page["ResourceTagMappingList"]]
-    live = set()
-    reservations = ec2.describe_instances(
-        Filters=[
-            {"Name": "tag:stack", "Values": [stack]},
-            {"Name": "instance-state-name",
-             "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]},
-        ]
-    )["Reservations"]  # fmt: skip
-    for reservation in reservations:
-        live |= {i["InstanceId"] for i in reservation["Instances"]}
-    leftovers = [arn for arn in found if ":instance/" not in arn]
-    leftovers += [arn for arn in found if ":instance/" in arn and arn.rsplit("/", 1)[1] in live]
-    listed = {arn.rsplit("/", 1)[1] for arn in found}
-    leftovers += [f"instance {i} (running, not yet in the tagging API)" for i in live - listed]
-    return leftovers
-
-
-def gcp_leftovers(project: str, stack: str, runner: Runner = run_cli) -> list[str]:
-    """Instances, disks and addresses labelled with the stack (networks and firewall rules carry
-    no labels; they go with the stack's destroy, which the audit follows)."""
-    leftovers = []
-    for kind in ("instances", "disks", "addresses"):
-        result = runner([
-            "gcloud", "compute", kind, "list", "--project", project,
-            f"--filter=labels.stack={gcp_facts.label_value(stack)} AND labels.project={PROJECT}",
-            "--format=json",
-        ])  # fmt: skip
-        if result.returncode != 0:
-            raise StepError(f"gcloud compute {kind} list: {result.stderr.strip()[-300:]}")
-        leftovers += [f"{kind[:-1]} {item['name']}" for item in json.loads(result.stdout or "[]")]
-    return leftovers
-
-
-def azure_leftovers(stack: str, runner: Runner = run_cli) -> list[str]:
-    """Resource groups and resources tagged with the stack."""
-    leftovers = []
-    for kind in ("group", "resource"):
-        result = runner([
-            "az", kind, "list", "--tag", f"stack={stack}", "--output", "json",
-        ])  # fmt: skip
-        if result.returncode != 0:
-            raise StepError(f"az {kind} list: {result.stderr.strip()[-300:]}")
-        for item in json.loads(result.stdout or "[]"):
-            if item.get("tags", {}).get("project") == PROJECT:
-                leftovers.append(f"{kind} {item['name']}")
-    return leftovers
 
 
 class PulumiTarget:
@@ -99,11 +40,18 @@ class PulumiTarget:
         self.pulumi_output = pulumi_output or self._echo
         self.config: ClusterConfig = stack_config(stack)
         self.provider = self.config.cloud
-        self.values = stack_values(stack)
+        self.live = live_cloud(self.provider)
+        # The user's own way into the account, as `lrc status` and `lrc check` have it.
+        self.access = Access(
+            self.config.region,
+            stack_values(stack),
+            environ=os.environ if environ is None else environ,
+            runner=runner,
+            which=which,
+            aws_clients=aws_clients,
+        )
+        self.which = which
         self._automation = automation
-        self._aws_clients = aws_clients
-        self.runner, self.which = runner, which
-        self.environ = os.environ if environ is None else environ
         self._stack: Any = None
         self.outputs: dict[str, Any] = {}
 
@@ -223,44 +171,8 @@ class PulumiTarget:
                 "the Pulumi CLI is not on PATH (the Automation API drives it): install it from "
                 "https://www.pulumi.com/docs/install/"
             )
-        missing += getattr(self, f"_preflight_{self.provider}")()
+        missing += self.live.credentials(self.access)
         return missing
-
-    def _preflight_aws(self) -> list[str]:
-        import boto3  # noqa: PLC0415
-
-        if boto3.Session(region_name=self.config.region).get_credentials() is None:
-            return [
-                "no AWS credentials: set AWS_PROFILE (after `aws sso login`) or "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-            ]
-        return []
-
-    def _preflight_gcp(self) -> list[str]:
-        missing = []
-        if self.which("gcloud") is None:
-            return ["gcloud is not on PATH: install the Google Cloud CLI (IAP SSH and the audit)"]
-        accounts = self.runner(
-            ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"]
-        )
-        if accounts.returncode != 0 or not accounts.stdout.strip():
-            missing.append("no active gcloud account: run `gcloud auth login`")
-        if not self.gcp_project:
-            missing.append(
-                "no GCP project: set `gcp:project` in the stack file or GOOGLE_CLOUD_PROJECT"
-            )
-        return missing
-
-    def _preflight_azure(self) -> list[str]:
-        if self.which("az") is None:
-            return ["az is not on PATH: install the Azure CLI (Run Command and the audit)"]
-        if self.runner(["az", "account", "show", "--output", "json"]).returncode != 0:
-            return ["no Azure login: run `az login` (and `az account set --subscription ...`)"]
-        return []
-
-    @property
-    def gcp_project(self) -> str:
-        return str(self.values.get("gcp:project") or self.environ.get("GOOGLE_CLOUD_PROJECT", ""))
 
     # --- deploy, read, destroy -----------------------------------------------------------------
 
@@ -290,27 +202,15 @@ class PulumiTarget:
     def channel(self) -> Channel:
         """The first serving group's main node, where the benchmark runs."""
         try:
-            return stack_channels(
-                self.outputs,
-                aws_ssm=lambda: self._client("ssm"),
-                gcp_project=self.gcp_project,
-                runner=self.runner,
-            )[0]
-        except ChannelError as error:
+            return stack_channels(self.outputs, access=self.access)[0]
+        except LiveError as error:
             raise StepError(str(error)) from None
 
     def _run(self, command: list[str], timeout: float) -> str:
         try:
             return self.channel().run(command, timeout)
-        except ChannelError as error:
+        except LiveError as error:
             raise StepError(str(error)) from None
-
-    def _client(self, service: str) -> Any:
-        if self._aws_clients is not None:
-            return self._aws_clients(service, self.config.region)
-        import boto3  # noqa: PLC0415
-
-        return boto3.client(service, region_name=self.config.region)  # type: ignore[call-overload]
 
     def node_status(self) -> dict[str, Any]:
         return parse_status(self._run(STATUS_COMMAND, timeout=120))
@@ -332,12 +232,7 @@ class PulumiTarget:
             raise StepError(f"pulumi destroy {self.name} failed: {error}") from None
 
     def leftovers(self) -> list[str]:
-        if self.provider == "aws":
-            return aws_leftovers(
-                self._client("resourcegroupstaggingapi"), self._client("ec2"), self.name
-            )
-        if self.provider == "gcp":
-            return gcp_leftovers(self.gcp_project, self.name, self.runner)
-        if self.provider == "azure":
-            return azure_leftovers(self.name, self.runner)
-        raise StepError(f"no audit for {self.provider}: its leftovers cannot be looked for")
+        try:
+            return self.live.leftovers(self.name, self.access)
+        except LiveError as error:
+            raise StepError(str(error)) from None

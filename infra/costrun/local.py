@@ -12,6 +12,7 @@ from typing import Any
 
 from infra.costrun.rpc_bytes import ActivationShape, activation_shape
 from infra.costrun.target import Prediction, StepError, parse_status
+from infra.live import ChannelError
 from infra.local import cluster
 from infra.local import image as node_image
 from infra.local.access import LocalChannel
@@ -19,7 +20,6 @@ from infra.local.machines import unavailable_reason
 from infra.local.options import LocalClusterError, UpOptions, can_use_netns, state_dir
 from infra.local.spec import ClusterSpec
 from infra.local.usage import LocalProbe
-from infra.observe.channels import ChannelError
 from infra.observe.status import STATUS_COMMAND
 
 

@@ -8,11 +8,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from infra.live import ChannelError
 from infra.local.machines import MachineError
 from infra.local.netns import exec_prefix
 from infra.local.options import LocalClusterError
 from infra.local.spec import ClusterSpec
-from infra.observe.channels import ChannelError
 
 
 def exec_argv(spec: ClusterSpec, name: str, command: list[str]) -> list[str]:

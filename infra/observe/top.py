@@ -1,7 +1,7 @@
 """What every node of a deployed stack is doing, refreshed live (``lrc top --stack S``).
 
 The view of ``lrc local top`` (``infra.observe.topview``), read through the provider's
-command channel (``infra.observe.channels``: SSM, IAP SSH, Run Command): each serving group's main
+command channel (``infra.live``: SSM, IAP SSH, Run Command): each serving group's main
 node runs ``llama-rpc-metrics``, which reads every node of its group inside the private network
 (node-exporter on each, and its own llama-server), and the groups are asked at once. Nothing is
 opened to the outside for it: the metrics port stays closed to everything beyond the cluster's
@@ -22,8 +22,9 @@ from typing import Any, TextIO
 
 from infra.boot import metrics_command
 from infra.core import outputs as keys
+from infra.core.outputs import group_outputs
+from infra.live import Channel, ChannelError
 from infra.observe import group_metrics
-from infra.observe.channels import Channel, ChannelError, group_outputs
 from infra.observe.metrics import MetricsError
 from infra.observe.topview import NodeReading, Row, live, render, row
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.observe.channels import Channel, ChannelError
+from infra.live import Channel, ChannelError
 from infra.observe.status import STATUS_COMMAND, StatusError, parse_status, progress
 
 READ_TIMEOUT_SECONDS = 120.0

@@ -3,11 +3,10 @@
 A stack can be valid and still fail half-way through ``pulumi up``: a vCPU quota too small for
 its nodes, an instance type the chosen zone (or, on Azure, the subscription) does not offer, an
 Azure subscription whose region has no Network Watcher or has not registered
-``Microsoft.Insights`` for the flow log. The preflight reads those facts with the user's own
-credentials (``infra.preflight.aws``, ``.gcp``, ``.azure``), then ``problems`` says what is
-missing and how to fix it. The Pulumi program runs it before it registers any resource, and
-``lrc check --stack S`` runs it on its own. It also chooses the zone a new stack is
-created in: the first, by name, that offers every type.
+``Microsoft.Insights`` for the flow log. Each cloud's reader (``infra.live``) reads those facts
+into an ``Account``, then ``problems`` says what is missing and how to fix it. The Pulumi program
+runs it before it registers any resource, and ``lrc check --stack S`` runs it on its own. It also
+chooses the zone a new stack is created in: the first, by name, that offers every type.
 """
 
 from __future__ import annotations

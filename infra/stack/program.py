@@ -8,14 +8,11 @@ from __future__ import annotations
 import pulumi
 
 from infra import preflight
-from infra.preflight.live import CredentialsError, Reader, program_reader
+from infra.live import LiveError, Reader, live_cloud
 from infra.stack import config as stack_config
 from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
 from infra.stack.kube.eks import LlamaRpcKubernetesCluster, LlamaRpcKubernetesClusterArgs
 from infra.stack.needs import needs_of
-
-# The providers' own settings the preflight reads with (their credentials and profile).
-PROVIDER_SETTINGS = {"aws": ("profile",)}
 
 
 def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKubernetesCluster:
@@ -27,15 +24,17 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKuberne
         # A RunError prints the message alone: nothing has been created at this point.
         raise pulumi.RunError(str(error)) from None
     needs = needs_of(config, pulumi.get_stack())
+    live = live_cloud(config.cloud)
+    # The provider's own settings the preflight reads with (its credentials and profile).
     settings = {
         f"{config.cloud}:{key}": pulumi.Config(config.cloud).get(key)
-        for key in PROVIDER_SETTINGS.get(config.cloud, ())
+        for key in live.provider_settings
     }
     if read_account is None:
-        read_account = program_reader(config.cloud, settings)
+        read_account = live.program_reader(settings)
     try:
         account = read_account(needs)
-    except CredentialsError as error:
+    except LiveError as error:
         raise pulumi.RunError(f"preflight: {error}") from None
     for unread in account.unread:
         pulumi.log.warn(f"preflight: {unread}")

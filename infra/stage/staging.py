@@ -3,22 +3,12 @@ of the cloud and region that will read them, each checked by its sha256."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from infra.live import LiveCloud, StageError, Store, live_cloud
 from infra.models.parts import saved_name
-from infra.stage.upload import Report, StageError, Store, copy_part
-
-# Each cloud's store, as its errors name it.
-OWN_STORE = {"aws": "S3", "gcp": "Cloud Storage", "azure": "Blob Storage"}
-
-# What each cloud's SDK calls a credentials or access problem, and what to check.
-CREDENTIALS = {
-    "aws": "your AWS credentials (AWS_PROFILE)",
-    "gcp": "your Application Default Credentials (gcloud auth application-default login)",
-    "azure": "your Azure login (az login) and a Storage Blob Data Contributor role on it",
-}
+from infra.stage.upload import Report, copy_part
 
 
 @dataclass(frozen=True)
@@ -58,8 +48,7 @@ def staging(
         raise StageError(f"--url {wrong[0]}: give each part's https:// URL")
     if sums and len(sums) != len(urls):
         raise StageError(f"{len(sums)} --sha256 for {len(urls)} --url: give one per part")
-    if cloud == "azure" and not re.fullmatch(r"[^/\s]+/[^/\s]+", bucket):
-        raise StageError(f"--bucket {bucket}: give ACCOUNT/CONTAINER for Blob Storage")
+    live_cloud(cloud).check_bucket(bucket)
     return Staging(cloud, region, tuple(urls), tuple(sums))
 
 
@@ -83,10 +72,13 @@ def stage(
     return staged, digests
 
 
-def sdk_problem(cloud: str, bucket: str, error: Exception) -> str:
-    """An SDK's error (credentials, access, a missing bucket), with what to check."""
+def sdk_problem(cloud: LiveCloud, bucket: str, error: Exception) -> str | None:
+    """The store's SDK's error (credentials, access, a missing bucket), with what to check;
+    None for an error that is not its SDK's."""
+    if not type(error).__module__.startswith(cloud.sdk_packages):
+        return None
     return (
-        f"{OWN_STORE[cloud]} said: {error}; check {CREDENTIALS[cloud]} and that --bucket "
+        f"{cloud.store_name} said: {error}; check {cloud.store_credentials} and that --bucket "
         f"{bucket} exists and is yours; the pieces already uploaded are kept, and the same "
         "command resumes"
     )

@@ -1,11 +1,11 @@
 """One model part from its URL into an object store: in pieces that resume, retry and report.
 
 The part streams through this machine once, in order: its sha256 is taken on the way, each
-``part_bytes`` piece goes up (a few at once) as the store keeps pieces (``infra.stage.stores``),
-and only a whole, checked part takes its name, with its sha256 as metadata. A run that stops
-leaves its pieces in the store; the next run reads the part again from the start (the hash needs
-every byte) and uploads only the pieces the store does not already hold with the same size and
-MD5, so an interrupted copy of a 50 GB part costs its download again, not its upload.
+``part_bytes`` piece goes up (a few at once) as the store keeps pieces (each cloud's own, in
+``infra.live``), and only a whole, checked part takes its name, with its sha256 as metadata. A run
+that stops leaves its pieces in the store; the next run reads the part again from the start (the
+hash needs every byte) and uploads only the pieces the store does not already hold with the same
+size and MD5, so an interrupted copy of a 50 GB part costs its download again, not its upload.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO
 
-SHA256_METADATA = "sha256"
+from infra.live import Piece, StageError, Store
+
 # S3 takes 5 MiB to 5 GiB per piece and at most 10,000 of them; Blob Storage 50,000 blocks of up
 # to 4,000 MiB; Cloud Storage composes any number, 32 at a time.
 PART_BYTES = 64 * 2**20
@@ -30,10 +31,6 @@ MAX_PARTS = 10_000
 IN_FLIGHT = 4  # pieces uploading at once: IN_FLIGHT x part_bytes of memory
 ATTEMPTS = 6  # per GET from an offset, and per piece's upload
 READ_TIMEOUT_SECONDS = 120
-
-
-class StageError(RuntimeError):
-    """The model could not be staged; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -126,36 +123,6 @@ class _Source:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
-
-
-@dataclass(frozen=True)
-class Piece:
-    size: int
-    md5: str  # hex
-
-
-class Store(Protocol):
-    """Where parts go, piece by piece (``infra.stage.stores``). ``put`` may run in several
-    threads at once."""
-
-    def url(self, key: str) -> str: ...
-
-    def check_region(self, region: str) -> None:
-        """Refuse a store the stack's nodes would not read from its region."""
-
-    def have(self, key: str) -> str | None:
-        """The sha256 of ``key`` when the store holds it whole."""
-
-    def earlier(self, key: str) -> dict[int, Piece]:
-        """The pieces of ``key`` an earlier run left, by number (1, 2, ...)."""
-
-    def put(self, key: str, number: int, data: bytes) -> None: ...
-
-    def finish(self, key: str, numbers: list[int], sha256: str) -> None:
-        """Join the pieces, in order, into ``key`` with its sha256; drop what staged them."""
-
-    def discard(self, key: str) -> None:
-        """Drop every piece of ``key`` (its bytes were wrong)."""
 
 
 class _Pieces:

@@ -33,7 +33,7 @@ def test_every_command_is_a_module_of_the_command_line_package() -> None:
     modules = {path.stem for path in (REPO / "infra" / "cli").glob("*.py")}
     assert set(cli.COMMANDS) | set(cli.DEVELOPER_COMMANDS) <= modules
     # What is not a command is what the commands share.
-    shared = {"__init__", "lrc", "options", "deployed", "power"}
+    shared = {"__init__", "lrc", "options", "deployed"}
     assert modules - set(cli.COMMANDS) - set(cli.DEVELOPER_COMMANDS) == shared
 
 

@@ -11,7 +11,7 @@ import pytest
 from infra.cli import deployed as deployed_module
 from infra.cli import lrc
 from infra.core import outputs
-from infra.observe.channels import ChannelError
+from infra.live import ChannelError
 from infra.observe.status import STATUS_COMMAND
 from infra.observe.wait import WaitError, wait_until_serving
 

@@ -9,40 +9,31 @@ import json
 import math
 import re
 import shlex
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.stub import ANY, Stubber
+from botocore.stub import ANY
 
 from infra.cli import costrun as cli
 from infra.core import outputs, perf
 from infra.core.units import money
 from infra.costrun import report, rpc_bytes, runs
 from infra.costrun.channel_probe import ChannelProbe
-from infra.costrun.cloud import PulumiTarget, aws_leftovers, azure_leftovers, gcp_leftovers
+from infra.costrun.cloud import PulumiTarget
 from infra.costrun.events import EventLog, needs_cleanup, read_events
 from infra.costrun.pipeline import BENCH_COMMAND, RunOptions, predicted_usd, run_stack
 from infra.costrun.target import Prediction, StepError, parse_status
+from infra.live.aws import SsmChannel
 from infra.models import PRESETS
-from infra.observe.channels import (
-    ChannelError,
-    IapChannel,
-    RunCommandChannel,
-    SsmChannel,
-    run_cli,
-)
 from infra.observe.status import STATUS_COMMAND
 from infra.observe.usage import UsageUnavailable
 from infra.planner import engines
 from infra.stack.files import config_of, stack_config, stack_values
 from tests.conftest import REPO
+from tests.live.test_channels import COMMAND_ID, aws_clients, recorded
 from tests.observe.test_usage import SimulatedCluster
 
-COMMAND_ID = "0b6c1f3e-2d4a-4c5b-9e8f-7a6b5c4d3e2f"  # SSM's ids are UUIDs
 BENCH = {
     "schema": 1,
     "requests": {
@@ -582,19 +573,6 @@ def test_pulumis_own_output_is_shown_as_the_stack_deploys(capsys) -> None:
     assert kept[0] == "Updating (aws-c8g):\n"
 
 
-def aws_clients() -> tuple[dict[str, Any], dict[str, Stubber]]:
-    clients = {
-        name: boto3.client(
-            name,
-            region_name="us-east-1",
-            aws_access_key_id="k",  # type: ignore[call-overload]
-            aws_secret_access_key="s",
-        )
-        for name in ("ssm", "resourcegroupstaggingapi", "ec2")
-    }
-    return clients, {name: Stubber(client) for name, client in clients.items()}
-
-
 def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real_apis() -> None:
     automation = FakeAutomation()
     clients, stubs = aws_clients()
@@ -644,119 +622,34 @@ def test_the_cloud_target_deploys_reads_benchmarks_and_destroys_through_the_real
     assert set(prediction.serve_seconds) == {"boot", "build", "download", "load", "total"}
 
 
-def test_a_failed_ssm_command_is_an_error_with_its_output() -> None:
-    clients, stubs = aws_clients()
-    stubs["ssm"].add_response("send_command", {"Command": {"CommandId": COMMAND_ID}})
-    stubs["ssm"].add_response(
-        "get_command_invocation", {"Status": "Failed", "StandardErrorContent": "no such file"}
-    )
-    with stubs["ssm"], pytest.raises(ChannelError, match="SSM Failed on i-1: no such file"):
-        SsmChannel(clients["ssm"], "i-1", sleep=lambda _: None).run(["cat", "x"], 60)
-
-
-def test_the_aws_audit_lists_what_is_tagged_and_still_running() -> None:
-    clients, stubs = aws_clients()
-    arns = [
-        "arn:aws:ec2:us-east-1:1:instance/i-gone",  # terminated: listed by tag a while longer
-        "arn:aws:ec2:us-east-1:1:instance/i-alive",
-        "arn:aws:ec2:us-east-1:1:natgateway/nat-1",
-    ]
-    stubs["resourcegroupstaggingapi"].add_response(
-        "get_resources",
-        {"ResourceTagMappingList": [{"ResourceARN": a} for a in arns]},
-        {"TagFilters": [{"Key": "project", "Values": ["llama-rpc-cluster"]},
-                        {"Key": "stack", "Values": ["aws-c8g"]}]},
-    )  # fmt: skip
-    stubs["ec2"].add_response(
-        "describe_instances",
-        {"Reservations": [{"Instances": [{"InstanceId": "i-alive"}, {"InstanceId": "i-new"}]}]},
-    )
-    with stubs["resourcegroupstaggingapi"], stubs["ec2"]:
-        found = aws_leftovers(clients["resourcegroupstaggingapi"], clients["ec2"], "aws-c8g")
-    assert found == [
-        "arn:aws:ec2:us-east-1:1:natgateway/nat-1",
-        "arn:aws:ec2:us-east-1:1:instance/i-alive",
-        "instance i-new (running, not yet in the tagging API)",
-    ]
-
-
-def recorded(outputs_by_command: dict[str, tuple[int, str]]) -> Any:
-    """A CLI runner that answers from recorded output, keyed by the command's first words."""
-    calls: list[list[str]] = []
-    timeouts: list[float] = []
-
-    def runner(argv: Sequence[str], timeout: float = 3600.0) -> subprocess.CompletedProcess[str]:
-        calls.append(list(argv))
-        timeouts.append(timeout)
-        key = next(k for k in outputs_by_command if " ".join(argv).startswith(k))
-        code, out = outputs_by_command[key]
-        return subprocess.CompletedProcess(list(argv), code, out if code == 0 else "", out)
-
-    runner.calls = calls  # type: ignore[attr-defined]
-    runner.timeouts = timeouts  # type: ignore[attr-defined]
-    return runner
-
-
-def test_gcp_reads_the_node_through_iap_and_audits_by_label() -> None:
-    runner = recorded({
-        "gcloud compute ssh": (0, '{"phase": "serving"}\n'),
-        "gcloud compute instances list": (0, '[{"name": "gcp-c4a-main"}]'),
-        "gcloud compute disks list": (0, "[]"),
-        "gcloud compute addresses list": (0, "[]"),
-    })  # fmt: skip
-    channel = IapChannel("gcp-c4a-main", "us-central1-c", "proj", runner)
-    assert json.loads(channel.run(STATUS_COMMAND, 60))["phase"] == "serving"
-    assert runner.calls[0][-1] == f"sudo {shlex.join(STATUS_COMMAND)}"
-    assert runner.timeouts[0] == 60  # a hung gcloud gives up when the caller does
-    assert "--tunnel-through-iap" in runner.calls[0]
-    assert gcp_leftovers("proj", "gcp-c4a", runner) == ["instance gcp-c4a-main"]
-    assert "--filter=labels.stack=gcp-c4a AND labels.project=llama-rpc-cluster" in runner.calls[1]
-
-
-def test_azure_runs_the_command_through_run_command_and_audits_by_tag() -> None:
-    message = 'Enable succeeded: \n[stdout]\n{"phase": "loading"}\n\n[stderr]\n'
-    runner = recorded({
-        "az vm run-command invoke": (0, json.dumps({"value": [{"message": message}]})),
-        "az group list": (
-            0, json.dumps([{"name": "rg1", "tags": {"project": "llama-rpc-cluster"}}])
-        ),
-        "az resource list": (0, json.dumps([{"name": "other", "tags": {"project": "else"}}])),
-    })  # fmt: skip
-    channel = RunCommandChannel("azure-cobalt-main", "rg1", runner)
-    assert json.loads(channel.run(["cat", "status.json"], 60)) == {"phase": "loading"}
-    assert runner.timeouts[0] == 60
-    assert azure_leftovers("azure-cobalt", runner) == ["group rg1"]
-    failed = recorded({"az vm": (1, "ERROR: (AuthorizationFailed) no access")})
-    with pytest.raises(ChannelError, match="AuthorizationFailed"):
-        RunCommandChannel("vm", "rg", failed).run(["true"], 60)
-
-
-def test_a_cloud_cli_that_hangs_gives_up_at_the_channels_timeout() -> None:
-    with pytest.raises(ChannelError, match=r"sleep 30 did not finish in 0\.2 s"):
-        run_cli(["sleep", "30"], timeout=0.2)
-
-
-def test_preflight_names_each_missing_tool_and_login(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_preflight_names_each_missing_tool_and_login(no_aws_credentials) -> None:
     aws = PulumiTarget("aws-c8g", which=lambda tool: None)
     missing = aws.preflight()
     assert missing[0].startswith("the Pulumi CLI is not on PATH")
     assert missing[1].startswith("no AWS credentials: set AWS_PROFILE")
-    logged_out = recorded({"gcloud auth list": (0, "")})
+    logged_out = recorded({
+        "gcloud auth print-access-token": (1, "ERROR: (gcloud.auth.print-access-token) You do "
+                                              "not currently have an active account selected."),
+    })  # fmt: skip
     gcp = PulumiTarget(
         "gcp-c4a", which=lambda tool: f"/usr/bin/{tool}", runner=logged_out, environ={}
     )
     assert gcp.preflight() == [
-        "no active gcloud account: run `gcloud auth login`",
-        "no GCP project: set `gcp:project` in the stack file or GOOGLE_CLOUD_PROJECT",
+        "no gcloud login: run `gcloud auth login` (ERROR: (gcloud.auth.print-access-token) You "
+        "do not currently have an active account selected.)"
+    ]
+    no_project = recorded({"gcloud auth": (0, "token\n"), "gcloud config": (0, "\n")})
+    gcp = PulumiTarget(
+        "gcp-c4a", which=lambda tool: f"/usr/bin/{tool}", runner=no_project, environ={}
+    )
+    assert gcp.preflight() == [
+        "no GCP project: set `gcp:project` in the stack file, GOOGLE_CLOUD_PROJECT, or gcloud's "
+        "own (`gcloud config set project PROJECT`)"
     ]
     azure = PulumiTarget("azure-cobalt", which=lambda tool: None if tool == "az" else "/bin/x")
     assert azure.preflight() == [
-        "az is not on PATH: install the Azure CLI (Run Command and the audit)"
+        "az is not on PATH: install the Azure CLI "
+        "(https://learn.microsoft.com/cli/azure/install-azure-cli)"
     ]
 
 

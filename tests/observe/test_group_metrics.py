@@ -31,8 +31,8 @@ from infra.core import outputs
 from infra.core.limits import MAX_WORKERS
 from infra.costrun import channel_probe
 from infra.costrun.channel_probe import RECORD_UNIT, ChannelProbe, NodeRecorder
+from infra.live import Access, ChannelError, LiveError, stack_channels
 from infra.observe import group_metrics, metrics, top, usage
-from infra.observe.channels import ChannelError, stack_channels
 from infra.observe.metrics import Snapshot
 from tests.conftest import REPO, free_port
 
@@ -402,21 +402,26 @@ def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
 
 
+# No project named anywhere, and no gcloud to ask; and one named in the stack file.
+NOWHERE = Access("us-central1", environ={}, which=lambda tool: None)
+NAMED = Access("us-central1", {"gcp:project": "proj"}, environ={}, which=lambda tool: None)
+
+
 def test_a_channel_that_cannot_be_built_says_what_is_missing() -> None:
     base = stack_outputs((MAIN,)) | {outputs.MAIN_INSTANCE_ID: "vm-main"}
     gcp = base | {outputs.CLOUD: "gcp", outputs.ZONE: "us-central1-a"}
     with pytest.raises(ChannelError, match="GOOGLE_CLOUD_PROJECT"):
-        stack_channels(gcp)
+        stack_channels(gcp, access=NOWHERE)
+    with pytest.raises(ChannelError, match="the stack's `zone` output"):
+        stack_channels(base | {outputs.CLOUD: "gcp"}, access=NAMED)
     azure = base | {outputs.CLOUD: "azure", outputs.CONNECT_COMMAND: "az network bastion tunnel"}
     with pytest.raises(ChannelError, match="resourceGroup"):
-        stack_channels(azure)
-    with pytest.raises(ChannelError, match="an SSM client"):
-        stack_channels(base)
-    with pytest.raises(ChannelError, match="no command channel for cloud 'local'"):
-        stack_channels(base | {outputs.CLOUD: "local"})
-    [channel] = stack_channels(gcp, gcp_project="proj")
+        stack_channels(azure, access=NOWHERE)
+    with pytest.raises(LiveError, match="no live operations for cloud 'local'"):
+        stack_channels(base | {outputs.CLOUD: "local"}, access=NOWHERE)
+    [channel] = stack_channels(gcp, access=NAMED)
     assert (channel.max_output, channel.zone) == (None, "us-central1-a")  # type: ignore[attr-defined]
-    [channel] = stack_channels(azure | {outputs.RESOURCE_GROUP: "rg-1"})
+    [channel] = stack_channels(azure | {outputs.RESOURCE_GROUP: "rg-1"}, access=NOWHERE)
     assert channel.resource_group == "rg-1"  # type: ignore[attr-defined]
 
 
@@ -427,13 +432,13 @@ def test_a_stack_deployed_before_the_location_outputs_is_still_reached() -> None
         outputs.CLOUD: "gcp",
         outputs.CONNECT_COMMAND: "gcloud … --zone=europe-west4-b",
     }
-    [channel] = stack_channels(old_gcp, gcp_project="proj")
+    [channel] = stack_channels(old_gcp, access=NAMED)
     assert channel.zone == "europe-west4-b"  # type: ignore[attr-defined]
     old_azure = base | {
         outputs.CLOUD: "azure",
         outputs.CONNECT_COMMAND: "az network bastion tunnel --resource-group rg-old --name b",
     }
-    [channel] = stack_channels(old_azure)
+    [channel] = stack_channels(old_azure, access=NOWHERE)
     assert channel.resource_group == "rg-old"  # type: ignore[attr-defined]
 
 
@@ -466,7 +471,8 @@ def test_an_aws_reading_goes_as_the_stacks_document_and_anything_else_as_a_shell
         "ssm", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
     )
     found = stack_outputs((MAIN,)) | {outputs.METRICS_DOCUMENT: document}
-    [channel] = stack_channels(found, aws_ssm=lambda: ssm)
+    access = Access("us-east-1", aws_clients=lambda service, region: ssm)
+    [channel] = stack_channels(found, access=access)
     channel.sleep = lambda _: None  # type: ignore[attr-defined]
     reading = metrics_command.read_command(channel.max_output)
     other = ["cat", "/var/lib/llama-rpc/status.json"]

@@ -18,9 +18,8 @@ from botocore.stub import Stubber
 
 from infra import preflight
 from infra.cli.check import main
-from infra.preflight import aws, azure, gcp, live
+from infra.live import Access, LiveError, Reader, aws, azure, gcp, live_cloud
 from infra.preflight.api import JsonApi
-from infra.preflight.live import Reader
 from infra.stack.needs import needs_of
 from tests.conftest import REPO
 from tests.pulumi_mocks import SUBSCRIPTION, RecordingMocks, deploy, parsed_config
@@ -141,7 +140,7 @@ class AwsAccount:
 
     def read(self, wanted: preflight.Needs) -> preflight.Account:
         with self.ec2_stub, self.quota_stub:
-            account = aws.read(wanted, self.ec2, self.quotas)
+            account = aws.read_account(wanted, self.ec2, self.quotas)
             self.ec2_stub.assert_no_pending_responses()
             self.quota_stub.assert_no_pending_responses()
         return account
@@ -271,7 +270,7 @@ def gcp_answers() -> dict[str, Any]:
 
 
 def gcp_read(wanted: preflight.Needs, answers: dict[str, Any]) -> preflight.Account:
-    return gcp.read(wanted, JsonApi(gcp.BASE, "token", Recorded(answers)), "my-project")
+    return gcp.read_account(wanted, JsonApi(gcp.BASE, "token", Recorded(answers)), "my-project")
 
 
 def c4a_quota(answers: dict[str, Any], limit: float, usage: float) -> None:
@@ -372,7 +371,7 @@ def azure_answers() -> dict[str, Any]:
 
 
 def azure_read(wanted: preflight.Needs, answers: dict[str, Any]) -> preflight.Account:
-    return azure.read(wanted, JsonApi(azure.BASE, "token", Recorded(answers)), SUBSCRIPTION)
+    return azure.read_account(wanted, JsonApi(azure.BASE, "token", Recorded(answers)), SUBSCRIPTION)
 
 
 def test_azure_a_ready_subscription_passes() -> None:
@@ -534,8 +533,9 @@ def test_pulumi_up_creates_the_nodes_in_the_zone_the_preflight_chose() -> None:
 
 
 def test_the_command_says_ready_or_names_each_problem(capsys: pytest.CaptureFixture[str]) -> None:
-    def factory(cloud: str, values: Mapping[str, Any]) -> Reader:
-        assert cloud == "gcp" and values["gcp:region"] == "us-central1"
+    def factory(cloud: str, access: Access) -> Reader:
+        assert cloud == "gcp" and access.values["gcp:region"] == "us-central1"
+        assert access.region == "us-central1"
         return recorded_reader(answers)
 
     answers = gcp_answers
@@ -566,7 +566,10 @@ def test_the_command_names_a_missing_stack_and_a_bad_setting(
     assert "stack 'no-such-stack': no stacks/Pulumi.no-such-stack.yaml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("reader", [live.program_reader, live.cli_reader])
-def test_a_cloud_without_a_reader_is_refused_not_read_as_another(reader: Any) -> None:
-    with pytest.raises(live.CredentialsError, match="no preflight reader for 'oci'"):
-        reader("oci", {})
+def test_a_cloud_without_a_reader_is_refused_not_read_as_another(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(LiveError, match="no live operations for cloud 'oci'"):
+        live_cloud("oci")
+    assert main(["--stack", "gcp-c4a"], reader_for=lambda cloud, access: live_cloud("oci")) == 2
+    assert "preflight: no live operations for cloud 'oci'" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from infra.boot.patches import patches_digest
 from infra.boot.render import boot_files
 from infra.core import costs, outputs, sizing
 from infra.core.limits import METRICS_PORT
-from infra.observe.channels import SsmChannel
+from infra.live.aws import SsmChannel
 from infra.stack.providers.aws import api_key_policy, files_policy
 from tests.pulumi_mocks import (
     GENERATED_KEY,

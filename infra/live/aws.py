@@ -1,0 +1,420 @@
+"""AWS, live, with the user's own credentials through boto3 (imported by the call that needs it):
+
+- the preflight's reads: the region's availability zones that need no opt-in and which of them
+  offer the instance types (EC2), the On-Demand vCPU quotas (Service Quotas), and the vCPUs of
+  the instances running in the region, the stack's own told apart by its tags (EC2);
+- the command channel: SSM ``send_command``, as root;
+- power: EC2 StartInstances and DescribeInstances;
+- the cost run's audit: everything tagged with the stack (Resource Groups Tagging API);
+- the object store: S3, a multipart upload of ``KEY.staging``, then a copy to ``KEY`` with the
+  sha256 as metadata (a multipart upload takes no metadata at the end); a piece's ETag is its MD5.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from infra.clouds import aws as aws_facts
+from infra.clouds.base import VcpuQuota
+from infra.core import outputs as keys
+from infra.core.layout import PROJECT
+from infra.live.base import (
+    SHA256_METADATA,
+    Access,
+    Channel,
+    ChannelError,
+    CredentialsError,
+    LiveCloud,
+    Piece,
+    PowerError,
+    Reader,
+    StageError,
+    Store,
+)
+from infra.preflight.account import Account, QuotaReading, Unread
+from infra.preflight.needs import Needs
+
+NO_CREDENTIALS = (
+    "no AWS credentials: set AWS_PROFILE (after `aws sso login`), or AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY"
+)
+# What an instance counts against its quota in while it runs (stopped ones do not count).
+RUNNING_STATES = ["pending", "running"]
+INCREASE = (
+    "`aws service-quotas request-service-quota-increase --region {region} --service-code ec2 "
+    "--quota-code {code} --desired-value {{value}}`"
+)
+RUN_SHELL_SCRIPT = "AWS-RunShellScript"
+STAGING = ".staging"
+
+
+def session(region: str, profile: str | None = None) -> Any:
+    """Every boto3 session the product opens: the user's credentials (``profile``: the stack's
+    ``aws:profile``, which the preflight reads with, as the provider deploys with it)."""
+    import boto3  # noqa: PLC0415 (only AWS stacks need it)
+
+    return boto3.Session(profile_name=profile, region_name=region)
+
+
+def client(access: Access, service: str, *, endpoint: str | None = None) -> Any:
+    """A client of ``service`` in the access's region (a stubbed one when the access has them)."""
+    if access.aws_clients is not None:
+        return access.aws_clients(service, access.region)
+    return session(access.region).client(service, endpoint_url=endpoint)
+
+
+def _credentials(found: Any) -> list[str]:
+    return [NO_CREDENTIALS] if found.get_credentials() is None else []
+
+
+# --- the preflight's reads ------------------------------------------------------------------------
+
+
+def _why(error: Exception) -> str:
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+
+    if isinstance(error, ClientError):
+        found = error.response.get("Error", {})
+        return f"{found.get('Code', 'error')}: {found.get('Message', '')}".strip(": ")
+    return str(error)
+
+
+def _zones(ec2: Any, types: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    """Zones that need no opt-in (no Local or Wavelength Zone) and are available, with the
+    types each offers."""
+    listed = ec2.describe_availability_zones(
+        Filters=[
+            {"Name": "opt-in-status", "Values": ["opt-in-not-required"]},
+            {"Name": "zone-type", "Values": ["availability-zone"]},
+        ]
+    )["AvailabilityZones"]
+    zones = {z["ZoneName"] for z in listed if z.get("State") == "available"}
+    offers: dict[str, set[str]] = {zone: set() for zone in zones}
+    arguments: dict[str, Any] = {
+        "LocationType": "availability-zone",
+        "Filters": [{"Name": "instance-type", "Values": list(types)}],
+    }
+    while True:
+        page = ec2.describe_instance_type_offerings(**arguments)
+        for offer in page["InstanceTypeOfferings"]:
+            if offer["Location"] in offers:
+                offers[offer["Location"]].add(offer["InstanceType"])
+        if not page.get("NextToken"):
+            return {zone: frozenset(found) for zone, found in offers.items()}
+        arguments["NextToken"] = page["NextToken"]
+
+
+def _running(
+    ec2: Any, needs: Needs, quota_of: Callable[[str], VcpuQuota | None]
+) -> tuple[dict[VcpuQuota, float], dict[VcpuQuota, float]]:
+    """vCPUs of every On-Demand instance running in the region, and of the stack's own, by
+    quota."""
+    used: dict[VcpuQuota, float] = {}
+    own: dict[VcpuQuota, float] = {}
+    arguments: dict[str, Any] = {
+        "Filters": [{"Name": "instance-state-name", "Values": RUNNING_STATES}]
+    }
+    while True:
+        page = ec2.describe_instances(**arguments)
+        for reservation in page["Reservations"]:
+            for instance in reservation["Instances"]:
+                quota = quota_of(instance["InstanceType"])
+                if quota is None or instance.get("InstanceLifecycle"):  # spot: its own quotas
+                    continue
+                cpu = instance.get("CpuOptions", {})
+                vcpus = float(cpu.get("CoreCount", 0) * cpu.get("ThreadsPerCore", 1))
+                used[quota] = used.get(quota, 0.0) + vcpus
+                tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                if all(tags.get(k) == v for k, v in needs.tags.items()):
+                    own[quota] = own.get(quota, 0.0) + vcpus
+        if not page.get("NextToken"):
+            return used, own
+        arguments["NextToken"] = page["NextToken"]
+
+
+def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
+    """Read the account with an EC2 and a Service Quotas client of the stack's region."""
+    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+    unread: list[Unread] = []
+    zone_offers = None
+    try:
+        zone_offers = _zones(ec2, needs.types)
+    except (ClientError, BotoCoreError) as error:
+        unread.append(Unread("which zones offer the instance types", _why(error)))
+    used: dict[VcpuQuota, float] | None = None
+    own: dict[VcpuQuota, float] = {}
+    try:
+        used, own = _running(ec2, needs, aws_facts.vcpu_quota)
+    except (ClientError, BotoCoreError) as error:
+        unread.append(Unread("the vCPUs already running in the region", _why(error)))
+    readings = []
+    for quota in needs.quota_needs():
+        limit = None
+        try:
+            found = service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.id)
+            limit = float(found["Quota"]["Value"])
+        except (ClientError, BotoCoreError) as error:
+            unread.append(Unread(f"the quota {quota.id}", _why(error)))
+        readings.append(
+            QuotaReading(
+                quota,
+                limit,
+                None if used is None else used.get(quota, 0.0),
+                own.get(quota, 0.0),
+                INCREASE.format(region=needs.region, code=quota.id),
+            )
+        )
+    return Account(
+        "aws", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
+    )
+
+
+def _reader(profile: Any) -> Reader:
+    def read(needs: Needs) -> Account:
+        found = session(needs.region, str(profile) if profile else None)
+        if missing := _credentials(found):
+            raise CredentialsError(missing[0])
+        return read_account(needs, found.client("ec2"), found.client("service-quotas"))
+
+    return read
+
+
+# --- the command channel --------------------------------------------------------------------------
+
+
+class SsmChannel:
+    """``AWS-RunShellScript`` through SSM, as root, polled until it ends. A command that one of
+    ``documents`` runs exactly is sent as that document instead (the stack's metrics reading),
+    so a watcher needs ``ssm:SendCommand`` on that document alone."""
+
+    max_output = aws_facts.FACTS.command_output_chars
+
+    def __init__(
+        self,
+        ssm: Any,
+        instance_id: str,
+        sleep: Callable[[float], None] = time.sleep,
+        documents: Mapping[tuple[str, ...], str] | None = None,
+    ):
+        self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
+        self.documents = dict(documents or {})
+
+    def run(self, command: list[str], timeout: float) -> str:
+        document = self.documents.get(tuple(command))
+        if document:
+            sent = self.ssm.send_command(InstanceIds=[self.instance_id], DocumentName=document)
+        else:
+            sent = self.ssm.send_command(
+                InstanceIds=[self.instance_id],
+                DocumentName=RUN_SHELL_SCRIPT,
+                Parameters={
+                    "commands": [shlex.join(command)],
+                    "executionTimeout": [str(int(timeout))],
+                },
+            )
+        command_id = sent["Command"]["CommandId"]
+        deadline = time.monotonic() + timeout + 60
+        while True:
+            self.sleep(2)
+            try:
+                result = self.ssm.get_command_invocation(
+                    CommandId=command_id, InstanceId=self.instance_id
+                )
+            except self.ssm.exceptions.InvocationDoesNotExist:
+                continue  # not registered yet
+            if result["Status"] == "Success":
+                return str(result["StandardOutputContent"])
+            if result["Status"] in {"Failed", "Cancelled", "TimedOut", "Cancelling"}:
+                raise ChannelError(
+                    f"SSM {result['Status']} on {self.instance_id}: "
+                    f"{result.get('StandardErrorContent', '').strip()[-500:]}"
+                )
+            if time.monotonic() > deadline:
+                raise ChannelError(f"SSM command {command_id} still {result['Status']}")
+
+
+# --- the audit ------------------------------------------------------------------------------------
+
+
+def _leftovers(tagging: Any, ec2: Any, stack: str) -> list[str]:
+    """Everything tagged with the stack (Resource Groups Tagging API), cross-checked with EC2:
+    a terminated instance stays listed by tag for a while, and is not a leftover."""
+    found: list[str] = []
+    filters = [{"Key": "project", "Values": [PROJECT]}, {"Key": "stack", "Values": [stack]}]
+    for page in tagging.get_paginator("get_resources").paginate(TagFilters=filters):
+        found += [r["ResourceARN"] for r in page["ResourceTagMappingList"]]
+    live = set()
+    reservations = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:stack", "Values": [stack]},
+            {"Name": "instance-state-name",
+             "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]},
+        ]
+    )["Reservations"]  # fmt: skip
+    for reservation in reservations:
+        live |= {i["InstanceId"] for i in reservation["Instances"]}
+    leftovers = [arn for arn in found if ":instance/" not in arn]
+    leftovers += [arn for arn in found if ":instance/" in arn and arn.rsplit("/", 1)[1] in live]
+    listed = {arn.rsplit("/", 1)[1] for arn in found}
+    leftovers += [f"instance {i} (running, not yet in the tagging API)" for i in live - listed]
+    return leftovers
+
+
+# --- the object store -----------------------------------------------------------------------------
+
+
+class S3Store:
+    def __init__(self, s3: Any, bucket: str) -> None:
+        self.s3, self.bucket = s3, bucket
+        self.uploads: dict[str, str] = {}
+        self.etags: dict[tuple[str, int], str] = {}
+        self.lock = threading.Lock()
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def check_region(self, region: str) -> None:
+        answer = self.s3.get_bucket_location(Bucket=self.bucket)
+        location = answer.get("LocationConstraint") or "us-east-1"
+        if location != region:
+            raise StageError(
+                f"bucket {self.bucket} is in {location}, the stack in {region}: the nodes reach "
+                f"only their own region's buckets over the gateway endpoint; use a bucket in "
+                f"{region}"
+            )
+
+    def have(self, key: str) -> str | None:
+        try:
+            head = self.s3.head_object(Bucket=self.bucket, Key=key)
+        except self.s3.exceptions.ClientError as error:
+            if error.response["Error"]["Code"] not in {"404", "NoSuchKey", "NotFound"}:
+                raise StageError(f"{self.url(key)}: {error}") from None
+            return None
+        found = head.get("Metadata", {}).get(SHA256_METADATA)
+        return str(found) if found else None
+
+    def earlier(self, key: str) -> dict[int, Piece]:
+        """The pieces of the newest unfinished upload of KEY.staging; a new upload if none."""
+        staging = key + STAGING
+        listed = self.s3.list_multipart_uploads(Bucket=self.bucket, Prefix=staging)
+        mine = sorted(
+            (u for u in listed.get("Uploads", []) if u["Key"] == staging),
+            key=lambda u: u["Initiated"],
+        )
+        if not mine:
+            self.uploads[key] = self.s3.create_multipart_upload(Bucket=self.bucket, Key=staging)[
+                "UploadId"
+            ]
+            return {}
+        self.uploads[key] = upload_id = mine[-1]["UploadId"]
+        found: dict[int, Piece] = {}
+        pages = self.s3.get_paginator("list_parts").paginate(
+            Bucket=self.bucket, Key=staging, UploadId=upload_id
+        )
+        for page in pages:
+            for part in page.get("Parts", []):
+                self.etags[key, part["PartNumber"]] = part["ETag"]
+                found[part["PartNumber"]] = Piece(part["Size"], part["ETag"].strip('"'))
+        return found
+
+    def put(self, key: str, number: int, data: bytes) -> None:
+        answer = self.s3.upload_part(
+            Bucket=self.bucket, Key=key + STAGING, UploadId=self.uploads[key],
+            PartNumber=number, Body=data,
+        )  # fmt: skip
+        with self.lock:
+            self.etags[key, number] = answer["ETag"]
+
+    def finish(self, key: str, numbers: list[int], sha256: str) -> None:
+        staging = key + STAGING
+        parts = [{"PartNumber": n, "ETag": self.etags[key, n]} for n in numbers]
+        self.s3.complete_multipart_upload(
+            Bucket=self.bucket, Key=staging, UploadId=self.uploads[key],
+            MultipartUpload={"Parts": parts},
+        )  # fmt: skip
+        self.s3.copy(
+            {"Bucket": self.bucket, "Key": staging}, self.bucket, key,
+            ExtraArgs={"Metadata": {SHA256_METADATA: sha256}, "MetadataDirective": "REPLACE"},
+        )  # fmt: skip
+        self.s3.delete_object(Bucket=self.bucket, Key=staging)
+
+    def discard(self, key: str) -> None:
+        self.s3.abort_multipart_upload(
+            Bucket=self.bucket, Key=key + STAGING, UploadId=self.uploads[key]
+        )
+
+
+class Aws(LiveCloud):
+    name = "aws"
+    provider_settings = ("profile",)
+    # EC2's instance states.
+    stopped_states = frozenset({"stopping", "stopped"})
+    store_name = "S3"
+    store_credentials = "your AWS credentials (AWS_PROFILE)"
+    sdk_packages = ("botocore", "boto3")
+
+    def program_reader(self, settings: Mapping[str, Any]) -> Reader:
+        return _reader(settings.get("aws:profile"))
+
+    def cli_reader(self, access: Access) -> Reader:
+        return _reader(access.values.get("aws:profile"))
+
+    def credentials(self, access: Access) -> list[str]:
+        return _credentials(session(access.region))
+
+    def channels(
+        self, stack_outputs: Mapping[str, Any], mains: list[str], access: Access
+    ) -> list[Channel]:
+        from infra.boot.metrics_command import read_command  # noqa: PLC0415
+
+        ssm = client(access, "ssm")
+        document = stack_outputs.get(keys.METRICS_DOCUMENT)
+        reading = tuple(read_command(SsmChannel.max_output))
+        documents = {reading: str(document)} if document else {}
+        return [SsmChannel(ssm, main, documents=documents) for main in mains]
+
+    def start(
+        self,
+        stack_outputs: Mapping[str, Any],  # noqa: ARG002 (the LiveCloud interface)
+        ids: list[str],
+        access: Access,
+    ) -> list[str]:
+        """EC2 StartInstances, once for every node; each node's state as EC2 then reports it."""
+        try:
+            answer = client(access, "ec2").start_instances(InstanceIds=ids)
+        except Exception as error:  # noqa: BLE001 (botocore's errors: said as they are)
+            raise PowerError(f"EC2 StartInstances: {error}") from None
+        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer["StartingInstances"]}
+        return [f"{node}: {states.get(node, 'not reported')}" for node in ids]
+
+    def power_states(
+        self,
+        stack_outputs: Mapping[str, Any],  # noqa: ARG002 (the LiveCloud interface)
+        ids: list[str],
+        access: Access,
+    ) -> dict[str, str]:
+        """EC2 DescribeInstances: each instance's state name."""
+        try:
+            answer = client(access, "ec2").describe_instances(InstanceIds=ids)
+        except Exception as error:  # noqa: BLE001 (botocore's errors: said as they are)
+            raise PowerError(f"EC2 DescribeInstances: {error}") from None
+        return {
+            instance["InstanceId"]: instance["State"]["Name"]
+            for reservation in answer["Reservations"]
+            for instance in reservation["Instances"]
+        }
+
+    def leftovers(self, stack: str, access: Access) -> list[str]:
+        return _leftovers(client(access, "resourcegroupstaggingapi"), client(access, "ec2"), stack)
+
+    def check_bucket(self, bucket: str) -> None:
+        """Any bucket name: S3 says whether it is there."""
+
+    def open_store(self, bucket: str, *, region: str, endpoint: str | None) -> Store:
+        """AWS's own credentials (``AWS_PROFILE``, ...); ``endpoint``: another S3 API."""
+        return S3Store(client(Access(region), "s3", endpoint=endpoint), bucket)
