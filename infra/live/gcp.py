@@ -28,6 +28,7 @@ from infra.clouds.base import VcpuQuota
 from infra.core import outputs as keys
 from infra.core.layout import PROJECT
 from infra.live.base import (
+    LOGIN_TIMEOUT_SECONDS,
     SHA256_METADATA,
     Access,
     Channel,
@@ -76,7 +77,7 @@ def project(access: Access) -> str:
     if access.which("gcloud") is None:
         return ""
     try:
-        result = access.runner(["gcloud", "config", "get-value", "project"], 60)
+        result = access.runner(["gcloud", "config", "get-value", "project"], LOGIN_TIMEOUT_SECONDS)
     except (LiveError, OSError):
         return ""
     return result.stdout.strip() if result.returncode == 0 else ""
@@ -86,10 +87,11 @@ def _token(access: Access) -> str:
     return cli_text(access, ["gcloud", "auth", "print-access-token"], install=INSTALL, login=LOGIN)
 
 
-def _project_or_refuse(access: Access) -> str:
+def _project_or(error: type[LiveError], access: Access) -> str:
+    """The project, or ``error`` naming every place it may be set."""
     found = project(access)
     if not found:
-        raise CredentialsError(NO_PROJECT)
+        raise error(NO_PROJECT)
     return found
 
 
@@ -100,10 +102,7 @@ def _location(
     zone = named_output(stack_outputs, keys.ZONE, "--zone")
     if zone is None:
         raise error("a GCP stack's nodes are found by its zone (the stack's `zone` output)")
-    found = project(access)
-    if not found:
-        raise error(NO_PROJECT)
-    return zone, found
+    return zone, _project_or(error, access)
 
 
 # --- the preflight's reads ------------------------------------------------------------------------
@@ -306,7 +305,7 @@ class Gcp(LiveCloud):
         def read(needs: Needs) -> Account:
             token = _token(access)
             api = JsonApi(BASE, token, access.transport)
-            return read_account(needs, api, _project_or_refuse(access))
+            return read_account(needs, api, _project_or(CredentialsError, access))
 
         return read
 
@@ -327,8 +326,8 @@ class Gcp(LiveCloud):
         """``gcloud compute instances start``, every node at once (a TERMINATED VM starts; a
         running one is left as it is)."""
         zone, found = _location(stack_outputs, access, PowerError)
-        power_call(["gcloud", "compute", "instances", "start", *ids, "--zone", zone,
-                 "--project", found], access.runner)  # fmt: skip
+        argv = ["gcloud", "compute", "instances", "start", *ids, "--zone", zone, "--project", found]
+        power_call(argv, access.runner)
         return [f"{node}: starting" for node in ids]
 
     def power_states(
@@ -346,7 +345,7 @@ class Gcp(LiveCloud):
     def leftovers(self, stack: str, access: Access) -> list[str]:
         """Instances, disks and addresses labelled with the stack (networks and firewall rules
         carry no labels; they go with the stack's destroy, which the audit follows)."""
-        found = _project_or_refuse(access)
+        found = _project_or(CredentialsError, access)
         labelled = f"labels.stack={gcp_facts.label_value(stack)} AND labels.project={PROJECT}"
         leftovers = []
         for kind in ("instances", "disks", "addresses"):
