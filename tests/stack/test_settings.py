@@ -7,6 +7,7 @@ that the program stops there, with no resource registered.
 from __future__ import annotations
 
 import base64
+import importlib
 import ipaddress
 import random
 import socket
@@ -19,6 +20,7 @@ from hypothesis import given
 from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
+from infra.boot import NodeBoot
 from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
 from infra.core import network_rules
@@ -662,3 +664,24 @@ def test_the_model_alias_and_server_args_reach_the_main_node_only() -> None:
     default = env_of(user_data_text(deploy("aws-c8g", {}).named("llama-rpc-cluster-main").inputs))
     assert default["MODEL_ALIAS"] == "llama-3.1-405b-q4_k_m"
     assert "LLAMA_SERVER_ARGS" not in default
+
+
+def test_the_program_deploys_the_user_data_the_config_check_rendered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The config check renders and delivers every node's user data to check it; the program
+    deploys those and renders no node again (a render is most of a large stack's ``up``)."""
+    # The module (in infra.boot, its name is also its function's).
+    render = importlib.import_module("infra.boot.render")
+    real = render.cloud_config
+    rendered: list[str] = []
+
+    def counted(boot: NodeBoot) -> dict[str, Any]:
+        rendered.append(boot.node_ip)
+        return real(boot)
+
+    monkeypatch.setattr(render, "cloud_config", counted)
+    d = deploy("aws-small", {f"{P}replicas": 2})
+    nodes = [r for r in d.of_type("aws:ec2/instance:Instance") if "balancer" not in r.name]
+    assert len(nodes) == 6
+    assert sorted(rendered) == sorted(r.inputs["privateIp"] for r in nodes)
