@@ -514,7 +514,7 @@ def one_node() -> dict[str, Any]:
     return {"model": stack_config("aws-small")[f"{PROJECT}:model"], "workerCount": 0}
 
 
-def staged(cloud: str) -> dict[str, Any]:
+def staged_model(cloud: str) -> dict[str, Any]:
     """The cloud's preset's model staged in its store (``STAGED_URLS``), without checksums."""
     model = stack_config(CLOUD_STACKS[cloud])[f"{PROJECT}:model"]
     extra = {"modelStoreResourceGroup": "models-rg"} if cloud == "azure" else {}

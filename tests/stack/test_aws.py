@@ -45,7 +45,7 @@ from tests.pulumi_mocks import (
     refused,
     revealed,
     stack_config,
-    staged,
+    staged_model,
     tag_path,
     user_data_text,
     vm_stack_names,
@@ -551,7 +551,7 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
 def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoint() -> None:
     urls = STAGED_URLS["aws"]
     assert urls == ["s3://my-models/llama/part-1.gguf", "s3://my-models/llama/part-2.gguf"]
-    d = deployment(AWS, **staged("aws"))
+    d = deployment(AWS, **staged_model("aws"))
     [endpoint] = d.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
     [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
@@ -580,7 +580,7 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
 
 def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() -> None:
     key = KMS_KEY
-    d = deployment(AWS, **staged("aws"), modelStoreKmsKey=key)
+    d = deployment(AWS, **staged_model("aws"), modelStoreKmsKey=key)
     [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
     *_, decrypt = json.loads(read.inputs["policy"])["Statement"]
     assert decrypt == {

@@ -34,7 +34,7 @@ from tests.pulumi_mocks import (
     deployment,
     one_node,
     stack_names,
-    staged,
+    staged_model,
 )
 
 NODE_TYPES = {
@@ -60,9 +60,11 @@ def many_tags(cloud: str) -> dict[str, str]:
 VARIANTS: dict[str, tuple[Callable[[str], dict[str, Any] | None], dict[str, Any] | None]] = {
     "replicas": (lambda cloud: REPLICAS, REPLICAS),
     "one node": (lambda cloud: one_node(), one_node()),
-    "staged model": (staged, None),
+    "staged model": (staged_model, None),
     "SSE-KMS staged model": (
-        lambda cloud: {**staged(cloud), "modelStoreKmsKey": KMS_KEY} if cloud == "aws" else None,
+        lambda cloud: (
+            {**staged_model(cloud), "modelStoreKmsKey": KMS_KEY} if cloud == "aws" else None
+        ),
         None,
     ),
     "no flow logs": (lambda cloud: NO_FLOW_LOGS, NO_FLOW_LOGS),
