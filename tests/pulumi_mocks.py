@@ -240,6 +240,8 @@ class Deployment:
     # The outputs Pulumi keeps as secrets (encrypted in the state, hidden without
     # --show-secrets).
     secret_outputs: set[str] = field(default_factory=set)
+    # The invokes the program made, in order.
+    calls: list[pulumi.runtime.MockCallArgs] = field(default_factory=list)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
@@ -425,7 +427,9 @@ def deploy(
         # As `pulumi config set --secret` keeps them (a test may say otherwise).
         secret_keys=[f"{PROJECT}:apiKey"] if secret_keys is None else secret_keys,
     )
-    deployment = Deployment(mocks.resources, options=mocks.options, states=mocks.states)
+    deployment = Deployment(
+        mocks.resources, options=mocks.options, states=mocks.states, calls=mocks.calls
+    )
     running = [True]
 
     def record(
@@ -477,10 +481,14 @@ GUARDED: dict[str, Any] = {**REPLICAS, "stopAfterIdleMinutes": 30, "stopAfterHou
 # the largest stack: three groups of the most workers llama.cpp takes;
 LARGEST: dict[str, Any] = {"replicas": 3, "workerCount": MAX_WORKERS, "maxHourlyUsd": 10_000}
 NO_FLOW_LOGS: dict[str, Any] = {"flowLogs": False}
-# the API reached from a private and a public range;
-API_CIDRS: dict[str, Any] = {"apiAllowedCidrs": ["10.8.0.0/16", "203.0.113.0/24"]}
+# the API reached from a wide private range (the VPC's among it) and a public one;
+API_CIDRS: dict[str, Any] = {"apiAllowedCidrs": ["10.0.0.0/8", "203.0.113.0/24"]}
 # Azure: replicas behind a Bastion host and those ranges.
 BASTION: dict[str, Any] = {**REPLICAS, **API_CIDRS, "bastion": True}
+# Azure: encryption at host, on a pinned image.
+HOST_ENCRYPTION: dict[str, Any] = {"encryptionAtHost": True, "image": "24.04.202510010"}
+# EKS: its API endpoint reached from a public and a private range.
+KUBERNETES_API_CIDRS: dict[str, Any] = {"kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}
 # An API key of the stack's own (a secret setting), and none at all.
 GIVEN_KEY: dict[str, Any] = {"apiKey": "a-team-key-of-our-own-1234"}
 NO_KEY: dict[str, Any] = {"apiKey": "none"}
@@ -530,11 +538,16 @@ def deployment(stack: str, *, stack_name: str | None = None, **settings: Any) ->
     """A stack preset deployed under mocks with these settings (the project's keys without
     their namespace; another namespace's key with it, ``**{"aws:region": ...}``), as a stack
     of another name if given, once per test session."""
-    overrides = {k if ":" in k else f"{PROJECT}:{k}": value for k, value in settings.items()}
+    overrides = overrides_of(settings)
     key = (stack, stack_name, json.dumps(overrides, sort_keys=True))
     if key not in _deployments:
         _deployments[key] = deploy(stack, overrides, stack_name=stack_name)
     return _deployments[key]
+
+
+def overrides_of(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a preset's overrides: the project's keys with their namespace."""
+    return {k if ":" in k else f"{PROJECT}:{k}": value for k, value in settings.items()}
 
 
 def deployed(stack: str) -> Deployment:

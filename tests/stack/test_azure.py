@@ -20,6 +20,7 @@ from tests.pulumi_mocks import (
     API_CIDRS,
     BASTION,
     DISKS,
+    HOST_ENCRYPTION,
     NO_FLOW_LOGS,
     ONE_GROUP,
     REPLICAS,
@@ -246,10 +247,7 @@ def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
 
 
 def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
-    d = deploy(
-        "azure-cobalt",
-        {"llama-rpc-cluster:encryptionAtHost": True, "llama-rpc-cluster:image": "24.04.202510010"},
-    )
+    d = deployment(AZURE, **HOST_ENCRYPTION)
     for vm in d.of_type(VM):
         assert vm.inputs["securityProfile"]["encryptionAtHost"] is True
         assert vm.inputs["storageProfile"]["imageReference"]["version"] == "24.04.202510010"

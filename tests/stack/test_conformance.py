@@ -24,6 +24,7 @@ from tests.pulumi_mocks import (
     CLOUD_STACKS,
     GUARDED,
     KMS_KEY,
+    KUBERNETES_API_CIDRS,
     KUBERNETES_STACKS,
     LARGEST,
     NO_FLOW_LOGS,
@@ -44,6 +45,10 @@ NODE_TYPES = {
     "azure-native:compute:VirtualMachine",
 }
 KUBERNETES_STACK = KUBERNETES_STACKS[0]
+# The largest stacks, once per cloud.
+LARGEST_CASES = [
+    pytest.param(CLOUD_STACKS[cloud], "largest", id=f"{cloud}-largest") for cloud in sorted(FACTS)
+]
 
 
 def many_tags(cloud: str) -> dict[str, str]:
@@ -72,7 +77,7 @@ VARIANTS: dict[str, tuple[Callable[[str], dict[str, Any] | None], dict[str, Any]
     # The balancer node's API rules (on Azure, with a Bastion: below).
     "replicas and API CIDRs": (
         lambda cloud: {**REPLICAS, **API_CIDRS} if cloud != "azure" else None,
-        None,
+        {**REPLICAS, **API_CIDRS},
     ),
     "many tags": (lambda cloud: {"tags": many_tags(cloud)}, {"tags": many_tags("aws")}),
     "bastion": (lambda cloud: BASTION if cloud == "azure" else None, None),
@@ -89,7 +94,7 @@ VARIANTS: dict[str, tuple[Callable[[str], dict[str, Any] | None], dict[str, Any]
         {"zone": "us-east-1c"},
     ),
     "spend guards": (lambda cloud: GUARDED, None),
-    "Kubernetes API CIDRs": (None, {"kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}),
+    "Kubernetes API CIDRs": (None, KUBERNETES_API_CIDRS),
     "another main type": (None, {"mainInstanceType": "c8g.8xlarge"}),
 }
 
