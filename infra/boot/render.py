@@ -8,15 +8,11 @@ drop-in that binds it to the node's private address.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
-from yaml.emitter import Emitter, ScalarAnalysis
-
+from infra.boot.cloud_yaml import dump
 from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import patch_set
@@ -300,33 +296,6 @@ def metadata_ruleset() -> str:
         "  }\n"
         "}\n"
     )
-
-
-class _LiteralDumper(yaml.SafeDumper):
-    """Dumps multi-line strings as literal blocks, so the scripts stay readable in user data."""
-
-    def analyze_scalar(self, scalar: str) -> ScalarAnalysis:
-        return _scalar_analysis(scalar, bool(self.allow_unicode))
-
-
-# Every node of a stack carries the same scripts, and the emitter's reading of a scalar (which
-# style it allows) is most of a render: each is read once.
-@functools.lru_cache(maxsize=256)
-def _scalar_analysis(scalar: str, allow_unicode: bool) -> ScalarAnalysis:
-    return Emitter(io.StringIO(), allow_unicode=allow_unicode).analyze_scalar(scalar)
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_LiteralDumper.add_representer(str, _represent_str)
-
-
-def dump(config: dict[str, Any]) -> str:
-    """A cloud-config body as YAML, its scripts as readable literal blocks."""
-    return yaml.dump(config, Dumper=_LiteralDumper, sort_keys=False, width=100)
 
 
 def render(boot: NodeBoot) -> str:
