@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import zlib
 from collections.abc import Callable
@@ -530,8 +531,15 @@ def staged_model(cloud: str) -> dict[str, Any]:
 
 
 # Deployments by (stack, stack name, settings), made once per test process: every test that
-# reads a variant reads the same one. Each has its own mocks and records; none may be changed.
-_deployments: dict[tuple[str, str | None, str], Deployment] = {}
+# reads a variant reads the same one, and its fingerprint when it was made. Each has its own
+# mocks and records; none may be changed.
+_deployments: dict[tuple[str, str | None, str], tuple[Deployment, str]] = {}
+
+
+def _fingerprint(d: Deployment) -> str:
+    """What a test could change of a deployment by mistake: its inputs, states and outputs."""
+    seen = repr(([(r.typ, r.name, r.inputs) for r in d.resources], d.states, d.outputs))
+    return hashlib.sha256(seen.encode()).hexdigest()
 
 
 def deployment(stack: str, *, stack_name: str | None = None, **settings: Any) -> Deployment:
@@ -541,8 +549,11 @@ def deployment(stack: str, *, stack_name: str | None = None, **settings: Any) ->
     overrides = overrides_of(settings)
     key = (stack, stack_name, json.dumps(overrides, sort_keys=True))
     if key not in _deployments:
-        _deployments[key] = deploy(stack, overrides, stack_name=stack_name)
-    return _deployments[key]
+        made = deploy(stack, overrides, stack_name=stack_name)
+        _deployments[key] = made, _fingerprint(made)
+    found, fingerprint = _deployments[key]
+    assert _fingerprint(found) == fingerprint, f"a test changed the deployment of {key}"
+    return found
 
 
 def overrides_of(settings: dict[str, Any]) -> dict[str, Any]:
