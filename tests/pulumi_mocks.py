@@ -507,6 +507,7 @@ ONE_GROUP: dict[str, Any] = {k: v for k, v in REPLICAS.items() if k != "replicas
 GUARDED: dict[str, Any] = {**REPLICAS, "stopAfterIdleMinutes": 30, "stopAfterHours": 12}
 # the largest stack: three groups of the most workers llama.cpp takes;
 LARGEST: dict[str, Any] = {"replicas": 3, "workerCount": MAX_WORKERS, "maxHourlyUsd": 10_000}
+# no flow logs;
 NO_FLOW_LOGS: dict[str, Any] = {"flowLogs": False}
 # the API reached from a wide private range (the VPC's among it) and a public one;
 API_CIDRS: dict[str, Any] = {"apiAllowedCidrs": ["10.0.0.0/8", "203.0.113.0/24"]}
@@ -534,8 +535,6 @@ STAGED_URLS = {
         "az://mymodels/top/p.gguf",
     ],
 }
-
-
 # An SSE-KMS bucket's key, in the stacks' region.
 KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 

@@ -40,6 +40,7 @@ from tests.pulumi_mocks import (
     env_of,
     is_secret_input,
     one_node,
+    overrides_of,
     parsed_config,
     ready_account,
     refused,
@@ -731,7 +732,7 @@ def replicated(**settings: Any) -> Deployment:
 
 
 def replicas_config() -> Any:
-    return parsed_config(AWS, {f"{P}{k}": v for k, v in REPLICAS.items()})
+    return parsed_config(AWS, overrides_of(REPLICAS))
 
 
 def test_one_group_has_no_balancer_and_keeps_its_names() -> None:

@@ -22,6 +22,7 @@ from tests.pulumi_mocks import (
     custom_data_text,
     deployed,
     deployment,
+    overrides_of,
     parsed_config,
     user_data_text,
 )
@@ -29,7 +30,7 @@ from tests.pulumi_mocks import (
 P = "llama-rpc-cluster:"
 NAME = "llama-rpc-cluster-balancer"
 STACKS = CLOUD_STACKS
-OPTIONS = {f"{P}{k}": v for k, v in REPLICAS.items()}
+OPTIONS = overrides_of(REPLICAS)
 # The balancer node's $/h in the fixture catalog: its instance (c8g.large, c4a-standard-1,
 # Standard_D2pls_v6) and, where the catalog prices it, its 30 GB system disk (gp3 at $0.08 a
 # GB-month, 730 hours a month).

@@ -34,6 +34,7 @@ from tests.pulumi_mocks import (
     deployed,
     deployment,
     env_of,
+    overrides_of,
     parsed_config,
     refusal,
     refused,
@@ -584,7 +585,7 @@ def test_settings_near_the_limits_are_accepted(cloud: str, overrides: dict[str, 
 def test_the_program_runs_on_an_accepted_large_stack(cloud: str) -> None:
     """Three groups of the most nodes each: every node, the balancer node and the outputs."""
     d = deployment(CLOUD_STACKS[cloud], **LARGEST)
-    config = parsed_config(CLOUD_STACKS[cloud], {f"{P}{k}": v for k, v in LARGEST.items()})
+    config = parsed_config(CLOUD_STACKS[cloud], overrides_of(LARGEST))
     nodes = d.of_type(NODE_TYPES[cloud])
     assert len(nodes) == config.replicas * (config.worker_count + 1) + 1  # and the balancer
     assert d.outputs[outputs.REPLICAS] == config.replicas == 3

@@ -17,12 +17,13 @@ from tests.pulumi_mocks import (
     RecordingMocks,
     deploy,
     deployment,
+    overrides_of,
     plan_update,
     ready_account,
 )
 
 P = "llama-rpc-cluster:"
-WITH_REPLICAS = {f"{P}{k}": v for k, v in REPLICAS.items()}
+WITH_REPLICAS = overrides_of(REPLICAS)
 NODE_TYPES = {
     "aws:ec2/instance:Instance",
     "gcp:compute/instance:Instance",
