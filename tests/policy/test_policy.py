@@ -34,6 +34,7 @@ from tests.pulumi_mocks import (
     REPLICAS,
     Deployment,
     azure_asg_id,
+    cloud_of,
     deploy,
     deployed,
     deployment,
@@ -52,10 +53,6 @@ POLICIES = [*rules.RESOURCE_VALIDATORS, *STACK_POLICIES]
 # The application security groups' ids, as the mocks give them (Azure's form).
 ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
 ASG_WORKER = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-worker-asg")
-
-
-def cloud_of(stack: str) -> str:
-    return str(stack_config(stack).get(f"{PROJECT}:cloud", "aws"))
 
 
 def kubernetes(stack: str) -> bool:
