@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import copy
 import gzip
+import hashlib
 import json
 import zlib
 from collections.abc import Callable
@@ -14,6 +16,8 @@ import pulumi
 import yaml
 
 from infra.clouds import rules
+from infra.core.layout import PROJECT
+from infra.core.limits import MAX_WORKERS
 from infra.preflight import Account, Needs, QuotaReading
 from infra.stack.files import config_of, stack_values
 
@@ -238,6 +242,8 @@ class Deployment:
     # The outputs Pulumi keeps as secrets (encrypted in the state, hidden without
     # --show-secrets).
     secret_outputs: set[str] = field(default_factory=set)
+    # The invokes the program made, in order.
+    calls: list[pulumi.runtime.MockCallArgs] = field(default_factory=list)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
@@ -401,6 +407,31 @@ def ready_account(needs: Needs, unavailable: dict[str, set[str]] | None = None) 
     )
 
 
+def without_version_aliases(
+    args: pulumi.ResourceTransformationArgs,
+) -> pulumi.ResourceTransformationResult | None:
+    """The resource without the aliases its provider gives it for each API version of its type
+    (Azure's: 30 a type). Mocks resolve no alias, and the runtime would make every one a URN,
+    which is most of an Azure deployment's time; the program's own aliases stay."""
+    aliases = args.opts.aliases or []
+    kept = [a for a in aliases if not _version_alias(a)]
+    if len(kept) == len(aliases):
+        return None
+    opts = copy.copy(args.opts)
+    opts.aliases = kept or None
+    return pulumi.ResourceTransformationResult(args.props, opts)
+
+
+def _version_alias(alias: Any) -> bool:
+    """An alias that names another type alone (``Alias(type_=...)``), as providers give them."""
+    unset = ("name", "parent", "stack", "project")  # an Alias leaves them at ...
+    return (
+        isinstance(alias, pulumi.Alias)
+        and isinstance(alias.type_, str)
+        and all(getattr(alias, field) is ... for field in unset)
+    )
+
+
 def deploy(
     stack: str,
     overrides: dict[str, Any] | None = None,
@@ -416,16 +447,16 @@ def deploy(
     from infra.stack import program
 
     mocks = mocks or RecordingMocks()
-    pulumi.runtime.set_mocks(
-        mocks, project="llama-rpc-cluster", stack=stack_name or stack, preview=False
-    )
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack_name or stack, preview=False)
     config = {**stack_config(stack), **(overrides or {})}
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None},
         # As `pulumi config set --secret` keeps them (a test may say otherwise).
-        secret_keys=["llama-rpc-cluster:apiKey"] if secret_keys is None else secret_keys,
+        secret_keys=[f"{PROJECT}:apiKey"] if secret_keys is None else secret_keys,
     )
-    deployment = Deployment(mocks.resources, options=mocks.options, states=mocks.states)
+    deployment = Deployment(
+        mocks.resources, options=mocks.options, states=mocks.states, calls=mocks.calls
+    )
     running = [True]
 
     def record(
@@ -435,7 +466,7 @@ def deploy(
         # a later run's options.
         if running[0]:
             deployment.options[args.type_, args.name] = args.opts
-        return None
+        return without_version_aliases(args)
 
     @pulumi.runtime.test
     def run() -> pulumi.Output[Any]:
@@ -465,14 +496,99 @@ def deploy(
     return deployment
 
 
-_presets: dict[str, Deployment] = {}
+# The preset of each cloud whose nodes are VMs that the shared variants below are deployed on.
+CLOUD_STACKS = {"aws": "aws-c8g", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
+# The variants several test files read (settings for ``deployment``): two serving groups behind
+# the balancer node, each of two slots;
+REPLICAS: dict[str, Any] = {"replicas": 2, "slots": 2}
+# its first group alone (what it was before the second);
+ONE_GROUP: dict[str, Any] = {k: v for k, v in REPLICAS.items() if k != "replicas"}
+# the same with both spend guards on every node;
+GUARDED: dict[str, Any] = {**REPLICAS, "stopAfterIdleMinutes": 30, "stopAfterHours": 12}
+# the largest stack: three groups of the most workers llama.cpp takes;
+LARGEST: dict[str, Any] = {"replicas": 3, "workerCount": MAX_WORKERS, "maxHourlyUsd": 10_000}
+# no flow logs;
+NO_FLOW_LOGS: dict[str, Any] = {"flowLogs": False}
+# the API reached from a wide private range (the VPC's among it) and a public one;
+API_CIDRS: dict[str, Any] = {"apiAllowedCidrs": ["10.0.0.0/8", "203.0.113.0/24"]}
+# Azure: replicas behind a Bastion host and those ranges.
+BASTION: dict[str, Any] = {**REPLICAS, **API_CIDRS, "bastion": True}
+# Azure: encryption at host, on a pinned image.
+HOST_ENCRYPTION: dict[str, Any] = {"encryptionAtHost": True, "image": "24.04.202510010"}
+# EKS: its API endpoint reached from a public and a private range.
+KUBERNETES_API_CIDRS: dict[str, Any] = {"kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}
+# An API key of the stack's own (a secret setting), and none at all.
+GIVEN_KEY: dict[str, Any] = {"apiKey": "a-team-key-of-our-own-1234"}
+NO_KEY: dict[str, Any] = {"apiKey": "none"}
+# A model staged in each cloud's store, in parts (Azure's in three containers, one part at a
+# container's top).
+STAGED_URLS = {
+    "aws": ["s3://my-models/llama/part-1.gguf", "s3://my-models/llama/part-2.gguf"],
+    "gcp": [
+        "gs://my-models/llama/part-00001-of-00002.gguf",
+        "gs://my-models/llama/part-00002-of-00002.gguf",
+    ],
+    "azure": [
+        "az://mymodels/models/llama/part-00001-of-00002.gguf",
+        "az://mymodels/models/llama/part-00002-of-00002.gguf",
+        "az://mymodels/other/extra.gguf",
+        "az://mymodels/top/p.gguf",
+    ],
+}
+# An SSE-KMS bucket's key, in the stacks' region.
+KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def cloud_of(stack: str) -> str:
+    return str(stack_config(stack).get(f"{PROJECT}:cloud", "aws"))
+
+
+def one_node() -> dict[str, Any]:
+    """A model that fits one node (aws-small's), and no workers."""
+    return {"model": stack_config("aws-small")[f"{PROJECT}:model"], "workerCount": 0}
+
+
+def staged_model(cloud: str) -> dict[str, Any]:
+    """The cloud's preset's model staged in its store (``STAGED_URLS``), without checksums."""
+    model = stack_config(CLOUD_STACKS[cloud])[f"{PROJECT}:model"]
+    extra = {"modelStoreResourceGroup": "models-rg"} if cloud == "azure" else {}
+    return {"model": {**model, "urls": STAGED_URLS[cloud], "sha256": []}, **extra}
+
+
+# Deployments by (stack, stack name, settings), made once per test process: every test that
+# reads a variant reads the same one, and its fingerprint when it was made. Each has its own
+# mocks and records; none may be changed.
+_deployments: dict[tuple[str, str | None, str], tuple[Deployment, str]] = {}
+
+
+def _fingerprint(d: Deployment) -> str:
+    """What a test could change of a deployment by mistake: its inputs, states and outputs."""
+    seen = repr(([(r.typ, r.name, r.inputs) for r in d.resources], d.states, d.outputs))
+    return hashlib.sha256(seen.encode()).hexdigest()
+
+
+def deployment(stack: str, *, stack_name: str | None = None, **settings: Any) -> Deployment:
+    """A stack preset deployed under mocks with these settings (the project's keys without
+    their namespace; another namespace's key with it, ``**{"aws:region": ...}``), as a stack
+    of another name if given, once per test session."""
+    overrides = overrides_of(settings)
+    key = (stack, stack_name, json.dumps(overrides, sort_keys=True))
+    if key not in _deployments:
+        made = deploy(stack, overrides, stack_name=stack_name)
+        _deployments[key] = made, _fingerprint(made)
+    found, fingerprint = _deployments[key]
+    assert _fingerprint(found) == fingerprint, f"a test changed the deployment of {key}"
+    return found
+
+
+def overrides_of(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a preset's overrides: the project's keys with their namespace."""
+    return {k if ":" in k else f"{PROJECT}:{k}": value for k, value in settings.items()}
 
 
 def deployed(stack: str) -> Deployment:
     """A stack preset deployed under mocks as it is, once per test session."""
-    if stack not in _presets:
-        _presets[stack] = deploy(stack)
-    return _presets[stack]
+    return deployment(stack)
 
 
 def tag_path(typ: str) -> str | None:
@@ -512,6 +628,8 @@ __all__ = [
     "RecordingMocks",
     "custom_data_text",
     "deploy",
+    "deployed",
+    "deployment",
     "env_of",
     "parsed_config",
     "program_settings",

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.boot.render import APT_CONF, dump, metadata_ruleset
+from infra.boot.cloud_yaml import dump
+from infra.boot.render import APT_CONF, metadata_ruleset
 
 # The response header naming the group that answered (HAProxy's server name, "group1", …).
 SERVED_BY_HEADER = "X-Served-By"

@@ -11,6 +11,7 @@ its diff."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -22,18 +23,23 @@ _HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
 
 def installed_text(path: Path) -> str:
     """The file as a node installs it."""
-    text = path.read_text()
+    return _installed(path.suffix, path.read_text())
+
+
+# Every node of a stack installs the same few dozen files: each is stripped once per content.
+@functools.lru_cache(maxsize=256)
+def _installed(suffix: str, text: str) -> str:
     first = text.split("\n", 1)[0]
     # .conf: a unit's drop-in.
-    if path.suffix in {".service", ".target", ".timer", ".conf"}:
+    if suffix in {".service", ".target", ".timer", ".conf"}:
         return _without_lines(text, lambda line: line.lstrip().startswith(("#", ";")))
-    if path.suffix == ".patch":  # the diff without what it says about itself
+    if suffix == ".patch":  # the diff without what it says about itself
         return patch_diff(text)
-    if path.suffix == ".py":  # a module the scripts import: no --help, no summary
+    if suffix == ".py":  # a module the scripts import: no --help, no summary
         return _python_without_comments(text, summary=False)
     if first.startswith("#!") and "python" in first:
         return _python_without_comments(text)
-    if path.suffix == ".sh" or (first.startswith("#!") and "bash" in first):
+    if suffix == ".sh" or (first.startswith("#!") and "bash" in first):
         return _shell_without_comments(text)
     return text
 

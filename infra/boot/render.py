@@ -12,8 +12,7 @@ import hashlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
-
+from infra.boot.cloud_yaml import dump
 from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import patch_set
@@ -297,23 +296,6 @@ def metadata_ruleset() -> str:
         "  }\n"
         "}\n"
     )
-
-
-class _LiteralDumper(yaml.SafeDumper):
-    """Dumps multi-line strings as literal blocks, so the scripts stay readable in user data."""
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_LiteralDumper.add_representer(str, _represent_str)
-
-
-def dump(config: dict[str, Any]) -> str:
-    """A cloud-config body as YAML, its scripts as readable literal blocks."""
-    return yaml.dump(config, Dumper=_LiteralDumper, sort_keys=False, width=100)
 
 
 def render(boot: NodeBoot) -> str:

@@ -13,12 +13,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from infra import catalog, models
 from infra.boot import (
     VM_API_KEY_FILE,
     BootConfigError,
+    Delivery,
     NodeBoot,
     checksums_problem,
     deliver,
@@ -344,6 +346,16 @@ class ClusterConfig:
             extra_env=switches,
         )
         return [main, *workers]
+
+    @cached_property
+    def user_data(self) -> tuple[tuple[Delivery, ...], ...]:
+        """Each serving group's user data, node by node as ``boots`` lists them, rendered and
+        delivered once: the config check makes them to validate them (``from_settings``), and
+        the program deploys these (a render is most of a large stack's check)."""
+        return tuple(
+            tuple(deliver(render(boot), self.cloud) for boot in self.boots(group))
+            for group in range(self.replicas)
+        )
 
 
 def load() -> ClusterConfig:
@@ -934,11 +946,9 @@ def from_settings(
     _platform(config)
     _spending(settings, config)
     try:
-        # Every node's user data, rendered and delivered as the program will: a boot setting the
-        # renderer rejects, or user data over the cloud's limit, stops here.
-        for group in range(config.replicas):
-            for boot in config.boots(group):
-                deliver(render(boot), config.cloud)
+        # Every node's user data, rendered and delivered as the program will (and kept for it):
+        # a boot setting the renderer rejects, or user data over the cloud's limit, stops here.
+        _ = config.user_data
     except BootConfigError as error:
         raise ConfigError(BOOT_SETTING_KEYS.get(error.setting, "model"), str(error)) from None
     return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.boot import Delivery, NodeBoot, deliver, render
+from infra.boot import Delivery, NodeBoot
 from infra.core.layout import node_name
 from infra.core.limits import Role
 from infra.stack.config import ClusterConfig
@@ -25,11 +25,11 @@ class NodePlan:
 
 def plan_nodes(config: ClusterConfig) -> tuple[NodePlan, ...]:
     """Every node's rendered, delivered user data, group by group, each group's main node
-    first (``from_settings`` has rendered them once already, so this raises nothing)."""
+    first: those ``from_settings`` made when it checked them (``ClusterConfig.user_data``)."""
     return tuple(
-        NodePlan(node_name(i, group), node, deliver(render(node), config.cloud), group)
-        for group in range(config.replicas)
-        for i, node in enumerate(config.boots(group))
+        NodePlan(node_name(i, group), boot, user_data, group)
+        for group, delivered in enumerate(config.user_data)
+        for i, (boot, user_data) in enumerate(zip(config.boots(group), delivered, strict=True))
     )
 
 

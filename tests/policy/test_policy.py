@@ -26,10 +26,18 @@ from infra.stack.kube import objects as kube
 from policy import rules
 from tests.conftest import REPO, unavailable
 from tests.pulumi_mocks import (
+    API_CIDRS,
+    BASTION,
+    CLOUD_STACKS,
+    HOST_ENCRYPTION,
+    KUBERNETES_API_CIDRS,
+    REPLICAS,
     Deployment,
     azure_asg_id,
+    cloud_of,
     deploy,
     deployed,
+    deployment,
     parsed_config,
     stack_config,
     stack_names,
@@ -47,18 +55,14 @@ ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
 ASG_WORKER = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-worker-asg")
 
 
-def cloud_of(stack: str) -> str:
-    return str(stack_config(stack).get(f"{PROJECT}:cloud", "aws"))
-
-
 def kubernetes(stack: str) -> bool:
     """Whether a preset's nodes are pods (platform kubernetes: an EKS cluster), not VMs."""
     return stack_config(stack).get(f"{PROJECT}:platform") == "kubernetes"
 
 
 def preset(cloud: str) -> str:
-    """The first preset of a cloud whose nodes are VMs."""
-    return next(s for s in stack_names() if cloud_of(s) == cloud and not kubernetes(s))
+    """The cloud's preset whose nodes are VMs that the shared variants are deployed on."""
+    return CLOUD_STACKS[cloud]
 
 
 def urn(stack: str, typ: str, name: str) -> str:
@@ -188,18 +192,18 @@ def test_a_preset_on_another_rpc_port_passes_on_that_port() -> None:
 @pytest.mark.parametrize(
     ("cloud", "options"),
     [
-        ("aws", {"apiAllowedCidrs": ["203.0.113.0/24", "10.0.0.0/8"]}),
-        ("gcp", {"apiAllowedCidrs": ["203.0.113.0/24"]}),
-        (
-            "azure",
-            {"apiAllowedCidrs": ["203.0.113.0/24"], "bastion": True, "encryptionAtHost": True},
-        ),
-        ("azure", {"encryptionAtHost": True}),
+        ("aws", API_CIDRS),
+        ("aws", {**REPLICAS, **API_CIDRS}),
+        ("gcp", API_CIDRS),
+        ("gcp", {**REPLICAS, **API_CIDRS}),
+        ("azure", {**API_CIDRS, "bastion": True}),
+        ("azure", BASTION),
+        ("azure", HOST_ENCRYPTION),
     ],
 )
 def test_the_programs_options_stay_within_the_policy(cloud: str, options: dict[str, Any]) -> None:
     stack = preset(cloud)
-    found = resources(stack, deploy(stack, {f"{PROJECT}:{k}": v for k, v in options.items()}))
+    found = resources(stack, deployment(stack, **options))
     assert not any(violations(stack, found).values()), violations(stack, found)
 
 
@@ -639,8 +643,7 @@ def test_azure_public_addresses_are_reported() -> None:
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_replicas_behind_a_balancer_pass_every_policy(cloud: str) -> None:
     stack = preset(cloud)
-    deployment = deploy(stack, {f"{PROJECT}:replicas": 2})
-    found = resources(stack, deployment)
+    found = resources(stack, deployment(stack, **REPLICAS))
     result = violations(stack, found)
     problems = [f"{policy}: {v.message}" for policy, found_ in result.items() for v in found_]
     assert not problems, "\n".join(problems)
@@ -2177,15 +2180,9 @@ def named(found: list[rules.Resource], typ: str, suffix: str) -> rules.Resource:
 
 
 @pytest.mark.parametrize("stack", KUBERNETES_PRESETS)
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"kubernetesApiCidrs": ["203.0.113.0/24", "198.51.100.0/24", "10.8.0.0/16"]},
-        {"replicas": 2, "apiAllowedCidrs": ["10.8.0.0/16"]},
-    ],
-)
+@pytest.mark.parametrize("options", [KUBERNETES_API_CIDRS, {**REPLICAS, **API_CIDRS}])
 def test_the_kubernetes_options_stay_within_the_policy(stack: str, options: dict[str, Any]) -> None:
-    found = resources(stack, deploy(stack, {f"{PROJECT}:{k}": v for k, v in options.items()}))
+    found = resources(stack, deployment(stack, **options))
     assert not any(violations(stack, found).values()), violations(stack, found)
     cluster = named(found, rules.AWS_EKS_CLUSTER, "-eks")
     public = "kubernetesApiCidrs" in options

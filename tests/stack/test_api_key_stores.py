@@ -16,17 +16,19 @@ from infra.stack.providers.azure import KEY_VAULT_SECRETS_USER
 from infra.stack.providers.gcp import KEY_READER_ROLE
 from tests.pulumi_mocks import (
     GENERATED_KEY,
+    GIVEN_KEY,
+    NO_KEY,
+    REPLICAS,
     SUBSCRIPTION,
     Deployment,
     custom_data_text,
-    deploy,
+    deployment,
     env_of,
     is_secret_input,
     principal_of,
     revealed,
 )
 
-P = "llama-rpc-cluster:"
 GCP_VM = "gcp:compute/instance:Instance"
 AZURE_VM = "azure-native:compute:VirtualMachine"
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
@@ -66,7 +68,7 @@ def generated(d: Deployment) -> str:
 
 
 def test_gcp_keeps_the_key_in_secret_manager_for_the_main_nodes_account_alone() -> None:
-    d = deploy("gcp-c4a", {f"{P}replicas": 2})
+    d = deployment("gcp-c4a", **REPLICAS)
     key = generated(d)
     [secret] = d.of_type("gcp:secretmanager/secret:Secret")
     assert secret.inputs["secretId"] == "llama-rpc-cluster-gcp-c4a-api-key"
@@ -95,7 +97,7 @@ def test_gcp_keeps_the_key_in_secret_manager_for_the_main_nodes_account_alone() 
 
 
 def test_azure_keeps_the_key_in_the_stacks_vault_for_each_main_nodes_identity_alone() -> None:
-    d = deploy("azure-cobalt", {f"{P}replicas": 2})
+    d = deployment("azure-cobalt", **REPLICAS)
     key = generated(d)
     [vault] = d.of_type("azure-native:keyvault:Vault")
     properties = vault.inputs["properties"]
@@ -145,10 +147,10 @@ def test_azure_keeps_the_key_in_the_stacks_vault_for_each_main_nodes_identity_al
     ],
 )
 def test_a_given_key_is_kept_and_none_keeps_none(stack: str, kinds: list[str]) -> None:
-    given = deploy(stack, {f"{P}apiKey": "a-team-key-of-our-own-1234"})
+    given = deployment(stack, **GIVEN_KEY)
     assert not given.of_type("random:index/randomPassword:RandomPassword")
-    assert given.outputs[outputs.API_KEY] == "a-team-key-of-our-own-1234"
-    none = deploy(stack, {f"{P}apiKey": "none"})
+    assert given.outputs[outputs.API_KEY] == GIVEN_KEY["apiKey"] == "a-team-key-of-our-own-1234"
+    none = deployment(stack, **NO_KEY)
     assert none.outputs[outputs.API_KEY] is None
     assert not [r for r in none.resources if r.typ in kinds]
     cloud = "gcp" if stack.startswith("gcp") else "azure"

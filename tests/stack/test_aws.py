@@ -8,6 +8,7 @@ import ipaddress
 import json
 import re
 import shlex
+from typing import Any
 
 import pytest
 import yaml
@@ -16,28 +17,44 @@ from infra.boot import metrics_command
 from infra.boot.deliver import for_cloud
 from infra.boot.patches import patches_digest
 from infra.boot.render import boot_files
-from infra.core import costs, outputs, sizing
+from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.live.aws import SsmChannel
 from infra.stack.providers.aws import api_key_policy, files_policy
 from tests.pulumi_mocks import (
+    API_CIDRS,
+    CLOUD_STACKS,
     GENERATED_KEY,
+    GIVEN_KEY,
+    KMS_KEY,
+    NO_FLOW_LOGS,
+    NO_KEY,
+    ONE_GROUP,
+    REPLICAS,
+    STAGED_URLS,
+    Deployment,
     RecordingMocks,
     deploy,
     deployed,
+    deployment,
     env_of,
     is_secret_input,
+    one_node,
+    overrides_of,
     parsed_config,
     ready_account,
     refused,
     revealed,
     stack_config,
+    staged_model,
     tag_path,
     user_data_text,
     vm_stack_names,
 )
+from tests.stack.test_balancer_node import BALANCER_USD
 
 AWS_STACKS = [s for s in vm_stack_names() if stack_config(s)["llama-rpc-cluster:cloud"] == "aws"]
+AWS = CLOUD_STACKS["aws"]
 # Resources that AWS cannot tag (associations and attachments).
 P = "llama-rpc-cluster:"
 INSTANCE = "aws:ec2/instance:Instance"
@@ -276,17 +293,17 @@ def test_the_api_key_is_a_secret_the_main_node_alone_reads(stack: str) -> None:
 
 
 def test_a_given_key_is_kept_a_plain_one_refused_and_none_keeps_none() -> None:
-    given = deploy("aws-small", {"llama-rpc-cluster:apiKey": "a-team-key-of-our-own-1234"})
+    given = deployment(AWS, **GIVEN_KEY)
     [parameter] = [
         p for p in given.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("-api-key")
     ]
-    assert revealed(parameter.inputs["value"]) == "a-team-key-of-our-own-1234"
+    secret = GIVEN_KEY["apiKey"]
+    assert revealed(parameter.inputs["value"]) == secret
     assert not given.of_type("random:index/randomPassword:RandomPassword")
-    secret = "a-team-key-of-our-own-1234"
     with pytest.raises(Exception, match="--secret apiKey") as plain:
         deploy("aws-small", {"llama-rpc-cluster:apiKey": secret}, secret_keys=[])
     assert secret not in str(plain.value)
-    none = deploy("aws-small", {"llama-rpc-cluster:apiKey": "none"})
+    none = deployment(AWS, **NO_KEY)
     assert not [
         p for p in none.of_type("aws:ssm/parameter:Parameter") if p.name.endswith("-api-key")
     ]
@@ -319,7 +336,10 @@ def test_default_group_and_acl_are_locked_down_and_flow_logs_kept(stack: str) ->
             "restrictPublicBuckets",
         )
     )
-    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+
+
+def test_flow_logs_may_be_turned_off() -> None:
+    off = deployment(AWS, **NO_FLOW_LOGS)
     assert not off.of_type("aws:ec2/flowLog:FlowLog") and not off.of_type("aws:s3/bucket:Bucket")
 
 
@@ -508,7 +528,7 @@ def test_zone_is_one_that_offers_every_type() -> None:
 
 
 def test_api_cidrs_open_only_the_server_port() -> None:
-    d = deploy("aws-small", {"llama-rpc-cluster:apiAllowedCidrs": ["192.168.10.0/24"]})
+    d = deployment(AWS, **API_CIDRS)
     api = [
         r
         for r in d.of_type(INGRESS)
@@ -516,7 +536,7 @@ def test_api_cidrs_open_only_the_server_port() -> None:
         and r.inputs["fromPort"] != METRICS_PORT
     ]
     assert [(r.inputs["cidrIpv4"], r.inputs["fromPort"], r.inputs["toPort"]) for r in api] == [
-        ("192.168.10.0/24", 8080, 8080)
+        (cidr, 8080, 8080) for cidr in API_CIDRS["apiAllowedCidrs"]
     ]
 
 
@@ -531,9 +551,9 @@ def test_s3_models_get_a_gateway_endpoint() -> None:
 
 
 def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoint() -> None:
-    urls = ["s3://my-models/llama/part-1.gguf", "s3://my-models/llama/part-2.gguf"]
-    model = {**stack_config("aws-small")["llama-rpc-cluster:model"], "urls": urls, "sha256": []}
-    d = deploy("aws-small", {"llama-rpc-cluster:model": model})
+    urls = STAGED_URLS["aws"]
+    assert urls == ["s3://my-models/llama/part-1.gguf", "s3://my-models/llama/part-2.gguf"]
+    d = deployment(AWS, **staged_model("aws"))
     [endpoint] = d.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
     [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
@@ -556,23 +576,13 @@ def test_a_staged_model_is_read_with_the_main_nodes_role_over_the_gateway_endpoi
     assert env["MODEL_URLS"] == " ".join(urls) and env["MODEL_STORE_REGION"] == "us-east-1"
     assert "rclone" in yaml.safe_load(user_data_text(main))["packages"]
     assert not [
-        p
-        for p in deployed("aws-small").of_type("aws:iam/rolePolicy:RolePolicy")
-        if "model-read" in p.name
+        p for p in deployed(AWS).of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name
     ]
 
 
 def test_a_staged_model_in_an_sse_kms_bucket_may_be_decrypted_through_s3_only() -> None:
-    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    model = {
-        **stack_config("aws-small")["llama-rpc-cluster:model"],
-        "urls": ["s3://my-models/llama/part-1.gguf"],
-        "sha256": [],
-    }
-    d = deploy(
-        "aws-small",
-        {"llama-rpc-cluster:model": model, "llama-rpc-cluster:modelStoreKmsKey": key},
-    )
+    key = KMS_KEY
+    d = deployment(AWS, **staged_model("aws"), modelStoreKmsKey=key)
     [read] = [p for p in d.of_type("aws:iam/rolePolicy:RolePolicy") if "model-read" in p.name]
     *_, decrypt = json.loads(read.inputs["policy"])["Statement"]
     assert decrypt == {
@@ -623,9 +633,9 @@ def test_slots_multiply_the_kv_cache_the_fit_check_counts() -> None:
         assert four.kv_bytes == 4 * one.kv_bytes * four.layers // max(one.layers, 1)
     too_many = refused("aws-c8g", {f"{P}slots": 40}, "workerCount")
     assert "KV cache for contextSize 4096 x 40 slots" in too_many
-    env = env_of(user_data_text(deploy("aws-small", {"llama-rpc-cluster:slots": 3}).named(
+    env = env_of(user_data_text(deployment(AWS, **ONE_GROUP).named(
         "llama-rpc-cluster-main").inputs))  # fmt: skip
-    assert env["SLOTS"] == "3"
+    assert env["SLOTS"] == str(ONE_GROUP["slots"]) == "2"
 
 
 def test_a_context_longer_than_the_model_supports_is_refused() -> None:
@@ -636,7 +646,7 @@ def test_a_context_longer_than_the_model_supports_is_refused() -> None:
 
 
 def test_a_model_that_fits_one_node_runs_without_workers() -> None:
-    d = deploy("aws-small", {"llama-rpc-cluster:workerCount": 0})
+    d = deployment(AWS, **one_node())
     instances = d.of_type("aws:ec2/instance:Instance")
     assert [i.name for i in instances] == ["llama-rpc-cluster-main"]
     assert d.outputs[outputs.WORKER_PRIVATE_IPS] == []
@@ -713,16 +723,20 @@ def test_a_private_mirror_on_another_port_is_reachable_from_the_main_node_only()
 
 
 # Replicas: serving groups behind a balancer node (HAProxy).
-REPLICAS = {f"{P}replicas": 2}
 BALANCER = "llama-rpc-cluster-balancer"
 
 
-def _replicas(overrides: dict | None = None):
-    return deploy("aws-small", {**REPLICAS, **(overrides or {})})
+def replicated(**settings: Any) -> Deployment:
+    """The preset with two serving groups behind the balancer node (and settings)."""
+    return deployment(AWS, **REPLICAS, **settings)
+
+
+def replicas_config() -> Any:
+    return parsed_config(AWS, overrides_of(REPLICAS))
 
 
 def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
-    d = deployed("aws-small")
+    d = deployed(AWS)
     assert BALANCER not in {r.name for r in d.of_type(INSTANCE)}
     assert not [r for r in d.resources if r.typ.startswith("aws:lb/")]
     assert d.outputs[outputs.REPLICAS] == 1
@@ -743,8 +757,8 @@ def test_one_group_has_no_balancer_and_keeps_its_names() -> None:
 
 
 def test_replicas_are_groups_at_their_own_addresses_each_with_its_placement() -> None:
-    d = _replicas()
-    config = parsed_config("aws-small", REPLICAS)
+    d = replicated()
+    config = replicas_config()
     workers = config.worker_count
     instances = {r.name: r.inputs for r in d.of_type(INSTANCE) if r.name != BALANCER}
     assert len(instances) == 2 * (workers + 1)
@@ -768,7 +782,7 @@ def test_replicas_are_groups_at_their_own_addresses_each_with_its_placement() ->
 
 
 def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
-    d = _replicas()
+    d = replicated()
     rpc = [r for r in d.of_type(INGRESS) if r.inputs["fromPort"] == 50052]
     assert {(r.inputs["securityGroupId"], r.inputs["referencedSecurityGroupId"]) for r in rpc} == {
         ("llama-rpc-cluster-worker-sg-id", "llama-rpc-cluster-main-sg-id"),
@@ -781,8 +795,8 @@ def test_the_balancer_node_is_private_in_its_own_security_group() -> None:
     """The balancer node on AWS: in the private subnet, its own security group, no public
     address, no role, IMDSv2, an encrypted root. Its HAProxy, size and price, as on every
     cloud: tests/stack/test_balancer_node.py."""
-    d = _replicas({f"{P}slots": 2})
-    config = parsed_config("aws-small", {**REPLICAS, f"{P}slots": 2})
+    d = replicated()
+    config = replicas_config()
     [node] = [r for r in d.of_type(INSTANCE) if r.name == BALANCER]
     inputs = node.inputs
     assert inputs["privateIp"] == config.balancer_ip
@@ -798,13 +812,13 @@ def test_the_balancer_node_is_private_in_its_own_security_group() -> None:
 
 
 def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:
-    d = _replicas({f"{P}apiAllowedCidrs": ["192.168.10.0/24"]})
+    d = replicated(**API_CIDRS)
     balancer_sg = "llama-rpc-cluster-balancer-sg-id"
     into = [r for r in d.of_type(INGRESS) if r.inputs["securityGroupId"] == balancer_sg]
     # The tunnel's main node (the first group's) and apiAllowedCidrs; no other main node.
     assert {r.inputs.get("referencedSecurityGroupId") or r.inputs["cidrIpv4"] for r in into} == {
         "llama-rpc-cluster-main-sg-id",
-        "192.168.10.0/24",
+        *API_CIDRS["apiAllowedCidrs"],
     }
     assert all(r.inputs["fromPort"] == r.inputs["toPort"] == 8080 for r in into)
     out = [r for r in d.of_type(EGRESS) if r.inputs["securityGroupId"] == balancer_sg]
@@ -826,15 +840,15 @@ def test_the_balancer_is_reached_only_by_main_nodes_and_api_cidrs() -> None:
         ]
         assert [(r.inputs["fromPort"], r.inputs["toPort"]) for r in from_balancer] == [(8080, 8080)]
     # Nothing anywhere opens the RPC or metrics port to a range wider than the VPC.
-    vpc = str(parsed_config("aws-small", REPLICAS).vpc_cidr)
+    vpc = str(replicas_config().vpc_cidr)
     for r in d.of_type(INGRESS):
         if r.inputs["fromPort"] in (50052, METRICS_PORT):
             assert r.inputs.get("cidrIpv4") in (None, vpc)
 
 
 def test_connect_command_forwards_to_the_balancer_through_the_first_main() -> None:
-    d = _replicas()
-    config = parsed_config("aws-small", REPLICAS)
+    d = replicated()
+    config = replicas_config()
     argv = shlex.split(d.outputs[outputs.CONNECT_COMMAND])
     assert argv[argv.index("--target") + 1] == "llama-rpc-cluster-main-id"
     parameters = json.loads(argv[argv.index("--parameters") + 1])
@@ -851,16 +865,17 @@ def test_connect_command_forwards_to_the_balancer_through_the_first_main() -> No
 
 
 def test_replicas_cost_every_group_and_the_balancer() -> None:
-    one = parsed_config("aws-small").hourly_cost
-    two = parsed_config("aws-small", REPLICAS).hourly_cost
+    one = parsed_config(AWS).hourly_cost
+    two = parsed_config(AWS, {f"{P}replicas": 2}).hourly_cost
     assert one.balancer is None and two.balancer is not None and two.balancer > 0
     assert two.instances == pytest.approx(2 * one.instances)
     assert two.disks == pytest.approx(2 * one.disks, abs=1e-5)  # each rounded to 5 places
     assert two.nat == one.nat  # one NAT gateway for the whole network
-    assert two.total == pytest.approx(two.instances + two.nat + two.disks + two.balancer)
+    # Two groups cost twice one, the NAT gateway once, and the balancer node on top.
+    assert two.total == pytest.approx(2 * one.total - one.nat + two.balancer, abs=1e-5)
     assert "balancer $" in two.basis
-    # The balancer node's instance and its system disk, priced from the catalog.
-    assert two.balancer == costs.balancer_cost("aws", "us-east-1").usd
+    # The balancer node's instance and its system disk, at the fixture catalog's prices.
+    assert two.balancer == pytest.approx(BALANCER_USD["aws"], abs=1e-5)
     assert any(source.startswith("balancer node: ") for source in two.sources)
 
 
@@ -871,8 +886,8 @@ def test_replicas_out_of_range_are_refused(replicas) -> None:
 
 
 def test_adding_replicas_leaves_the_first_groups_nodes_as_they_are() -> None:
-    one = {r.name: r.inputs for r in deployed("aws-small").of_type(INSTANCE)}
-    two = {r.name: r.inputs for r in _replicas().of_type(INSTANCE)}
+    one = {r.name: r.inputs for r in deployment(AWS, **ONE_GROUP).of_type(INSTANCE)}
+    two = {r.name: r.inputs for r in replicated().of_type(INSTANCE)}
     assert one and all(two[name] == inputs for name, inputs in one.items())
 
 

@@ -4,7 +4,6 @@ cloud's has in common)."""
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 import shlex
@@ -18,13 +17,21 @@ from infra.core.limits import METRICS_PORT
 from infra.stack.providers.azure import DENY_PRIORITY, LOCKED_SSH_KEY
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
+    API_CIDRS,
+    BASTION,
     DISKS,
+    HOST_ENCRYPTION,
+    NO_FLOW_LOGS,
+    ONE_GROUP,
+    REPLICAS,
     Deployment,
     azure_asg_id,
     custom_data_text,
     deploy,
     deployed,
+    deployment,
     env_of,
+    one_node,
     parsed_config,
     stack_config,
     tag_path,
@@ -43,6 +50,9 @@ REPLICA2 = f"{CLUSTER}-replica2"
 BALANCER = f"{CLUSTER}-balancer"
 
 RESOURCE_GROUP = "llama-rpc-cluster-rg"
+AZURE = "azure-cobalt"
+# One group behind a Bastion host and API ranges (BASTION without its second group).
+BASTION_ALONE = {**API_CIDRS, "bastion": True}
 
 
 def rules_of(d: Deployment) -> dict[str, dict[str, Any]]:
@@ -173,10 +183,7 @@ def test_a_user_ssh_key_replaces_the_locked_one() -> None:
 
 
 def test_a_model_that_fits_one_node_runs_without_workers() -> None:
-    big = "Standard_E96ps_v6"  # 672 GiB holds the 405B preset alone
-    d = deploy("azure-cobalt", {"llama-rpc-cluster:workerCount": 0,
-                                "llama-rpc-cluster:instanceType": big,
-                                "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
+    d = deployment(AZURE, **one_node())
     assert [v.name for v in d.of_type(VM)] == ["llama-rpc-cluster-main"]
     assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""
 
@@ -211,12 +218,12 @@ def test_os_disks_are_tagged_and_flow_logs_kept(stack: str) -> None:
     assert flow.inputs["storageId"] == "llama-rpc-cluster-flow-logs-id"
     assert re.fullmatch(r"[a-z0-9]{3,24}", account.inputs["accountName"])
     assert account.inputs["allowBlobPublicAccess"] is False
-    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+    off = deployment(stack, **NO_FLOW_LOGS)
     assert not off.of_type("azure-native:network:FlowLog")
 
 
 def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
-    d = deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True})
+    d = deployment(AZURE, **BASTION_ALONE)
     [bastion] = d.of_type("azure-native:network:BastionHost")
     assert bastion.inputs["enableTunneling"] is True
     assert bastion.inputs["sku"] == {"name": "Standard"}
@@ -240,10 +247,7 @@ def test_a_bastion_gives_a_real_forward_to_the_api() -> None:
 
 
 def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
-    d = deploy(
-        "azure-cobalt",
-        {"llama-rpc-cluster:encryptionAtHost": True, "llama-rpc-cluster:image": "24.04.202510010"},
-    )
+    d = deployment(AZURE, **HOST_ENCRYPTION)
     for vm in d.of_type(VM):
         assert vm.inputs["securityProfile"]["encryptionAtHost"] is True
         assert vm.inputs["storageProfile"]["imageReference"]["version"] == "24.04.202510010"
@@ -252,11 +256,10 @@ def test_encryption_at_host_and_a_pinned_image_are_settings() -> None:
 # --- replicas ------------------------------------------------------------------------------
 
 
-@functools.cache
-def replicated(**options: Any) -> Deployment:
-    """The preset with two serving groups behind the balancer node (and options)."""
-    overrides = {f"llama-rpc-cluster:{k}": v for k, v in options.items()}
-    return deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2, **overrides})
+def replicated(behind_bastion: bool = False) -> Deployment:
+    """The preset with two serving groups behind the balancer node (and with a Bastion host
+    and API ranges)."""
+    return deployment(AZURE, **(BASTION if behind_bastion else REPLICAS))
 
 
 def network(prefix: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
@@ -286,11 +289,11 @@ def test_node_metrics_are_open_from_the_groups_main_node_only(replicas: int) -> 
         assert metrics["priority"] == priority
 
 
-@pytest.mark.parametrize("options", [{}, {"bastion": True, "apiAllowedCidrs": ("10.8.0.0/16",)}])
-def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(options: dict[str, Any]) -> None:
+@pytest.mark.parametrize("behind_bastion", [False, True])
+def test_no_rule_opens_metrics_or_rpc_wider_than_the_cluster(behind_bastion: bool) -> None:
     vpc = parsed_config("azure-cobalt").vpc_cidr
     checked = 0
-    for rule in rules_of(replicated(**options)).values():
+    for rule in rules_of(replicated(behind_bastion)).values():
         if rule["access"] != "Allow" or rule["destinationPortRange"] not in {"9100", "50052"}:
             continue
         checked += 1
@@ -330,7 +333,7 @@ def test_replicas_are_groups_of_nodes_with_their_own_groups_and_placement() -> N
 
 
 def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
-    rules = rules_of(replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)))
+    rules = rules_of(replicated(behind_bastion=True))
     for prefix, group, priority in (("g1-", CLUSTER, 100), ("g2-", REPLICA2, 300)):
         rpc = rules[f"{prefix}allow-rpc-from-main"]
         assert rpc["destinationPortRange"] == "50052"
@@ -361,11 +364,11 @@ def test_the_balancer_node_is_in_its_own_security_group_outside_any_placement() 
     assert disk_tags["role"] == "balancer"
 
 
-@pytest.mark.parametrize("options", [{}, {"bastion": True, "apiAllowedCidrs": ("10.8.0.0/16",)}])
+@pytest.mark.parametrize("behind_bastion", [False, True])
 def test_the_balancer_node_takes_the_api_as_a_main_node_does_and_each_main_admits_it(
-    options: dict[str, Any],
+    behind_bastion: bool,
 ) -> None:
-    rules = rules_of(replicated(**options))
+    rules = rules_of(replicated(behind_bastion))
     balancer = [asg(CLUSTER, "balancer")]
     into = {
         n: r for n, r in rules.items() if r.get("destinationApplicationSecurityGroups") == balancer
@@ -373,7 +376,7 @@ def test_the_balancer_node_takes_the_api_as_a_main_node_does_and_each_main_admit
     expected = {
         f"balancer-{rule}" for rule in ("allow-api-from-allowed-cidrs", "allow-api-from-bastion")
     }
-    assert set(into) == (expected if options else set())
+    assert set(into) == (expected if behind_bastion else set())
     for name, rule in into.items():
         assert (rule["access"], rule["protocol"], rule["destinationPortRange"]) == (
             "Allow",
@@ -405,23 +408,18 @@ def test_connect_command_reaches_the_balancer_node_with_replicas() -> None:
     assert "az vm run-command invoke" in command
     assert f"--name {BALANCER} " in command
     assert "curl -s http://10.42.0.5:8080/v1/models" in command
-    tunnel = shlex.split(replicated(bastion=True).outputs[outputs.CONNECT_COMMAND])
+    tunnel = shlex.split(replicated(behind_bastion=True).outputs[outputs.CONNECT_COMMAND])
     assert tunnel[tunnel.index("--target-resource-id") + 1] == f"{BALANCER}-id"
-    alone = shlex.split(
-        deploy("azure-cobalt", {"llama-rpc-cluster:bastion": True}).outputs[outputs.CONNECT_COMMAND]
-    )
+    alone = shlex.split(deployment(AZURE, **BASTION_ALONE).outputs[outputs.CONNECT_COMMAND])
     assert alone[alone.index("--target-resource-id") + 1] == f"{CLUSTER}-main-id"
-    for d in (replicated(), replicated(bastion=True)):
+    for d in (replicated(), replicated(behind_bastion=True)):
         assert not any(line.startswith("balancer:") for line in d.outputs[outputs.LIMITATIONS])
 
 
 def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
     """A stack without replicas sees nothing replaced: the first group's resources keep the
     names (and NSG priorities) they had before there were groups."""
-    d = deploy(
-        "azure-cobalt",
-        {"llama-rpc-cluster:bastion": True, "llama-rpc-cluster:apiAllowedCidrs": ("10.8.0.0/16",)},
-    )
+    d = deployment(AZURE, **BASTION_ALONE)
     assert not [r.name for r in d.resources if "balancer" in r.name]
     assert d.outputs[outputs.REPLICAS] == 1
     assert d.outputs[outputs.BALANCER_URL] is None
@@ -441,16 +439,11 @@ def test_one_group_has_no_balancer_and_keeps_its_names_and_priorities() -> None:
         f"{CLUSTER}-main",
     } <= names
     # ... and the first group of a replicated stack is that same group.
-    assert names <= {
-        r.name for r in replicated(bastion=True, apiAllowedCidrs=("10.8.0.0/16",)).resources
-    }
+    assert names <= {r.name for r in replicated(behind_bastion=True).resources}
 
 
 def test_adding_replicas_leaves_the_first_groups_vms_as_they_are() -> None:
     vm = "azure-native:compute:VirtualMachine"
-    one = {r.name: r.inputs for r in deploy("azure-cobalt").of_type(vm)}
-    two = {
-        r.name: r.inputs
-        for r in deploy("azure-cobalt", {"llama-rpc-cluster:replicas": 2}).of_type(vm)
-    }
+    one = {r.name: r.inputs for r in deployment(AZURE, **ONE_GROUP).of_type(vm)}
+    two = {r.name: r.inputs for r in replicated().of_type(vm)}
     assert one and all(two[name] == inputs for name, inputs in one.items())

@@ -11,7 +11,6 @@ once).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,26 +18,37 @@ import pytest
 
 from infra.clouds import FACTS, RESOURCE_RULES, rules
 from infra.core.limits import MAX_WORKERS
-from tests.pulumi_mocks import KUBERNETES_STACKS, Deployment, deploy, stack_config, stack_names
+from tests.pulumi_mocks import (
+    API_CIDRS,
+    BASTION,
+    CLOUD_STACKS,
+    GUARDED,
+    KMS_KEY,
+    KUBERNETES_API_CIDRS,
+    KUBERNETES_STACKS,
+    LARGEST,
+    NO_FLOW_LOGS,
+    REPLICAS,
+    Deployment,
+    cloud_of,
+    deployed,
+    deployment,
+    one_node,
+    stack_names,
+    staged_model,
+)
 
-P = "llama-rpc-cluster:"
-STORE_URLS = {
-    "aws": ["s3://my-models/llama/model.gguf"],
-    "gcp": ["gs://my-models/llama/model.gguf"],
-    "azure": ["az://mymodels/models/llama/model.gguf"],
-}
-SMALL_MODEL = stack_config("aws-small")[f"{P}model"]
-KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 NODE_TYPES = {
     "aws:ec2/instance:Instance",
     "aws:eks/nodeGroup:NodeGroup",
     "gcp:compute/instance:Instance",
     "azure-native:compute:VirtualMachine",
 }
-
-
-def cloud_of(stack: str) -> str:
-    return str(stack_config(stack).get(f"{P}cloud", "aws"))
+KUBERNETES_STACK = KUBERNETES_STACKS[0]
+# The largest stacks, once per cloud.
+LARGEST_CASES = [
+    pytest.param(CLOUD_STACKS[cloud], "largest", id=f"{cloud}-largest") for cloud in sorted(FACTS)
+]
 
 
 def many_tags(cloud: str) -> dict[str, str]:
@@ -49,66 +59,60 @@ def many_tags(cloud: str) -> dict[str, str]:
     return {f"k{i:02d}" + "x" * 125: "v" * 256 for i in range(46)}
 
 
-def on_vms(stack: str) -> bool:
-    return stack not in KUBERNETES_STACKS
-
-
-def staged(stack: str) -> dict[str, Any] | None:
-    """A model staged in the cloud's store (read with a VM's identity: not on Kubernetes)."""
-    if not on_vms(stack):
-        return None
-    cloud = cloud_of(stack)
-    model = {**stack_config(stack)[f"{P}model"], "urls": STORE_URLS[cloud], "sha256": []}
-    extra = {f"{P}modelStoreResourceGroup": "models-rg"} if cloud == "azure" else {}
-    return {f"{P}model": model, **extra}
-
-
-# Each variant: overrides for a stack (None: the variant does not apply to it).
-VARIANTS: dict[str, Callable[[str], dict[str, Any] | None]] = {
-    "as shipped": lambda stack: {},
-    "three replicas": lambda stack: {f"{P}replicas": 3},
-    "one node": lambda stack: {f"{P}model": SMALL_MODEL, f"{P}workerCount": 0},
-    "staged model": staged,
-    "no flow logs": lambda stack: {f"{P}flowLogs": False},
-    "API CIDRs": lambda stack: {f"{P}apiAllowedCidrs": ["10.8.0.0/16", "203.0.113.0/24"]},
-    "many tags": lambda stack: {f"{P}tags": many_tags(cloud_of(stack))},
-    "bastion": lambda stack: (
-        {f"{P}bastion": True, f"{P}replicas": 2} if cloud_of(stack) == "azure" else None
+# Each variant, once per code path: its settings on each cloud's VM preset (None: not on that
+# cloud) and on the EKS stack (None: not there). The largest stacks and another stack name:
+# below.
+VARIANTS: dict[str, tuple[Callable[[str], dict[str, Any] | None], dict[str, Any] | None]] = {
+    "replicas": (lambda cloud: REPLICAS, REPLICAS),
+    "one node": (lambda cloud: one_node(), one_node()),
+    "staged model": (staged_model, None),
+    "SSE-KMS staged model": (
+        lambda cloud: (
+            {**staged_model(cloud), "modelStoreKmsKey": KMS_KEY} if cloud == "aws" else None
+        ),
+        None,
     ),
-    "zone or watcher set": lambda stack: {
-        "aws": {f"{P}zone": "us-east-1c"},
-        "gcp": {f"{P}zone": "us-central1-c"},
-        "azure": {f"{P}networkWatcher": "ops-rg/nw-eastus"},
-    }[cloud_of(stack)],
-    "spend guards": lambda stack: (
-        {f"{P}stopAfterIdleMinutes": 30, f"{P}stopAfterHours": 12} if on_vms(stack) else None
+    "no flow logs": (lambda cloud: NO_FLOW_LOGS, NO_FLOW_LOGS),
+    "API CIDRs": (lambda cloud: API_CIDRS, API_CIDRS),
+    # The balancer node's API rules (on Azure, with a Bastion: below).
+    "replicas and API CIDRs": (
+        lambda cloud: {**REPLICAS, **API_CIDRS} if cloud != "azure" else None,
+        {**REPLICAS, **API_CIDRS},
     ),
-    "SSE-KMS staged model": lambda stack: (
-        {**(staged(stack) or {}), f"{P}modelStoreKmsKey": KMS_KEY}
-        if cloud_of(stack) == "aws" and on_vms(stack)
-        else None
+    "many tags": (lambda cloud: {"tags": many_tags(cloud)}, {"tags": many_tags("aws")}),
+    "bastion": (lambda cloud: BASTION if cloud == "azure" else None, None),
+    "one group behind a bastion": (
+        lambda cloud: {**API_CIDRS, "bastion": True} if cloud == "azure" else None,
+        None,
     ),
-    "Kubernetes API CIDRs": lambda stack: (
-        None if on_vms(stack) else {f"{P}kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}
+    "zone or watcher set": (
+        lambda cloud: {
+            "aws": {"zone": "us-east-1c"},
+            "gcp": {"zone": "us-central1-c"},
+            "azure": {"networkWatcher": "ops-rg/nw-eastus"},
+        }[cloud],
+        {"zone": "us-east-1c"},
     ),
-    "another main type": lambda stack: (
-        None if on_vms(stack) else {f"{P}mainInstanceType": "c8g.8xlarge"}
-    ),
+    "spend guards": (lambda cloud: GUARDED, None),
+    "Kubernetes API CIDRs": (None, KUBERNETES_API_CIDRS),
+    "another main type": (None, {"mainInstanceType": "c8g.8xlarge"}),
 }
-# The largest stacks, once per cloud: every group of the most workers llama.cpp takes.
-LARGEST = {f"{P}replicas": 3, f"{P}workerCount": MAX_WORKERS, f"{P}maxHourlyUsd": 10_000}
-CLOUD_STACKS = {cloud: next(s for s in stack_names() if cloud_of(s) == cloud) for cloud in FACTS}
-KUBERNETES_STACK = KUBERNETES_STACKS[0]
-LARGEST_CASES = [
-    pytest.param(CLOUD_STACKS[cloud], "largest", id=f"{cloud}-largest") for cloud in sorted(FACTS)
-]
 
 
-@functools.cache
-def run(stack: str, variant: str, stack_name: str | None = None) -> Deployment:
-    overrides = LARGEST if variant == "largest" else VARIANTS[variant](stack)
-    assert overrides is not None
-    return deploy(stack, overrides, stack_name=stack_name)
+def variant_settings(stack: str, variant: str) -> dict[str, Any] | None:
+    on_vms, on_kubernetes = VARIANTS[variant]
+    if stack in KUBERNETES_STACKS:
+        return on_kubernetes
+    return on_vms(cloud_of(stack)) if on_vms else None
+
+
+def run(stack: str, variant: str) -> Deployment:
+    """A stack as shipped, or a variant of it (shared with the other files that deploy it)."""
+    if variant == "as shipped":
+        return deployed(stack)
+    settings = LARGEST if variant == "largest" else variant_settings(stack, variant)
+    assert settings is not None
+    return deployment(stack, **settings)
 
 
 def broken(d: Deployment) -> list[str]:
@@ -116,10 +120,13 @@ def broken(d: Deployment) -> list[str]:
 
 
 CASES = [
-    pytest.param(stack, variant, id=f"{stack}-{variant.replace(' ', '-')}")
-    for stack in stack_names()
-    for variant, overrides in VARIANTS.items()
-    if overrides(stack) is not None
+    *(pytest.param(stack, "as shipped", id=f"{stack}-as-shipped") for stack in stack_names()),
+    *(
+        pytest.param(stack, variant, id=f"{stack}-{variant.replace(' ', '-')}")
+        for stack in [*CLOUD_STACKS.values(), KUBERNETES_STACK]
+        for variant in VARIANTS
+        if variant_settings(stack, variant) is not None
+    ),
 ]
 
 
@@ -148,7 +155,7 @@ def test_the_largest_kubernetes_stack_keeps_its_clouds_rules() -> None:
 @pytest.mark.parametrize("cloud", sorted(FACTS))
 def test_a_stack_name_with_capitals_and_a_dot_keeps_its_clouds_rules(cloud: str) -> None:
     """Pulumi stack names may hold capitals and '.', GCP label values may not."""
-    d = run(CLOUD_STACKS[cloud], "three replicas", stack_name="Prod.gcp")
+    d = deployment(CLOUD_STACKS[cloud], stack_name="Prod.gcp", **REPLICAS)
     assert broken(d) == []
     tagged = [
         r
@@ -212,7 +219,7 @@ AWS_INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 
 def test_names_a_bucket_name_over_63_characters_is_caught() -> None:
     stack = changed(
-        run(AWS, "three replicas"),
+        run(AWS, "replicas"),
         "aws:s3/bucket:Bucket",
         lambda r: dataclasses.replace(r, name="llama-rpc-cluster-flow-logs-" + "x" * 40),
     )
@@ -387,7 +394,7 @@ def test_combinations_a_standard_parameter_over_4_kb_is_caught() -> None:
 def test_combinations_a_gcp_network_tag_outside_rfc_1035_is_caught(
     typ: str, values: dict[str, Any]
 ) -> None:
-    only(changed(run("gcp-c4a", "three replicas"), typ, with_inputs(**values)), rules.COMBINATION,
+    only(changed(run("gcp-c4a", "replicas"), typ, with_inputs(**values)), rules.COMBINATION,
          "network tag")  # fmt: skip
 
 

@@ -24,11 +24,16 @@ from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.kube import eks, objects
 from tests.pulumi_mocks import (
     GENERATED_KEY,
+    KUBERNETES_API_CIDRS,
+    NO_KEY,
+    REPLICAS,
     ZONES,
     Deployment,
     RecordingMocks,
     deploy,
     deployed,
+    deployment,
+    overrides_of,
     parsed_config,
     plan_update,
     refused,
@@ -75,16 +80,19 @@ def key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
+ANOTHER_MAIN_TYPE = {"mainInstanceType": "c8g.8xlarge"}
+
+
 @pytest.mark.parametrize(
-    "overrides",
-    [{}, {f"{P}replicas": 3}, {f"{P}mainInstanceType": "c8g.8xlarge"}, {f"{P}apiKey": "none"}],
-    ids=["as-shipped", "three-replicas", "another-main-type", "no-key"],
+    "settings",
+    [{}, REPLICAS, ANOTHER_MAIN_TYPE, NO_KEY],
+    ids=["as-shipped", "replicas", "another-main-type", "no-key"],
 )
-def test_the_applied_objects_are_what_lrc_k8s_render_writes(overrides: dict[str, Any]) -> None:
+def test_the_applied_objects_are_what_lrc_k8s_render_writes(settings: dict[str, Any]) -> None:
     """One source of truth: the stack applies the render of its own settings, object for
     object and field for field, with the image it is given."""
-    d = deploy(STACK, overrides)
-    config = parsed_config(STACK, overrides)
+    d = deployment(STACK, **settings)
+    config = parsed_config(STACK, overrides_of(settings))
     rendered = objects.render(
         config, name=eks.LWS_NAME, namespace=eks.NAMESPACE, image=str(config.kubernetes_image)
     )
@@ -108,7 +116,7 @@ def test_the_api_key_is_a_secret_the_leaders_read_and_none_without_one() -> None
     assert value.startswith(GENERATED_KEY)
     assert d.outputs[outputs.API_KEY] == value
     assert outputs.API_KEY in d.secret_outputs
-    without = deploy(STACK, {f"{P}apiKey": "none"})
+    without = deployment(STACK, **NO_KEY)
     assert without.of_type("kubernetes:core/v1:Secret") == []
     assert without.outputs[outputs.API_KEY] is None
 
@@ -125,8 +133,8 @@ def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> 
     assert d.of_type(INGRESS) == []
     # A public range opens the public endpoint to it alone; a private one (a VPN, a peered
     # network) reaches the private endpoint through the cluster's security group, on 443 only.
-    ranges = ["203.0.113.0/24", "10.8.0.0/16"]
-    opened = deploy(STACK, {f"{P}kubernetesApiCidrs": ranges})
+    assert KUBERNETES_API_CIDRS["kubernetesApiCidrs"] == ["203.0.113.0/24", "10.8.0.0/16"]
+    opened = deployment(STACK, **KUBERNETES_API_CIDRS)
     [cluster] = opened.of_type(CLUSTER)
     vpc = cluster.inputs["vpcConfig"]
     assert vpc["endpointPublicAccess"] is True and vpc["publicAccessCidrs"] == ["203.0.113.0/24"]
@@ -144,13 +152,6 @@ def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> 
     assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
 
 
-def invokes_of(stack: str) -> list[Any]:
-    """The invokes the program makes for a stack (the mocks record them)."""
-    mocks = RecordingMocks()
-    deploy(stack, mocks=mocks)
-    return mocks.calls
-
-
 def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     d = deployed(STACK)
     subnets = {r.name.removeprefix("llama-rpc-cluster-"): r.inputs for r in d.of_type(SUBNET)}
@@ -164,7 +165,7 @@ def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     assert node_zone == ZONES[0] == d.outputs[outputs.ZONE]
     assert subnets["control-plane"]["availabilityZone"] not in (node_zone, None)
     # The zone was asked for without the node zone and the zones EKS refuses.
-    [asked] = [c for c in invokes_of(STACK) if c.token.endswith("getAvailabilityZones")]
+    [asked] = [c for c in d.calls if c.token.endswith("getAvailabilityZones")]
     assert asked.args["excludeNames"] == [node_zone]
     assert set(asked.args["excludeZoneIds"]) == set(aws_facts.EKS_UNSUPPORTED_ZONE_IDS)
     # Every range inside the VPC, none overlapping.
@@ -186,22 +187,22 @@ def test_network_policies_are_enforced_by_the_vpc_cni() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "pools"),
+    ("settings", "pools"),
     [
         ({}, {"nodes": ("c8g.16xlarge", 3)}),
-        ({f"{P}replicas": 2}, {"nodes": ("c8g.16xlarge", 6)}),
+        (REPLICAS, {"nodes": ("c8g.16xlarge", 6)}),
         (
-            {f"{P}mainInstanceType": "c8g.8xlarge", f"{P}replicas": 2},
+            {**ANOTHER_MAIN_TYPE, **REPLICAS},
             {"main": ("c8g.8xlarge", 2), "worker": ("c8g.16xlarge", 4)},
         ),
     ],
     ids=["as-shipped", "two-replicas", "another-main-type"],
 )
 def test_one_graviton_node_group_per_type_from_a_locked_down_launch_template(
-    overrides: dict[str, Any], pools: dict[str, tuple[str, int]]
+    settings: dict[str, Any], pools: dict[str, tuple[str, int]]
 ) -> None:
-    d = deploy(STACK, overrides)
-    config = parsed_config(STACK, overrides)
+    d = deployment(STACK, **settings)
+    config = parsed_config(STACK, overrides_of(settings))
     groups = {r.name.removeprefix("llama-rpc-cluster-"): r.inputs for r in d.of_type(NODE_GROUP)}
     templates = {r.name: r.inputs for r in d.of_type(TEMPLATE)}
     assert {
@@ -281,7 +282,7 @@ def test_the_outputs_keep_the_contract_and_say_how_to_reach_the_api() -> None:
         "http://llama-rpc-0.llama-rpc.llama-rpc-cluster.svc.cluster.local:8080"
     )
     assert out[outputs.BALANCER_URL] is None
-    replicas = deploy(STACK, {f"{P}replicas": 2}).outputs
+    replicas = deployment(STACK, **REPLICAS).outputs
     assert replicas[outputs.BALANCER_URL] == (
         "http://llama-rpc-api.llama-rpc-cluster.svc.cluster.local:8080"
     )
@@ -292,17 +293,17 @@ def test_the_outputs_keep_the_contract_and_say_how_to_reach_the_api() -> None:
 
 
 @pytest.mark.parametrize(
-    "overrides",
-    [{}, {f"{P}replicas": 2}, {f"{P}mainInstanceType": "c8g.8xlarge"}],
+    "settings",
+    [{}, REPLICAS, ANOTHER_MAIN_TYPE],
     ids=["as-shipped", "two-replicas", "another-main-type"],
 )
 def test_the_hourly_cost_prices_what_the_stack_makes_and_its_control_plane(
-    overrides: dict[str, Any],
+    settings: dict[str, Any],
 ) -> None:
     """Priced here from the resources themselves: each node group's type and count, each
     node's disk as its launch template gives it, one NAT gateway, and the control plane; no
     balancer node (HAProxy runs as pods)."""
-    d = deploy(STACK, overrides)
+    d = deployment(STACK, **settings)
     templates = {r.name: r.inputs for r in d.of_type(TEMPLATE)}
     nodes = []
     for group in d.of_type(NODE_GROUP):
@@ -325,7 +326,7 @@ def test_the_hourly_cost_prices_what_the_stack_makes_and_its_control_plane(
 
 
 def test_a_second_up_changes_nothing_and_new_settings_reach_only_the_pods() -> None:
-    before = deploy(STACK)
+    before = deployed(STACK)
     again = deploy(STACK, mocks=RecordingMocks(prior=before))
     actions = plan_update(before, again)
     assert {k for k, a in actions.items() if a != "same"} == set()

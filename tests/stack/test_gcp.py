@@ -4,7 +4,6 @@ cloud's has in common)."""
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 import shlex
@@ -16,10 +15,16 @@ from infra.core import outputs
 from infra.core.limits import METRICS_PORT
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
+    API_CIDRS,
+    NO_FLOW_LOGS,
+    ONE_GROUP,
+    REPLICAS,
     Deployment,
     deploy,
     deployed,
+    deployment,
     env_of,
+    one_node,
     parsed_config,
     ready_account,
     refused,
@@ -150,10 +155,7 @@ def test_label_rules() -> None:
 
 
 def test_a_model_that_fits_one_node_runs_without_workers() -> None:
-    big = "c4a-highmem-72"  # 576 GiB holds the 405B preset alone
-    d = deploy("gcp-c4a", {"llama-rpc-cluster:workerCount": 0,
-                           "llama-rpc-cluster:instanceType": big,
-                           "llama-rpc-cluster:mainInstanceType": big})  # fmt: skip
+    d = deployment("gcp-c4a", **one_node())
     assert [i.name for i in d.of_type(INSTANCE)] == ["llama-rpc-cluster-main"]
     assert d.outputs[outputs.WORKER_PRIVATE_IPS] == [] and d.outputs[outputs.RPC_SERVERS] == ""
 
@@ -185,7 +187,7 @@ def test_ssh_keys_accounts_and_flow_logs(stack: str) -> None:
     assert not d.of_type("gcp:projects/iAMMember:IAMMember"), "the account has no roles"
     [subnet] = d.of_type("gcp:compute/subnetwork:Subnetwork")
     assert subnet.inputs["logConfig"]["flowSampling"] > 0
-    off = deploy(stack, {"llama-rpc-cluster:flowLogs": False})
+    off = deployment(stack, **NO_FLOW_LOGS)
     assert "logConfig" not in off.of_type("gcp:compute/subnetwork:Subnetwork")[0].inputs
 
 
@@ -222,10 +224,9 @@ def test_a_staged_s3_model_is_refused_where_nodes_cannot_read_s3() -> None:
 # --- replicas ------------------------------------------------------------------------------
 
 
-@functools.cache
 def replicated(stack: str = "gcp-c4a") -> Deployment:
     """A preset with two serving groups behind the balancer node."""
-    return deploy(stack, {"llama-rpc-cluster:replicas": 2})
+    return deployment(stack, **REPLICAS)
 
 
 def allowed_ports(rule: dict) -> set[int]:
@@ -288,8 +289,8 @@ def test_replicas_are_groups_of_nodes_at_their_layout_addresses() -> None:
     # came before the balancer node: a deployed stack's nodes are not replaced for it.
     for name in (f"{CLUSTER}-main", f"{REPLICA2}-main"):
         assert env_of(instances[name]["metadata"]["user-data"])["SERVER_LISTEN"] == "0.0.0.0"
-    one = {r.name: r.inputs for r in deployed("gcp-c4a").of_type(INSTANCE)}
-    assert all(instances[name] == inputs for name, inputs in one.items())
+    one = {r.name: r.inputs for r in deployment("gcp-c4a", **ONE_GROUP).of_type(INSTANCE)}
+    assert one and all(instances[name] == inputs for name, inputs in one.items())
 
 
 def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
@@ -309,17 +310,15 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only() -> None:
 
 
 def test_the_balancer_node_takes_the_api_from_iap_and_api_cidrs_and_reaches_each_main() -> None:
-    d = deploy(
-        "gcp-c4a",
-        {"llama-rpc-cluster:replicas": 2, "llama-rpc-cluster:apiAllowedCidrs": ["10.8.0.0/16"]},
-    )
+    d = deployment("gcp-c4a", **REPLICAS, **API_CIDRS)
     rules = {r.name: r.inputs for r in d.of_type(FIREWALL)}
     tag = f"{CLUSTER}-balancer"
     assert d.named(tag).inputs["tags"] == [tag]
     into = {name: rule for name, rule in rules.items() if tag in rule.get("targetTags", [])}
     assert set(into) == {f"{tag}-api-from-iap"}
     api = into[f"{tag}-api-from-iap"]
-    assert api["direction"] == "INGRESS" and api["sourceRanges"] == [IAP_RANGE, "10.8.0.0/16"]
+    assert api["direction"] == "INGRESS"
+    assert api["sourceRanges"] == [IAP_RANGE, *API_CIDRS["apiAllowedCidrs"]]
     assert allowed_ports(api) == {8080}
     # Each group's main node admits the balancer node on the API port, and no other group's.
     for group in (CLUSTER, REPLICA2):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infra.core import outputs
-from tests.pulumi_mocks import deploy
+from tests.pulumi_mocks import REPLICAS, deployed, deployment
 
 CLUSTER = "llama-rpc-cluster"
 REPLICA2 = f"{CLUSTER}-replica2"
@@ -19,7 +19,7 @@ INSTANCE_ID = {"aws": "{}-id", "gcp": "{}", "azure": "{}"}
     ("stack", "cloud"), [("aws-c8g", "aws"), ("gcp-c4a", "gcp"), ("azure-cobalt", "azure")]
 )
 def test_replica_outputs_name_the_balancer_and_every_group(stack: str, cloud: str) -> None:
-    out = deploy(stack, {f"{CLUSTER}:replicas": 2, f"{CLUSTER}:workerCount": 2}).outputs
+    out = deployment(stack, **REPLICAS).outputs
     subnet = out[outputs.MAIN_PRIVATE_IP].rsplit(".", 1)[0]
     assert out[outputs.CLOUD] == cloud and out[outputs.REPLICAS] == 2
     assert out[outputs.BALANCER_URL] == f"http://{subnet}.5:8080"
@@ -51,6 +51,6 @@ def test_every_stack_says_where_its_nodes_are(
     stack: str, zone: str | None, group: str | None
 ) -> None:
     """The command channels find the nodes by these outputs, not by reading connectCommand."""
-    out = deploy(stack, {}).outputs
+    out = deployed(stack).outputs
     assert set(out) == {*outputs.ALL_KEYS, *outputs.DETAIL_KEYS}
     assert (out[outputs.ZONE], out[outputs.RESOURCE_GROUP]) == (zone, group)

@@ -7,6 +7,7 @@ that the program stops there, with no resource registered.
 from __future__ import annotations
 
 import base64
+import importlib
 import ipaddress
 import random
 import socket
@@ -19,14 +20,22 @@ from hypothesis import given
 from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
+from infra.boot import NodeBoot
 from infra.clouds import FACTS
 from infra.clouds.base import OPTIONAL_SETTINGS
-from infra.core import network_rules
+from infra.core import network_rules, outputs
 from infra.stack.settings import BY_KEY
 from tests.pulumi_mocks import (
+    CLOUD_STACKS,
+    KMS_KEY,
+    LARGEST,
     RecordingMocks,
     deploy,
+    deployed,
+    deployment,
     env_of,
+    overrides_of,
+    parsed_config,
     refusal,
     refused,
     stack_config,
@@ -45,8 +54,12 @@ SHORT_RSA_KEY = (
 ED25519_KEY = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGg4hEbHzZ+1Qe2TT2P0d6PMdDbaa1TuJz0hbz8uCMbG test"
 )
-KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 STACK = {"aws": "aws-small", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
+NODE_TYPES = {
+    "aws": "aws:ec2/instance:Instance",
+    "gcp": "gcp:compute/instance:Instance",
+    "azure": "azure-native:compute:VirtualMachine",
+}
 
 
 def with_urls(cloud: str, urls: list[str], sha256: list[str] | None = None) -> dict[str, Any]:
@@ -561,8 +574,22 @@ GOOD: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("cloud", "overrides"), GOOD)
 def test_settings_near_the_limits_are_accepted(cloud: str, overrides: dict[str, Any]) -> None:
-    d = deploy(STACK[cloud], overrides)
-    assert d.resources
+    """The config check accepts them: what ``pulumi up`` runs before it registers anything,
+    every node's user data rendered and delivered."""
+    config = parsed_config(STACK[cloud], overrides)
+    assert len(config.user_data) == config.replicas
+    assert [len(group) for group in config.user_data] == [config.worker_count + 1] * config.replicas
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUD_STACKS))
+def test_the_program_runs_on_an_accepted_large_stack(cloud: str) -> None:
+    """Three groups of the most nodes each: every node, the balancer node and the outputs."""
+    d = deployment(CLOUD_STACKS[cloud], **LARGEST)
+    config = parsed_config(CLOUD_STACKS[cloud], overrides_of(LARGEST))
+    nodes = d.of_type(NODE_TYPES[cloud])
+    assert len(nodes) == config.replicas * (config.worker_count + 1) + 1  # and the balancer
+    assert d.outputs[outputs.REPLICAS] == config.replicas == 3
+    assert len(d.outputs[outputs.GROUPS]) == 3
 
 
 def test_every_optional_setting_is_honoured_somewhere_and_refused_elsewhere() -> None:
@@ -659,6 +686,27 @@ def test_the_model_alias_and_server_args_reach_the_main_node_only() -> None:
     worker = env_of(user_data_text(d.named("llama-rpc-cluster-worker-1").inputs))
     assert (main["MODEL_ALIAS"], main["LLAMA_SERVER_ARGS"]) == ("team/qwen", "--temp 0.2 --jinja")
     assert "MODEL_ALIAS" not in worker and "LLAMA_SERVER_ARGS" not in worker
-    default = env_of(user_data_text(deploy("aws-c8g", {}).named("llama-rpc-cluster-main").inputs))
+    default = env_of(user_data_text(deployed("aws-c8g").named("llama-rpc-cluster-main").inputs))
     assert default["MODEL_ALIAS"] == "llama-3.1-405b-q4_k_m"
     assert "LLAMA_SERVER_ARGS" not in default
+
+
+def test_the_program_deploys_the_user_data_the_config_check_rendered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The config check renders and delivers every node's user data to check it; the program
+    deploys those and renders no node again (a render is most of a large stack's ``up``)."""
+    # The module (in infra.boot, its name is also its function's).
+    render = importlib.import_module("infra.boot.render")
+    real = render.cloud_config
+    rendered: list[str] = []
+
+    def counted(boot: NodeBoot) -> dict[str, Any]:
+        rendered.append(boot.node_ip)
+        return real(boot)
+
+    monkeypatch.setattr(render, "cloud_config", counted)
+    d = deploy("aws-small", {f"{P}replicas": 2})
+    nodes = [r for r in d.of_type("aws:ec2/instance:Instance") if "balancer" not in r.name]
+    assert len(nodes) == 6
+    assert sorted(rendered) == sorted(r.inputs["privateIp"] for r in nodes)

@@ -13,19 +13,20 @@ from infra.boot import GUARD_UNIT
 from infra.clouds import FACTS
 from infra.stack.providers.azure import DEALLOCATE_ACTION, deallocate_role_id
 from tests.pulumi_mocks import (
+    CLOUD_STACKS,
+    GUARDED,
+    NO_KEY,
     Deployment,
+    cloud_of,
     custom_data_text,
-    deploy,
+    deployed,
+    deployment,
     env_of,
     principal_of,
-    stack_names,
-    stack_values,
     user_data_text,
     vm_stack_names,
 )
 
-P = "llama-rpc-cluster:"
-GUARDS = {f"{P}stopAfterIdleMinutes": 30, f"{P}stopAfterHours": 12}
 NODE_TYPES = {
     "aws": "aws:ec2/instance:Instance",
     "gcp": "gcp:compute/instance:Instance",
@@ -33,10 +34,6 @@ NODE_TYPES = {
 }
 ROLE_DEFINITION = "azure-native:authorization:RoleDefinition"
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
-
-
-def cloud_of(stack: str) -> str:
-    return str(stack_values(stack).get(f"{P}cloud", "aws"))
 
 
 def user_data(cloud: str, node: Any) -> str:
@@ -53,18 +50,20 @@ def nodes(d: Deployment, cloud: str) -> list[Any]:
     return [r for r in d.of_type(NODE_TYPES[cloud]) if not r.name.endswith("-balancer")]
 
 
-@pytest.mark.parametrize("stack", vm_stack_names())
+@pytest.mark.parametrize("stack", CLOUD_STACKS.values())
 def test_every_node_gets_the_guard_and_its_clouds_way_to_stop(stack: str) -> None:
     cloud = cloud_of(stack)
-    guarded = deploy(stack, {**GUARDS, f"{P}replicas": 2})
-    assert len(nodes(guarded, cloud)) >= 2
+    guarded = deployment(stack, **GUARDED)
+    assert len(nodes(guarded, cloud)) == 6  # two groups of three
+    [balancer] = [r for r in guarded.of_type(NODE_TYPES[cloud]) if r.name.endswith("-balancer")]
+    assert GUARD_UNIT not in user_data(cloud, balancer)
     for node in nodes(guarded, cloud):
         text = user_data(cloud, node)
         env = env_of(text)
         assert (env["STOP_AFTER_IDLE_SECONDS"], env["STOP_AFTER_SECONDS"]) == ("1800", "43200")
         assert env["STOP_BY"] == FACTS[cloud].stop_by
         assert f"/etc/systemd/system/{GUARD_UNIT}" in text and GUARD_UNIT in text.split("runcmd")[1]
-    plain = deploy(stack, {})
+    plain = deployed(stack)
     for node in nodes(plain, cloud):
         text = user_data(cloud, node)
         assert "STOP_AFTER" not in text and GUARD_UNIT not in text
@@ -77,15 +76,15 @@ def test_an_azure_node_stops_by_deallocating_itself() -> None:
 
 @pytest.mark.parametrize("stack", [s for s in vm_stack_names() if cloud_of(s) == "aws"])
 def test_an_ec2_node_that_powers_itself_off_stops(stack: str) -> None:
-    for node in nodes(deploy(stack, {}), "aws"):
+    for node in nodes(deployed(stack), "aws"):
         assert node.inputs["instanceInitiatedShutdownBehavior"] == "stop"
 
 
-AZURE = next(s for s in stack_names() if cloud_of(s) == "azure")
+AZURE = CLOUD_STACKS["azure"]
 
 
 def test_each_azure_node_may_deallocate_itself_and_nothing_else() -> None:
-    d = deploy(AZURE, {**GUARDS, f"{P}replicas": 2})
+    d = deployment(AZURE, **GUARDED)
     [group] = d.of_type("azure-native:resources:ResourceGroup")
     group_id = d.states[group.typ, group.name][0]
     [role] = d.of_type(ROLE_DEFINITION)
@@ -110,7 +109,7 @@ def test_each_azure_node_may_deallocate_itself_and_nothing_else() -> None:
 
 
 def test_an_unguarded_azure_stack_without_a_key_makes_no_identity_and_no_role() -> None:
-    d = deploy(AZURE, {f"{P}apiKey": "none"})
+    d = deployment(AZURE, **NO_KEY)
     assert not d.of_type(ROLE_DEFINITION) and not d.of_type(ROLE_ASSIGNMENT)
     assert all("identity" not in vm.inputs for vm in nodes(d, "azure"))
 

@@ -20,27 +20,26 @@ from infra.stack.providers.azure import BLOB_DATA_READER
 from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
 from tests.pulumi_mocks import (
+    NO_KEY,
+    STAGED_URLS,
     SUBSCRIPTION,
     RecordingMocks,
     custom_data_text,
     deploy,
+    deployment,
     env_of,
     parsed_config,
     principal_of,
     refused,
     stack_config,
+    staged_model,
 )
 
 P = "llama-rpc-cluster:"
 STACK = {"aws": "aws-small", "gcp": "gcp-c4a", "azure": "azure-cobalt"}
-GCS_URLS = [
-    "gs://my-models/llama/part-00001-of-00002.gguf",
-    "gs://my-models/llama/part-00002-of-00002.gguf",
-]
-BLOB_URLS = [
-    "az://mymodels/models/llama/part-00001-of-00002.gguf",
-    "az://mymodels/models/llama/part-00002-of-00002.gguf",
-]
+GCS_URLS = STAGED_URLS["gcp"]
+# The model's parts in one container (the staged variant adds two more containers).
+BLOB_URLS = STAGED_URLS["azure"][:2]
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 AZURE_VM = "azure-native:compute:VirtualMachine"
@@ -182,7 +181,11 @@ def test_a_bad_resource_group_name_is_refused(group: str) -> None:
 
 
 def test_gcp_reads_a_staged_model_with_the_main_nodes_account_over_private_access() -> None:
-    d = deploy(STACK["gcp"], staged("gcp", GCS_URLS))
+    assert GCS_URLS == [
+        "gs://my-models/llama/part-00001-of-00002.gguf",
+        "gs://my-models/llama/part-00002-of-00002.gguf",
+    ]
+    d = deployment(STACK["gcp"], **staged_model("gcp"))
     [subnet] = d.of_type("gcp:compute/subnetwork:Subnetwork")
     assert subnet.inputs["privateIpGoogleAccess"] is True
     [account] = d.of_type("gcp:serviceaccount/account:Account")
@@ -236,10 +239,9 @@ def test_gcs_conditions_stay_within_iams_limits_and_name_only_the_objects() -> N
 
 
 def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_endpoint() -> None:
-    urls = [*BLOB_URLS, "az://mymodels/other/extra.gguf"]
-    d = deploy(
-        STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), RecordingMocks()
-    )
+    urls = STAGED_URLS["azure"]
+    assert urls == [*BLOB_URLS, "az://mymodels/other/extra.gguf", "az://mymodels/top/p.gguf"]
+    d = deployment(STACK["azure"], **staged_model("azure"))
     [subnet] = d.of_type("azure-native:network:Subnet")
     assert subnet.inputs["serviceEndpoints"] == [{"service": "Microsoft.Storage"}]
     vms = {vm.name: vm.inputs for vm in d.of_type(AZURE_VM)}
@@ -252,8 +254,8 @@ def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_
         "storageAccounts/mymodels"
     )
     assert [a.inputs["scope"] for a in assignments] == [
-        f"{account}/blobServices/default/containers/models",
-        f"{account}/blobServices/default/containers/other",
+        f"{account}/blobServices/default/containers/{container}"
+        for container in ("models", "other", "top")
     ]
     for assignment in assignments:
         assert assignment.inputs["roleDefinitionId"] == (
@@ -273,22 +275,12 @@ def test_azure_reads_a_staged_model_with_the_main_nodes_identity_over_a_service_
 
 
 @pytest.mark.parametrize(
-    ("cloud", "overrides", "added"),
-    [
-        ("gcp", staged("gcp", GCS_URLS), {BUCKET_MEMBER}),
-        (
-            "azure",
-            staged("azure", BLOB_URLS, modelStoreResourceGroup="models-rg"),
-            {ROLE_ASSIGNMENT},
-        ),
-    ],
+    ("cloud", "added"), [("gcp", {BUCKET_MEMBER}), ("azure", {ROLE_ASSIGNMENT})]
 )
-def test_an_https_model_gets_none_of_it(
-    cloud: str, overrides: dict[str, Any], added: set[str]
-) -> None:
-    keyless = {f"{P}apiKey": "none"}  # the key's reader is an identity too, on Azure
-    plain = deploy(STACK[cloud], keyless)
-    with_store = deploy(STACK[cloud], {**overrides, **keyless}, RecordingMocks())
+def test_an_https_model_gets_none_of_it(cloud: str, added: set[str]) -> None:
+    # No key: the key's reader is an identity too, on Azure.
+    plain = deployment(STACK[cloud], **NO_KEY)
+    with_store = deployment(STACK[cloud], **staged_model(cloud), **NO_KEY)
     plain_names = {r.name for r in plain.resources}
     extra = {r.name: r.typ for r in with_store.resources if r.name not in plain_names}
     assert extra and set(extra.values()) == added
@@ -395,10 +387,7 @@ def test_the_staged_download_is_the_boots_for_every_store_scheme() -> None:
 def test_azure_reads_only_the_staged_blobs_and_lists_only_where_they_are() -> None:
     """Storage Blob Data Reader on a container reads every blob in it; the condition narrows it
     to the model's parts, as the AWS and GCP grants are."""
-    urls = [*BLOB_URLS, "az://mymodels/other/extra.gguf", "az://mymodels/top/p.gguf"]
-    d = deploy(
-        STACK["azure"], staged("azure", urls, modelStoreResourceGroup="models-rg"), RecordingMocks()
-    )
+    d = deployment(STACK["azure"], **staged_model("azure"))
     conditions = {
         a.inputs["scope"].rsplit("/", 1)[1]: a.inputs
         for a in d.of_type(ROLE_ASSIGNMENT)
