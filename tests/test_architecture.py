@@ -5,10 +5,12 @@ nothing but the standard library."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -396,3 +398,67 @@ def test_cloud_facts_import_only_the_standard_library_and_each_other() -> None:
                 continue
             outside.append(f"{path.relative_to(REPO)}: {module}")
     assert not outside, outside
+
+
+# The provider SDKs mypy reads service by service (pyproject.toml's overrides).
+TYPED_SDKS = ("pulumi_aws", "pulumi_azure_native", "pulumi_gcp", "pulumi_kubernetes")
+
+
+def typed_sdk_modules() -> set[str]:
+    """The SDK modules mypy follows: the overrides' patterns with ``follow_imports = normal``."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    followed: set[str] = set()
+    for override in config["tool"]["mypy"].get("overrides", []):
+        if override.get("follow_imports") == "normal":
+            followed |= {pattern.removesuffix(".*") for pattern in override["module"]}
+    return followed
+
+
+def sdk_modules_used(path: Path) -> set[str]:
+    """Each SDK module a file reaches: ``import pulumi_aws as aws`` then ``aws.ec2.X``, or
+    ``aws.get_availability_zones_output`` (star-imported from its own module), as the SDK's
+    dotted module name."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = {
+        alias.asname or alias.name: alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name in TYPED_SDKS
+    }
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+            continue
+        sdk = aliases.get(node.value.id)
+        if sdk is None:
+            continue
+        spec = importlib.util.find_spec(sdk)
+        assert spec is not None and spec.origin is not None
+        home = Path(spec.origin).parent
+        if (home / node.attr).is_dir():
+            used.add(f"{sdk}.{node.attr}")
+            continue
+        defined = [
+            module.stem
+            for module in home.glob("*.py")
+            if re.search(rf"^(def|class) {node.attr}\b", module.read_text(), re.MULTILINE)
+        ]
+        used |= {f"{sdk}.{stem}" for stem in defined} or {sdk}
+    return used
+
+
+def test_mypy_reads_every_sdk_service_the_code_uses() -> None:
+    """An SDK service left out of the list would be typed as Any: a wrong argument to its
+    resources would pass the type check."""
+    followed = typed_sdk_modules()
+    missing = {
+        f"{path.relative_to(REPO)}: {module}"
+        for path in [*INFRA.rglob("*.py"), REPO / "policy" / "rules.py"]
+        for module in sdk_modules_used(path)
+        if module not in followed
+    }
+    assert not missing, "add to pyproject.toml's followed SDK modules:\n" + "\n".join(
+        sorted(missing)
+    )
+    assert "pulumi_aws.ec2" in followed and "pulumi_aws.glue" not in followed
