@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 import yaml
 
-from infra.clouds import rules
+from infra.conformance import RESOURCE_RULES, rules
 from infra.core.layout import PROJECT
 from infra.core.limits import MAX_WORKERS
 from infra.preflight import Account, Needs, QuotaReading
@@ -328,8 +328,6 @@ def plan_update(
     ``replace_on_changes``, or it is ``forced`` (``pulumi up --replace``), or one of its
     ``replace_with`` is; a replaced resource has a new id and outputs, so every input holding
     them changes too. Inputs under ``ignore_changes`` are not compared."""
-    from infra.clouds import RESOURCE_RULES
-
     old = {rules.key_of(r.typ, r.name): r for r in before.resources}
     new = {rules.key_of(r.typ, r.name): r for r in after.resources}
     changed: dict[str, set[str]] = {}
@@ -594,8 +592,6 @@ def deployed(stack: str) -> Deployment:
 def tag_path(typ: str) -> str | None:
     """The input that carries a resource type's tags (labels on GCP), as its cloud's rules say;
     None: the type takes none."""
-    from infra.clouds import RESOURCE_RULES
-
     entry = RESOURCE_RULES.get(typ)
     found = [r.path for r in entry.rules if isinstance(r, rules.Tags)] if entry else []
     return found[0] if found else None

@@ -167,9 +167,12 @@ def test_no_infra_module_imports_itself_through_others(types: bool) -> None:
 # The layers, lowest first. A package imports its own layer and the ones below, never one above;
 # inside a layer the packages import each other without a cycle (the package graph below).
 LAYERS = {
-    # 0: facts and shared rules; no cloud SDK, no I/O.
-    "infra.errors": 0,
+    # 0: facts, shared rules and the clouds' input rules (the tests' oracle); no cloud SDK, no I/O.
+    # SettingError, the shape every layer's setting errors take: models/ raises it and core/'s
+    # other modules import models/, so it is a unit of its own, importing nothing.
+    "infra.core.errors": 0,
     "infra.clouds": 0,
+    "infra.conformance": 0,
     "infra.catalog": 0,
     "infra.models": 0,
     "infra.core": 0,
@@ -195,11 +198,13 @@ NEVER = {"infra.stack": ("infra.planner", "infra.observe")}
 
 
 def unit_of(module: str) -> tuple[str, int]:
-    """The package a module belongs to in the layer table, and its layer."""
-    for package, layer in LAYERS.items():
-        if module == package or module.startswith(package + "."):
-            return package, layer
-    raise KeyError(f"{module} is in no layer: add its package to LAYERS")
+    """The package (or module) a module belongs to in the layer table, the longest that holds
+    it, and its layer."""
+    holders = [unit for unit in LAYERS if module == unit or module.startswith(unit + ".")]
+    if not holders:
+        raise KeyError(f"{module} is in no layer: add its package to LAYERS")
+    unit = max(holders, key=len)
+    return unit, LAYERS[unit]
 
 
 def layer_problems(graph: dict[str, set[str]]) -> list[str]:
@@ -289,23 +294,42 @@ def test_the_layer_rules_catch_an_import_up_into_a_command_or_across_a_line() ->
         "infra.stack.component imports infra.observe.metrics: infra.stack never imports "
         "infra.observe"
     ]
+    assert unit_of("infra.core.errors") == ("infra.core.errors", 0)
+    assert unit_of("infra.core.costs") == ("infra.core", 0)
+    assert package_graph({"infra.models.model": {"infra.core.errors"}}) == {
+        "infra.models": {"infra.core.errors"},
+        "infra.core.errors": set(),
+    }
     with pytest.raises(KeyError, match=r"infra\.newpackage\.thing is in no layer"):
         layer_problems({"infra.newpackage.thing": set()})
     both_ways = {"infra.boot.node": {"infra.stack.config"}, "infra.stack.config": {"infra.boot"}}
     assert cycles(package_graph(both_ways)) == [["infra.boot", "infra.stack", "infra.boot"]]
 
 
-# Import one module, then list the SDK modules loaded since the last one.
-SDK_PROBE = """
+# Import one module, then list the modules of the watched packages loaded since the last one.
+LOAD_PROBE = """
 import importlib, json, sys
-sdks = {sdks}
+watched = {watched}
 report = {{}}
 for name in {modules}:
     before = set(sys.modules)
     importlib.import_module(name)
-    report[name] = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in sdks)
+    new = set(sys.modules) - before
+    report[name] = sorted(m for m in new if any(m == w or m.startswith(w + ".") for w in watched))
 print(json.dumps(report))
 """
+
+
+def loaded_by(modules: list[str], watched: set[str]) -> dict[str, list[str]]:
+    """The modules of the watched packages each module loads, imported in turn in a fresh
+    interpreter (what an earlier one loaded is not counted again)."""
+    code = LOAD_PROBE.format(watched=watched, modules=modules)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    loaded: dict[str, list[str]] = json.loads(result.stdout)
+    assert set(loaded) == set(modules)
+    return loaded
 
 
 def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
@@ -318,12 +342,7 @@ def test_checking_settings_planning_and_booting_load_no_cloud_sdk() -> None:
         "infra.stack.config",
         "infra.cli.plan",
     ]
-    code = SDK_PROBE.format(sdks=set(SDKS), modules=modules)
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    loaded = json.loads(result.stdout)
-    assert set(loaded) == set(modules)
+    loaded = loaded_by(modules, set(SDKS))
     assert all(not sdk for sdk in loaded.values()), loaded
 
 
@@ -332,14 +351,24 @@ def test_the_live_operations_load_a_cloud_sdk_only_when_called() -> None:
     registry of all three clouds costs none of their SDKs (boto3, Google's, Azure's, Pulumi's)
     until a live call is made."""
     modules = ["infra.live", "infra.observe.wait", "infra.stage.staging", "infra.cli.check"]
-    sdks = {*SDKS, "boto3", "botocore", "google", "azure"}
-    code = SDK_PROBE.format(sdks=sdks, modules=modules)
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    loaded = json.loads(result.stdout)
-    assert set(loaded) == set(modules)
+    loaded = loaded_by(modules, {*SDKS, "boto3", "botocore", "google", "azure"})
     assert all(not sdk for sdk in loaded.values()), loaded
+
+
+def test_the_product_never_loads_the_clouds_input_rules() -> None:
+    """``infra.conformance`` is the tests' oracle: the facts, the config check, the planner, the
+    boot renderer and the Pulumi program run without its 2,700 lines."""
+    modules = [
+        "infra.clouds",
+        "infra.stack.config",
+        "infra.cli.plan",
+        "infra.boot",
+        "infra.stack.program",
+        "infra.cli.lrc",
+    ]
+    loaded = loaded_by([*modules, "infra.conformance"], {"infra.conformance"})
+    assert "infra.conformance.rules" in loaded.pop("infra.conformance")  # the probe sees it
+    assert all(not rules for rules in loaded.values()), loaded
 
 
 # Runs a module as ``python -m`` does, then prints every loaded module's file by name.

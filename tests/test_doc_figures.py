@@ -21,7 +21,6 @@ from infra import catalog
 from infra.cli import lrc
 from infra.core.units import duration
 from infra.stack.files import stack_config
-from infra.stack.needs import needs_of
 from tests.conftest import REPO
 from tests.pulumi_mocks import parsed_config
 
@@ -79,7 +78,7 @@ def _only(document: dict[str, Any]) -> tuple[str, str, int]:
 
 def vcpus(name: str) -> str:
     """The vCPUs a shipped stack asks of its account's quota (the preflight's figure)."""
-    needs = needs_of(stack_config(name), name)
+    needs = stack_config(name).needs(name)
     return str(sum(count * needs.vcpus[kind] for kind, count in needs.nodes.items()))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from infra.boot.patches import patches_digest
 from infra.clouds.stores import STORE_SCHEMES
 from infra.core import server_args
+from infra.core.errors import SettingError
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_DRAFT_P_MIN,
@@ -26,7 +27,6 @@ from infra.core.limits import (
 from infra.core.outputs import rpc_servers
 from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO, is_full_commit
 from infra.core.server_args import MODEL_ALIAS
-from infra.errors import SettingError
 from infra.models.parts import saved_name, split_parts_problem
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

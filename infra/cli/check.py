@@ -16,7 +16,6 @@ from infra.cli.options import IN_STACKS, command_parser, print_json, stack_optio
 from infra.live import Access, LiveError, Reader, live_cloud
 from infra.preflight.account import Account
 from infra.stack.files import StackFileError, config_of, stack_values
-from infra.stack.needs import needs_of
 from infra.stack.settings import ConfigError
 
 # The stack's cloud and the user's way into its account -> the account's reader.
@@ -57,7 +56,7 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
     try:
         values = stack_values(args.stack)
         config = config_of(values)
-        needs = needs_of(config, args.stack)
+        needs = config.needs(args.stack)
         account = reader_for(config.cloud, Access(config.region, values))(needs)
     except (StackFileError, ConfigError, LiveError) as error:
         print(f"preflight: {error}", file=sys.stderr)

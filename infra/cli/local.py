@@ -199,7 +199,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         document = {
             "outputs": spec.contract(),
-            "apiKeyFile": spec.api_key_file,
+            "apiKeyFile": None if spec.api_key_file is None else str(spec.api_key_file),
             "placement": list(spec.placement),
             "nodes": statuses,
             "balancer": checks,
@@ -209,8 +209,7 @@ def _status(args: argparse.Namespace) -> int:
     _print_contract(spec.contract(), False)
     if spec.api_key_file:
         print(f"API key: in {spec.api_key_file} (root's); send it as `Authorization: Bearer KEY`")
-    if spec.placement:  # clusters brought up before placements were planned have none
-        print(f"\ncontext {spec.context_size} tokens per request, {spec.slots} slot(s):")
+    print(f"\ncontext {spec.context_size} tokens per request, {spec.slots} slot(s):")
     recorded = statuses["main"].get("placement") or []
     for planned in spec.placement:
         placed = next((p for p in recorded if p["node"] == planned["node"]), None)

@@ -14,7 +14,7 @@ from infra.cli.options import PROGRAM, add_cloud, add_json, add_stack, command_p
 from infra.core import sizing
 from infra.core.limits import MAX_REPLICAS, PLATFORMS, VM
 from infra.models import ModelError
-from infra.planner import base, report, request, serve
+from infra.planner import base, chart, report, request, serve
 from infra.planner.base import PlanError, TargetUnmet
 from infra.stack.files import STACKS_DIR
 
@@ -211,7 +211,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not shown.options:
         print(f"\n{report.nothing_shown(result, args.min_tps)}", file=sys.stderr)
     if args.chart:
-        report.chart(shown, args.chart)
+        chart.draw(shown, args.chart)
         print(f"chart written to {args.chart}", file=sys.stderr)
     if args.write_stack:
         command = f"{PROGRAM} plan {shlex.join(argv)}"

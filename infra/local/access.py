@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from pathlib import Path
 
 from infra.live import ChannelError
 from infra.local.machines import MachineError
@@ -37,7 +36,7 @@ def journal_argv(spec: ClusterSpec, name: str, args: list[str]) -> list[str]:
     if not spec.machines:
         raise LocalClusterError(
             f"only machines keep a journal; this cluster's logs are in "
-            f"{Path(spec.nodes[0].status_file).parents[2] / 'logs'}"
+            f"{spec.nodes[0].status_file.parents[2] / 'logs'}"
         )
     return spec.node(name).booted().journal_argv(args)
 

@@ -56,7 +56,7 @@ from infra.local.options import (
     state_dir,
     validate,
 )
-from infra.local.spec import API_KEY_NAME, BALANCER_NODE, SPEC_FILE, ClusterSpec
+from infra.local.spec import API_KEY_NAME, BALANCER_NODE, SPEC_FILE, ClusterSpec, down_command
 from infra.observe.status import phase_text
 
 
@@ -81,8 +81,8 @@ def up(
     if (state / SPEC_FILE).exists():
         if _running(state, ClusterSpec.read(state)):
             raise LocalClusterError(
-                f"cluster {options.cluster_id!r} is already up; run `lrc local down"
-                f"{'' if options.cluster_id == 'local' else ' --id ' + options.cluster_id}` first"
+                f"cluster {options.cluster_id!r} is already up; run `"
+                f"{down_command(options.cluster_id)}` first"
             )
         down(options.cache, options.cluster_id)
     shares = plan_placement(options)
@@ -124,7 +124,7 @@ def up(
         nodes=nodes,
         replicas=options.replicas,
         balancer=balancer,
-        api_key_file=str(state / API_KEY_NAME) if api_key is not None else None,
+        api_key_file=state / API_KEY_NAME if api_key is not None else None,
     )
     spec.write(state)
     try:
@@ -268,7 +268,7 @@ def read_status(spec: ClusterSpec) -> dict[str, dict[str, Any]]:
     statuses = {}
     for node in spec.nodes:
         try:
-            statuses[node.name] = json.loads(Path(node.status_file).read_text())
+            statuses[node.name] = json.loads(node.status_file.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             statuses[node.name] = {}
     return statuses

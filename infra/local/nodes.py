@@ -76,7 +76,7 @@ def balancer_entry(
         name=BALANCER_NODE,
         ip=layout.balancer_ip(layout.private_subnet(cidr)),
         namespace=network.namespace(BALANCER_NODE) if network else None,
-        directory=str(state / "balancer"),
+        directory=state / "balancer",
     )
 
 
@@ -175,7 +175,7 @@ def node_entry(
             ip=slot.ip,
             namespace=namespace,
             group=slot.group,
-            status_file=str(machine.machine(network.namespace(slot.name)).status_file),
+            status_file=machine.machine(network.namespace(slot.name)).status_file,
             machine=machine,
         )
     key_file = node_dir / "credstore" / API_KEY_CREDENTIAL
@@ -196,8 +196,8 @@ def node_entry(
         ip=slot.ip,
         namespace=namespace,
         group=slot.group,
-        status_file=str(node_dir / "status.json"),
-        env_file=str(env_file),
+        status_file=node_dir / "status.json",
+        env_file=env_file,
     )
 
 
@@ -246,8 +246,8 @@ def machine_node(
     machine.seed(received, instance_id=f"{machine.name}-{os.urandom(4).hex()}")
     return MachineEntry(
         name=machine.name,
-        directory=str(machine.directory),
-        image_root=str(image_root),
+        directory=machine.directory,
+        image_root=image_root,
         binds=machine.binds,
         cloud=cloud,
         field=delivery.field,

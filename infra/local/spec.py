@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints
 
 from infra.core import outputs
 from infra.core.limits import Cloud, Role
@@ -30,8 +31,8 @@ class MachineEntry:
     """A node that boots as a ``systemd-nspawn`` machine, and the user data it was given."""
 
     name: str
-    directory: str
-    image_root: str
+    directory: Path
+    image_root: Path
     binds: tuple[tuple[str, str], ...]
     cloud: Cloud  # whose delivery of the user data it received
     field: str
@@ -41,8 +42,8 @@ class MachineEntry:
         return Machine(
             name=self.name,
             namespace=namespace,
-            directory=Path(self.directory),
-            image_root=Path(self.image_root),
+            directory=self.directory,
+            image_root=self.image_root,
             binds=self.binds,
         )
 
@@ -54,8 +55,8 @@ class LocalNode:
     ip: str
     namespace: str | None  # None: the nodes share this machine's loopback
     group: int
-    status_file: str
-    env_file: str | None = None  # a process node's settings, as its boot scripts read them
+    status_file: Path
+    env_file: Path | None = None  # a process node's settings, as its boot scripts read them
     machine: MachineEntry | None = None  # a machine node
 
     @property
@@ -74,10 +75,10 @@ class BalancerEntry:
     name: str
     ip: str
     namespace: str | None
-    directory: str
+    directory: Path
 
     def balancer(self) -> Balancer:
-        return Balancer(namespace=self.namespace, directory=Path(self.directory))
+        return Balancer(namespace=self.namespace, directory=self.directory)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class ClusterSpec:
     replicas: int = 1
     balancer: BalancerEntry | None = None
     # The API key's file on this machine (root's, 0600), when requests must carry one.
-    api_key_file: str | None = None
+    api_key_file: Path | None = None
 
     # --- reading it --------------------------------------------------------------------------
 
@@ -188,55 +189,23 @@ class ClusterSpec:
 
     # --- storing it --------------------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "netns": self.netns,
-            "machines": self.machines,
-            "cidr": self.cidr,
-            "commit": self.commit,
-            "rpc_port": self.rpc_port,
-            "server_port": self.server_port,
-            "context_size": self.context_size,
-            "slots": self.slots,
-            "placement": list(self.placement),
-            "nodes": [_node_json(node) for node in self.nodes],
-            "replicas": self.replicas,
-            "balancer": self.balancer and {
-                "name": self.balancer.name,
-                "ip": self.balancer.ip,
-                "namespace": self.balancer.namespace,
-                "directory": self.balancer.directory,
-            },
-            "api_key_file": self.api_key_file,
-        }  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClusterSpec:
-        balancer = data.get("balancer")
-        return cls(
-            id=data["id"],
-            netns=data["netns"],
-            machines=data.get("machines", False),
-            cidr=data["cidr"],
-            commit=data["commit"],
-            rpc_port=data["rpc_port"],
-            server_port=data["server_port"],
-            context_size=data["context_size"],
-            slots=data["slots"],
-            placement=tuple(data.get("placement", ())),
-            nodes=tuple(_node_of_json(node) for node in data["nodes"]),
-            replicas=data.get("replicas", 1),
-            balancer=BalancerEntry(**balancer) if balancer else None,
-            api_key_file=data.get("api_key_file"),
-        )
-
     def write(self, state: Path) -> None:
-        (state / SPEC_FILE).write_text(json.dumps(self.to_json(), indent=2))
+        (state / SPEC_FILE).write_text(json.dumps(asdict(self), indent=2, default=str))
 
     @classmethod
     def read(cls, state: Path) -> ClusterSpec:
-        return cls.from_json(json.loads((state / SPEC_FILE).read_text()))
+        """The record ``up`` wrote in ``state``. It is rewritten by every ``up``: one in another
+        layout (another version of lrc wrote it) is refused, never guessed at."""
+        path = state / SPEC_FILE
+        try:
+            return cast(ClusterSpec, _loaded(cls, json.loads(path.read_text()), "cluster"))
+        except (_NotInLayout, json.JSONDecodeError) as problem:
+            raise LocalClusterError(
+                f"{path} is not in the layout this lrc writes ({problem}): another version "
+                f"brought that cluster up. Take it down with that version (`"
+                f"{down_command(state.name)}`), or, if nothing of it runs any more, remove "
+                f"{state}"
+            ) from None
 
     @classmethod
     def load(cls, cache: Path, cluster_id: str) -> ClusterSpec:
@@ -249,56 +218,57 @@ class ClusterSpec:
             ) from None
 
 
-def _node_json(node: LocalNode) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": node.name,
-        "role": node.role,
-        "ip": node.ip,
-        "namespace": node.namespace,
-        "group": node.group,
-        "status_file": node.status_file,
-    }
-    if node.env_file is not None:
-        entry["env_file"] = node.env_file
-    if node.machine is not None:
-        m = node.machine
-        entry |= {
-            "machine": m.name,
-            "directory": m.directory,
-            "image_root": m.image_root,
-            "binds": [list(bind) for bind in m.binds],
-            "delivery": {"cloud": m.cloud, "field": m.field, "gzipped": m.gzipped},
-        }
-    return entry
+def down_command(cluster_id: str) -> str:
+    return "lrc local down" + ("" if cluster_id == "local" else f" --id {cluster_id}")
 
 
-def _node_of_json(entry: dict[str, Any]) -> LocalNode:
-    machine = None
-    if "machine" in entry:
-        delivery = entry["delivery"]
-        machine = MachineEntry(
-            name=entry["machine"],
-            directory=entry["directory"],
-            image_root=entry["image_root"],
-            binds=tuple((host, inside) for host, inside in entry["binds"]),
-            cloud=delivery["cloud"],
-            field=delivery["field"],
-            gzipped=delivery["gzipped"],
+class _NotInLayout(ValueError):
+    """Where a stored value differs from the record's declared types, and how."""
+
+
+def _loaded(kind: Any, value: Any, where: str) -> Any:
+    """``value``, as ``json`` read it, made ``kind`` again: a dataclass from an object holding
+    exactly its fields, a tuple from a list, a Path from a string, None where the kind is
+    optional, anything else as it is, if it is of its kind."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return None
+        [kind] = [arg for arg in args if arg is not type(None)]
+        origin, args = get_origin(kind), get_args(kind)
+    if isinstance(kind, type) and is_dataclass(kind) and isinstance(value, dict):
+        names = [f.name for f in fields(kind)]
+        missing, unknown = sorted(set(names) - set(value)), sorted(set(value) - set(names))
+        if missing or unknown:
+            wrong = [f"lacks {', '.join(missing)}"] if missing else []
+            wrong += [f"holds {', '.join(unknown)}, which it does not know"] if unknown else []
+            raise _NotInLayout(f"{where} {' and '.join(wrong)}")
+        hints = get_type_hints(kind)
+        return kind(
+            **{name: _loaded(hints[name], value[name], f"{where}.{name}") for name in names}
         )
-    return LocalNode(
-        name=entry["name"],
-        role=entry["role"],
-        ip=entry["ip"],
-        namespace=entry["namespace"],
-        group=entry.get("group", 0),
-        status_file=entry["status_file"],
-        env_file=entry.get("env_file"),
-        machine=machine,
-    )
+    if origin is tuple and isinstance(value, list):
+        kinds = [args[0]] * len(value) if ... in args else args
+        if len(kinds) != len(value):
+            raise _NotInLayout(f"{where} holds {len(value)} items, not {len(kinds)}")
+        items = enumerate(zip(kinds, value, strict=True))
+        return tuple(_loaded(item_kind, item, f"{where}[{i}]") for i, (item_kind, item) in items)
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    if origin is Literal:
+        fits = value in args
+    else:
+        expected = origin or kind
+        fits = expected is Any or (
+            isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
+        )
+    if not fits:
+        raise _NotInLayout(f"{where} is {value!r}, not {getattr(kind, '__name__', kind)}")
+    return value
 
 
 def api_key_header(spec: ClusterSpec) -> dict[str, str]:
     """The header a request to the cluster's API carries (none without a key)."""
     if not spec.api_key_file:
         return {}
-    return {"Authorization": f"Bearer {Path(spec.api_key_file).read_text().strip()}"}
+    return {"Authorization": f"Bearer {spec.api_key_file.read_text().strip()}"}

@@ -227,7 +227,7 @@ def supervise(state_dir: Path) -> int:
             name=node.name,
             role=node.role,
             namespace=node.namespace,
-            env_file=Path(node.env_file or ""),
+            env_file=node.env_file or Path(),
             log=(logs / f"{node.name}.log").open("a"),
             privileged=spec.netns,
         )

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from infra.errors import SettingError
+from infra.core.errors import SettingError
 
 KIB = 1024
 

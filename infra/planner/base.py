@@ -11,9 +11,9 @@ from typing import Any
 
 from infra.catalog import InstanceType
 from infra.core import costs, perf, sizing
+from infra.core.errors import SettingError
 from infra.core.limits import KUBERNETES, MAX_REPLICAS, VM
 from infra.core.placement import Placement
-from infra.errors import SettingError
 from infra.models import Model
 from infra.planner.serve import INTERNET_GBPS, ServeTime
 

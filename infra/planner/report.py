@@ -1,19 +1,14 @@
-"""How a plan is shown: a table, JSON, a chart, and a stack file for the chosen option."""
+"""How a plan is shown: a table, JSON, and the settings and header of a stack file for the chosen
+option (the chart: ``infra.planner.chart``)."""
 
 from __future__ import annotations
 
 import datetime
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from infra.clouds import FACTS
 from infra.core import perf
-from infra.core.layout import PROJECT
 from infra.core.units import duration, money
 from infra.models import PRESETS, Model
 from infra.planner import serve, target, verdict
@@ -383,78 +378,6 @@ def does_not_fit(plan: Plan, option: Option) -> str:
     return text + f"; {fewest} nodes of {option.instance.name} do (--count {fewest})"
 
 
-@dataclass(frozen=True)
-class Panel:
-    """One panel of the chart: a value per provider's pick (None: unknown)."""
-
-    title: str
-    unit: str
-    values: list[float | None]
-    marks: list[str]
-    fmt: str
-
-
-def chart_panels(plan: Plan) -> tuple[list[Option], list[Panel]]:
-    """Each provider's pick and what the chart draws for it: $/h, $/Mtok and tok/s."""
-    picks = sorted(plan.picks(), key=lambda o: o.provider)
-    # A "+" marks a total that leaves out an unpriced part (the table names it).
-    partial = ["+" if o.price_is_partial else "" for o in picks]
-    streams = "one stream" if plan.target is None else "all streams"
-    per_mtok = [o.usd_per_million_tokens for o in picks]
-    return picks, [
-        Panel("Cost", "$ per hour", [o.hourly_usd for o in picks], partial, "{:.2f}"),
-        Panel("Cost per output", "$ per million generated tokens", per_mtok, partial,
-              "{:,.0f}" if all(v is None or v >= 10 for v in per_mtok) else "{:,.2f}"),
-        Panel("Predicted decode", f"tokens per second ({streams})",
-              [o.tps for o in picks], [""] * len(picks), "{:.2f}"),
-    ]  # fmt: skip
-
-
-CHART_LEGEND = (
-    "unknown: no catalog price, or no published memory bandwidth for the CPU (no speed). "
-    "+: the price leaves out a part the catalog cannot price. Axion speeds above 16 vCPUs are "
-    "extrapolated from one 16-vCPU run."
-)
-
-
-def chart(plan: Plan, path: Path) -> Path:
-    """Each provider's pick: $/h, $/Mtok and predicted tok/s side by side; an unknown is drawn
-    as an empty bar labelled "unknown", and the figure says what that means."""
-    import matplotlib  # noqa: PLC0415 (only --chart needs it: `uv sync --extra plan`)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    picks, panels = chart_panels(plan)
-    labels = [f"{o.provider}\n{o.shape.replace(' x ', ' x' + chr(10), 1)}" for o in picks]
-    colours = [FACTS[o.provider].chart_colour for o in picks]
-    figure, axes = plt.subplots(1, len(panels), figsize=(13, 4.6))
-    for axis, panel in zip(axes, panels, strict=True):
-        bars = axis.bar(labels, [v or 0.0 for v in panel.values], color=colours)
-        for bar, value, mark in zip(bars, panel.values, panel.marks, strict=True):
-            text = "unknown" if value is None else panel.fmt.format(value) + mark
-            axis.annotate(
-                text,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=9,
-            )
-        axis.set_title(panel.title)
-        axis.set_ylabel(panel.unit)
-        axis.tick_params(axis="x", labelsize=8)
-        axis.margins(y=0.15)
-    figure.suptitle(
-        f"Each provider's pick for {plan.model.name}, context {plan.context} (sorted {plan.sort})"
-    )
-    figure.text(0.5, 0.01, CHART_LEGEND, ha="center", fontsize=8)
-    figure.tight_layout(rect=(0, 0.05, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
-
-
 def stack_settings(
     option: Option, plan: Plan, urls: Sequence[str], sha256: Sequence[str]
 ) -> dict[str, Any]:
@@ -488,28 +411,24 @@ def stack_settings(
     }
 
 
-def stack_yaml(option: Option, plan: Plan, settings: dict[str, Any], command: str) -> str:
-    region_key = FACTS[option.provider].region_key
-    config = {region_key: option.instance.region} | {
-        f"{PROJECT}:{key}": value for key, value in settings.items()
-    }
+def stack_header(option: Option, plan: Plan, command: str) -> list[str]:
+    """What a written stack file says of itself: the cluster, when and how it was planned, its
+    price and predicted speed."""
     tps = "unknown" if option.tps is None else f"{option.tps:.2f}"
     groups = f"{option.replicas} groups of " if option.replicas > 1 else ""
     load = option.load
-    header = [
-        f"# {plan.model.name} on {groups}{option.count} x {option.instance.name} "
+    return [
+        f"{plan.model.name} on {groups}{option.count} x {option.instance.name} "
         f"({'one node, no RPC' if not option.needs_rpc else f'{option.workers} RPC workers'}"
         + (" each, behind a private balancer" if option.replicas > 1 else "")
         + (f"; {option.slots} slots each" if plan.target is not None else "")
         + ").",
-        f"# Planned {datetime.date.today().isoformat()} by `{command}`:",
-        f"# {money(option.hourly_usd)}/h ({option.instance.price_source}, "
+        f"Planned {datetime.date.today().isoformat()} by `{command}`:",
+        f"{money(option.hourly_usd)}/h ({option.instance.price_source}, "
         f"{option.instance.price_date or 'no date'}), predicted {tps} tok/s"
         + (f" in all for {load.streams} streams" if load is not None else "")
         + ".",
     ]
-    body = yaml.safe_dump({"config": config}, sort_keys=False, width=200)
-    return "\n".join(header) + "\n" + body
 
 
 # --- engines (--engines) ---

@@ -292,11 +292,8 @@ def write_stack(
     if not all(c.isalnum() or c in "-_." for c in name):
         raise PlanError("--write-stack", f"{name!r}: use letters, digits, - _ .")
     settings = report.stack_settings(option, result, urls, sums)
-    try:  # The program's own validation, before anything is written.
-        config.from_settings(settings, region=option.instance.region)
+    header = report.stack_header(option, result, command)
+    try:
+        return files.write_stack_file(stacks_dir, name, settings, option.instance.region, header)
     except config.ConfigError as error:
         raise PlanError("--write-stack", f"the stack would be rejected: {error}") from None
-    path = stacks_dir / f"Pulumi.{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.stack_yaml(option, result, settings, command))
-    return path

@@ -1,5 +1,5 @@
-"""What a stack asks of its cloud account (``infra.stack.needs`` makes it from a stack's checked
-configuration)."""
+"""What a stack asks of its cloud account (``ClusterConfig.needs`` makes it from a stack's
+checked configuration)."""
 
 from __future__ import annotations
 

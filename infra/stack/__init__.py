@@ -1,3 +1,3 @@
 """The Pulumi program: settings (declared once), the validated config, every node's boot data,
-the ``LlamaRpcCluster`` component, and ``providers/`` (each cloud's Pulumi resources). Importing
+the ``LlamaRpcCluster`` component, and ``backends/`` (each cloud's Pulumi resources). Importing
 this package, ``settings`` or ``config`` pulls in no provider SDK."""

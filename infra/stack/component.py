@@ -16,10 +16,10 @@ import pulumi
 import pulumi_random as random
 
 from infra.core import layout, outputs
+from infra.stack.backends import get_backend
+from infra.stack.backends.base import GroupSpec, Node, NodeSpec
 from infra.stack.config import ClusterConfig
 from infra.stack.nodes import NodePlan, groups, plan_nodes
-from infra.stack.providers import get_backend
-from infra.stack.providers.base import GroupSpec, Node, NodeSpec
 
 API_KEY_LENGTH = 48  # letters and digits: about 285 bits
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,6 +49,7 @@ from infra.core.limits import (
 from infra.core.placement import Placement
 from infra.models import Model, ModelError
 from infra.models.parts import model_id
+from infra.preflight import Needs
 from infra.stack.settings import BY_KEY, MODEL_KEYS, ConfigError, decode
 
 __all__ = ["PROJECT", "ClusterConfig", "ConfigError", "from_settings", "load"]
@@ -219,6 +221,26 @@ class ClusterConfig:
             group * self.replicas,
             balancer=self.replicas > 1 and not self.kubernetes,
             control_plane=self.kubernetes,
+        )
+
+    def needs(self, stack: str) -> Needs:
+        """What the stack ``stack`` asks of its cloud account, for the preflight."""
+        counts: Counter[str] = Counter()
+        vcpus: dict[str, int] = {}
+        roles = [self.main_instance_type] + [self.instance_type] * self.worker_count
+        for instance in roles * self.replicas:
+            counts[instance.name] += 1
+            vcpus[instance.name] = instance.vcpus
+        return Needs(
+            cloud=self.cloud,
+            region=self.region,
+            stack=stack,
+            nodes=dict(counts),
+            vcpus=vcpus,
+            zone=self.zone,
+            network_watcher=self.network_watcher if self.flow_logs else None,
+            key_vault=self.cloud == "azure" and self.api_key != "none",
+            tags={"project": PROJECT, "stack": FACTS[self.cloud].tag_value(stack)},
         )
 
     @property

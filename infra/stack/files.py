@@ -1,7 +1,9 @@
-"""The stack files under ``stacks/`` (``Pulumi.<stack>.yaml``), read as the program reads them."""
+"""The stack files under ``stacks/`` (``Pulumi.<stack>.yaml``): read as the program reads them,
+and written (``lrc plan --write-stack``) once the program's own check accepts them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,5 +49,30 @@ def config_of(values: dict[str, Any], stack: str = "") -> ClusterConfig:
     as the program checks them."""
     project = f"{PROJECT}:"
     settings = {k.removeprefix(project): v for k, v in values.items() if k.startswith(project)}
-    cloud = str(settings.get("cloud", "aws"))
-    return from_settings(settings, values.get(REGION_KEYS.get(cloud, "")), stack)
+    return from_settings(settings, values.get(_region_key(settings)), stack)
+
+
+def write_stack_file(
+    stacks_dir: Path,
+    name: str,
+    settings: Mapping[str, Any],
+    region: str,
+    header: Sequence[str],
+) -> Path:
+    """``stacks_dir/Pulumi.NAME.yaml``: ``header`` as comment lines, then ``config:`` with the
+    cloud's region and the project's ``settings``, as ``config_of`` reads them back. A stack the
+    program would refuse raises its ``ConfigError``, and nothing is written."""
+    from_settings(settings, region)
+    values = {_region_key(settings): region} | {
+        f"{PROJECT}:{key}": value for key, value in settings.items()
+    }
+    path = stacks_dir / f"Pulumi.{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_dump({"config": values}, sort_keys=False, width=200)
+    path.write_text("".join(f"# {line}\n" for line in header) + body)
+    return path
+
+
+def _region_key(settings: Mapping[str, Any]) -> str:
+    """The stack file's key for the region of the settings' cloud (AWS unless they say)."""
+    return REGION_KEYS.get(str(settings.get("cloud", "aws")), "")

@@ -12,7 +12,6 @@ from infra.live import LiveError, Reader, live_cloud
 from infra.stack import config as stack_config
 from infra.stack.component import LlamaRpcCluster, LlamaRpcClusterArgs
 from infra.stack.kube.eks import LlamaRpcKubernetesCluster, LlamaRpcKubernetesClusterArgs
-from infra.stack.needs import needs_of
 
 
 def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKubernetesCluster:
@@ -23,7 +22,7 @@ def run(read_account: Reader | None = None) -> LlamaRpcCluster | LlamaRpcKuberne
     except stack_config.ConfigError as error:
         # A RunError prints the message alone: nothing has been created at this point.
         raise pulumi.RunError(str(error)) from None
-    needs = needs_of(config, pulumi.get_stack())
+    needs = config.needs(pulumi.get_stack())
     live = live_cloud(config.cloud)
     # The provider's own settings the preflight reads with (its credentials and profile).
     settings = {

@@ -23,6 +23,7 @@ from infra.clouds import FACTS
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import sizing
+from infra.core.errors import SettingError
 from infra.core.image_refs import IMAGE_MEANING, is_image_reference
 from infra.core.layout import PROJECT
 from infra.core.limits import (
@@ -38,7 +39,6 @@ from infra.core.limits import (
 )
 from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
 from infra.core.server_args import API_KEY, MODEL_ALIAS
-from infra.errors import SettingError
 
 # The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
 # most slots, llama-server's --ctx-size (contextSize x slots, a 32-bit signed number) still fits.

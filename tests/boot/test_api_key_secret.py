@@ -28,7 +28,7 @@ import pytest
 from infra.boot import API_KEY_CREDENTIAL, example, render_env_file
 from infra.boot.deliver import for_cloud, packed
 from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
-from infra.stack.providers.aws import api_key_policy, files_policy
+from infra.stack.backends.aws import api_key_policy, files_policy
 from tests.conftest import SCRIPTS, free_port
 
 REGION = "us-east-1"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack.providers.aws import staged_model_policy
+from infra.stack.backends.aws import staged_model_policy
 from tests.conftest import LRC, REPO, SCRIPTS, require_netns, require_tool
 
 pytestmark = pytest.mark.netns

@@ -218,13 +218,13 @@ def test_a_serving_worker_reaches_nothing_beyond_the_cluster(up) -> None:
 
 def test_rerunning_boot_does_not_rebuild(up) -> None:
     node = up["spec"].node("w1")
-    status_file = Path(node.status_file)
+    status_file = node.status_file
     serving = status_file.read_text()
     started = time.monotonic()
     try:
         result = subprocess.run(
             [*exec_prefix(node.namespace), "bash", str(SCRIPTS / "node-boot.sh")],
-            env={"PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": node.env_file},
+            env={"PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(node.env_file)},
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr

@@ -496,7 +496,7 @@ def test_the_api_answers_only_requests_that_carry_the_key(up) -> None:
     key = up["key"]["Authorization"].removeprefix("Bearer ")
     entry = up["spec"].node("main").machine
     assert entry is not None
-    machine_dir = Path(entry.directory)
+    machine_dir = entry.directory
     assert key not in (machine_dir / "user-data").read_text(errors="replace")
     assert key not in on(up, "main", "cat", "/etc/llama-rpc/node.env")
     assert key not in on(up, "main", "sh", "-c", "cat /proc/$(pidof llama-server)/cmdline")

@@ -65,7 +65,7 @@ def stopped_at(up: dict[str, Any], name: str, timeout: float) -> float:
 
 
 def status_of(up: dict[str, Any], name: str) -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(Path(up["spec"].node(name).status_file).read_text())
+    status: dict[str, Any] = json.loads(up["spec"].node(name).status_file.read_text())
     return status
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -451,7 +452,7 @@ def test_top_redraws_each_frame_until_interrupted(monkeypatch: pytest.MonkeyPatc
         return [topview.NodeReading("w1", "worker", "serving", 100.0 + n, exporter=exporter)]
 
     monkeypatch.setattr(top, "read_cluster", read)
-    node_ = LocalNode("w1", "worker", "10.0.0.11", "lrc-t-w1", 0, "/nonexistent/status.json")
+    node_ = LocalNode("w1", "worker", "10.0.0.11", "lrc-t-w1", 0, Path("/nonexistent/status"))
     spec = ClusterSpec("t", netns=True, machines=True, cidr="10.0.0.0/24", commit="0" * 40,
                        rpc_port=50052, server_port=8080, context_size=4096, slots=1, placement=(),
                        nodes=(node_,))  # fmt: skip

@@ -23,7 +23,7 @@ from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
 from infra.planner import serve
-from infra.stack import config
+from infra.stack import config, files
 from tests.conftest import REPO
 
 GIB = 1024**3
@@ -481,14 +481,6 @@ def test_chart_is_a_png(capsys, tmp_path: Path) -> None:
     assert code == 0 and data.startswith(b"\x89PNG") and len(data) > 10_000
 
 
-def written_settings(path: Path) -> tuple[dict, str]:
-    document = yaml.safe_load(path.read_text())["config"]
-    region = next(v for k, v in document.items() if not k.startswith("llama-rpc-cluster:"))
-    return {
-        k.split(":", 1)[1]: v for k, v in document.items() if k.startswith("llama-rpc-cluster:")
-    }, region
-
-
 ARM_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3")
 
 
@@ -520,10 +512,27 @@ def test_written_stacks_pass_the_programs_validation(
     code, _, err = run(capsys, *args, "--write-stack", "planned", "--model-url", url,
                        "--stacks-dir", str(tmp_path))  # fmt: skip
     assert code == 0, err
-    settings_, region = written_settings(tmp_path / "Pulumi.planned.yaml")
-    parsed = config.from_settings(settings_, region)
+    # Read back as the program and `lrc check` read a stack file.
+    parsed = files.config_of(
+        yaml.safe_load((tmp_path / "Pulumi.planned.yaml").read_text())["config"]
+    )
     assert parsed.worker_count == workers and parsed.model_urls == (url,)
     assert parsed.slots == (int(args[args.index("--slots") + 1]) if "--slots" in args else 1)
+
+
+def test_a_stack_the_program_refuses_is_not_written(tmp_path: Path) -> None:
+    model = {"preset": "llama-3.1-8b-q4_0", "urls": ["https://e.org/m.gguf"]}
+    settings_ = {"cloud": "gcp", "instanceType": "c4a-standard-16", "workerCount": 99,
+                 "model": model}  # fmt: skip
+    with pytest.raises(config.ConfigError, match="workerCount"):
+        files.write_stack_file(tmp_path, "x", settings_, "us-central1", ["a header"])
+    assert not list(tmp_path.iterdir())
+    written = files.write_stack_file(
+        tmp_path, "x", {**settings_, "workerCount": 2}, "us-central1", ["a header", "and more"]
+    )
+    assert written.read_text().startswith("# a header\n# and more\nconfig:\n  gcp:region: us-")
+    read = files.config_of(yaml.safe_load(written.read_text())["config"])
+    assert (read.cloud, read.region, read.worker_count) == ("gcp", "us-central1", 2)
 
 
 def test_write_stack_needs_the_model_url(capsys, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from infra import catalog
 from infra.cli.plan import main
 from infra.core import costs, perf
 from infra.models import PRESETS
-from infra.planner import base, report, search
+from infra.planner import base, chart, report, search
 from infra.stack import config, files
 from tests import pulumi_mocks
 
@@ -145,7 +145,7 @@ def test_gcp_rows_that_leave_out_disks_are_marked_in_table_json_and_chart(
     for option in json.loads(out)["options"]:
         assert option["pricePartial"] and option["unpriced"]
     plan = search.plan(PRESETS["llama-3.1-405b-q4_0"])
-    picks, panels = report.chart_panels(plan)
+    picks, panels = chart.panels(plan)
     assert [o.provider for o in picks] == ["aws", "azure", "gcp"]  # every provider, known or not
     by_provider = {o.provider: i for i, o in enumerate(picks)}
     cost, per_mtok, speed = panels
@@ -153,7 +153,7 @@ def test_gcp_rows_that_leave_out_disks_are_marked_in_table_json_and_chart(
     assert per_mtok.values[by_provider["azure"]] is None  # unpriced here
     assert speed.values[by_provider["azure"]] is not None
     assert per_mtok.values[by_provider["gcp"]] is not None
-    assert "unknown" in report.CHART_LEGEND
+    assert "unknown" in chart.LEGEND
     assert [o.shape for o in picks][by_provider["aws"]] == "1 x r8g.12xlarge"
 
 

@@ -20,7 +20,6 @@ from infra import preflight
 from infra.cli.check import main
 from infra.live import Access, LiveError, Reader, aws, azure, gcp, live_cloud
 from infra.preflight.api import JsonApi
-from infra.stack.needs import needs_of
 from tests.conftest import REPO
 from tests.pulumi_mocks import SUBSCRIPTION, RecordingMocks, deploy, parsed_config
 
@@ -34,7 +33,7 @@ def fixture(name: str) -> Any:
 
 
 def needs(stack: str, overrides: dict[str, Any] | None = None) -> preflight.Needs:
-    return needs_of(parsed_config(stack, overrides), stack)
+    return parsed_config(stack, overrides).needs(stack)
 
 
 # --- AWS, through botocore's Stubber ------------------------------------------------------------

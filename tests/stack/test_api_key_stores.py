@@ -11,9 +11,9 @@ import pytest
 
 from infra.clouds.azure import KEY_VAULT_TAG
 from infra.core import outputs
+from infra.stack.backends.azure import KEY_VAULT_SECRETS_USER
+from infra.stack.backends.gcp import KEY_READER_ROLE
 from infra.stack.config import AZURE_API_KEY_SECRET
-from infra.stack.providers.azure import KEY_VAULT_SECRETS_USER
-from infra.stack.providers.gcp import KEY_READER_ROLE
 from tests.pulumi_mocks import (
     GENERATED_KEY,
     GIVEN_KEY,

@@ -20,7 +20,7 @@ from infra.boot.render import boot_files
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.live.aws import SsmChannel
-from infra.stack.providers.aws import api_key_policy, files_policy
+from infra.stack.backends.aws import api_key_policy, files_policy
 from tests.pulumi_mocks import (
     API_CIDRS,
     CLOUD_STACKS,

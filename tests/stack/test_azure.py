@@ -14,7 +14,7 @@ import pytest
 from infra.clouds import FACTS
 from infra.core import outputs
 from infra.core.limits import METRICS_PORT
-from infra.stack.providers.azure import DENY_PRIORITY, LOCKED_SSH_KEY
+from infra.stack.backends.azure import DENY_PRIORITY, LOCKED_SSH_KEY
 from tests.conftest import assert_valid_cloud_config
 from tests.pulumi_mocks import (
     API_CIDRS,

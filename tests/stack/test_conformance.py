@@ -1,5 +1,5 @@
 """Every resource of every shipped stack, and of a matrix of variants, against its cloud's API
-input rules (``infra.clouds.*_rules``): mocks accept any input, the clouds do not.
+input rules (``infra.conformance``): mocks accept any input, the clouds do not.
 
 Each rule family is shown to catch a broken input, the breakages the rules were written for
 among them (an apostrophe in an EC2 rule description, a bucket name over 63 characters, a GCP
@@ -10,13 +10,16 @@ once).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infra.clouds import FACTS, RESOURCE_RULES, rules
+from infra.clouds import FACTS
+from infra.conformance import RESOURCE_RULES, rules
 from infra.core.limits import MAX_WORKERS
 from tests.pulumi_mocks import (
     API_CIDRS,
@@ -526,3 +529,27 @@ def test_unknown_type_a_resource_with_no_rules_is_caught() -> None:
         rules.UNKNOWN_TYPE,
         "no input rules",
     )
+
+
+def rule_classes(cls: type[rules.Rule] = rules.Rule) -> Iterator[type[rules.Rule]]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from rule_classes(sub)
+
+
+def test_each_rule_family_is_shown_to_catch_a_broken_input_above() -> None:
+    """``rules.FAMILIES`` is every family a rule or a missing rule set reports, and each is the
+    one family some test of this file expects a broken input to break (``only``)."""
+    calls = [
+        node
+        for node in ast.walk(ast.parse(Path(__file__).read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "only"
+    ]
+    shown = {
+        getattr(rules, call.args[1].attr)
+        for call in calls
+        if len(call.args) > 1 and isinstance(call.args[1], ast.Attribute)
+    }
+    assert shown == set(rules.FAMILIES)
+    reported = {c.family for c in rule_classes() if "family" in vars(c)} | {rules.UNKNOWN_TYPE}
+    assert reported == set(rules.FAMILIES)

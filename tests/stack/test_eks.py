@@ -18,7 +18,7 @@ import pytest
 from infra import catalog
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
-from infra.clouds import rules
+from infra.conformance import rules
 from infra.core import costs, outputs
 from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.kube import eks, objects

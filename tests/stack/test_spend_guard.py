@@ -11,7 +11,7 @@ import pytest
 
 from infra.boot import GUARD_UNIT
 from infra.clouds import FACTS
-from infra.stack.providers.azure import DEALLOCATE_ACTION, deallocate_role_id
+from infra.stack.backends.azure import DEALLOCATE_ACTION, deallocate_role_id
 from tests.pulumi_mocks import (
     CLOUD_STACKS,
     GUARDED,

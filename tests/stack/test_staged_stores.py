@@ -16,8 +16,8 @@ import yaml
 from infra.boot import NodeBoot, cloud_config
 from infra.clouds import stores
 from infra.core import network_rules
-from infra.stack.providers.azure import BLOB_DATA_READER
-from infra.stack.providers.gcp import OBJECT_VIEWER, staged_model_conditions
+from infra.stack.backends.azure import BLOB_DATA_READER
+from infra.stack.backends.gcp import OBJECT_VIEWER, staged_model_conditions
 from tests.conftest import SCRIPTS
 from tests.pulumi_mocks import (
     NO_KEY,

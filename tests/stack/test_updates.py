@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from infra.clouds import rules
+from infra.conformance import rules
 from tests.pulumi_mocks import (
     REPLICAS,
     Deployment,

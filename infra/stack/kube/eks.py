@@ -24,10 +24,10 @@ from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
 from infra.core import layout, network_rules, outputs
 from infra.core.pins import LWS_MANIFEST_URL
+from infra.stack.backends.aws import EC2_ASSUME_ROLE, AwsBackend
 from infra.stack.component import stack_api_key
 from infra.stack.config import ClusterConfig
 from infra.stack.kube import objects
-from infra.stack.providers.aws import EC2_ASSUME_ROLE, AwsBackend
 
 # The Kubernetes names of the stack's objects: one namespace, the LeaderWorkerSet's name.
 NAMESPACE = layout.PROJECT

@@ -21,8 +21,8 @@ from typing import Any
 from infra.boot.balancer import BalancerBoot, haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
 from infra.core import image_refs
+from infra.core.errors import SettingError
 from infra.core.limits import METRICS_PORT
-from infra.errors import SettingError
 from infra.stack.config import ClusterConfig, kubernetes_refusals
 from infra.stack.kube.image import UID
 

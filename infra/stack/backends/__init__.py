@@ -6,12 +6,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the base module imports pulumi; facts users must not pay for it
-    from infra.stack.providers.base import CloudBackend
+    from infra.stack.backends.base import CloudBackend
 
 _REGISTRY = {
-    "aws": "infra.stack.providers.aws:AwsBackend",
-    "gcp": "infra.stack.providers.gcp:GcpBackend",
-    "azure": "infra.stack.providers.azure:AzureBackend",
+    "aws": "infra.stack.backends.aws:AwsBackend",
+    "gcp": "infra.stack.backends.gcp:GcpBackend",
+    "azure": "infra.stack.backends.azure:AzureBackend",
 }
 BACKENDS = tuple(_REGISTRY)
 

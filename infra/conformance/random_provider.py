@@ -4,7 +4,7 @@ globally unique name (both kept in the state)."""
 
 from __future__ import annotations
 
-from infra.clouds.rules import Requires, ResourceRules
+from infra.conformance.rules import Requires, ResourceRules
 
 RANDOM_DOCS = "https://registry.terraform.io/providers/hashicorp/random/latest/docs/resources/"
 PASSWORD_DOCS = RANDOM_DOCS + "password"

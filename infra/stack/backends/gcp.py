@@ -26,14 +26,14 @@ from infra.clouds.gcp import IAP_RANGE
 from infra.clouds.stores import gcs_object, listed_prefixes
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
-from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import (
+from infra.stack.backends.base import (
     CloudBackend,
     GroupSpec,
     Node,
     NodeSpec,
     node_options,
 )
+from infra.stack.config import ClusterConfig
 
 # The family resolves when a disk is created; the provider does not diff a node whose image
 # came from it when the family moves on, so a new Ubuntu image replaces nothing.

@@ -1,5 +1,5 @@
-"""The EKS stack's AWS and Kubernetes input rules (``infra.clouds.eks_rules``,
-``infra.clouds.kubernetes_rules``) on a stack built by hand as ``infra.stack.kube.eks``
+"""The EKS stack's AWS and Kubernetes input rules (``infra.conformance.eks``,
+``infra.conformance.kubernetes``) on a stack built by hand as ``infra.stack.kube.eks``
 registers it: it keeps every rule, and each broken input is caught by the rule
 family it belongs to, with a message naming the input. No program run, no network.
 """
@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from infra.clouds import (
+from infra.conformance import (
     RESOURCE_RULES,
-    aws_rules,
-    azure_rules,
-    eks_rules,
-    gcp_rules,
-    kubernetes_rules,
-    random_rules,
+    aws,
+    azure,
+    eks,
+    gcp,
+    kubernetes,
+    random_provider,
     rules,
 )
-from infra.clouds.eks_rules import ADDON, ATTACHMENT, CLUSTER, LAUNCH_TEMPLATE, NODE_GROUP
-from infra.clouds.kubernetes_rules import (
+from infra.conformance.eks import ADDON, ATTACHMENT, CLUSTER, LAUNCH_TEMPLATE, NODE_GROUP
+from infra.conformance.kubernetes import (
     CONFIG_FILE,
     CONFIG_MAP,
     DEPLOYMENT_TYPE,
@@ -359,19 +359,19 @@ STACK = build()
 
 def test_the_eks_stack_as_the_program_registers_it_keeps_every_rule() -> None:
     assert rules.violations(STACK, RESOURCE_RULES) == []
-    assert {r.type for r in STACK.resources} >= {*eks_rules.RULES, *kubernetes_rules.RULES}
+    assert {r.type for r in STACK.resources} >= {*eks.RULES, *kubernetes.RULES}
 
 
 def test_the_new_types_clash_with_no_other_clouds_rules() -> None:
-    others = [aws_rules.RULES, gcp_rules.RULES, azure_rules.RULES, random_rules.RULES]
-    for new in (eks_rules.RULES, kubernetes_rules.RULES):
+    others = [aws.RULES, gcp.RULES, azure.RULES, random_provider.RULES]
+    for new in (eks.RULES, kubernetes.RULES):
         assert all(not set(new) & set(other) for other in others)
-    assert not set(eks_rules.RULES) & set(kubernetes_rules.RULES)
-    assert RESOURCE_RULES[ROLE] is aws_rules.RULES[ROLE]
+    assert not set(eks.RULES) & set(kubernetes.RULES)
+    assert RESOURCE_RULES[ROLE] is aws.RULES[ROLE]
 
 
 def test_every_rule_and_every_replacement_names_its_source() -> None:
-    for entry in (*eks_rules.RULES.values(), *kubernetes_rules.RULES.values()):
+    for entry in (*eks.RULES.values(), *kubernetes.RULES.values()):
         assert all(rule.source for rule in entry.rules), entry.type
         assert entry.source or not entry.replaced_on, entry.type
 

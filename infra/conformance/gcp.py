@@ -1,5 +1,5 @@
 """The input rules of Google Cloud's APIs for every resource type the program creates
-(``infra.clouds.rules``): Compute Engine names (RFC 1035, 63 characters, which pulumi-gcp
+(``infra.conformance.rules``): Compute Engine names (RFC 1035, 63 characters, which pulumi-gcp
 lowercases for networks, subnets, routers and NAT but not for the rest), labels where a type
 takes them, the values and combinations the program's inputs must keep, and the inputs whose
 change replaces a resource (the Google provider's ForceNew, from magic-modules).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from infra.clouds import gcp
-from infra.clouds.rules import (
+from infra.conformance.rules import (
     AutoName,
     Between,
     Name,

@@ -1,5 +1,5 @@
 """The input rules of the Kubernetes objects the program applies to a cluster (EKS), and of the
-provider that applies them (``infra.clouds.rules``).
+provider that applies them (``infra.conformance.rules``).
 
 Names and labels as the API server validates them, ConfigMap and Secret keys and sizes, the
 values and combinations the program's objects keep, the order the API needs (a namespace before
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from infra.clouds.rules import (
+from infra.conformance.rules import (
     ORDER,
     TAGS,
     After,

@@ -31,14 +31,14 @@ from infra.clouds.base import FLOW_LOG_RETENTION_DAYS
 from infra.clouds.stores import blob_object, listed_prefixes
 from infra.core import layout, outputs, sizing
 from infra.core.limits import METRICS_PORT
-from infra.stack.config import AZURE_API_KEY_SECRET, ClusterConfig
-from infra.stack.providers.base import (
+from infra.stack.backends.base import (
     CloudBackend,
     GroupSpec,
     Node,
     NodeSpec,
     node_options,
 )
+from infra.stack.config import AZURE_API_KEY_SECRET, ClusterConfig
 
 IMAGE: azure.compute.ImageReferenceArgsDict = {
     "publisher": "Canonical",

@@ -34,14 +34,14 @@ from infra.clouds.base import FLOW_LOG_RETENTION_DAYS, ModelDisk, Provisioned
 from infra.clouds.stores import listed_prefixes, s3_object
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
-from infra.stack.config import ClusterConfig
-from infra.stack.providers.base import (
+from infra.stack.backends.base import (
     CloudBackend,
     GroupSpec,
     Node,
     NodeSpec,
     node_options,
 )
+from infra.stack.config import ClusterConfig
 
 UBUNTU_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"

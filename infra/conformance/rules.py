@@ -1,6 +1,6 @@
 """The input rules a cloud's API enforces on the resources the program creates, as data.
 
-Pulumi mocks accept any input; the clouds do not. Each cloud keeps, beside its facts, a
+Pulumi mocks accept any input; the clouds do not. Each cloud keeps, in a module of this package, a
 ``ResourceRules`` for every resource type the program creates: the physical name (and how Pulumi
 makes one when the program gives none), free-text fields, tags or labels, values and the
 combinations the API refuses, the order of creation it needs, and which inputs replace the
@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-# Rule families, each shown to catch a broken input by the conformance tier.
+# Rule families, each shown to catch a broken input by the conformance tier
+# (tests/stack/test_conformance.py reads this list).
 NAME = "name"
 TEXT = "text"
 TAGS = "tags"
@@ -389,8 +390,8 @@ def violations(stack: Stack, rules: Mapping[str, ResourceRules]) -> list[Violati
                     UNKNOWN_TYPE,
                     resource.type,
                     resource.name,
-                    "no input rules are written for this type: add them beside its cloud's "
-                    "facts (infra/clouds/*_rules.py)",
+                    "no input rules are written for this type: add them to its cloud's "
+                    "module in infra/conformance/",
                     "",
                 )
             )

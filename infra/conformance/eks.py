@@ -1,11 +1,12 @@
-"""The input rules of the AWS APIs behind a Kubernetes stack on EKS (``infra.clouds.rules``): the
-cluster, its Graviton managed node groups and their launch templates, the VPC CNI add-on, and
-the IAM policies the cluster's and the nodes' roles carry.
+"""The input rules of the AWS APIs behind a Kubernetes stack on EKS (``infra.conformance.rules``):
+the cluster, its Graviton managed node groups and their launch templates, the VPC CNI add-on,
+and the IAM policies the cluster's and the nodes' roles carry.
 
 Names as EKS and EC2 take them (and as Pulumi makes them), the values and combinations the APIs
 refuse, the order they need (a role's policies before the cluster or node group that uses it),
 and the inputs whose change replaces a resource (the Terraform AWS provider's ForceNew, under
-pulumi-aws 7). The VPC, its subnets and the IAM roles are the VM stacks' types (``aws_rules``).
+pulumi-aws 7). The VPC, its subnets and the IAM roles are the VM stacks' types
+(``infra.conformance.aws``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from infra.clouds import aws
-from infra.clouds.aws_rules import (
+from infra.conformance.aws import (
     EBS,
     GP3_IOPS_PER_GIB,
     GP3_MIBPS_PER_IOPS,
@@ -26,8 +27,8 @@ from infra.clouds.aws_rules import (
     TF,
     tags,
 )
-from infra.clouds.kubernetes_rules import LABELS, Labels
-from infra.clouds.rules import (
+from infra.conformance.kubernetes import LABELS, Labels
+from infra.conformance.rules import (
     ORDER,
     AutoName,
     Between,

@@ -1,5 +1,5 @@
 """The input rules of Azure Resource Manager for every resource type the program creates
-(``infra.clouds.rules``): names (pulumi-azure-native appends 8 random hex characters to the
+(``infra.conformance.rules``): names (pulumi-azure-native appends 8 random hex characters to the
 logical name, with no separator and no limit of its own), tags, the values and combinations the
 program's inputs must keep, the writes Azure serialises, and the inputs whose change replaces a
 resource (create-only properties and the parent's names).
@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from infra.clouds import azure
-from infra.clouds.rules import (
+from infra.conformance.rules import (
     After,
     AutoName,
     Between,

@@ -1,5 +1,5 @@
 """The input rules of AWS's APIs for every resource type the program creates
-(``infra.clouds.rules``).
+(``infra.conformance.rules``).
 
 Names, descriptions and tags as EC2, ELBv2, IAM and S3 take them; the values and combinations the
 program's inputs must keep; the order the APIs need; the inputs whose change replaces a resource
@@ -12,7 +12,7 @@ import base64
 import re
 
 from infra.clouds import aws
-from infra.clouds.rules import (
+from infra.conformance.rules import (
     After,
     AutoName,
     Between,
