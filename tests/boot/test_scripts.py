@@ -541,6 +541,21 @@ def test_the_status_file_counts_the_download_as_it_comes(run_script, flaky_http,
     assert (status["download_done_bytes"], status["download_total_bytes"]) == (len(data),) * 2
 
 
+def test_a_download_ends_without_waiting_out_the_progress_interval(run_script, http_files) -> None:
+    """The progress reporter's pause does not outlive the script with its output: a caller that
+    reads the output to its end (a pipe, the journal's stream) has it as soon as the part is in,
+    not a progress interval later."""
+    base, root = http_files
+    (root / "model.gguf").write_bytes(model_bytes(1000))
+    started = time.monotonic()
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{base}/model.gguf", DOWNLOAD_PROGRESS_SECONDS="60"
+    )
+    assert result.returncode == 0, result.stderr
+    assert status["model_bytes"] == 1000
+    assert time.monotonic() - started < 15
+
+
 def test_download_progress_reads_rclone_and_redirects(tmp_path: Path) -> None:
     """A staged part counts rclone's own stats; a part whose last response so far is a redirect,
     or whose size no response gave, makes the total unknown until it is known."""
