@@ -82,6 +82,9 @@ def gemma_up(llama_source: Path, workers: int, suffix: str, **changes: Any) -> d
             "cidr": f"10.216.{random.randint(0, 31) * 8 + variant}.0/24",
             "threads": 1,
             "context_size": GEMMA_CONTEXT,
+            # Whatever this machine's memory: the placement (6 + 6 + 6 layers through two
+            # workers) does not move with it, nor with a draft on the main node.
+            "node_memory_bytes": 8 * 1024**3,
             "worker_wait_seconds": 300,
             **changes,
         }
