@@ -60,8 +60,9 @@ def _machines_2x2(llama_source: Path) -> Iterator[dict[str, Any]]:
     assert not state_dir(cache, cluster_id).exists()
 
 
-# Gemma 3 270M's clusters: the context a request gets.
-GEMMA_CONTEXT = 4096
+# Gemma 3 270M's clusters: the context a request gets (a prompt that fills it is evaluated
+# through the workers on one thread each, about 15 s).
+GEMMA_CONTEXT = 2048
 
 
 def gemma_up(llama_source: Path, workers: int, suffix: str, **changes: Any) -> dict[str, Any]:

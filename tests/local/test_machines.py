@@ -10,6 +10,7 @@ ones reboot nodes and break the first main node's settings on purpose, and put t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import io
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,14 @@ from infra.local.options import LocalClusterError, build_prefix
 from infra.local.spec import ClusterSpec
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
-from tests.conftest import REPO, complete, generating, one_node_completion
+from tests.conftest import (
+    GREEDY_PROMPT,
+    REPO,
+    complete,
+    completion_client,
+    generating,
+    one_node_completion,
+)
 from tests.local.conftest import DELIVERIES
 from tests.observe.test_metrics import frame_rows, top_once_while_generating
 
@@ -421,7 +430,25 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
     assert "node-exporter in a machine reads the host's CPU and memory" in shown
 
 
-def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up) -> None:
+@contextlib.contextmanager
+def generating_from_client(up: dict[str, Any], url: str, tmp_path: Path) -> Iterator[None]:
+    """A main node this machine has no route to (the second group's) keeps generating for the
+    block, asked from the tests' namespace on the VPC bridge."""
+    stop = tmp_path / "stop-generating"
+    client = completion_client(
+        url, GREEDY_PROMPT, count=-1, stop=stop, key_file=up["spec"].api_key_file
+    )
+    asking = subprocess.Popen([*exec_prefix(up["client"]), *client], stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        stop.touch()
+        asking.wait(timeout=150)
+
+
+def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(
+    up, tmp_path: Path
+) -> None:
     """`python -m infra.top`'s path on a stack, over the local command channel: the command
     installs llama-rpc-metrics in each group's main machine, which reads each machine's exporter
     inside the VPC (the main node's egress to its workers' metrics port) and its own
@@ -431,8 +458,11 @@ def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up
     names = group_metrics.node_names([group.ips for group in groups])
     mains = [names[group.ips[0]] for group in groups]
     out = io.StringIO()
-    urls = [group[outputs.LLAMA_SERVER_URL] for group in up["contract"][outputs.GROUPS]]
-    with generating(urls[0], up["key"]), generating(urls[1], up["key"]):
+    second = up["contract"][outputs.GROUPS][1][outputs.LLAMA_SERVER_URL]
+    with (
+        generating(up["contract"][outputs.LLAMA_SERVER_URL], up["key"]),
+        generating_from_client(up, second, tmp_path),
+    ):
         assert stack_top.run("local", groups, interval=3.0, once=True, out=out) == 0
     shown = out.getvalue()
     rows = frame_rows(shown, list(names.values()))
