@@ -562,6 +562,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Here, not in pytest_collection_modifyitems: xdist reads the groups in its own.
+    if item.config.pluginmanager.hasplugin("xdist") and any(
+        item.get_closest_marker(name) for name in SLOW_MARKERS
+    ):
+        item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--patch-matrix"):
@@ -570,11 +578,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=matrix)
             items[:] = [item for item in items if item not in matrix]
     shared.keep_users_together(items)
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
-            item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
 
 
 @pytest.hookimpl(trylast=True)
