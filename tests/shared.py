@@ -17,6 +17,8 @@ _up: dict[str, tuple[Any, Generator[Any, None, None]]] = {}
 # A cluster that failed to come up fails (or skips) each of its users alike, as a fixture would,
 # without trying again.
 _failed: dict[str, BaseException] = {}
+# The shared clusters each test file uses (any of its tests, directly or through its fixtures).
+_used_by: dict[str, set[str]] = {}
 
 
 def shared(name: str, make: Callable[[], Generator[Any, None, None]]) -> Any:
@@ -52,10 +54,6 @@ def release_unused(nextitem: pytest.Item | None) -> None:
             _failed.pop(name, None)
             if name in _up:
                 take_down(name)
-
-
-# The shared clusters each test file uses (any of its tests, directly or through its fixtures).
-_used_by: dict[str, set[str]] = {}
 
 
 def keep_users_together(items: list[pytest.Item]) -> None:
