@@ -613,13 +613,21 @@ def _cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def generating(url: str, headers: dict[str, str] | None = None) -> Iterator[None]:
-    """The main node keeps generating, from a thread, for the block."""
+def generating(
+    url: str, headers: dict[str, str] | None = None, *, may_stop: bool = False
+) -> Iterator[None]:
+    """The main node keeps generating, from a thread, for the block; ``may_stop``: it may power
+    off meanwhile (a spend guard), and its refusals are expected."""
     stop = threading.Event()
 
     def generate() -> None:
         while not stop.is_set():
-            complete(url, headers=headers)
+            try:
+                complete(url, headers=headers)
+            except OSError:
+                if not may_stop:
+                    raise
+                time.sleep(0.2)
 
     thread = threading.Thread(target=generate, daemon=True)
     thread.start()

@@ -11,11 +11,9 @@ fresh deadline. Traffic goes only to the namespaces these tests create."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ import pytest
 from infra.core import outputs
 from infra.local import cluster
 from infra.local.spec import ClusterSpec, api_key_header
-from tests.conftest import REPO, complete, one_plus_two, require_machines
+from tests.conftest import REPO, complete, generating, one_plus_two, require_machines
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -78,33 +76,10 @@ def answer(up: dict[str, Any]) -> str:
     return text
 
 
-@contextlib.contextmanager
-def kept_busy(up: dict[str, Any]) -> Iterator[None]:
-    """Completions one after another, from a thread, for the block: the main node decodes between
-    any two looks of its guard, and its worker keeps its connection. Once the node is off, its
-    refusals are expected."""
-    stop = threading.Event()
-
-    def ask() -> None:
-        while not stop.is_set():
-            try:
-                answer(up)
-            except OSError:
-                time.sleep(0.2)
-
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(120)
-
-
 def test_the_deadline_powers_busy_nodes_off_after_their_boot(guarded) -> None:
     """Kept generating, neither node is ever idle: the main node stops at its deadline from its
     boot, and its worker stops too."""
-    with kept_busy(guarded):
+    with generating(guarded["contract"][outputs.LLAMA_SERVER_URL], guarded["key"], may_stop=True):
         main_off = stopped_at(guarded, "main", timeout=DEADLINE_SECONDS + 120)
         stopped_at(guarded, "w1", timeout=60)
     status = status_of(guarded, "main")
