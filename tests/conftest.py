@@ -31,6 +31,7 @@ from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.local import image as node_image
 from infra.local.machines import unavailable_reason
 from infra.local.source import SourceError, cache_dir, sdist_tree
+from tests import shared
 
 REPO = Path(__file__).resolve().parent.parent
 LRC = Path(sys.executable).parent / "lrc"  # the console script the project installs
@@ -503,13 +504,22 @@ def complete(
     return body["content"], tokens
 
 
-def one_node_completion(bin_dir: Path, model: Path) -> tuple[str, list[tuple[int, float]]]:
-    """The greedy completion from the model in one llama-server on loopback."""
+def one_node_completion(
+    bin_dir: Path,
+    model: Path,
+    prompt: dict[str, Any] = GREEDY_PROMPT,
+    *,
+    context: int = 1024,
+    server_args: tuple[str, ...] = (),
+) -> tuple[str, list[tuple[int, float]]]:
+    """The greedy completion of ``prompt`` from the model in one llama-server on loopback (with
+    ``server_args``, as a cluster's serverArgs)."""
     port = free_port()
     single = subprocess.Popen(
         [
             str(bin_dir / "llama-server"), "--model", str(model),
-            "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "1024", "--threads", "1",
+            "--host", "127.0.0.1", "--port", str(port), "--ctx-size", str(context),
+            "--threads", "1", *server_args,
         ],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -523,7 +533,7 @@ def one_node_completion(bin_dir: Path, model: Path) -> tuple[str, list[tuple[int
             except OSError:
                 assert time.monotonic() < deadline, "the single-node server did not start"
                 time.sleep(0.5)
-        return complete(url)
+        return complete(url, prompt=prompt)
     finally:
         single.terminate()
         single.wait(timeout=30)
@@ -549,11 +559,57 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
     return UpOptions(**{**defaults, **changes})
 
 
-@pytest.fixture(scope="session")
-def cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
+# The slow tier: clusters, namespaces and machines. With pytest-xdist it runs on one worker, in
+# order, while the other tiers share both workers.
+SLOW_MARKERS = ("slow", "netns", "machines")
+SLOW_GROUP = "clusters"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--patch-matrix",
+        action="store_true",
+        help="also run each llama.cpp patch off in turn (tests marked patch_matrix: a cluster "
+        "boot a patch), for when the pin or the patch set moves",
+    )
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Here, not in pytest_collection_modifyitems: xdist reads the groups in its own.
+    if item.config.pluginmanager.hasplugin("xdist") and any(
+        item.get_closest_marker(name) for name in SLOW_MARKERS
+    ):
+        item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--patch-matrix"):
+        matrix = [item for item in items if item.get_closest_marker("patch_matrix")]
+        if matrix:
+            config.hook.pytest_deselected(items=matrix)
+            items[:] = [item for item in items if item not in matrix]
+    shared.keep_users_together(items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    shared.release_unused(nextitem)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shared.release_unused(None)
+
+
+@pytest.fixture
+def cluster_1p2(llama_source: Path) -> dict[str, Any]:
     """One local cluster of a main node and two workers (processes in namespaces, the generated
-    model), booted once for every test that reads it; a test that changes it puts it back (a
-    killed worker is restarted, and the cluster serves again before the test ends)."""
+    model), shared by the tests that read it (``tests.shared``); a test that changes it puts it
+    back (a killed worker is restarted, and the cluster serves again before the test ends)."""
+    return shared.shared("cluster_1p2", lambda: _cluster_1p2(llama_source))
+
+
+def _cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
     from infra.local import cluster
     from infra.local.spec import ClusterSpec
 
@@ -569,13 +625,21 @@ def cluster_1p2(llama_source: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def generating(url: str, headers: dict[str, str] | None = None) -> Iterator[None]:
-    """The main node keeps generating, from a thread, for the block."""
+def generating(
+    url: str, headers: dict[str, str] | None = None, *, may_stop: bool = False
+) -> Iterator[None]:
+    """The main node keeps generating, from a thread, for the block; ``may_stop``: it may power
+    off meanwhile (a spend guard), and its refusals are expected."""
     stop = threading.Event()
 
     def generate() -> None:
         while not stop.is_set():
-            complete(url, headers=headers)
+            try:
+                complete(url, headers=headers)
+            except OSError:
+                if not may_stop:
+                    raise
+                time.sleep(0.2)
 
     thread = threading.Thread(target=generate, daemon=True)
     thread.start()

@@ -220,8 +220,10 @@ started=$EPOCHREALTIME
 parts=()
 for url in "${urls[@]}"; do parts+=("$(model_file "$url")"); done
 progress() { llama_rpc_status download-progress "$scratch" "${parts[@]}" || true; }
-# Bytes done and in all, in the status file while the parts come (`lrc wait` shows them).
-while sleep "$DOWNLOAD_PROGRESS_SECONDS"; do progress; done &
+# Bytes done and in all, in the status file while the parts come (`lrc wait` shows them). The
+# pause holds none of this script's output: killing the reporter leaves its sleep running, which
+# would keep a caller reading that output to its end waiting for the sleep.
+while sleep "$DOWNLOAD_PROGRESS_SECONDS" >/dev/null 2>&1; do progress; done &
 reporter=$!
 pids=()
 for i in "${!urls[@]}"; do

@@ -79,6 +79,9 @@ FILES_SOURCE = re.compile(r"aws-ssm:[a-z0-9-]+:/[A-Za-z0-9_./-]{1,900}")
 # off stays allocated, and billed, until it is deallocated through Azure Resource Manager, which
 # each node does for itself with its own identity.
 STOP_BY = ("poweroff", "azure-deallocate")
+# How often a spend guard looks (GUARD_INTERVAL_SECONDS): a node stops at most this long after
+# its limit, which for limits of an hour or more is nothing.
+GUARD_INTERVAL_SECONDS = 30
 
 VM_PATHS = NodePaths(
     bin_dir="/opt/llama-rpc/bin",
@@ -149,10 +152,12 @@ class NodeBoot:
     api_key_source: str = ""
     # Spend guards (0: off): power the node off after this many seconds idle (a main node: no
     # request processed and no slot busy; a worker: no RPC client, after it had one), or this
-    # many seconds after it booted; ``stop_by`` says how (STOP_BY).
+    # many seconds after it booted, looking every ``guard_interval_seconds``; ``stop_by`` says
+    # how (STOP_BY).
     stop_after_idle_seconds: int = 0
     stop_after_seconds: int = 0
     stop_by: str = "poweroff"
+    guard_interval_seconds: int = GUARD_INTERVAL_SECONDS
     worker_wait_seconds: int = 900
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
@@ -279,6 +284,7 @@ class NodeBoot:
                 "STOP_AFTER_IDLE_SECONDS": str(self.stop_after_idle_seconds),
                 "STOP_AFTER_SECONDS": str(self.stop_after_seconds),
                 "STOP_BY": self.stop_by,
+                "GUARD_INTERVAL_SECONDS": str(self.guard_interval_seconds),
             }
         env |= self.extra_env
         for name, value in env.items():
@@ -322,6 +328,7 @@ _ENV_FIELDS = {
     "STOP_AFTER_IDLE_SECONDS": "stop_after_idle_seconds",
     "STOP_AFTER_SECONDS": "stop_after_seconds",
     "STOP_BY": "stop_by",
+    "GUARD_INTERVAL_SECONDS": "guard_interval_seconds",
     "WORKER_WAIT_SECONDS": "worker_wait_seconds",
     "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
     "MODEL_STORE_REGION": "model_store_region",
@@ -386,6 +393,11 @@ def _validate_guard(boot: NodeBoot) -> None:
     for name in ("stop_after_idle_seconds", "stop_after_seconds"):
         if getattr(boot, name) < 0:
             raise BootConfigError(name, f"{name} {getattr(boot, name)}: give 0 (off) or more")
+    if boot.guard_interval_seconds < 1:
+        raise BootConfigError(
+            "guard_interval_seconds",
+            f"guard_interval_seconds {boot.guard_interval_seconds}: give 1 or more",
+        )
     if boot.stop_by not in STOP_BY:
         raise BootConfigError(
             "stop_by", f"stop_by {boot.stop_by!r} is not one of {', '.join(STOP_BY)}"

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.models.gguf_header import header_fields
 from infra.observe.metrics import increase
 from infra.observe.usage import Reading, UsageProbe, spread
 
@@ -79,13 +80,11 @@ class ActivationShape:
 
 def activation_shape(path: Path) -> ActivationShape:
     """``n_embd`` and the vocabulary's size from a GGUF header (the first part of a split one)."""
-    import gguf  # noqa: PLC0415 (the local extra)
-
-    reader = gguf.GGUFReader(path)
-    arch = str(reader.fields["general.architecture"].contents())
-    n_embd = int(reader.fields[f"{arch}.embedding_length"].contents())
-    vocab = reader.fields.get(f"{arch}.vocab_size")
-    n_vocab = int(vocab.contents()) if vocab else len(reader.fields["tokenizer.ggml.tokens"].data)
+    fields = header_fields(path)
+    arch = str(fields["general.architecture"])
+    n_embd = int(fields[f"{arch}.embedding_length"])
+    vocab = fields.get(f"{arch}.vocab_size")
+    n_vocab = int(vocab) if vocab else len(fields["tokenizer.ggml.tokens"])
     return ActivationShape(arch, n_embd, n_vocab)
 
 

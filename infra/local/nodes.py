@@ -21,6 +21,7 @@ from infra.boot import (
     render_env_file,
 )
 from infra.boot.deliver import for_cloud
+from infra.boot.node import GUARD_INTERVAL_SECONDS
 from infra.boot.patches import switches_off
 from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
 from infra.core import layout, placement
@@ -102,6 +103,8 @@ def node_boot(
     api_key_file: str = "",
 ) -> NodeBoot:
     ips, shares = where.ips, where.shares
+    idle_seconds = math.ceil(options.stop_after_idle_minutes * 60)
+    deadline_seconds = math.ceil(options.stop_after_hours * 3600)
     return NodeBoot(
         role=role,
         node_ip=where.ip,
@@ -122,8 +125,9 @@ def node_boot(
         server_args=options.server_args if role == "main" else (),
         model_alias=model_id(part_paths(options.model)[0].name) if role == "main" else "",
         api_key_file=api_key_file if role == "main" else "",
-        stop_after_idle_seconds=math.ceil(options.stop_after_idle_minutes * 60),
-        stop_after_seconds=math.ceil(options.stop_after_hours * 3600),
+        stop_after_idle_seconds=idle_seconds,
+        stop_after_seconds=deadline_seconds,
+        guard_interval_seconds=guard_interval(idle_seconds, deadline_seconds),
         extra_env=dict(options.llama_env) | switches_off(options.commit, options.patches_off),
         draft_urls=(
             draft_urls or tuple(p.resolve().as_uri() for p in part_paths(options.draft_model))
@@ -132,6 +136,16 @@ def node_boot(
         else (),
         draft_max=options.draft_max,
     )
+
+
+def guard_interval(idle_seconds: int, deadline_seconds: int) -> int:
+    """How often a node's spend guard looks: a tenth of its shortest limit, from a second up to
+    a VM's interval, so that limits tried out in seconds stop the node within about a second of
+    their end."""
+    limits = [seconds for seconds in (idle_seconds, deadline_seconds) if seconds > 0]
+    if not limits:
+        return GUARD_INTERVAL_SECONDS
+    return max(1, min(GUARD_INTERVAL_SECONDS, min(limits) // 10))
 
 
 def node_entry(

@@ -384,6 +384,17 @@ def test_a_draft_model_reaches_the_main_nodes_boot_and_bad_ones_are_refused() ->
         assert raised.value.setting == field, (change, raised.value)
 
 
+def test_a_guarded_node_says_how_often_its_guard_looks() -> None:
+    """Every 30 s on a VM; the local cluster asks for less (limits of seconds, to try them)."""
+    assert GUARDED_WORKER.env()["GUARD_INTERVAL_SECONDS"] == "30"
+    assert "GUARD_INTERVAL_SECONDS" not in WORKER.env()
+    often = dataclasses.replace(GUARDED_WORKER, guard_interval_seconds=1)
+    assert often.env()["GUARD_INTERVAL_SECONDS"] == "1"
+    with pytest.raises(BootConfigError) as refused:
+        dataclasses.replace(GUARDED_WORKER, guard_interval_seconds=0)
+    assert refused.value.setting == "guard_interval_seconds"
+
+
 def test_a_model_disk_reaches_the_main_nodes_boot_and_is_refused_elsewhere() -> None:
     main = dataclasses.replace(
         MAIN, model_disk_gb=300, model_disk_model="Amazon Elastic Block Store"

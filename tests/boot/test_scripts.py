@@ -541,6 +541,21 @@ def test_the_status_file_counts_the_download_as_it_comes(run_script, flaky_http,
     assert (status["download_done_bytes"], status["download_total_bytes"]) == (len(data),) * 2
 
 
+def test_a_download_ends_without_waiting_out_the_progress_interval(run_script, http_files) -> None:
+    """The progress reporter's pause does not outlive the script with its output: a caller that
+    reads the output to its end (a pipe, the journal's stream) has it as soon as the part is in,
+    not a progress interval later."""
+    base, root = http_files
+    (root / "model.gguf").write_bytes(model_bytes(1000))
+    started = time.monotonic()
+    result, status = run_script(
+        "fetch-model.sh", MODEL_URLS=f"{base}/model.gguf", DOWNLOAD_PROGRESS_SECONDS="60"
+    )
+    assert result.returncode == 0, result.stderr
+    assert status["model_bytes"] == 1000
+    assert time.monotonic() - started < 15
+
+
 def test_download_progress_reads_rclone_and_redirects(tmp_path: Path) -> None:
     """A staged part counts rclone's own stats; a part whose last response so far is a redirect,
     or whose size no response gave, makes the total unknown until it is known."""
@@ -790,7 +805,8 @@ def test_a_load_that_never_finishes_is_stopped_at_its_deadline(tmp_path: Path) -
 
 
 FAKE_LOADING_SERVER = """#!/usr/bin/env python3
-import os, socket, time
+import os, pathlib, socket, time
+pathlib.Path(os.environ["FAKE_PID"]).write_text(str(os.getpid()))
 host, port = os.environ["FAKE_WORKER"].rsplit(":", 1)
 with socket.create_connection((host, int(port))) as worker:
     worker.sendall(b"w" * 1_000_000)  # weights on their way; /health never answers
@@ -800,7 +816,8 @@ with socket.create_connection((host, int(port))) as worker:
 
 def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: Path) -> None:
     """llama-server.sh, with a stand-in server that sends 1 MB to its "worker" and never gets
-    ready: the status file has the bytes sent and the planned total well before the deadline."""
+    ready: the status file has the bytes sent and the planned total well before the deadline
+    (then the script is stopped, as systemd stops it, and stops its server)."""
     prefix, data = fake_main_node(tmp_path, FAKE_LOADING_SERVER)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         worker = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -819,15 +836,27 @@ def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: P
             **main_node_env(tmp_path, prefix, data),
             "RPC_WORKERS": worker, "LLAMA_GPU_LAYERS": "1", "LLAMA_TENSOR_SPLIT": "1",
             "RPC_LOAD_BYTES": "4000000", "LOAD_TIMEOUT_SECONDS": "9", "FAKE_WORKER": worker,
+            "FAKE_PID": str(tmp_path / "fake.pid"),
         }  # fmt: skip
-        result = subprocess.run(
-            ["bash", str(SCRIPTS / "llama-server.sh")], env=env, capture_output=True, text=True,
-            timeout=60,
+        service = subprocess.Popen(
+            ["bash", str(SCRIPTS / "llama-server.sh")], env=env, text=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
-    assert result.returncode == 1, result.stderr  # the deadline, as it should
-    status = json.loads((data / "status.json").read_text())
+        status: dict = {}
+        try:
+            while status.get("load_sent_bytes") != 1_000_000:
+                assert service.poll() is None, (status, service.communicate()[1])
+                time.sleep(0.2)
+                with contextlib.suppress(OSError, ValueError):
+                    status = json.loads((data / "status.json").read_text())
+        finally:
+            service.terminate()
+            service.wait(timeout=30)
     assert len(received) == 1_000_000
     assert (status["load_sent_bytes"], status["load_total_bytes"]) == (1_000_000, 4_000_000)
+    assert service.returncode == 143  # stopped, its deadline not reached
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "fake.pid").read_text()), 0)
 
 
 # --- packages and the llama.cpp source: transient failures are retried, boundedly ---

@@ -1,6 +1,6 @@
 """A draft model on the local cluster: speculative decoding on the main node while two RPC workers
-hold their layers. Greedy text is the same with and without it, and the server says how many
-drafted tokens it accepted.
+hold their layers. Greedy text is the same with and without it (the shared ``gemma_1p2``, the
+same layers on the same nodes), and the server says how many drafted tokens it accepted.
 
 The draft is the model itself under another name (no smaller real model of Gemma 3's vocabulary
 is on PyPI): every drafted token the model would have chosen, so nearly all are accepted.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -22,12 +21,13 @@ from typing import Any
 import pytest
 
 from infra.core import outputs, sizing
-from infra.local import cluster, top
+from infra.local import top
 from infra.local.model import real_model
 from infra.local.options import OptionError, UpOptions, plan_placement
 from infra.local.source import cache_dir
 from infra.local.spec import ClusterSpec
-from tests.conftest import post, require_netns
+from tests.conftest import post
+from tests.local.conftest import gemma_down, gemma_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -47,34 +47,22 @@ def draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def options(llama_source: Path, suffix: str, draft: Path | None) -> UpOptions:
-    return UpOptions(
-        workers=2,
-        model=real_model(cache_dir()),
-        source=llama_source,
-        cache=cache_dir(),
-        cluster_id=f"d{suffix}{random.randint(0, 99999)}",
-        cidr=f"10.217.{random.randint(0, 63) * 4 + (draft is not None)}.0/24",
-        threads=1,
-        context_size=2048,
-        worker_wait_seconds=300,
-        draft_model=draft,
-        draft_max=4,
-    )
-
-
 @pytest.fixture(scope="module")
-def clusters(llama_source: Path, draft: Path) -> Iterator[dict[str, dict[str, Any]]]:
-    require_netns()
-    ups = {}
-    try:
-        for name, with_draft in (("plain", None), ("draft", draft)):
-            up = options(llama_source, name[0], with_draft)
-            ups[name] = {"options": up, "contract": cluster.up(up, timeout=2400)}
-        yield ups
-    finally:
-        for up in ups.values():
-            cluster.down(up["options"].cache, up["options"].cluster_id)
+def drafted(llama_source: Path, draft: Path) -> Iterator[dict[str, Any]]:
+    """The shared cluster's twin with the draft on its main node."""
+    up = gemma_up(llama_source, 2, "d", draft_model=draft, draft_max=4)
+    yield up
+    gemma_down(up)
+
+
+@pytest.fixture
+def clusters(gemma_1p2: dict[str, Any], drafted: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Without the draft (the shared ``gemma_1p2``) and with it: the same layers on the same
+    nodes, so the same kernels compute each (test_real_model.py says why that matters)."""
+    plain, with_draft = ([(p["node"], p["layers"]) for p in up["spec"].placement]
+                         for up in (gemma_1p2, drafted))  # fmt: skip
+    assert plain == with_draft, (plain, with_draft)
+    return {"plain": gemma_1p2, "draft": drafted}
 
 
 def url_of(up: dict[str, Any]) -> str:
@@ -127,8 +115,10 @@ def test_top_shows_the_share_of_drafted_tokens_accepted(clusters) -> None:
 def test_the_draft_is_counted_in_the_main_nodes_memory(llama_source: Path, draft: Path) -> None:
     """Its weights and KV cache come off the main node's share: a node just large enough for the
     model alone no longer fits both."""
-    roomy = options(llama_source, "m", None)
-    roomy = dataclasses.replace(roomy, workers=0, node_memory_bytes=64 * 1024**3)
+    roomy = UpOptions(
+        workers=0, model=real_model(cache_dir()), source=llama_source, cache=cache_dir(),
+        context_size=2048, node_memory_bytes=64 * 1024**3,
+    )  # fmt: skip
     need = plan_placement(roomy).worst.need_bytes
     # A node whose usable memory is the model's need and 16 MiB.
     usable = need + 16 * 1024**2

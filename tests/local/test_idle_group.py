@@ -1,5 +1,5 @@
 """Replicas send each request to an idle group: two one-slot serving groups on machines, behind
-the local balancer.
+the local balancer (the shared ``machines_2x2``; keyed, so every request carries the key).
 
 While one long generation runs on one group, short requests sent one after another are each
 answered by the other group, none waiting behind the long one. With both groups busy, a third
@@ -14,23 +14,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from infra.core import outputs
-from infra.local import cluster
 from infra.local.netns import exec_prefix
-from infra.local.spec import ClusterSpec
-from tests.conftest import (
-    completion_client,
-    one_plus_two,
-    require_machines,
-    require_netns,
-    require_tool,
-)
+from tests.conftest import completion_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
@@ -44,33 +35,16 @@ LONG = 1200
 LONGER = 2400
 
 
-@pytest.fixture(scope="module")
-def up(llama_source: Path) -> Iterator[dict[str, Any]]:
-    require_machines()
-    require_netns()
-    require_tool("haproxy")
-    options = one_plus_two(
-        llama_source, "idle", 218, workers=1, replicas=2, slots=1, context_size=4096,
-        machines=True,
-    )  # fmt: skip
-    contract = cluster.up(options, timeout=1800)
-    spec = ClusterSpec.load(options.cache, options.cluster_id)
-    network = spec.network()
-    assert network is not None and spec.balancer is not None
-    base = str(network.cidr.network_address).rsplit(".", 1)[0]
-    client = network.add_outsider("cl", f"{base}.200", network.cidr.prefixlen)
-    try:
-        yield {
-            "url": contract[outputs.BALANCER_URL],
-            "client": client,
-            "balancer": spec.balancer.balancer(),
-        }
-    finally:
-        assert cluster.down(options.cache, options.cluster_id)
+@pytest.fixture
+def up(machines_2x2: dict[str, Any]) -> dict[str, Any]:
+    return machines_2x2
 
 
 def send(up: dict[str, Any], n_predict: int) -> subprocess.Popen[str]:
-    client = completion_client(up["url"], {**BODY, "n_predict": n_predict}, timeout=600)
+    client = completion_client(
+        up["contract"][outputs.BALANCER_URL], {**BODY, "n_predict": n_predict}, timeout=600,
+        key_file=up["spec"].api_key_file,
+    )  # fmt: skip
     return subprocess.Popen(
         [*exec_prefix(up["client"]), *client], stdout=subprocess.PIPE, text=True
     )

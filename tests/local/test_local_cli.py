@@ -4,13 +4,23 @@ node, namespace or state directory exists. Nothing here boots a node."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from pathlib import Path
 
 import pytest
 
 from infra.cli.local import main
+from infra.core.limits import Role
+from infra.local.nodes import Where, node_boot
 from infra.local.options import UpOptions, plan_placement, state_dir
 from tests.models.test_models import write_gguf
+
+
+def boot_env(options: UpOptions, role: Role) -> dict[str, str]:
+    """The settings a node of the first group gets (10.0.0.0/24: main .10, workers .11, ...)."""
+    ips = [f"10.0.0.{10 + i}" for i in range(options.workers + 1)]
+    where = Where(ips[0], ipaddress.IPv4Network("10.0.0.0/24"), ips, plan_placement(options))
+    return node_boot(options, role, where).env()
 
 
 @pytest.fixture
@@ -98,16 +108,29 @@ def test_an_unknown_delivery_is_refused_with_the_clouds_named(capsys, tmp_path: 
 def test_a_patch_turned_off_reaches_every_nodes_settings(tmp_path: Path, model: Path) -> None:
     """--patches-off sets each named patch's switch for every node (llama.cpp reads it at run
     time: no rebuild); the others keep theirs unset."""
-    import ipaddress
-
-    from infra.local.nodes import Where, node_boot
-
     options = UpOptions(workers=2, model=model, source=tmp_path, cache=tmp_path / "c",
                         patches_off=("0002", "0004"))  # fmt: skip
-    ips = ["10.0.0.10", "10.0.0.11", "10.0.0.12"]
-    where = Where(ips[0], ipaddress.IPv4Network("10.0.0.0/24"), ips, plan_placement(options))
     for role in ("main", "worker"):
-        env = node_boot(options, role, where).env()
+        env = boot_env(options, role)
         assert env["LLAMA_LOAD_PARALLEL"] == env["GGML_RPC_INFLIGHT_MB"] == "0"
         assert env["GGML_REPACK_THREADS"] == "1"
         assert "GGML_RPC_SKIP_HASH" not in env and "LLAMA_MMAP_POPULATE" not in env
+
+
+@pytest.mark.parametrize(
+    ("idle_minutes", "hours", "interval"),
+    [(0.1, 0, "1"), (0, 0.01, "3"), (1, 0.01, "3"), (60, 8, "30")],
+)
+def test_a_spend_guard_looks_often_enough_for_its_shortest_limit(
+    tmp_path: Path, model: Path, idle_minutes: float, hours: float, interval: str
+) -> None:
+    """A tenth of the shortest limit, from 1 s up to a VM's 30 s: 6 s idle is looked at every
+    second, 36 s after boot every 3 s, an hour's limits as on a VM."""
+    options = UpOptions(workers=1, model=model, source=tmp_path, cache=tmp_path / "c",
+                        machines=True, stop_after_idle_minutes=idle_minutes,
+                        stop_after_hours=hours)  # fmt: skip
+    for role in ("main", "worker"):
+        env = boot_env(options, role)
+        assert env["STOP_AFTER_IDLE_SECONDS"] == str(round(idle_minutes * 60))
+        assert env["STOP_AFTER_SECONDS"] == str(round(hours * 3600))
+        assert env["GUARD_INTERVAL_SECONDS"] == interval, (role, env)

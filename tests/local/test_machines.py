@@ -1,20 +1,22 @@
 """The local cluster as machines: each node's exact user data through real cloud-init and real
 systemd, in a ``systemd-nspawn`` machine on the VPC bridge.
 
-One cluster (a main node and two workers) is booted for the module, each node's user data
-delivered as a different cloud delivers it: the main node's as AWS (gzip), the first worker's as
-GCP (plain), the second's as Azure (base64). Traffic goes only to loopback and to the namespaces
-these tests create. The tests run in order: the last ones reboot nodes and break the main node's
-settings on purpose.
+The shared ``machines_2x2`` (two serving groups of a main node and a worker, behind the
+balancer), each node's user data delivered as a different cloud delivers it: the first main
+node's as AWS (gzip), its worker's as GCP (plain), the second group's as Azure (base64). Traffic
+goes only to loopback and to the namespaces these tests create. The tests run in order: the last
+ones reboot nodes and break the first main node's settings on purpose, and put them back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import io
 import json
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,43 +35,36 @@ from infra.local import access, cluster
 from infra.local.access import LocalChannel
 from infra.local.machines import Machine
 from infra.local.netns import VpcNetwork, exec_prefix
-from infra.local.options import LocalClusterError, build_prefix, state_dir
-from infra.local.spec import ClusterSpec, api_key_header
+from infra.local.options import LocalClusterError, build_prefix
+from infra.local.spec import ClusterSpec
 from infra.observe import group_metrics, metrics, usage
 from infra.observe import top as stack_top
 from tests.conftest import (
+    GREEDY_PROMPT,
     LRC,
     REPO,
     complete,
+    completion_client,
     generating,
     one_node_completion,
-    one_plus_two,
-    require_machines,
 )
+from tests.local.conftest import DELIVERIES
 from tests.observe.test_metrics import frame_rows, top_once_while_generating
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
-DELIVERIES = ("aws", "gcp", "azure")
+# Every node, group by group: the first group's main node and worker, then the second's.
+NODES = ("main", "w1", "r2main", "r2w1")
 
 
-@pytest.fixture(scope="module")
-def up(llama_source: Path) -> Iterator[dict[str, Any]]:
-    require_machines()
-    # Keyed: the API key reaches llama-server as a systemd credential, as on a VM.
-    options = one_plus_two(
-        llama_source, "m", 214, machines=True, deliveries=DELIVERIES, api_key=True
-    )
-    cache, cluster_id = options.cache, options.cluster_id
-    contract = cluster.up(options, timeout=2400)
-    spec = ClusterSpec.load(cache, cluster_id)
-    network = spec.network()
-    assert network is not None and network.main_is_routed_here()
-    key = api_key_header(spec)
-    yield {"contract": contract, "spec": spec, "network": network, "options": options, "key": key}
-    cluster.down(cache, cluster_id)
-    assert not [ns for ns in network.namespaces() if Path(f"/run/netns/{ns}").exists()]
-    assert not state_dir(cache, cluster_id).exists()
+@pytest.fixture
+def up(machines_2x2: dict[str, Any]) -> dict[str, Any]:
+    return machines_2x2
+
+
+def ip_of(up: dict[str, Any], name: str) -> str:
+    network: VpcNetwork = up["network"]
+    return network.node_ips[network.node_names.index(name)]
 
 
 def machine(up: dict[str, Any], name: str) -> Machine:
@@ -139,21 +134,19 @@ def test_exec_journal_and_status_reach_the_machines_from_the_command_line(up) ->
     journal = cli(up, "journal", "w1", "-u", ROLE_UNIT["worker"], "-o", "cat")
     assert "open only to" in journal
     status = json.loads(cli(up, "status", "--json"))
-    assert {n: s["phase"] for n, s in status["nodes"].items()} == dict.fromkeys(
-        ("main", "w1", "w2"), "serving"
-    )
+    assert {n: s["phase"] for n, s in status["nodes"].items()} == dict.fromkeys(NODES, "serving")
     assert status["outputs"][outputs.INSTANCE_TYPE] == "machine"
 
 
 def test_each_node_got_its_clouds_delivery(up) -> None:
-    """The main node's user data arrived gzipped (AWS), a worker's as plain text (GCP), the other
-    worker's decoded from base64 (Azure; gzipped too, as a worker's files with the llama.cpp
-    patch set are over its 64 KB of base64 plain): cloud-init took each."""
+    """The first main node's user data arrived gzipped (AWS), its worker's as plain text (GCP),
+    the second group's nodes' decoded from base64 (Azure; gzipped too, as a node's files with the
+    llama.cpp patch set are over its 64 KB of base64 plain): cloud-init took each."""
     nodes = {n.name: n for n in up["spec"].nodes}
     delivered = {name: node.machine for name, node in nodes.items()}
-    assert [delivered[n].cloud for n in ("main", "w1", "w2")] == list(DELIVERIES)  # type: ignore[union-attr]
-    assert [delivered[n].gzipped for n in ("main", "w1", "w2")] == [True, False, True]  # type: ignore[union-attr]
-    for name in ("main", "w2"):
+    assert [delivered[n].cloud for n in NODES] == list(DELIVERIES)  # type: ignore[union-attr]
+    assert [delivered[n].gzipped for n in NODES] == [True, False, True, True]  # type: ignore[union-attr]
+    for name in ("main", "r2main", "r2w1"):
         assert (machine(up, name).directory / "user-data").read_bytes()[:2] == b"\x1f\x8b"
     assert (machine(up, "w1").directory / "user-data").read_bytes().startswith(b"#cloud-config")
     for name in nodes:
@@ -163,7 +156,7 @@ def test_each_node_got_its_clouds_delivery(up) -> None:
 
 
 def test_cloud_init_is_done_without_errors(up) -> None:
-    for name in ("main", "w1", "w2"):
+    for name in NODES:
         status = ["cloud-init", "status", "--long", "--format=json"]
         result = subprocess.run(
             access.exec_argv(up["spec"], name, status), capture_output=True, text=True, check=False
@@ -175,7 +168,7 @@ def test_cloud_init_is_done_without_errors(up) -> None:
 
 
 def test_the_service_user_and_every_written_file_are_as_configured(up) -> None:
-    for name in ("main", "w1", "w2"):
+    for name in NODES:
         user = on(up, name, "getent", "passwd", "llama").strip().split(":")
         assert user[5:] == [VM_PATHS.data_dir, "/usr/sbin/nologin"]
         assert int(user[2]) < 1000  # a system user
@@ -235,11 +228,15 @@ def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
 
 
 def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
+    """A worker's RPC port answers its own main node only: not the other worker, nor the other
+    group's main node, nor a host outside the VPC."""
     network: VpcNetwork = up["network"]
-    w1, w2 = network.node_ips[1:]
-    assert port_answers(access.exec_argv(up["spec"], "main", []), w1, 50052)  # the control
-    assert not port_answers(access.exec_argv(up["spec"], "w2", []), w1, 50052)
+    w1, w2 = ip_of(up, "w1"), ip_of(up, "r2w1")
+    assert port_answers(access.exec_argv(up["spec"], "main", []), w1, 50052)  # the controls
+    assert port_answers(access.exec_argv(up["spec"], "r2main", []), w2, 50052)
+    assert not port_answers(access.exec_argv(up["spec"], "r2w1", []), w1, 50052)
     assert not port_answers(access.exec_argv(up["spec"], "w1", []), w2, 50052)
+    assert not port_answers(access.exec_argv(up["spec"], "r2main", []), w1, 50052)
     outsider = network.add_outsider("out", "192.168.214.5", 24)
     assert not port_answers(exec_prefix(outsider), w1, 50052)
 
@@ -256,11 +253,12 @@ def metrics_text(up: dict[str, Any], where: str, url: str, keyed: bool = False) 
 
 
 def test_node_exporter_serves_each_node_to_the_cluster_on_its_private_address(up) -> None:
-    network: VpcNetwork = up["network"]
-    for name, ip in zip(network.node_names, network.node_ips, strict=True):
-        # Asked from the main node: another node's address, inside the cluster's network.
+    for name in NODES:
+        ip = ip_of(up, name)
+        # Asked from the group's main node: another node's address, inside the cluster's network.
+        main = "main" if up["spec"].node(name).group == 0 else "r2main"
         snapshot = metrics.Snapshot.parse(
-            metrics_text(up, "main", f"http://{ip}:{METRICS_PORT}/metrics"), 0
+            metrics_text(up, main, f"http://{ip}:{METRICS_PORT}/metrics"), 0
         )
         assert metrics.memory(snapshot) is not None, name
         assert snapshot.select("node_cpu_seconds_total", mode="idle"), name
@@ -280,7 +278,7 @@ def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
     bridge with an address outside the VPC; inside it, only a worker's own main node does.
     Controls: the API port, and a listener on a worker."""
     network: VpcNetwork = up["network"]
-    main_ip, w1 = network.node_ips[0], network.node_ips[1]
+    main_ip, w1 = ip_of(up, "main"), ip_of(up, "w1")
     host = subprocess.run(
         ["curl", "-sf", "--max-time", "5", f"http://{main_ip}:{METRICS_PORT}/metrics"],
         capture_output=True, check=False,
@@ -303,10 +301,11 @@ def test_the_metrics_port_is_as_narrow_as_rpc(up) -> None:
         assert port_answers(exec_prefix(outsider), main_ip, 8080)
         for ip in (main_ip, w1):
             assert not port_answers(exec_prefix(outsider), ip, METRICS_PORT), ip
-        # As narrow as RPC: a worker's answers its own main node, and no other node; the main
-        # node's answers no one but itself.
+        # As narrow as RPC: a worker's answers its own main node, and no other node (another
+        # group's worker or main node); the main node's answers no one but itself.
         assert port_answers(access.exec_argv(up["spec"], "main", []), w1, METRICS_PORT)
-        assert not port_answers(access.exec_argv(up["spec"], "w2", []), w1, METRICS_PORT)
+        for other in ("r2w1", "r2main"):
+            assert not port_answers(access.exec_argv(up["spec"], other, []), w1, METRICS_PORT)
         assert not port_answers(access.exec_argv(up["spec"], "w1", []), main_ip, METRICS_PORT)
         assert port_answers(access.exec_argv(up["spec"], "main", []), main_ip, METRICS_PORT)
     finally:
@@ -399,7 +398,7 @@ def test_only_root_reaches_the_metadata_service(up) -> None:
 
 def test_llama_server_serves_its_metrics_on_the_main_node(up) -> None:
     url = up["contract"][outputs.LLAMA_SERVER_URL]
-    main_ip = up["network"].node_ips[0]
+    main_ip = ip_of(up, "main")
 
     def read() -> metrics.Snapshot:
         text = metrics_text(up, "w1", f"http://{main_ip}:8080/metrics", keyed=True)
@@ -420,8 +419,8 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
     """`top --once` while the main node generates: every node's traffic from its exporter, its
     CPU and memory from its processes, the main node's tokens/s and KV cache from llama-server."""
     shown = top_once_while_generating(up["spec"], up["contract"][outputs.LLAMA_SERVER_URL])
-    rows = frame_rows(shown, ["main", "w1", "w2"])
-    assert "(machines, 3 nodes)" in shown.splitlines()[0]
+    rows = frame_rows(shown, list(NODES))
+    assert "(machines, 4 nodes, 2 serving groups)" in shown.splitlines()[0]
     for words in rows.values():
         assert words[2] == "serving", shown
         assert 0 <= float(words[3]) <= 100, shown  # CPU %
@@ -432,26 +431,53 @@ def test_top_shows_every_machine_with_its_figures(up) -> None:
     assert "node-exporter in a machine reads the host's CPU and memory" in shown
 
 
-def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(up) -> None:
+@contextlib.contextmanager
+def generating_from_client(up: dict[str, Any], url: str, tmp_path: Path) -> Iterator[None]:
+    """A main node this machine has no route to (the second group's) keeps generating for the
+    block, asked from the tests' namespace on the VPC bridge."""
+    stop = tmp_path / "stop-generating"
+    client = completion_client(
+        url, GREEDY_PROMPT, count=-1, stop=stop, key_file=up["spec"].api_key_file
+    )
+    asking = subprocess.Popen([*exec_prefix(up["client"]), *client], stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        stop.touch()
+        asking.wait(timeout=150)
+
+
+def test_a_stacks_top_reads_every_node_through_the_main_nodes_command_channel(
+    up, tmp_path: Path
+) -> None:
     """`lrc top`'s path on a stack, over the local command channel: the command
-    installs llama-rpc-metrics in the main machine, which reads each machine's exporter inside
-    the VPC (the main node's egress to its workers' metrics port) and its own llama-server."""
-    channel = LocalChannel(up["spec"], "main")
-    groups = stack_top.stack_groups(up["contract"], [channel])
+    installs llama-rpc-metrics in each group's main machine, which reads each machine's exporter
+    inside the VPC (the main node's egress to its workers' metrics port) and its own
+    llama-server."""
+    channels = [LocalChannel(up["spec"], main) for main in ("main", "r2main")]
+    groups = stack_top.stack_groups(up["contract"], channels)
+    names = group_metrics.node_names([group.ips for group in groups])
+    mains = [names[group.ips[0]] for group in groups]
     out = io.StringIO()
-    with generating(up["contract"][outputs.LLAMA_SERVER_URL], up["key"]):
+    second = up["contract"][outputs.GROUPS][1][outputs.LLAMA_SERVER_URL]
+    with (
+        generating(up["contract"][outputs.LLAMA_SERVER_URL], up["key"]),
+        generating_from_client(up, second, tmp_path),
+    ):
         assert stack_top.run("local", groups, interval=3.0, once=True, out=out) == 0
     shown = out.getvalue()
-    rows = frame_rows(shown, ["main", "worker-1", "worker-2"])
-    assert rows["main"][1:3] == ["main", "serving"], shown
-    for name in ("worker-1", "worker-2"):
-        assert rows[name][1:3] == ["worker", group_metrics.WORKER_ANSWERING], shown
-    for words in rows.values():
+    rows = frame_rows(shown, list(names.values()))
+    for name, words in rows.items():
+        if name in mains:
+            assert words[1:3] == ["main", "serving"], shown
+            assert float(words[-2]) > 0, shown  # tokens/s
+        else:
+            assert words[1:3] == ["worker", group_metrics.WORKER_ANSWERING], shown
         assert "n/a" not in words[:11], shown  # CPU, memory, traffic: every node's exporter
         assert float(words[3]) > 0, shown
-    assert float(rows["main"][-2]) > 0, shown  # tokens/s
-    installed = on(up, "main", "sh", "-c", "ls /run | grep llama-rpc-metrics")
-    assert installed.strip().startswith(metrics_command.NAME), installed
+    for main in ("main", "r2main"):
+        installed = on(up, main, "sh", "-c", "ls /run | grep llama-rpc-metrics")
+        assert installed.strip().startswith(metrics_command.NAME), installed
 
 
 def test_the_cost_runs_usage_is_recorded_on_the_main_node_and_brought_back(up) -> None:
@@ -496,7 +522,7 @@ def test_the_api_answers_only_requests_that_carry_the_key(up) -> None:
     key = up["key"]["Authorization"].removeprefix("Bearer ")
     entry = up["spec"].node("main").machine
     assert entry is not None
-    machine_dir = entry.directory
+    machine_dir = Path(entry.directory)
     assert key not in (machine_dir / "user-data").read_text(errors="replace")
     assert key not in on(up, "main", "cat", "/etc/llama-rpc/node.env")
     assert key not in on(up, "main", "sh", "-c", "cat /proc/$(pidof llama-server)/cmdline")
@@ -519,7 +545,7 @@ def test_greedy_completion_through_machines_equals_one_node(up) -> None:
 def test_the_build_step_ran_and_found_the_build_complete(up) -> None:
     for status in cluster.read_status(up["spec"]).values():
         assert status["build_skipped"] is True
-    log = on(up, "w2", "journalctl", "-u", BOOT_UNIT, "-o", "cat", "--no-pager")
+    log = on(up, "r2w1", "journalctl", "-u", BOOT_UNIT, "-o", "cat", "--no-pager")
     assert "already built" in log
 
 
@@ -556,9 +582,8 @@ def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(
 
 def test_metrics_come_back_after_a_reboot_behind_their_firewall(up) -> None:
     """The rebooted nodes (the test before) start their exporter again, its table first."""
-    network: VpcNetwork = up["network"]
     for name in ("main", "w1"):
-        ip = network.node_ips[network.node_names.index(name)]
+        ip = ip_of(up, name)
         wait_for(  # asked by the main node, the one node each exporter answers
             lambda ip=ip: port_answers(access.exec_argv(up["spec"], "main", []), ip, METRICS_PORT),
             120,
@@ -640,8 +665,9 @@ def test_a_failed_up_stops_every_machine_and_keeps_their_journals(up) -> None:
     until `down`."""
     options = up["options"]
     broken = dataclasses.replace(
-        options, cluster_id=f"{options.cluster_id}f", cidr="10.214.99.0/24", model_sha256="0" * 64
-    )
+        options, cluster_id=f"{options.cluster_id}f", cidr="10.214.99.0/24", model_sha256="0" * 64,
+        replicas=1,
+    )  # fmt: skip
     with pytest.raises(LocalClusterError) as failed:
         cluster.up(broken, timeout=600)
     message = str(failed.value)

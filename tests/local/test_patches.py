@@ -1,8 +1,11 @@
 """The llama.cpp patch set on the local cluster (the pinned build with its patches, real network
-namespaces): the cluster's greedy output through two workers is the same with each patch turned
-off at run time as with all of them on, and each patch's switch really turns it off (the line the
+namespaces): the cluster's greedy output through two workers is the same with every patch on as
+with all of them off at run time, and each patch's switch really turns it off (the line the
 patched loader logs goes). Q4_0 weights over llama.cpp's 10 MiB hashing threshold, so every
-patched path runs."""
+patched path runs.
+
+Each patch off in turn, the others on, is the opt-in ``--patch-matrix`` run (``patch_matrix``:
+one boot a patch), for when the pin or the patch set moves."""
 
 from __future__ import annotations
 
@@ -66,23 +69,36 @@ def test_the_pinned_commit_has_its_patch_set() -> None:
     assert [number(p.name) for p in patch_set(LLAMA_CPP_COMMIT)] == ["0001", "0002", "0003", "0004"]
 
 
-def test_greedy_output_through_two_workers_is_the_same_with_each_patch_off(
-    llama_source: Path, model: Path
-) -> None:
+def all_on(llama_source: Path, model: Path) -> Served:
+    """Every patch on, each saying so in the main node's load log."""
     on = serve(llama_source, model, llama_env=SMALL_MEMORY)
     assert on.completion[0] and len(on.completion[1]) == 12
     # Each worker named (the main node connects to a worker more than once while it loads).
     told = set(re.findall(rf"([\d.]+):\d+ {SAYS['0001']}", on.log))
     assert told == set(on.workers), on.log[-3000:]
     assert SAYS["0002"] in on.log and SAYS["0003"] in on.log
+    return on
+
+
+def test_greedy_output_through_two_workers_is_the_same_with_the_patches_on_and_off(
+    llama_source: Path, model: Path
+) -> None:
+    on = all_on(llama_source, model)
+    upstream = serve(llama_source, model, patches_off=("all",))
+    assert upstream.completion == on.completion
+    assert not any(line in upstream.log for line in SAYS.values())
+
+
+@pytest.mark.patch_matrix
+def test_greedy_output_through_two_workers_is_the_same_with_each_patch_off(
+    llama_source: Path, model: Path
+) -> None:
+    on = all_on(llama_source, model)
     for patch in patch_set(LLAMA_CPP_COMMIT):
         off = serve(llama_source, model, llama_env=SMALL_MEMORY, patches_off=(number(patch.name),))
         assert off.completion == on.completion, patch.name
         for which, line in SAYS.items():
             assert (line in off.log) == (which != number(patch.name)), (patch.name, which)
-    upstream = serve(llama_source, model, patches_off=("all",))
-    assert upstream.completion == on.completion
-    assert not any(line in upstream.log for line in SAYS.values())
 
 
 def test_greedy_output_of_a_repacking_main_node_is_the_same_with_one_repack_thread(

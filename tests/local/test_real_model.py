@@ -1,6 +1,6 @@
-"""A real model on the local cluster: Gemma 3 270M (Q4_K_M, from PyPI) through two workers and on
-one node, as a user runs it: completions that read as language, chat, a prompt that fills the
-context, and the placement llama-server reports.
+"""A real model on the local cluster: Gemma 3 270M (Q4_K_M, from PyPI) through two workers (the
+shared ``gemma_1p2``) and on one node, as a user runs it: completions that read as language,
+chat, a prompt that fills the context, and the placement llama-server reports.
 
 Traffic goes only to loopback and to the namespaces these tests create.
 """
@@ -8,7 +8,6 @@ Traffic goes only to loopback and to the namespaces these tests create.
 from __future__ import annotations
 
 import json
-import random
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,15 +19,16 @@ import pytest
 from infra.core import outputs, placement
 from infra.local import cluster
 from infra.local.model import real_model
-from infra.local.options import UpOptions
+from infra.local.options import build_prefix
 from infra.local.source import cache_dir
-from infra.local.spec import ClusterSpec
 from infra.models.parts import model_id, part_paths
-from tests.conftest import post, require_netns, tokens_of_length
+from tests.conftest import one_node_completion, post, tokens_of_length
+from tests.local.conftest import GEMMA_CONTEXT, gemma_down, gemma_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-CONTEXT = 4096
+CONTEXT = GEMMA_CONTEXT
+NO_REPACK = ("--no-repack",)
 # Greedy, with the top log-probability of each token; no prompt cache, so every request
 # evaluates its whole prompt and results do not depend on earlier requests.
 PROMPT = {
@@ -45,49 +45,24 @@ def gemma() -> Path:
     return real_model(cache_dir())
 
 
-def bring_up(
-    llama_source: Path, model: Path, workers: int, suffix: str, server_args: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    require_netns()
-    cache = cache_dir()
-    options = UpOptions(
-        workers=workers,
-        model=model,
-        source=llama_source,
-        cache=cache,
-        cluster_id=f"g{suffix}{random.randint(0, 99999)}",
-        cidr=f"10.216.{random.randint(0, 63) * 4 + 2 * bool(server_args) + (workers > 0)}.0/24",
-        threads=1,
-        context_size=CONTEXT,
-        server_args=server_args,
-        worker_wait_seconds=300,
-    )
-    contract = cluster.up(options, timeout=2400)
-    spec = ClusterSpec.load(cache, options.cluster_id)
-    return {"contract": contract, "spec": spec, "options": options}
+@pytest.fixture
+def two_workers(gemma_1p2: dict[str, Any]) -> dict[str, Any]:
+    return gemma_1p2
 
 
 @pytest.fixture(scope="module")
-def two_workers(llama_source: Path, gemma: Path) -> Iterator[dict[str, Any]]:
-    up = bring_up(llama_source, gemma, 2, "w")
+def one_node(llama_source: Path) -> Iterator[dict[str, Any]]:
+    up = gemma_up(llama_source, 0, "s")
     yield up
-    cluster.down(up["options"].cache, up["options"].cluster_id)
+    gemma_down(up)
 
 
 @pytest.fixture(scope="module")
-def one_node(llama_source: Path, gemma: Path) -> Iterator[dict[str, Any]]:
-    up = bring_up(llama_source, gemma, 0, "s")
+def no_repack(llama_source: Path) -> Iterator[dict[str, Any]]:
+    """Two workers without CPU weight repacking (see below)."""
+    up = gemma_up(llama_source, 2, "p", server_args=NO_REPACK)
     yield up
-    cluster.down(up["options"].cache, up["options"].cluster_id)
-
-
-@pytest.fixture(scope="module")
-def same_kernels(llama_source: Path, gemma: Path) -> Iterator[list[dict[str, Any]]]:
-    """Two workers and one node, both without CPU weight repacking (see below)."""
-    ups = [bring_up(llama_source, gemma, n, f"p{n}", ("--no-repack",)) for n in (2, 0)]
-    yield ups
-    for up in ups:
-        cluster.down(up["options"].cache, up["options"].cluster_id)
+    gemma_down(up)
 
 
 def url_of(up: dict[str, Any]) -> str:
@@ -106,16 +81,18 @@ def test_the_answer_reads_as_language(two_workers) -> None:
     assert "Paris" in text, text
 
 
-def test_two_workers_answer_exactly_as_one_node(same_kernels) -> None:
+def test_two_workers_answer_exactly_as_one_node(no_repack, gemma: Path) -> None:
     """The same tokens and the same log-probabilities, whether three nodes share the layers or
-    one node holds them all.
+    one node (llama-server alone, on this machine) holds them all.
 
     With the same kernels on both sides: by default llama.cpp repacks quantized weights for its
     fast CPU kernels on the main node, but an RPC worker keeps plain buffers, so a cluster and a
     single node compute some layers with different kernels (here their greedy texts part after
     about 14 tokens). Without repacking, every layer runs the same kernel either way.
     """
-    through_workers, one_node = (complete(up) for up in same_kernels)
+    through_workers = complete(no_repack)
+    bin_dir = build_prefix(no_repack["options"].cache) / no_repack["spec"].commit / "bin"
+    one_node = one_node_completion(bin_dir, gemma, PROMPT, context=CONTEXT, server_args=NO_REPACK)
     assert through_workers == one_node
     assert len(through_workers[1]) == PROMPT["n_predict"] and "Paris" in through_workers[0]
 

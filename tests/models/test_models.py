@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,56 @@ def test_unreadable_and_non_gguf_files_are_clear_errors(tmp_path: Path) -> None:
     truncated.write_bytes(write_gguf(tmp_path / "whole.gguf").read_bytes()[:40])
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         gguf_header.describe(truncated)
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_the_header_reads_as_ggufs_own_reader_reads_it(tmp_path: Path, big_endian: bool) -> None:
+    """Every value type, arrays of numbers, strings and booleans, tensors of several types."""
+    import gguf
+
+    order = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    writer = gguf.GGUFWriter(tmp_path / "m.gguf", "gemma3", endianess=order)
+    writer.add_block_count(2)
+    writer.add_token_list(["<pad>", "ü", "日本", *(f"{i:05d}" for i in range(100))])
+    writer.add_token_scores([0.5] * 103)
+    writer.add_array("gemma3.attention.sliding_window_pattern", [True, False])
+    writer.add_array("test.int32s", [-1, 2**31 - 1])
+    for add, value in (
+        (writer.add_uint8, 255), (writer.add_int8, -128), (writer.add_uint16, 65535),
+        (writer.add_int16, -32768), (writer.add_uint32, 2**32 - 1), (writer.add_int32, -(2**31)),
+        (writer.add_float32, 0.25), (writer.add_bool, True), (writer.add_uint64, 2**64 - 1),
+        (writer.add_int64, -(2**63)), (writer.add_float64, 1e-300), (writer.add_string, "ß"),
+    ):  # fmt: skip
+        add(f"test.{add.__name__.removeprefix('add_')}", value)
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 64), np.float32))
+    writer.add_tensor("blk.1.attn_q.weight", np.zeros((4, 64), np.float16))
+    writer.add_tensor("token_embd.weight", np.zeros((8, 68), np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    read = gguf_header._read_part(tmp_path / "m.gguf")
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    theirs = {n: f.contents() for n, f in reader.fields.items() if not n.startswith("GGUF.")}
+    assert read.fields == theirs
+    assert read.tensor_bytes == {t.name: int(t.n_bytes) for t in reader.tensors}
+    assert read.tensor_elements == {t.name: int(t.n_elements) for t in reader.tensors}
+    # Q8_0: 34 bytes a block of 32 weights.
+    assert (read.tensor_elements["token_embd.weight"], read.tensor_bytes["token_embd.weight"]) == (
+        8 * 64,
+        8 * 68,
+    )
+
+
+def test_a_large_vocabulary_is_read_in_a_fraction_of_a_second(tmp_path: Path) -> None:
+    """Gemma 3's 262,144 tokens: gguf's own reader takes tens of seconds over them, and the local
+    cluster reads the header at every `up`."""
+    path = write_gguf(tmp_path / "wordy.gguf", vocab=[f"{i:06d}" for i in range(262_144)])
+    started = time.monotonic()
+    model = gguf_header.describe(path)
+    assert time.monotonic() - started < 3
+    assert model.layers == 3
 
 
 def test_the_header_says_what_each_layer_weighs_and_where_the_rest_goes(tmp_path: Path) -> None:

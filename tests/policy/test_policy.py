@@ -853,7 +853,8 @@ def policy_python() -> Path:
     if uv is None:
         unavailable("uv is not installed (scripts/install-deps installs it)")
     assert uv is not None
-    building = venv.with_name(f"{key}.tmp")
+    # A directory of this process's own: another test process may be making the same one.
+    building = venv.with_name(f"{key}.{os.getpid()}.tmp")
     shutil.rmtree(building, ignore_errors=True)
     steps = [
         [uv, "venv", "--quiet", "--python", sys.executable, str(building)],
@@ -872,7 +873,10 @@ def policy_python() -> Path:
         result = subprocess.run(step, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             unavailable(f"cannot install policy/requirements.txt: {result.stderr.strip()[-500:]}")
-    building.rename(venv)
+    try:
+        building.rename(venv)
+    except OSError:  # the other process's came first; the same requirements
+        shutil.rmtree(building)
     return python
 
 
