@@ -16,7 +16,6 @@ import gzip
 import io
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
