@@ -60,11 +60,18 @@ def session(region: str, profile: str | None = None) -> Any:
     return boto3.Session(profile_name=profile, region_name=region)
 
 
+def profile_of(values: Mapping[str, Any]) -> str | None:
+    """The stack file's ``aws:profile``: every command reads the account the stack deploys to."""
+    found = values.get("aws:profile")
+    return str(found) if found else None
+
+
 def client(access: Access, service: str, *, endpoint: str | None = None) -> Any:
-    """A client of ``service`` in the access's region (a stubbed one when the access has them)."""
+    """A client of ``service`` in the access's region, with the stack's profile (a stubbed one
+    when the access has them)."""
     if access.aws_clients is not None:
         return access.aws_clients(service, access.region)
-    return session(access.region).client(service, endpoint_url=endpoint)
+    return session(access.region, profile_of(access.values)).client(service, endpoint_url=endpoint)
 
 
 def _credentials(found: Any) -> list[str]:
@@ -174,9 +181,9 @@ def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
     )
 
 
-def _reader(profile: Any) -> Reader:
+def _reader(profile: str | None) -> Reader:
     def read(needs: Needs) -> Account:
-        found = session(needs.region, str(profile) if profile else None)
+        found = session(needs.region, profile)
         if missing := _credentials(found):
             raise CredentialsError(missing[0])
         return read_account(needs, found.client("ec2"), found.client("service-quotas"))
@@ -359,13 +366,13 @@ class Aws(LiveCloud):
     sdk_packages = ("botocore", "boto3")
 
     def program_reader(self, settings: Mapping[str, Any]) -> Reader:
-        return _reader(settings.get("aws:profile"))
+        return _reader(profile_of(settings))
 
     def cli_reader(self, access: Access) -> Reader:
-        return _reader(access.values.get("aws:profile"))
+        return _reader(profile_of(access.values))
 
     def credentials(self, access: Access) -> list[str]:
-        return _credentials(session(access.region))
+        return _credentials(session(access.region, profile_of(access.values)))
 
     def channels(
         self, stack_outputs: Mapping[str, Any], mains: list[str], access: Access

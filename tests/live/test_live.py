@@ -177,3 +177,21 @@ def test_check_and_the_cost_run_name_missing_credentials_alike(
         target = PulumiTarget(stack)
         assert said in target.live.credentials(target.access), stack
         assert said.startswith(("no AWS credentials", "gcloud is not on PATH", "az is not on"))
+
+
+def test_every_aws_call_uses_the_stacks_profile(
+    no_aws_credentials: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preflight, the credentials check and every client (channels, power, audits) read the
+    account of the stack file's ``aws:profile``, the one `pulumi up` deploys to."""
+    from infra.live import aws as live_aws
+
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[team]\naws_access_key_id = AKIATEAM\naws_secret_access_key = s\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    team = Access("us-east-1", {"aws:profile": "team"})
+    assert LIVE["aws"].credentials(team) == []
+    assert LIVE["aws"].credentials(Access("us-east-1")) == [live_aws.NO_CREDENTIALS]
+    for service in ("ssm", "ec2", "resourcegroupstaggingapi"):
+        signer = live_aws.client(team, service)._request_signer
+        assert signer._credentials.access_key == "AKIATEAM", service
