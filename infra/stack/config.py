@@ -29,7 +29,7 @@ from infra.boot import (
 )
 from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import files_source as store_path
-from infra.boot.node import STAGED_SCHEMES
+from infra.boot.node import STAGED_SCHEMES, setting_of
 from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
@@ -62,26 +62,6 @@ AZURE_API_KEY_SECRET = "api-key"  # noqa: S105 (a secret's name, not a secret)
 MAX_MODEL_GB = 100_000
 MAX_KV_BYTES_PER_TOKEN = 1 << 30
 MAX_LAYERS = 4096
-# Which setting a boot-data error comes from (``BootConfigError.setting`` -> config key).
-BOOT_SETTING_KEYS = {
-    "model_urls": "model.urls",
-    "model_sha256": "model.sha256",
-    "user_data": "model.urls",
-    "context_size": "contextSize",
-    "slots": "slots",
-    "rpc_port": "rpcPort",
-    "server_port": "serverPort",
-    "llama_cpp_commit": "llamaCppCommit",
-    "node_ip": "vpcCidr",
-    "rpc_workers": "vpcCidr",
-    "rpc_allowed_sources": "vpcCidr",
-    "cluster_cidr": "vpcCidr",
-    "model_alias": "modelAlias",
-    "server_args": "serverArgs",
-    "extra_env": "llamaCppPatchesOff",
-    "stop_after_idle_seconds": "stopAfterIdleMinutes",
-    "stop_after_seconds": "stopAfterHours",
-}
 
 
 @dataclass(frozen=True)
@@ -972,7 +952,7 @@ def from_settings(
         # a boot setting the renderer rejects, or user data over the cloud's limit, stops here.
         _ = config.user_data
     except BootConfigError as error:
-        raise ConfigError(BOOT_SETTING_KEYS.get(error.setting, "model"), str(error)) from None
+        raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
     return config
 
 
