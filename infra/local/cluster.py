@@ -40,9 +40,9 @@ from infra.core.limits import RPC_PORT, SERVER_PORT
 from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.netns import VpcNetwork, namespace_pids
 from infra.local.nodes import (
-    Where,
     balancer_entry,
     machine_image,
+    node_boots,
     node_entry,
     node_layout,
     place_secret,
@@ -105,10 +105,13 @@ def up(
     api_key = secrets.token_urlsafe(32) if options.api_key else None
     if api_key is not None:  # the caller's copy: `local status` names the file, never the key
         place_secret(state / API_KEY_NAME, api_key)
+    boots = node_boots(options, slots, cidr, shares, state=state,
+                       on_machine=image is not None and network is not None,
+                       keyed=api_key is not None)  # fmt: skip
     nodes = tuple(
-        node_entry(options, slot, Where(slot.ip, cidr, slot.group_ips, shares), state=state,
-                   network=network, image=image, index=index, api_key=api_key)
-        for index, slot in enumerate(slots)
+        node_entry(options, slot, boot, state=state, network=network, image=image, index=index,
+                   api_key=api_key)
+        for index, (slot, boot) in enumerate(zip(slots, boots, strict=True))
     )  # fmt: skip
     spec = ClusterSpec(
         id=options.cluster_id,

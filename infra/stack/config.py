@@ -29,6 +29,7 @@ from infra.boot import (
 )
 from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import files_source as store_path
+from infra.boot.group import ServingGroup, group_boots
 from infra.boot.node import STAGED_SCHEMES, setting_of
 from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
@@ -279,75 +280,54 @@ class ClusterConfig:
             timeout_seconds=self.generation_timeout_seconds,
         )
 
-    def boots(self, group: int = 0) -> list[NodeBoot]:
-        """A serving group's main node's and then each of its workers' boot settings: its workers
-        take RPC from its own main node only."""
+    def serving_group(self, group: int = 0) -> ServingGroup:
+        """A serving group as the stack describes it to ``group_boots``: its addresses, the
+        settings, and what the cloud's facts add."""
         facts = FACTS[self.cloud]
-        platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
-        main_ip, *worker_ips = self.group_ips(group)
-        listen = "0.0.0.0" if facts.server_listens_on_all else None  # noqa: S104
-        idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
-        switches = switches_off(self.llama_cpp_commit, self.patches_off)
         fits = sizing.fits_memory(self.model.size_bytes, self.main_instance_type)
-        workers = [
-            NodeBoot(
-                role="worker",
-                node_ip=ip,
-                llama_cpp_commit=self.llama_cpp_commit,
-                files_source=self.files_source("worker"),
-                rpc_port=self.rpc_port,
-                rpc_allowed_sources=(f"{main_ip}/32",),
-                cluster_cidr=str(self.vpc_cidr),
-                platform_addresses=platform,
-                stop_after_idle_seconds=idle,
-                stop_after_seconds=deadline,
-                stop_by=facts.stop_by,
-                extra_env=switches,
-            )
-            for ip in worker_ips
-        ]
-        main = NodeBoot(
-            role="main",
-            node_ip=main_ip,
-            # The metrics port admits the cluster's network (the top view reads it through here).
+        return ServingGroup(
+            ips=tuple(self.group_ips(group)),
+            # The metrics port admits the cluster's network (the top view reads it through the
+            # main node).
             cluster_cidr=str(self.vpc_cidr),
-            llama_cpp_commit=self.llama_cpp_commit,
-            files_source=self.files_source("main"),
-            rpc_port=self.rpc_port,
-            rpc_workers=tuple(worker_ips),
+            placement=self.placement,
             model_urls=self.model_urls,
             model_sha256=self.model_sha256,
+            context_size=self.context_size,
+            slots=self.slots,
+            llama_cpp_commit=self.llama_cpp_commit,
+            rpc_port=self.rpc_port,
+            server_port=self.server_port,
             draft_urls=self.draft_urls,
             draft_sha256=self.draft_sha256,
             draft_max=self.draft_max,
             draft_min=self.draft_min,
+            model_alias=self.model_alias,
+            server_args=self.server_args,
+            api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
+            api_key_source=self.api_key_source,
+            stop_after_idle_minutes=self.stop_after_idle_minutes,
+            stop_after_hours=self.stop_after_hours,
+            patches_off=self.patches_off,
+            files_source=self.files_source("main"),
+            stop_by=facts.stop_by,
+            platform_addresses=tuple(sorted(a for a in facts.metadata_addresses if ":" not in a)),
+            server_listen="0.0.0.0" if facts.server_listens_on_all else None,  # noqa: S104
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
             writeback_bytes=self.model.size_bytes if fits else 0,
-            model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
-            model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
             download_jobs=0
             if fits
             else sizing.download_jobs(
                 self.model.size_bytes, len(self.model_urls), self.main_instance_type
             ),
-            server_port=self.server_port,
-            context_size=self.context_size,
-            slots=self.slots,
-            gpu_layers=self.placement.gpu_layers,
-            tensor_split=self.placement.tensor_split,
-            worker_weight_bytes=self.placement.worker_weight_bytes,
-            model_alias=self.model_alias,
-            server_args=self.server_args,
-            api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
-            api_key_source=self.api_key_source,
-            server_listen=listen,
-            stop_after_idle_seconds=idle,
-            stop_after_seconds=deadline,
-            stop_by=facts.stop_by,
-            extra_env=switches,
+            model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
+            model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
         )
-        return [main, *workers]
+
+    def boots(self, group: int = 0) -> list[NodeBoot]:
+        """A serving group's main node's and then each of its workers' boot settings."""
+        return group_boots(self.serving_group(group))
 
     @cached_property
     def user_data(self) -> tuple[tuple[Delivery, ...], ...]:

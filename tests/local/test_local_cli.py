@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.boot.group import group_boots
 from infra.cli.local import main
 from infra.core.limits import Role
-from infra.local.nodes import Where, node_boot
+from infra.local.nodes import serving_group
 from infra.local.options import UpOptions, plan_placement, state_dir
 from tests.models.test_models import write_gguf
 
@@ -19,8 +20,10 @@ from tests.models.test_models import write_gguf
 def boot_env(options: UpOptions, role: Role) -> dict[str, str]:
     """The settings a node of the first group gets (10.0.0.0/24: main .10, workers .11, ...)."""
     ips = [f"10.0.0.{10 + i}" for i in range(options.workers + 1)]
-    where = Where(ips[0], ipaddress.IPv4Network("10.0.0.0/24"), ips, plan_placement(options))
-    return node_boot(options, role, where).env()
+    cidr = ipaddress.IPv4Network("10.0.0.0/24")
+    group = serving_group(options, ips, cidr, plan_placement(options), on_machine=False)
+    main, *workers = group_boots(group)
+    return (main if role == "main" else workers[0]).env()
 
 
 @pytest.fixture
