@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR
+from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, BootConfigError
 from infra.core import layout, sizing
 from infra.core.limits import RPC_PORT, SERVER_PORT
 from infra.local.balancer import Balancer, BalancerError, find_haproxy
@@ -51,6 +51,7 @@ from infra.local.options import (
     LOOPBACK_CIDR,
     LocalClusterError,
     UpOptions,
+    boot_error,
     build_prefix,
     plan_placement,
     state_dir,
@@ -87,6 +88,11 @@ def up(
         down(options.cache, options.cluster_id)
     shares = plan_placement(options)
     slots = node_layout(cidr, options.workers, options.replicas)
+    try:  # a machine needs namespaces (machine_image): with an image, the nodes are machines
+        boots = node_boots(options, slots, cidr, shares, state=state, on_machine=image is not None,
+                           keyed=options.api_key)  # fmt: skip
+    except BootConfigError as error:
+        raise boot_error(error) from None
     on_bridge = [(s.name, s.ip) for s in slots]
     if options.replicas > 1:
         on_bridge.append((BALANCER_NODE, layout.balancer_ip(layout.private_subnet(cidr))))
@@ -105,9 +111,6 @@ def up(
     api_key = secrets.token_urlsafe(32) if options.api_key else None
     if api_key is not None:  # the caller's copy: `local status` names the file, never the key
         place_secret(state / API_KEY_NAME, api_key)
-    boots = node_boots(options, slots, cidr, shares, state=state,
-                       on_machine=image is not None and network is not None,
-                       keyed=api_key is not None)  # fmt: skip
     nodes = tuple(
         node_entry(options, slot, boot, state=state, network=network, image=image, index=index,
                    api_key=api_key)

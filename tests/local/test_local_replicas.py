@@ -59,18 +59,6 @@ def model(tmp_path: Path) -> Path:
     return write_gguf(tmp_path / "m.gguf")
 
 
-@pytest.mark.parametrize("replicas", [0, MAX_REPLICAS + 1])
-def test_replicas_out_of_range_are_refused(capsys, tmp_path: Path, model: Path, replicas) -> None:
-    cache = tmp_path / "cache"
-    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
-                 "--loopback", "--id", "cli", "--replicas", str(replicas)])  # fmt: skip
-    assert code == 2
-    assert f"--replicas {replicas}: give 1 to {MAX_REPLICAS} serving groups" in (
-        capsys.readouterr().err
-    )
-    assert not state_dir(cache, "cli").exists()
-
-
 def test_a_cidr_too_small_for_the_groups_names_both_flags(tmp_path: Path, model: Path) -> None:
     """Two groups of a main and two workers reach .32: a /27 ends at .31."""
     options = UpOptions(
