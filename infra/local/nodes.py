@@ -19,6 +19,7 @@ from infra.boot import (
     render,
     render_env_file,
 )
+from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import for_cloud
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
@@ -67,13 +68,11 @@ def node_layout(cidr: ipaddress.IPv4Network, workers: int, replicas: int = 1) ->
     return slots
 
 
-def balancer_entry(
-    cidr: ipaddress.IPv4Network, network: VpcNetwork | None, state: Path
-) -> BalancerEntry:
+def balancer_entry(boot: BalancerBoot, network: VpcNetwork | None, state: Path) -> BalancerEntry:
     """The balancer's place: its namespace (None on loopback), its address, its directory."""
     return BalancerEntry(
         name=BALANCER_NODE,
-        ip=layout.balancer_ip(layout.private_subnet(cidr)),
+        ip=boot.listen_ip,
         namespace=network.namespace(BALANCER_NODE) if network else None,
         directory=state / "balancer",
     )

@@ -140,16 +140,16 @@ def _validate_settings(options: UpOptions) -> None:
         raise OptionError(f"--patches-off: {error}") from None
     guards = {"stopAfterIdleMinutes": options.stop_after_idle_minutes,
               "stopAfterHours": options.stop_after_hours}  # fmt: skip
-    for key, value in guards.items():
-        setting, flag = BY_KEY[key], SETTING_FLAGS[key]
+    for guard, amount in guards.items():
+        setting, flag = BY_KEY[guard], SETTING_FLAGS[guard]
         # Fractions, and limits below a stack's least, are for trying a guard out in seconds:
         # only the declared most holds here.
-        if not 0 <= value <= (setting.high or 0):
+        if not 0 <= amount <= (setting.high or 0):
             raise OptionError(
-                f"{flag} {value:g}: give 0 (off) to {setting.high}, as a stack's {key} "
+                f"{flag} {amount:g}: give 0 (off) to {setting.high}, as a stack's {guard} "
                 "(fractions too)"
             )
-        if value and not options.machines:
+        if amount and not options.machines:
             raise OptionError(
                 f"{flag}: a spend guard powers its node off, which only a machine has; add "
                 "--machines (root and the node image)"

@@ -27,7 +27,7 @@ from infra.boot import (
     deliver,
     render,
 )
-from infra.boot.balancer import BalancerBoot
+from infra.boot.balancer import BalancerBoot, balancer_boot
 from infra.boot.deliver import files_source as store_path
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.node import STAGED_SCHEMES, setting_of
@@ -200,7 +200,7 @@ class ClusterConfig:
         return costs.hourly_cost(
             self.cloud,
             group * self.replicas,
-            balancer=self.replicas > 1 and not self.kubernetes,
+            balancer=self.balancer_boot is not None and not self.kubernetes,
             control_plane=self.kubernetes,
         )
 
@@ -252,8 +252,9 @@ class ClusterConfig:
         return [self.group_ips(group)[0] for group in range(self.replicas)]
 
     @property
-    def balancer_ip(self) -> str | None:
-        return layout.balancer_ip(self.private_subnet) if self.replicas > 1 else None
+    def entry_ip(self) -> str:
+        """Where requests go: the balancer node, or without one the first group's main node."""
+        return self.balancer_boot.listen_ip if self.balancer_boot else self.main_ip
 
     @property
     def generation_timeout_seconds(self) -> int:
@@ -266,15 +267,13 @@ class ClusterConfig:
         tps = step.stream_tps if step is not None else sizing.UNKNOWN_DECODE_TPS
         return sizing.longest_generation_seconds(self.context_size, self.slots, tps)
 
-    @property
+    @cached_property
     def balancer_boot(self) -> BalancerBoot | None:
-        """The balancer node's boot (replicas > 1)."""
-        if self.balancer_ip is None:
-            return None
-        return BalancerBoot(
-            listen_ip=self.balancer_ip,
-            port=self.server_port,
-            mains=tuple(self.main_ips),
+        """The balancer node's boot; None with one serving group. Whether there is a balancer
+        is asked of this, never of ``replicas``."""
+        return balancer_boot(
+            self.private_subnet,
+            self.main_ips,
             server_port=self.server_port,
             slots=self.slots,
             timeout_seconds=self.generation_timeout_seconds,
