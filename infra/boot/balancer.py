@@ -12,11 +12,14 @@ counts every open request; a cloud's managed balancers count per node or proxy a
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.boot.cloud_yaml import dump
 from infra.boot.render import APT_CONF, metadata_ruleset
+from infra.core import layout
 
 # The response header naming the group that answered (HAProxy's server name, "group1", …).
 SERVED_BY_HEADER = "X-Served-By"
@@ -66,6 +69,31 @@ class BalancerBoot:
                 f"slots and timeout_seconds are positive, got {self.slots} and "
                 f"{self.timeout_seconds}"
             )
+
+
+def balancer_boot(
+    subnet: ipaddress.IPv4Network,
+    mains: Sequence[str],
+    *,
+    server_port: int,
+    slots: int,
+    timeout_seconds: int,
+) -> BalancerBoot | None:
+    """The balancer in front of these serving groups' main nodes, at the private subnet's
+    balancer address (``layout.balancer_ip``), taking requests on the server port; None for one
+    group, which serves alone. The one place that decides whether there is a balancer: the stack
+    (``ClusterConfig.balancer_boot``) and the local cluster ask it, and everything else asks them
+    for the boot."""
+    if len(mains) < 2:
+        return None
+    return BalancerBoot(
+        listen_ip=layout.balancer_ip(subnet),
+        port=server_port,
+        mains=tuple(mains),
+        server_port=server_port,
+        slots=slots,
+        timeout_seconds=timeout_seconds,
+    )
 
 
 # Main nodes named by DNS (Kubernetes pods): the names are resolved through the system's

@@ -52,7 +52,7 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
             name = channel.gzip_field if gzipped and channel.gzip_field else channel.field
             return Delivery(cloud, name, value, gzipped, size, channel.limit_bytes)
     raise BootConfigError(
-        "user_data",
+        "model_urls",  # what a user shortens
         f"the {cloud} user data is {len(raw):,} bytes, over the {channel.limit_bytes:,}-byte "
         "limit even compressed; shorten the model URL list (or stage the model: one short URL "
         "per part), or leave out a feature that brings a boot script (a spend guard, apiKey)",

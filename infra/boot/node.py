@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
+from functools import cache
+from typing import Any
 
 from infra.boot.patches import patches_digest
 from infra.clouds.stores import STORE_SCHEMES
@@ -39,9 +41,9 @@ _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
 class BootConfigError(SettingError):
     """A node setting that cannot work; the message names the setting and the fix.
 
-    ``setting`` is the ``NodeBoot`` field at fault (``"model_urls"``, ``"node_ip"``, ...), or
-    ``"user_data"`` / ``"cloud"`` for what ``deliver`` refuses, so that callers can name their
-    own configuration key.
+    ``setting`` is the ``NodeBoot`` field at fault (``"model_urls"``, ``"node_ip"``, ...; user
+    data over its cloud's limit is ``"model_urls"``, and an unknown cloud ``"cloud"``), so that
+    callers can name the setting or the flag a user writes for it (``setting_of``).
     """
 
     @property
@@ -91,6 +93,37 @@ VM_PATHS = NodePaths(
 )
 
 
+def _env(
+    name: str,
+    setting: str = "",
+    *,
+    role: Role | None = None,
+    when: tuple[str, ...] = (),
+    value: str = "",
+    sep: str = " ",
+) -> dict[str, Any]:
+    """A ``NodeBoot`` field's metadata: the environment variable the boot scripts read it as
+    (``name``), and the stack setting a user writes for it (``setting``; "": none, it is derived).
+    The variable is written for ``role``'s nodes only (None: every node), and only when each
+    attribute in ``when`` is true (a field itself: when it is given); ``value`` names the
+    attribute written instead of the field, and ``sep`` joins a tuple's items."""
+    return {"env": name, "setting": setting, "role": role, "when": when, "value": value,
+            "sep": sep}  # fmt: skip
+
+
+def _given(name: str, setting: str = "", *, role: Role | None = None) -> dict[str, Any]:
+    """A field written only when it is given (not empty, not zero)."""
+    return _env(name, setting, role=role, when=("",))
+
+
+def _main(name: str, setting: str = "", **more: Any) -> dict[str, Any]:
+    return _env(name, setting, role="main", **more)
+
+
+_DRAFTED = ("draft_urls",)
+_GUARDED = ("guarded",)
+
+
 @dataclass(frozen=True)
 class NodeBoot:
     """Everything one node needs to boot into its role.
@@ -100,84 +133,128 @@ class NodeBoot:
     The main
     node needs ``rpc_workers`` (worker IPs, in order), ``model_urls``, and with workers the
     placement flags ``gpu_layers`` and ``tensor_split``.
+
+    Each field's metadata (``_env``) names its variable in the node's environment file and the
+    setting a user writes for it: ``env()`` writes the fields in this order, the order the user
+    data has always had (a change of it would replace every deployed node).
     """
 
-    role: Role
-    node_ip: str
-    llama_cpp_commit: str = LLAMA_CPP_COMMIT
-    llama_cpp_source: str = LLAMA_CPP_REPO
+    role: Role = field(metadata=_env("LLAMA_ROLE"))
+    node_ip: str = field(metadata=_env("LLAMA_NODE_IP", "vpcCidr"))
+    llama_cpp_commit: str = field(
+        default=LLAMA_CPP_COMMIT, metadata=_env("LLAMA_CPP_COMMIT", "llamaCppCommit")
+    )
+    llama_cpp_source: str = field(default=LLAMA_CPP_REPO, metadata=_env("LLAMA_CPP_SOURCE"))
+    rpc_port: int = field(default=RPC_PORT, metadata=_env("RPC_PORT", "rpcPort"))
     # Where the node reads the boot files its user data cannot hold (FILES_SOURCE: AWS's 16 KB
     # holds the first steps of the boot only); "": every file comes in the user data.
-    files_source: str = ""
-    rpc_port: int = RPC_PORT
-    rpc_allowed_sources: tuple[str, ...] = ()
+    files_source: str = field(default="", metadata=_given("LLAMA_RPC_FILES_SOURCE"))
+    threads: int | None = field(default=None, metadata=_given("LLAMA_THREADS"))
+    rpc_allowed_sources: tuple[str, ...] = field(
+        default=(), metadata=_env("RPC_ALLOWED_SOURCES", "vpcCidr", role="worker")
+    )
     # A worker's egress once serving: this network (and the cloud's link-local services) only.
-    # Empty: egress is left alone.
-    cluster_cidr: str = ""
+    # Empty: egress is left alone. A main node's is checked, not written.
+    cluster_cidr: str = field(default="", metadata=_env("CLUSTER_CIDR", "vpcCidr", role="worker"))
     # The cloud's own IPv4 endpoints a worker still reaches then (DNS, agent), outside both the
     # cluster and link-local 169.254.0.0/16.
-    platform_addresses: tuple[str, ...] = ()
-    rpc_workers: tuple[str, ...] = ()
-    model_urls: tuple[str, ...] = ()
-    model_sha256: tuple[str, ...] = ()
+    platform_addresses: tuple[str, ...] = field(
+        default=(), metadata=_env("PLATFORM_ADDRESSES", role="worker")
+    )
+    rpc_workers: tuple[str, ...] = field(
+        default=(), metadata=_main("RPC_WORKERS", "vpcCidr", value="rpc_servers")
+    )
+    model_urls: tuple[str, ...] = field(default=(), metadata=_main("MODEL_URLS", "model.urls"))
+    model_sha256: tuple[str, ...] = field(
+        default=(), metadata=_main("MODEL_SHA256", "model.sha256")
+    )
+    server_port: int = field(default=SERVER_PORT, metadata=_main("SERVER_PORT", "serverPort"))
+    context_size: int = field(default=4096, metadata=_main("CONTEXT_SIZE", "contextSize"))
+    slots: int = field(default=1, metadata=_main("SLOTS", "slots"))
+    # The layer placement as llama-server's flags (``infra.core.placement``): --n-gpu-layers and
+    # --tensor-split, one value per worker. Needed with workers, meaningless without.
+    gpu_layers: int = field(default=0, metadata=_main("LLAMA_GPU_LAYERS", value="offloaded"))
+    tensor_split: tuple[int, ...] = field(default=(), metadata=_main("LLAMA_TENSOR_SPLIT", sep=","))
+    # The weights the workers get from the main node (the placement's): the load's progress.
+    worker_weight_bytes: int = field(default=0, metadata=_main("RPC_LOAD_BYTES"))
+    # The id clients send as "model" and /v1/models shows (llama-server's --alias); "": the file's.
+    model_alias: str = field(default="", metadata=_main("MODEL_ALIAS", "modelAlias"))
+    worker_wait_seconds: int = field(default=900, metadata=_main("WORKER_WAIT_SECONDS"))
+    # How long llama-server may take to load the model before the node gives up on that start
+    # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
+    load_timeout_seconds: int = field(default=3600, metadata=_main("LOAD_TIMEOUT_SECONDS"))
+    # llama-server flags a stack adds, each allowed by infra.core.server_args.
+    server_args: tuple[str, ...] = field(
+        default=(), metadata=_given("LLAMA_SERVER_ARGS", "serverArgs", role="main")
+    )
+    # Where root keeps the API key on the node (its file name is API_KEY_CREDENTIAL); "": the
+    # API takes requests without one. Set, llama-server refuses to start without the key.
+    api_key_file: str = field(default="", metadata=_given("API_KEY_FILE", "apiKey", role="main"))
+    # Where root reads the key at each boot, with the node's own identity, into api_key_file
+    # (API_KEY_SOURCE); "": it is put there otherwise.
+    api_key_source: str = field(
+        default="", metadata=_given("API_KEY_SOURCE", "apiKey", role="main")
+    )
+    # The address llama-server listens on; None: the node's own. "0.0.0.0" on GCP, as it has
+    # been since its passthrough balancer (``CloudFacts.server_listens_on_all``).
+    server_listen: str | None = field(default=None, metadata=_given("SERVER_LISTEN", role="main"))
+    # A main node whose memory holds the model: the dirty bytes the page cache may hold while it
+    # downloads (the model's size), so the download runs at the network's speed. 0: the kernel's.
+    writeback_bytes: int = field(default=0, metadata=_given("WRITEBACK_BYTES", role="main"))
+    # A main node whose memory cannot hold the model: the parts it fetches at once (as many as its
+    # memory holds, so each is checked from the page cache). 0: fetch-model.sh's own.
+    download_jobs: int = field(default=0, metadata=_given("DOWNLOAD_JOBS", role="main"))
+    # A main node whose model lives on a disk of its own (model-disk.sh): its size in GiB, and
+    # the model name its cloud's disks report, by which the boot knows it. 0: the boot disk.
+    model_disk_gb: int = field(
+        default=0, metadata=_given("MODEL_DISK_GB", "mainDiskGb", role="main")
+    )
+    model_disk_model: str = field(
+        default="", metadata=_main("MODEL_DISK_MODEL", when=("model_disk_gb",))
+    )
     # A draft model of the same vocabulary (speculative decoding, main node): its parts and
     # checksums, fetched with the model's; the tokens it drafts a step (at most, and at least to
     # be used), and the probability below which it stops drafting.
-    draft_urls: tuple[str, ...] = ()
-    draft_sha256: tuple[str, ...] = ()
-    draft_max: int = DEFAULT_DRAFT_MAX
-    draft_min: int = 0
-    draft_p_min: float = DEFAULT_DRAFT_P_MIN
-    server_port: int = SERVER_PORT
-    # The address llama-server listens on; None: the node's own. "0.0.0.0" on GCP, as it has
-    # been since its passthrough balancer (``CloudFacts.server_listens_on_all``).
-    server_listen: str | None = None
-    context_size: int = 4096
-    slots: int = 1
-    # The layer placement as llama-server's flags (``infra.core.placement``): --n-gpu-layers and
-    # --tensor-split, one value per worker. Needed with workers, meaningless without.
-    gpu_layers: int = 0
-    tensor_split: tuple[int, ...] = ()
-    # The weights the workers get from the main node (the placement's): the load's progress.
-    worker_weight_bytes: int = 0
-    # The id clients send as "model" and /v1/models shows (llama-server's --alias); "": the file's.
-    model_alias: str = ""
-    # llama-server flags a stack adds, each allowed by infra.core.server_args.
-    server_args: tuple[str, ...] = ()
-    # Where root keeps the API key on the node (its file name is API_KEY_CREDENTIAL); "": the
-    # API takes requests without one. Set, llama-server refuses to start without the key.
-    api_key_file: str = ""
-    # Where root reads the key at each boot, with the node's own identity, into api_key_file
-    # (API_KEY_SOURCE); "": it is put there otherwise.
-    api_key_source: str = ""
+    draft_urls: tuple[str, ...] = field(
+        default=(), metadata=_main("DRAFT_MODEL_URLS", "draftModel.urls", when=_DRAFTED)
+    )
+    draft_sha256: tuple[str, ...] = field(
+        default=(), metadata=_main("DRAFT_MODEL_SHA256", "draftModel.sha256", when=_DRAFTED)
+    )
+    draft_max: int = field(
+        default=DEFAULT_DRAFT_MAX, metadata=_main("DRAFT_MAX", "draftMax", when=_DRAFTED)
+    )
+    draft_min: int = field(default=0, metadata=_main("DRAFT_MIN", "draftMin", when=_DRAFTED))
+    draft_p_min: float = field(
+        default=DEFAULT_DRAFT_P_MIN, metadata=_main("DRAFT_P_MIN", when=_DRAFTED)
+    )
+    # A staged model (STAGED_SCHEMES): the store's region (S3 needs it), and its endpoint where
+    # it is not the provider's own (a local S3 API); the node reads it with its own identity.
+    model_store_region: str = field(
+        default="", metadata=_main("MODEL_STORE_REGION", when=("staged",))
+    )
+    model_store_endpoint: str = field(
+        default="", metadata=_main("MODEL_STORE_ENDPOINT", when=("staged", ""))
+    )
     # Spend guards (0: off): power the node off after this many seconds idle (a main node: no
     # request processed and no slot busy; a worker: no RPC client, after it had one), or this
     # many seconds after it booted, looking every ``guard_interval_seconds``; ``stop_by`` says
     # how (STOP_BY).
-    stop_after_idle_seconds: int = 0
-    stop_after_seconds: int = 0
-    stop_by: str = "poweroff"
-    guard_interval_seconds: int = GUARD_INTERVAL_SECONDS
-    worker_wait_seconds: int = 900
-    # How long llama-server may take to load the model before the node gives up on that start
-    # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
-    load_timeout_seconds: int = 3600
-    threads: int | None = None
-    # A staged model (STAGED_SCHEMES): the store's region (S3 needs it), and its endpoint where
-    # it is not the provider's own (a local S3 API); the node reads it with its own identity.
-    model_store_region: str = ""
-    model_store_endpoint: str = ""
-    # A main node whose memory holds the model: the dirty bytes the page cache may hold while it
-    # downloads (the model's size), so the download runs at the network's speed. 0: the kernel's.
-    writeback_bytes: int = 0
-    # A main node whose memory cannot hold the model: the parts it fetches at once (as many as its
-    # memory holds, so each is checked from the page cache). 0: fetch-model.sh's own.
-    download_jobs: int = 0
-    # A main node whose model lives on a disk of its own (model-disk.sh): its size in GiB, and
-    # the model name its cloud's disks report, by which the boot knows it. 0: the boot disk.
-    model_disk_gb: int = 0
-    model_disk_model: str = ""
-    extra_env: dict[str, str] = field(default_factory=dict)
+    stop_after_idle_seconds: int = field(
+        default=0,
+        metadata=_env("STOP_AFTER_IDLE_SECONDS", "stopAfterIdleMinutes", when=_GUARDED),
+    )
+    stop_after_seconds: int = field(
+        default=0, metadata=_env("STOP_AFTER_SECONDS", "stopAfterHours", when=_GUARDED)
+    )
+    stop_by: str = field(default="poweroff", metadata=_env("STOP_BY", when=_GUARDED))
+    guard_interval_seconds: int = field(
+        default=GUARD_INTERVAL_SECONDS, metadata=_env("GUARD_INTERVAL_SECONDS", when=_GUARDED)
+    )
+    # The llama.cpp patches' own variables (their switches among them), by name, written last.
+    extra_env: dict[str, str] = field(
+        default_factory=dict, metadata={"setting": "llamaCppPatchesOff"}
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -202,147 +279,68 @@ class NodeBoot:
         """The main node's ``--rpc`` list: ``ip:port,ip:port`` in worker order."""
         return rpc_servers(list(self.rpc_workers), self.rpc_port)
 
-    def _draft_env(self) -> dict[str, str]:
-        if not self.draft_urls:
-            return {}
-        return {
-            "DRAFT_MODEL_URLS": " ".join(self.draft_urls),
-            "DRAFT_MODEL_SHA256": " ".join(self.draft_sha256),
-            "DRAFT_MAX": str(self.draft_max),
-            "DRAFT_MIN": str(self.draft_min),
-            "DRAFT_P_MIN": f"{self.draft_p_min:g}",
-        }
-
-    def _model_disk_env(self) -> dict[str, str]:
-        """How the main node downloads and keeps the model, where not the scripts' defaults."""
-        env = {
-            "WRITEBACK_BYTES": str(self.writeback_bytes),
-            "DOWNLOAD_JOBS": str(self.download_jobs),
-            "MODEL_DISK_GB": str(self.model_disk_gb),
-        }
-        env = {name: value for name, value in env.items() if value != "0"}
-        if self.model_disk_gb:
-            env["MODEL_DISK_MODEL"] = self.model_disk_model
-        return env
+    @property
+    def offloaded(self) -> str:
+        """``--n-gpu-layers``: the layers the workers hold, "" without workers."""
+        return str(self.gpu_layers) if self.rpc_workers else ""
 
     def env(
         self, paths: NodePaths = VM_PATHS, *, service_user: str | None = None
     ) -> dict[str, str]:
-        """The node's environment file, as read by the boot scripts and the systemd units."""
-        env = {
-            "LLAMA_ROLE": self.role,
-            "LLAMA_NODE_IP": self.node_ip,
-            "LLAMA_CPP_COMMIT": self.llama_cpp_commit,
-            "LLAMA_CPP_SOURCE": self.llama_cpp_source,
-            "LLAMA_CPP_PATCHES": self.patches,
-            "LLAMA_PREFIX": paths.prefix,
-            "LLAMA_DATA_DIR": paths.data_dir,
-            "LLAMA_STATUS_FILE": f"{paths.data_dir}/status.json",
-            "RPC_PORT": str(self.rpc_port),
-            "METRICS_PORT": str(METRICS_PORT),
+        """The node's environment file, as read by the boot scripts and the systemd units: each
+        field by its metadata, and after three of them what no field holds."""
+        node = {
+            "llama_cpp_source": {
+                "LLAMA_CPP_PATCHES": self.patches,
+                "LLAMA_PREFIX": paths.prefix,
+                "LLAMA_DATA_DIR": paths.data_dir,
+                "LLAMA_STATUS_FILE": f"{paths.data_dir}/status.json",
+            },
+            "rpc_port": {"METRICS_PORT": str(METRICS_PORT)},
+            "files_source": {"LLAMA_SERVICE_USER": service_user} if service_user else {},
         }
-        if self.files_source:
-            env["LLAMA_RPC_FILES_SOURCE"] = self.files_source
-        if service_user:
-            env["LLAMA_SERVICE_USER"] = service_user
-        if self.threads:
-            env["LLAMA_THREADS"] = str(self.threads)
-        if self.role == "worker":
-            env["RPC_ALLOWED_SOURCES"] = " ".join(self.rpc_allowed_sources)
-            env["CLUSTER_CIDR"] = self.cluster_cidr
-            env["PLATFORM_ADDRESSES"] = " ".join(self.platform_addresses)
-        else:
-            env |= {
-                "RPC_WORKERS": self.rpc_servers,
-                "MODEL_URLS": " ".join(self.model_urls),
-                "MODEL_SHA256": " ".join(self.model_sha256),
-                "SERVER_PORT": str(self.server_port),
-                "CONTEXT_SIZE": str(self.context_size),
-                "SLOTS": str(self.slots),
-                "LLAMA_GPU_LAYERS": str(self.gpu_layers) if self.rpc_workers else "",
-                "LLAMA_TENSOR_SPLIT": ",".join(map(str, self.tensor_split)),
-                "RPC_LOAD_BYTES": str(self.worker_weight_bytes),
-                "MODEL_ALIAS": self.model_alias,
-                "WORKER_WAIT_SECONDS": str(self.worker_wait_seconds),
-                "LOAD_TIMEOUT_SECONDS": str(self.load_timeout_seconds),
-            }
-            if self.server_args:
-                env["LLAMA_SERVER_ARGS"] = " ".join(self.server_args)
-            if self.api_key_file:
-                env["API_KEY_FILE"] = self.api_key_file
-            if self.api_key_source:
-                env["API_KEY_SOURCE"] = self.api_key_source
-            if self.server_listen:
-                env["SERVER_LISTEN"] = self.server_listen
-            env |= self._model_disk_env() | self._draft_env()
-            if self.staged:
-                env["MODEL_STORE_REGION"] = self.model_store_region
-                if self.model_store_endpoint:
-                    env["MODEL_STORE_ENDPOINT"] = self.model_store_endpoint
-        if self.guarded:
-            env |= {
-                "STOP_AFTER_IDLE_SECONDS": str(self.stop_after_idle_seconds),
-                "STOP_AFTER_SECONDS": str(self.stop_after_seconds),
-                "STOP_BY": self.stop_by,
-                "GUARD_INTERVAL_SECONDS": str(self.guard_interval_seconds),
-            }
+        env: dict[str, str] = {}
+        for spec in fields(self):
+            text = self._env_text(spec)
+            if text is not None:
+                env[spec.metadata["env"]] = text
+            env |= node.get(spec.name, {})
         env |= self.extra_env
+        variables = env_fields()
         for name, value in env.items():
             if not _SAFE_ENV_VALUE.fullmatch(value):
                 raise BootConfigError(
-                    "extra_env" if name in self.extra_env else _ENV_FIELDS.get(name, "paths"),
+                    "extra_env" if name in self.extra_env else variables.get(name, "paths"),
                     f"{name}={value!r}: quotes, backslashes and line breaks are not allowed in "
                     "node settings; remove them (URL-encode them in a model URL)",
                 )
         return env
 
+    def _env_text(self, spec: Field[Any]) -> str | None:
+        """A field as its variable's value; None where this node does not get the variable."""
+        meta = spec.metadata
+        if "env" not in meta or meta["role"] not in (None, self.role):
+            return None
+        if not all(getattr(self, name or spec.name) for name in meta["when"]):
+            return None
+        value = getattr(self, meta["value"] or spec.name)
+        if isinstance(value, tuple):
+            return str(meta["sep"]).join(map(str, value))
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
 
-# The NodeBoot field behind each environment variable, for errors; the rest come from NodePaths.
-_ENV_FIELDS = {
-    "LLAMA_ROLE": "role",
-    "LLAMA_NODE_IP": "node_ip",
-    "LLAMA_CPP_COMMIT": "llama_cpp_commit",
-    "LLAMA_CPP_SOURCE": "llama_cpp_source",
-    "LLAMA_CPP_PATCHES": "llama_cpp_commit",
-    "LLAMA_RPC_FILES_SOURCE": "files_source",
-    "RPC_PORT": "rpc_port",
-    "LLAMA_SERVICE_USER": "service_user",
-    "LLAMA_THREADS": "threads",
-    "RPC_ALLOWED_SOURCES": "rpc_allowed_sources",
-    "CLUSTER_CIDR": "cluster_cidr",
-    "PLATFORM_ADDRESSES": "platform_addresses",
-    "RPC_WORKERS": "rpc_workers",
-    "MODEL_URLS": "model_urls",
-    "MODEL_SHA256": "model_sha256",
-    "SERVER_PORT": "server_port",
-    "SERVER_LISTEN": "server_listen",
-    "CONTEXT_SIZE": "context_size",
-    "SLOTS": "slots",
-    "LLAMA_GPU_LAYERS": "gpu_layers",
-    "LLAMA_TENSOR_SPLIT": "tensor_split",
-    "RPC_LOAD_BYTES": "worker_weight_bytes",
-    "MODEL_ALIAS": "model_alias",
-    "LLAMA_SERVER_ARGS": "server_args",
-    "API_KEY_FILE": "api_key_file",
-    "API_KEY_SOURCE": "api_key_source",
-    "STOP_AFTER_IDLE_SECONDS": "stop_after_idle_seconds",
-    "STOP_AFTER_SECONDS": "stop_after_seconds",
-    "STOP_BY": "stop_by",
-    "GUARD_INTERVAL_SECONDS": "guard_interval_seconds",
-    "WORKER_WAIT_SECONDS": "worker_wait_seconds",
-    "LOAD_TIMEOUT_SECONDS": "load_timeout_seconds",
-    "MODEL_STORE_REGION": "model_store_region",
-    "MODEL_STORE_ENDPOINT": "model_store_endpoint",
-    "WRITEBACK_BYTES": "writeback_bytes",
-    "DOWNLOAD_JOBS": "download_jobs",
-    "MODEL_DISK_GB": "model_disk_gb",
-    "DRAFT_MODEL_URLS": "draft_urls",
-    "DRAFT_MODEL_SHA256": "draft_sha256",
-    "DRAFT_MAX": "draft_max",
-    "DRAFT_MIN": "draft_min",
-    "DRAFT_P_MIN": "draft_p_min",
-    "MODEL_DISK_MODEL": "model_disk_model",
-}
+
+@cache
+def env_fields() -> dict[str, str]:
+    """Each environment variable a ``NodeBoot`` field is written as, and its field."""
+    return {spec.metadata["env"]: spec.name for spec in fields(NodeBoot) if "env" in spec.metadata}
+
+
+def setting_of(field_name: str) -> str:
+    """The stack setting a user writes for a ``NodeBoot`` field ("": none; it is derived)."""
+    specs = {spec.name: spec for spec in fields(NodeBoot)}
+    return str(specs[field_name].metadata.get("setting", "")) if field_name in specs else ""
 
 
 def _validate(boot: NodeBoot) -> None:

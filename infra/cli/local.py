@@ -108,6 +108,7 @@ def _up(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         stop_after_idle_minutes=args.stop_after_idle_minutes,
         stop_after_hours=args.stop_after_hours,
+        server_args=tuple(args.server_arg),
         patches_off=tuple(args.patches_off.split(",")) if args.patches_off else (),
         draft_model=args.draft_model,
         draft_max=args.draft_max,
@@ -319,6 +320,14 @@ def _parser() -> argparse.ArgumentParser:
         "machine's)",
     )
     start.add_argument("--model-sha256", help="expected sha256 of the model file")
+    start.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="a llama-server flag or its value for the main node, one word each, as a stack's "
+        "serverArgs (repeat it: --server-arg=--temp --server-arg=0.7)",
+    )
     _draft_flags(start)
     start.add_argument(
         "--source",

@@ -172,7 +172,7 @@ class CloudFacts:
     metadata_hosts: frozenset[str]
     metadata_addresses: frozenset[str]
     chart_colour: str  # the planner's charts draw this cloud's options in it
-    # The instance type of the balancer node in front of the serving groups (replicas > 1): it
+    # The instance type of the balancer node in front of the serving groups (with several): it
     # runs HAProxy (``infra.boot.balancer``) and is priced from the catalog as the nodes are.
     balancer_instance_type: str
     # Where the cloud keeps the stack's API key for its main nodes to read at boot; None: it

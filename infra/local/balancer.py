@@ -94,34 +94,17 @@ class Balancer:
     def log(self) -> Path:
         return self.directory / "haproxy.log"
 
-    def write_config(
-        self,
-        *,
-        listen_ip: str,
-        port: int,
-        mains: list[str],
-        server_port: int,
-        slots: int = 1,
-        timeout_seconds: int = 600,
-    ) -> None:
+    def write_config(self, boot: BalancerBoot) -> None:
+        """HAProxy's configuration for ``boot``, as every balancer runs it, with its stats socket
+        in this balancer's directory."""
         if len(str(self.stats_socket)) > MAX_SOCKET_PATH:
             raise BalancerError(
                 f"--cache: the balancer's socket {self.stats_socket} is longer than a unix "
                 f"socket's {MAX_SOCKET_PATH} bytes; give a shorter --cache"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        balancer = BalancerBoot(
-            listen_ip=listen_ip,
-            port=port,
-            mains=tuple(mains),
-            server_port=server_port,
-            slots=slots,
-            timeout_seconds=timeout_seconds,
-        )
         self.config.write_text(
-            haproxy_config(
-                balancer, stats_socket=str(self.stats_socket), run_as=unprivileged_user()
-            )
+            haproxy_config(boot, stats_socket=str(self.stats_socket), run_as=unprivileged_user())
         )
 
     def start(self) -> None:

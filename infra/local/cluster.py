@@ -34,15 +34,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR
+from infra.boot import BOOT_UNIT, ROLE_UNIT, SCRIPTS_DIR, BootConfigError
+from infra.boot.balancer import BalancerBoot, balancer_boot
 from infra.core import layout, sizing
 from infra.core.limits import RPC_PORT, SERVER_PORT
 from infra.local.balancer import Balancer, BalancerError, find_haproxy
 from infra.local.netns import VpcNetwork, namespace_pids
 from infra.local.nodes import (
-    Where,
+    Slot,
     balancer_entry,
     machine_image,
+    node_boots,
     node_entry,
     node_layout,
     place_secret,
@@ -51,12 +53,20 @@ from infra.local.options import (
     LOOPBACK_CIDR,
     LocalClusterError,
     UpOptions,
+    boot_error,
     build_prefix,
     plan_placement,
     state_dir,
     validate,
 )
-from infra.local.spec import API_KEY_NAME, BALANCER_NODE, SPEC_FILE, ClusterSpec, down_command
+from infra.local.spec import (
+    API_KEY_NAME,
+    BALANCER_NODE,
+    SPEC_FILE,
+    BalancerEntry,
+    ClusterSpec,
+    down_command,
+)
 from infra.observe.status import phase_text
 
 
@@ -75,7 +85,9 @@ def up(
     if not options.netns:
         cidr = ipaddress.IPv4Network(LOOPBACK_CIDR)
     image = machine_image(options) if options.machines else None
-    if options.replicas > 1:
+    slots = node_layout(cidr, options.workers, options.replicas)
+    front = local_balancer(options, cidr, slots)
+    if front is not None:
         _find_haproxy()  # before anything is made: its absence is an install step
     state = state_dir(options.cache, options.cluster_id)
     if (state / SPEC_FILE).exists():
@@ -86,10 +98,14 @@ def up(
             )
         down(options.cache, options.cluster_id)
     shares = plan_placement(options)
-    slots = node_layout(cidr, options.workers, options.replicas)
+    try:  # a machine needs namespaces (machine_image): with an image, the nodes are machines
+        boots = node_boots(options, slots, cidr, shares, state=state, on_machine=image is not None,
+                           keyed=options.api_key)  # fmt: skip
+    except BootConfigError as error:
+        raise boot_error(error) from None
     on_bridge = [(s.name, s.ip) for s in slots]
-    if options.replicas > 1:
-        on_bridge.append((BALANCER_NODE, layout.balancer_ip(layout.private_subnet(cidr))))
+    if front is not None:
+        on_bridge.append((BALANCER_NODE, front.listen_ip))
     network = (
         VpcNetwork(
             options.cluster_id,
@@ -100,15 +116,15 @@ def up(
         if options.netns
         else None
     )
-    balancer = balancer_entry(cidr, network, state) if options.replicas > 1 else None
+    balancer = balancer_entry(front, network, state) if front else None
     state.mkdir(parents=True, exist_ok=True)
     api_key = secrets.token_urlsafe(32) if options.api_key else None
     if api_key is not None:  # the caller's copy: `local status` names the file, never the key
         place_secret(state / API_KEY_NAME, api_key)
     nodes = tuple(
-        node_entry(options, slot, Where(slot.ip, cidr, slot.group_ips, shares), state=state,
-                   network=network, image=image, index=index, api_key=api_key)
-        for index, slot in enumerate(slots)
+        node_entry(options, slot, boot, state=state, network=network, image=image, index=index,
+                   api_key=api_key)
+        for index, (slot, boot) in enumerate(zip(slots, boots, strict=True))
     )  # fmt: skip
     spec = ClusterSpec(
         id=options.cluster_id,
@@ -130,8 +146,8 @@ def up(
     try:
         if network:
             network.create()
-        if balancer:
-            _start_balancer(spec)
+        if balancer and front:
+            _start_balancer(balancer, front)
         if image:
             _build_on_host(options, state, progress)
             for node in nodes:
@@ -175,22 +191,27 @@ def _find_haproxy() -> str:
         raise LocalClusterError(str(error)) from None
 
 
-def _start_balancer(spec: ClusterSpec) -> None:
-    if spec.balancer is None:
-        return
-    balancer = spec.balancer.balancer()
+def local_balancer(
+    options: UpOptions, cidr: ipaddress.IPv4Network, slots: list[Slot]
+) -> BalancerBoot | None:
+    """The balancer in front of the cluster's groups (None for one group), as a stack's is made
+    (``infra.boot.balancer``): this machine is in no catalog, so nothing predicts its decode
+    speed for the timeouts."""
+    return balancer_boot(
+        layout.private_subnet(cidr),
+        [slot.ip for slot in slots if slot.role == "main"],
+        server_port=SERVER_PORT,
+        slots=options.slots,
+        timeout_seconds=sizing.longest_generation_seconds(
+            options.context_size, options.slots, sizing.UNKNOWN_DECODE_TPS
+        ),
+    )
+
+
+def _start_balancer(entry: BalancerEntry, boot: BalancerBoot) -> None:
+    balancer = entry.balancer()
     try:
-        balancer.write_config(
-            listen_ip=spec.balancer.ip,
-            port=spec.server_port,
-            mains=[main.ip for main in spec.main_nodes()],
-            server_port=spec.server_port,
-            slots=spec.slots,
-            # This machine is in no catalog: nothing predicts its decode speed.
-            timeout_seconds=sizing.longest_generation_seconds(
-                spec.context_size, spec.slots, sizing.UNKNOWN_DECODE_TPS
-            ),
-        )
+        balancer.write_config(boot)
         balancer.start()
     except BalancerError as error:
         raise LocalClusterError(str(error)) from None

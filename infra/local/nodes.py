@@ -5,7 +5,6 @@ itself, delivered and decoded as its cloud would)."""
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +19,9 @@ from infra.boot import (
     render,
     render_env_file,
 )
+from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import for_cloud
-from infra.boot.node import GUARD_INTERVAL_SECONDS
-from infra.boot.patches import switches_off
+from infra.boot.group import ServingGroup, group_boots
 from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
 from infra.core import layout, placement
 from infra.core.layout import PROJECT
@@ -69,89 +68,92 @@ def node_layout(cidr: ipaddress.IPv4Network, workers: int, replicas: int = 1) ->
     return slots
 
 
-def balancer_entry(
-    cidr: ipaddress.IPv4Network, network: VpcNetwork | None, state: Path
-) -> BalancerEntry:
+def balancer_entry(boot: BalancerBoot, network: VpcNetwork | None, state: Path) -> BalancerEntry:
     """The balancer's place: its namespace (None on loopback), its address, its directory."""
     return BalancerEntry(
         name=BALANCER_NODE,
-        ip=layout.balancer_ip(layout.private_subnet(cidr)),
+        ip=boot.listen_ip,
         namespace=network.namespace(BALANCER_NODE) if network else None,
         directory=state / "balancer",
     )
 
 
-@dataclass(frozen=True)
-class Where:
-    """A node's place in the cluster: its address, the network, its serving group's addresses
-    (main first), the layers."""
-
-    ip: str
-    cidr: ipaddress.IPv4Network
-    ips: list[str]
-    shares: placement.Placement
-
-
-def node_boot(
+def serving_group(
     options: UpOptions,
-    role: Role,
-    where: Where,
+    ips: list[str],
+    cidr: ipaddress.IPv4Network,
+    shares: placement.Placement,
     *,
-    source: str | None = None,
-    model_urls: tuple[str, ...] | None = None,
-    draft_urls: tuple[str, ...] | None = None,
+    on_machine: bool,
     api_key_file: str = "",
-) -> NodeBoot:
-    ips, shares = where.ips, where.shares
-    idle_seconds = math.ceil(options.stop_after_idle_minutes * 60)
-    deadline_seconds = math.ceil(options.stop_after_hours * 3600)
-    return NodeBoot(
-        role=role,
-        node_ip=where.ip,
-        llama_cpp_commit=options.commit,
-        llama_cpp_source=source or str(options.source),
-        rpc_allowed_sources=(f"{ips[0]}/32",),
-        cluster_cidr=str(where.cidr),
-        rpc_workers=tuple(ips[1:]),
-        model_urls=model_urls or tuple(p.resolve().as_uri() for p in part_paths(options.model)),
+) -> ServingGroup:
+    """A serving group as the local cluster describes it to ``group_boots``: a machine sees the
+    host's source, model and draft at fixed paths, a process reads them where they are."""
+    model_parts = part_paths(options.model)
+    draft_parts = part_paths(options.draft_model) if options.draft_model is not None else []
+    if on_machine:
+        source = SOURCE_MOUNT
+        model_urls = tuple(f"file://{MODELS_MOUNT}/{part.name}" for part in model_parts)
+        draft_urls = tuple(f"file://{DRAFTS_MOUNT}/{part.name}" for part in draft_parts)
+    else:
+        source = str(options.source)
+        model_urls = tuple(part.resolve().as_uri() for part in model_parts)
+        draft_urls = tuple(part.resolve().as_uri() for part in draft_parts)
+    return ServingGroup(
+        ips=tuple(ips),
+        cluster_cidr=str(cidr),
+        placement=shares,
+        model_urls=model_urls,
         model_sha256=(options.model_sha256,) if options.model_sha256 else (),
         context_size=options.context_size,
         slots=options.slots,
-        gpu_layers=shares.gpu_layers,
-        tensor_split=shares.tensor_split,
-        worker_weight_bytes=shares.worker_weight_bytes,
-        worker_wait_seconds=options.worker_wait_seconds,
-        threads=options.threads,
-        server_args=options.server_args if role == "main" else (),
-        model_alias=model_id(part_paths(options.model)[0].name) if role == "main" else "",
-        api_key_file=api_key_file if role == "main" else "",
-        stop_after_idle_seconds=idle_seconds,
-        stop_after_seconds=deadline_seconds,
-        guard_interval_seconds=guard_interval(idle_seconds, deadline_seconds),
-        extra_env=dict(options.llama_env) | switches_off(options.commit, options.patches_off),
-        draft_urls=(
-            draft_urls or tuple(p.resolve().as_uri() for p in part_paths(options.draft_model))
-        )
-        if options.draft_model is not None and role == "main"
-        else (),
+        llama_cpp_commit=options.commit,
+        llama_cpp_source=source,
+        draft_urls=draft_urls,
         draft_max=options.draft_max,
+        model_alias=model_id(model_parts[0].name),
+        server_args=options.server_args,
+        api_key_file=api_key_file,
+        stop_after_idle_minutes=options.stop_after_idle_minutes,
+        stop_after_hours=options.stop_after_hours,
+        patches_off=options.patches_off,
+        patch_settings=options.llama_env,
+        threads=options.threads,
+        worker_wait_seconds=options.worker_wait_seconds,
     )
 
 
-def guard_interval(idle_seconds: int, deadline_seconds: int) -> int:
-    """How often a node's spend guard looks: a tenth of its shortest limit, from a second up to
-    a VM's interval, so that limits tried out in seconds stop the node within about a second of
-    their end."""
-    limits = [seconds for seconds in (idle_seconds, deadline_seconds) if seconds > 0]
-    if not limits:
-        return GUARD_INTERVAL_SECONDS
-    return max(1, min(GUARD_INTERVAL_SECONDS, min(limits) // 10))
+def node_boots(
+    options: UpOptions,
+    slots: list[Slot],
+    cidr: ipaddress.IPv4Network,
+    shares: placement.Placement,
+    *,
+    state: Path,
+    on_machine: bool,
+    keyed: bool,
+) -> list[NodeBoot]:
+    """Every node's boot settings, in the order of ``slots`` (``node_layout``'s): each group's
+    from ``group_boots``. With a key, each group's main node reads it from root's credential
+    store: a machine's own, or the node directory's that the supervisor hands over."""
+    boots: list[NodeBoot] = []
+    for group in range(options.replicas):
+        main = next(slot for slot in slots if slot.group == group and slot.role == "main")
+        key_file = ""
+        if keyed:
+            credstore = state / "nodes" / main.name / "credstore" / API_KEY_CREDENTIAL
+            key_file = MACHINE_API_KEY_FILE if on_machine else str(credstore)
+        described = serving_group(
+            options, main.group_ips, cidr, shares, on_machine=on_machine, api_key_file=key_file
+        )
+        boots += group_boots(described)
+    return boots
 
 
 def node_entry(
     options: UpOptions,
     slot: Slot,
-    where: Where,
+    boot: NodeBoot,
     *,
     state: Path,
     network: VpcNetwork | None,
@@ -160,29 +162,17 @@ def node_entry(
     api_key: str | None = None,
 ) -> LocalNode:
     """A node of the cluster, its boot settings written where it reads them (and on a main
-    node, ``api_key`` in root's credential store)."""
+    node, ``api_key`` in root's credential store, at ``boot.api_key_file``)."""
     node_dir = state / "nodes" / slot.name
     node_dir.mkdir(parents=True, exist_ok=True)
     namespace = network.namespace(slot.name) if network else None
-    keyed = api_key is not None and slot.role == "main"
     if image and network:
-        # The machine's own view: the host's source, model and draft appear at fixed paths.
-        draft_parts = part_paths(options.draft_model) if options.draft_model else []
-        boot = node_boot(
-            options,
-            slot.role,
-            where,
-            source=SOURCE_MOUNT,
-            model_urls=tuple(f"file://{MODELS_MOUNT}/{p.name}" for p in part_paths(options.model)),
-            draft_urls=tuple(f"file://{DRAFTS_MOUNT}/{p.name}" for p in draft_parts),
-            api_key_file=MACHINE_API_KEY_FILE if keyed else "",
-        )
         machine = machine_node(
             options, slot.name, image_root=image.root, network=network, boot=boot, index=index
         )
-        if keyed and api_key is not None:  # root's credential store, as a VM's boot fills it
+        if boot.api_key_file and api_key is not None:  # root's store, as a VM's boot fills it
             written = machine.machine(network.namespace(slot.name)).written
-            place_secret(written(MACHINE_API_KEY_FILE), api_key)
+            place_secret(written(boot.api_key_file), api_key)
         return LocalNode(
             name=slot.name,
             role=slot.role,
@@ -192,10 +182,8 @@ def node_entry(
             status_file=machine.machine(network.namespace(slot.name)).status_file,
             machine=machine,
         )
-    key_file = node_dir / "credstore" / API_KEY_CREDENTIAL
-    if keyed and api_key is not None:  # the supervisor hands it over as systemd would
-        place_secret(key_file, api_key)
-    boot = node_boot(options, slot.role, where, api_key_file=str(key_file) if keyed else "")
+    if boot.api_key_file and api_key is not None:  # the supervisor hands it over as systemd would
+        place_secret(Path(boot.api_key_file), api_key)
     env_file = node_dir / "node.env"
     paths = NodePaths(
         bin_dir=str(SCRIPTS_DIR),

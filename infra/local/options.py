@@ -10,25 +10,21 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from infra.boot.node import BootConfigError, setting_of
 from infra.boot.patches import patch_set, switches_off
 from infra.core import layout, placement, sizing
-from infra.core.limits import (
-    DEFAULT_DRAFT_MAX,
-    MAX_DRAFT_TOKENS,
-    MAX_REPLICAS,
-    MAX_WORKERS,
-    Cloud,
-)
+from infra.core.limits import DEFAULT_DRAFT_MAX, Cloud
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.models import ModelError
 from infra.models.parts import part_paths
+from infra.stack.settings import BY_KEY, ConfigError
 
 DEFAULT_CIDR = "10.213.77.0/24"
 
 
 LOOPBACK_CIDR = "127.0.0.0/24"
-MAX_GUARD_HOURS = 8760  # a year: past that, a deadline is a typo
 
 
 class LocalClusterError(RuntimeError):
@@ -90,17 +86,78 @@ def can_use_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None
 
 
-def _validate_draft(options: UpOptions) -> None:
-    if not 1 <= options.draft_max <= MAX_DRAFT_TOKENS:
-        raise OptionError(f"--draft-max {options.draft_max}: give 1 to {MAX_DRAFT_TOKENS} tokens")
+# The stack setting each flag of `up` stands for: the flag's value is checked by the setting's
+# own declaration (infra.stack.settings), and a node's boot setting refused names the flag
+# (``boot_error``). The other flags are the local cluster's own, checked here.
+SETTING_FLAGS = {
+    "workerCount": "--workers",
+    "replicas": "--replicas",
+    "contextSize": "--context",
+    "slots": "--slots",
+    "draftMax": "--draft-max",
+    "serverArgs": "--server-arg",
+    "llamaCppPatchesOff": "--patches-off",
+    "llamaCppCommit": "--commit",
+    "stopAfterIdleMinutes": "--stop-after-idle-minutes",
+    "stopAfterHours": "--stop-after-hours",
+    "vpcCidr": "--cidr",
+    "model.urls": "--model",
+    "model.sha256": "--model-sha256",
+    "draftModel.urls": "--draft-model",
+}
+
+
+def _declared(key: str, value: Any) -> None:
+    """``value``, given by the flag for setting ``key``, as the setting's declaration checks it."""
+    try:
+        BY_KEY[key].read({key: value})
+    except ConfigError as error:
+        raise OptionError(f"{SETTING_FLAGS[key]}: {error.message}") from None
+
+
+def boot_error(error: BootConfigError) -> OptionError:
+    """A node's boot setting refused, naming the flag a user gives for it."""
+    flag = SETTING_FLAGS.get(setting_of(error.setting))
+    return OptionError(f"{flag}: {error}" if flag else str(error))
+
+
+def _validate_settings(options: UpOptions) -> None:
+    """The flags that stand for a stack's settings, checked by the settings' declarations."""
+    for key, value in (
+        ("workerCount", options.workers),
+        ("replicas", options.replicas),
+        ("contextSize", options.context_size),
+        ("slots", options.slots),
+        ("draftMax", options.draft_max),
+        ("llamaCppCommit", options.commit),
+        ("serverArgs", list(options.server_args)),
+        ("llamaCppPatchesOff", list(options.patches_off)),
+    ):
+        _declared(key, value)
+    try:
+        switches_off(options.commit, options.patches_off)
+    except ValueError as error:
+        raise OptionError(f"--patches-off: {error}") from None
+    guards = {"stopAfterIdleMinutes": options.stop_after_idle_minutes,
+              "stopAfterHours": options.stop_after_hours}  # fmt: skip
+    for guard, amount in guards.items():
+        setting, flag = BY_KEY[guard], SETTING_FLAGS[guard]
+        # Fractions, and limits below a stack's least, are for trying a guard out in seconds:
+        # only the declared most holds here.
+        if not 0 <= amount <= (setting.high or 0):
+            raise OptionError(
+                f"{flag} {amount:g}: give 0 (off) to {setting.high}, as a stack's {guard} "
+                "(fractions too)"
+            )
+        if amount and not options.machines:
+            raise OptionError(
+                f"{flag}: a spend guard powers its node off, which only a machine has; add "
+                "--machines (root and the node image)"
+            )
 
 
 def validate(options: UpOptions) -> ipaddress.IPv4Network:
-    if not 0 <= options.workers <= MAX_WORKERS:
-        raise OptionError(
-            f"--workers {options.workers}: give 0 to {MAX_WORKERS} workers (llama.cpp's RPC "
-            "limit; 0 serves the model from the main node alone)"
-        )
+    _validate_settings(options)
     if not re.fullmatch(r"[a-z0-9]{1,10}", options.cluster_id):
         raise OptionError(f"--id {options.cluster_id!r}: use 1-10 lowercase letters or digits")
     try:
@@ -109,15 +166,14 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
         raise OptionError(f"--cidr {options.cidr!r}: {error}") from None
     if not cidr.is_private or cidr.prefixlen > 27:
         raise OptionError(f"--cidr {options.cidr!r}: give a private IPv4 CIDR of /27 or larger")
-    if not 1 <= options.replicas <= MAX_REPLICAS:
-        raise OptionError(f"--replicas {options.replicas}: give 1 to {MAX_REPLICAS} serving groups")
     if options.netns:
         _check_groups_fit(options, cidr)
-    try:
-        switches_off(options.commit, options.patches_off)
-    except ValueError as error:
-        raise OptionError(f"--patches-off: {error}") from None
-    _validate_draft(options)
+    for flag, count in (
+        ("--threads", options.threads),
+        ("--worker-wait", options.worker_wait_seconds),
+    ):
+        if count is not None and count < 1:
+            raise OptionError(f"{flag} {count}: give 1 or more")
     known = {name for patch in patch_set(options.commit) for name, _ in patch.switch}
     for name, _ in options.llama_env:
         if name not in known:
@@ -127,21 +183,6 @@ def validate(options: UpOptions) -> ipaddress.IPv4Network:
     for part in part_paths(options.model):
         if not part.is_file():
             raise OptionError(f"--model: {part} does not exist")
-    guards = {"--stop-after-idle-minutes": options.stop_after_idle_minutes,
-              "--stop-after-hours": options.stop_after_hours}  # fmt: skip
-    for flag, value in guards.items():
-        if not 0 <= value <= MAX_GUARD_HOURS * 60:
-            raise OptionError(f"{flag} {value:g}: give a positive number (0: off)")
-        if value and not options.machines:
-            raise OptionError(
-                f"{flag}: a spend guard powers its node off, which only a machine has; add "
-                "--machines (root and the node image)"
-            )
-    if options.context_size < 1 or not 1 <= options.slots <= sizing.MAX_SLOTS:
-        raise OptionError(
-            f"--context {options.context_size} --slots {options.slots}: give a positive context "
-            f"and 1 to {sizing.MAX_SLOTS} slots"
-        )
     return cidr
 
 

@@ -76,10 +76,8 @@ class LlamaRpcCluster(pulumi.ComponentResource):
                 [backend.node(spec(plan), config, network, group, self) for plan in worker_plans]
             )
             mains.append(backend.node(spec(main_plan), config, network, group, self))
-        balancer_node = (
-            backend.balancer(name, config, network, groups=serving, mains=mains, parent=self)
-            if config.replicas > 1
-            else None
+        balancer_node = backend.balancer(
+            name, config, network, groups=serving, mains=mains, parent=self
         )
 
         def group_outputs(main_plan: NodePlan, main: Node, nodes: list[Node]) -> dict[str, Any]:
@@ -97,7 +95,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             for plans, main, nodes in zip(planned, mains, workers, strict=True)
         ]
         cost = config.hourly_cost
-        balancer = config.balancer_ip
+        balancer = config.balancer_boot
         self.outputs: dict[str, Any] = {
             outputs.CLOUD: config.cloud,
             outputs.REGION: config.region,
@@ -112,7 +110,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.STOPPED_HOURLY_COST_USD: cost.stopped,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
             outputs.REPLICAS: config.replicas,
-            outputs.BALANCER_URL: balancer and f"http://{balancer}:{config.server_port}",
+            outputs.BALANCER_URL: balancer and f"http://{balancer.listen_ip}:{balancer.port}",
             outputs.GROUPS: per_group,
             outputs.METRICS_DOCUMENT: backend.metrics_document(name, config, self),
             **backend.location(network),

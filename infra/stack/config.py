@@ -27,15 +27,16 @@ from infra.boot import (
     deliver,
     render,
 )
-from infra.boot.balancer import BalancerBoot
+from infra.boot.balancer import BalancerBoot, balancer_boot
 from infra.boot.deliver import files_source as store_path
-from infra.boot.node import STAGED_SCHEMES
+from infra.boot.group import ServingGroup, group_boots
+from infra.boot.node import STAGED_SCHEMES, setting_of
 from infra.boot.patches import switches_off
 from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.core import costs, layout, network_rules, perf, placement, server_args, sizing
+from infra.core import costs, layout, network_rules, perf, placement, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
@@ -62,26 +63,6 @@ AZURE_API_KEY_SECRET = "api-key"  # noqa: S105 (a secret's name, not a secret)
 MAX_MODEL_GB = 100_000
 MAX_KV_BYTES_PER_TOKEN = 1 << 30
 MAX_LAYERS = 4096
-# Which setting a boot-data error comes from (``BootConfigError.setting`` -> config key).
-BOOT_SETTING_KEYS = {
-    "model_urls": "model.urls",
-    "model_sha256": "model.sha256",
-    "user_data": "model.urls",
-    "context_size": "contextSize",
-    "slots": "slots",
-    "rpc_port": "rpcPort",
-    "server_port": "serverPort",
-    "llama_cpp_commit": "llamaCppCommit",
-    "node_ip": "vpcCidr",
-    "rpc_workers": "vpcCidr",
-    "rpc_allowed_sources": "vpcCidr",
-    "cluster_cidr": "vpcCidr",
-    "model_alias": "modelAlias",
-    "server_args": "serverArgs",
-    "extra_env": "llamaCppPatchesOff",
-    "stop_after_idle_seconds": "stopAfterIdleMinutes",
-    "stop_after_seconds": "stopAfterHours",
-}
 
 
 @dataclass(frozen=True)
@@ -219,7 +200,7 @@ class ClusterConfig:
         return costs.hourly_cost(
             self.cloud,
             group * self.replicas,
-            balancer=self.replicas > 1 and not self.kubernetes,
+            balancer=self.balancer_boot is not None and not self.kubernetes,
             control_plane=self.kubernetes,
         )
 
@@ -271,8 +252,9 @@ class ClusterConfig:
         return [self.group_ips(group)[0] for group in range(self.replicas)]
 
     @property
-    def balancer_ip(self) -> str | None:
-        return layout.balancer_ip(self.private_subnet) if self.replicas > 1 else None
+    def entry_ip(self) -> str:
+        """Where requests go: the balancer node, or without one the first group's main node."""
+        return self.balancer_boot.listen_ip if self.balancer_boot else self.main_ip
 
     @property
     def generation_timeout_seconds(self) -> int:
@@ -285,89 +267,66 @@ class ClusterConfig:
         tps = step.stream_tps if step is not None else sizing.UNKNOWN_DECODE_TPS
         return sizing.longest_generation_seconds(self.context_size, self.slots, tps)
 
-    @property
+    @cached_property
     def balancer_boot(self) -> BalancerBoot | None:
-        """The balancer node's boot (replicas > 1)."""
-        if self.balancer_ip is None:
-            return None
-        return BalancerBoot(
-            listen_ip=self.balancer_ip,
-            port=self.server_port,
-            mains=tuple(self.main_ips),
+        """The balancer node's boot; None with one serving group. Whether there is a balancer
+        is asked of this, never of ``replicas``."""
+        return balancer_boot(
+            self.private_subnet,
+            self.main_ips,
             server_port=self.server_port,
             slots=self.slots,
             timeout_seconds=self.generation_timeout_seconds,
         )
 
-    def boots(self, group: int = 0) -> list[NodeBoot]:
-        """A serving group's main node's and then each of its workers' boot settings: its workers
-        take RPC from its own main node only."""
+    def serving_group(self, group: int = 0) -> ServingGroup:
+        """A serving group as the stack describes it to ``group_boots``: its addresses, the
+        settings, and what the cloud's facts add."""
         facts = FACTS[self.cloud]
-        platform = tuple(sorted(a for a in facts.metadata_addresses if ":" not in a))
-        main_ip, *worker_ips = self.group_ips(group)
-        listen = "0.0.0.0" if facts.server_listens_on_all else None  # noqa: S104
-        idle, deadline = self.stop_after_idle_minutes * 60, self.stop_after_hours * 3600
-        switches = switches_off(self.llama_cpp_commit, self.patches_off)
         fits = sizing.fits_memory(self.model.size_bytes, self.main_instance_type)
-        workers = [
-            NodeBoot(
-                role="worker",
-                node_ip=ip,
-                llama_cpp_commit=self.llama_cpp_commit,
-                files_source=self.files_source("worker"),
-                rpc_port=self.rpc_port,
-                rpc_allowed_sources=(f"{main_ip}/32",),
-                cluster_cidr=str(self.vpc_cidr),
-                platform_addresses=platform,
-                stop_after_idle_seconds=idle,
-                stop_after_seconds=deadline,
-                stop_by=facts.stop_by,
-                extra_env=switches,
-            )
-            for ip in worker_ips
-        ]
-        main = NodeBoot(
-            role="main",
-            node_ip=main_ip,
-            # The metrics port admits the cluster's network (the top view reads it through here).
+        return ServingGroup(
+            ips=tuple(self.group_ips(group)),
+            # The metrics port admits the cluster's network (the top view reads it through the
+            # main node).
             cluster_cidr=str(self.vpc_cidr),
-            llama_cpp_commit=self.llama_cpp_commit,
-            files_source=self.files_source("main"),
-            rpc_port=self.rpc_port,
-            rpc_workers=tuple(worker_ips),
+            placement=self.placement,
             model_urls=self.model_urls,
             model_sha256=self.model_sha256,
+            context_size=self.context_size,
+            slots=self.slots,
+            llama_cpp_commit=self.llama_cpp_commit,
+            rpc_port=self.rpc_port,
+            server_port=self.server_port,
             draft_urls=self.draft_urls,
             draft_sha256=self.draft_sha256,
             draft_max=self.draft_max,
             draft_min=self.draft_min,
+            model_alias=self.model_alias,
+            server_args=self.server_args,
+            api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
+            api_key_source=self.api_key_source,
+            stop_after_idle_minutes=self.stop_after_idle_minutes,
+            stop_after_hours=self.stop_after_hours,
+            patches_off=self.patches_off,
+            files_source=self.files_source("main"),
+            stop_by=facts.stop_by,
+            platform_addresses=tuple(sorted(a for a in facts.metadata_addresses if ":" not in a)),
+            server_listen="0.0.0.0" if facts.server_listens_on_all else None,  # noqa: S104
             # A staged model lives in the stack's region: the private path reaches only that one.
             model_store_region=self.region,
             writeback_bytes=self.model.size_bytes if fits else 0,
-            model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
-            model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
             download_jobs=0
             if fits
             else sizing.download_jobs(
                 self.model.size_bytes, len(self.model_urls), self.main_instance_type
             ),
-            server_port=self.server_port,
-            context_size=self.context_size,
-            slots=self.slots,
-            gpu_layers=self.placement.gpu_layers,
-            tensor_split=self.placement.tensor_split,
-            worker_weight_bytes=self.placement.worker_weight_bytes,
-            model_alias=self.model_alias,
-            server_args=self.server_args,
-            api_key_file=VM_API_KEY_FILE if self.api_key_source else "",
-            api_key_source=self.api_key_source,
-            server_listen=listen,
-            stop_after_idle_seconds=idle,
-            stop_after_seconds=deadline,
-            stop_by=facts.stop_by,
-            extra_env=switches,
+            model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
+            model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
         )
-        return [main, *workers]
+
+    def boots(self, group: int = 0) -> list[NodeBoot]:
+        """A serving group's main node's and then each of its workers' boot settings."""
+        return group_boots(self.serving_group(group))
 
     @cached_property
     def user_data(self) -> tuple[tuple[Delivery, ...], ...]:
@@ -664,27 +623,17 @@ def _api_key(settings: Mapping[str, Any], facts: CloudFacts) -> str:
 
 
 def _server_args(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    given = BY_KEY["serverArgs"].read(settings)
-    if not all(isinstance(arg, str | int | float) and not isinstance(arg, bool) for arg in given):
-        raise ConfigError(
-            "serverArgs", 'give a list of words: flags and their values, e.g. ["--temp", "0.7"]'
-        )
-    words = tuple(str(arg) for arg in given)
-    if problem := server_args.check(words):
-        raise ConfigError("serverArgs", problem)
-    return words
+    return tuple(str(arg) for arg in BY_KEY["serverArgs"].read(settings))
 
 
 def _patches_off(settings: Mapping[str, Any], commit: str) -> tuple[str, ...]:
     key = "llamaCppPatchesOff"
-    given = BY_KEY[key].read(settings)
-    if not isinstance(given, list) or not all(isinstance(item, str) for item in given):
-        raise ConfigError(key, 'give a list of patch numbers, e.g. ["0002"], or ["all"]')
+    given = tuple(BY_KEY[key].read(settings))
     try:
-        switches_off(commit, tuple(given))
+        switches_off(commit, given)
     except ValueError as error:
         raise ConfigError(key, str(error)) from None
-    return tuple(given)
+    return given
 
 
 def _api_cidrs(settings: Mapping[str, Any], key: str = "apiAllowedCidrs") -> tuple[str, ...]:
@@ -972,7 +921,7 @@ def from_settings(
         # a boot setting the renderer rejects, or user data over the cloud's limit, stops here.
         _ = config.user_data
     except BootConfigError as error:
-        raise ConfigError(BOOT_SETTING_KEYS.get(error.setting, "model"), str(error)) from None
+        raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
     return config
 
 

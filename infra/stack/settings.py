@@ -22,7 +22,7 @@ import yaml
 from infra.clouds import FACTS
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.core import sizing
+from infra.core import server_args, sizing
 from infra.core.errors import SettingError
 from infra.core.image_refs import IMAGE_MEANING, is_image_reference
 from infra.core.layout import PROJECT
@@ -77,6 +77,8 @@ class Setting:
     meaning: str = ""
     # A secret: an error names the setting, never repeats its value.
     secret: bool = False
+    # For lists: what is wrong with a value, or None.
+    problem: Callable[[Any], str | None] | None = None
 
     def read(self, settings: Mapping[str, Any]) -> Any:
         """The setting's value from raw settings, of its declared type and within its limits;
@@ -111,7 +113,10 @@ class Setting:
                 raise ConfigError(self.key, f"must be true or false, got {value!r}")
             return value
         if self.kind == "array":
-            return [value] if isinstance(value, str) else value
+            items = [value] if isinstance(value, str) else value
+            if self.problem and (found := self.problem(items)):
+                raise ConfigError(self.key, found)
+            return items
         return value
 
     @property
@@ -142,6 +147,21 @@ def _is_network_watcher(text: str) -> bool:
 
 def _is_ssh_public_key(text: str) -> bool:
     return azure_facts.ssh_public_key_problem(text) is None
+
+
+def _server_args_problem(given: Any) -> str | None:
+    if not isinstance(given, list) or not all(
+        isinstance(arg, str | int | float) and not isinstance(arg, bool) for arg in given
+    ):
+        return 'give a list of words: flags and their values, e.g. ["--temp", "0.7"]'
+    return server_args.check(tuple(str(arg) for arg in given))
+
+
+def _patches_problem(given: Any) -> str | None:
+    """The list's shape; which patches the commit has is checked with the commit."""
+    if not isinstance(given, list) or not all(isinstance(item, str) for item in given):
+        return 'give a list of patch numbers, e.g. ["0002"], or ["all"]'
+    return None
 
 
 def _port(key: str, default: int, what: str) -> Setting:
@@ -296,6 +316,7 @@ SETTINGS: tuple[Setting, ...] = (
         "template, ...), each from an allow-list; flags that would change the placement, the "
         "address, the port, metrics or the key are refused",
         default=[],
+        problem=_server_args_problem,
     ),
     Setting(
         "llamaCppPatchesOff",
@@ -303,6 +324,7 @@ SETTINGS: tuple[Setting, ...] = (
         'llama.cpp patches to turn off at run time, by number ("0002"), or ["all"]: the '
         "build runs as upstream's (docs/loader.md lists them)",
         default=[],
+        problem=_patches_problem,
     ),
     Setting(
         "mainDiskGb",

@@ -6,21 +6,27 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from infra.boot.group import group_boots
 from infra.cli.local import main
-from infra.core.limits import Role
-from infra.local.nodes import Where, node_boot
-from infra.local.options import UpOptions, plan_placement, state_dir
+from infra.core.limits import MAX_REPLICAS, Role
+from infra.local.nodes import serving_group
+from infra.local.options import SETTING_FLAGS, UpOptions, plan_placement, state_dir, validate
+from infra.stack.settings import MAX_CONTEXT
 from tests.models.test_models import write_gguf
+from tests.pulumi_mocks import refusal
 
 
 def boot_env(options: UpOptions, role: Role) -> dict[str, str]:
     """The settings a node of the first group gets (10.0.0.0/24: main .10, workers .11, ...)."""
     ips = [f"10.0.0.{10 + i}" for i in range(options.workers + 1)]
-    where = Where(ips[0], ipaddress.IPv4Network("10.0.0.0/24"), ips, plan_placement(options))
-    return node_boot(options, role, where).env()
+    cidr = ipaddress.IPv4Network("10.0.0.0/24")
+    group = serving_group(options, ips, cidr, plan_placement(options), on_machine=False)
+    main, *workers = group_boots(group)
+    return (main if role == "main" else workers[0]).env()
 
 
 @pytest.fixture
@@ -29,35 +35,81 @@ def model(tmp_path: Path) -> Path:
     return write_gguf(tmp_path / "m.gguf")
 
 
+def up_refuses(capsys, tmp_path: Path, *args: str) -> str:
+    """``lrc local up`` with these flags, serving a 3-layer GGUF: refused (exit 2) before any
+    state exists; its error."""
+    model, cache = write_gguf(tmp_path / "m.gguf"), tmp_path / "cache"
+    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
+                 "--loopback", "--id", "cli", *args])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert not state_dir(cache, "cli").exists()
+    return err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--context", "0"], "--context 0 --slots 1: give a positive context and 1 to 64 slots"),
-        (["--slots", "65"], "--context 4096 --slots 65: give a positive context and 1 to 64"),
-        (["--workers", "16"], "--workers 16: give 0 to 15 workers"),
         # 1.9 GiB of 2 usable is gone to the OS: nothing holds the model.
         (["--node-memory-gib", "2"], "raise --node-memory-gib, or lower --context or --slots"),
         # A spend guard powers its node off, which only a machine has (not this host).
         (["--stop-after-idle-minutes", "1"], "--stop-after-idle-minutes: a spend guard powers"),
         (["--stop-after-hours", "0.5"], "add --machines"),
-        (["--stop-after-hours", "-1"], "--stop-after-hours -1: give a positive number"),
-        (["--draft-max", "0"], "--draft-max 0: give 1 to 64 tokens"),
+        (["--stop-after-hours", "-1"], "--stop-after-hours -1: give 0 (off) to 720"),
+        (["--stop-after-idle-minutes", "10081"], "--stop-after-idle-minutes 10081: give 0 (off)"),
         (["--draft-model", "x.gguf"], "--draft-model: x.gguf does not exist or is not a file"),
-        (
-            ["--patches-off", "0009"],
-            "--patches-off: no patch '0009' for llama.cpp 0c1e57098bba; "
-            "its patches: 0001, 0002, 0003, 0004, or all",
-        ),
+        (["--threads", "0"], "--threads 0: give 1 or more"),
+        (["--worker-wait", "0"], "--worker-wait 0: give 1 or more"),
+        # Checked by the node's boot settings, named by the flag that gave it.
+        (["--model-sha256", "abc"], "error: --model-sha256: 'abc' is not a 64-character"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_starts(
-    capsys, tmp_path: Path, model: Path, args: list[str], message: str
+    capsys, tmp_path: Path, args: list[str], message: str
 ) -> None:
-    cache = tmp_path / "cache"
-    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
-                 "--loopback", "--id", "cli", *args])  # fmt: skip
-    assert code == 2 and message in capsys.readouterr().err
-    assert not state_dir(cache, "cli").exists()
+    assert message in up_refuses(capsys, tmp_path, *args)
+
+
+P = "llama-rpc-cluster:"
+DRAFT = {"preset": "llama-3.1-8b-q4_0", "urls": ["https://example.com/Llama-3.1-8B-Q4_0.gguf"]}
+# Flags that stand for a stack's settings, each with a value the setting refuses: (the setting,
+# a stack's settings that give it, the flags that give it to `lrc local up`).
+SAME_REFUSALS: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("workerCount", {f"{P}workerCount": 16}, ["--workers", "16"]),
+    ("workerCount", {f"{P}workerCount": -1}, ["--workers", "-1"]),
+    ("replicas", {f"{P}replicas": 0}, ["--replicas", "0"]),
+    ("replicas", {f"{P}replicas": MAX_REPLICAS + 1}, ["--replicas", str(MAX_REPLICAS + 1)]),
+    ("contextSize", {f"{P}contextSize": 0}, ["--context", "0"]),
+    ("contextSize", {f"{P}contextSize": MAX_CONTEXT + 1}, ["--context", str(MAX_CONTEXT + 1)]),
+    ("slots", {f"{P}slots": 65}, ["--slots", "65"]),
+    ("draftMax", {f"{P}draftModel": DRAFT, f"{P}draftMax": 0}, ["--draft-max", "0"]),
+    ("llamaCppCommit", {f"{P}llamaCppCommit": "0c1e570"}, ["--commit", "0c1e570"]),
+    ("serverArgs", {f"{P}serverArgs": ["--port", "9"]}, ["--server-arg=--port", "--server-arg=9"]),
+    ("serverArgs", {f"{P}serverArgs": ["--temp", "9"]}, ["--server-arg=--temp", "--server-arg=9"]),
+    ("llamaCppPatchesOff", {f"{P}llamaCppPatchesOff": ["0009"]}, ["--patches-off", "0009"]),
+]
+
+
+@pytest.mark.parametrize(("key", "overrides", "args"), SAME_REFUSALS)
+def test_a_flag_refuses_what_its_stack_setting_refuses_and_says_the_same(
+    capsys, tmp_path: Path, key: str, overrides: dict[str, Any], args: list[str]
+) -> None:
+    """The stack's config check and `lrc local up` refuse the same values with the same words,
+    each naming its own key: the setting, or the flag."""
+    stack = refusal("aws-c8g", overrides)
+    assert stack.setting == key, stack
+    err = up_refuses(capsys, tmp_path, *args)
+    assert f"error: {SETTING_FLAGS[key]}: {stack.message}" in err
+
+
+def test_a_guard_below_a_stacks_least_is_for_trying_it_out(tmp_path: Path, model: Path) -> None:
+    """A stack refuses a guard of less than 5 minutes idle or an hour; the local cluster takes
+    fractions (a guard tried out in seconds), up to the stack's most."""
+    refusal("aws-small", {"llama-rpc-cluster:stopAfterIdleMinutes": 1})
+    options = UpOptions(workers=1, model=model, source=tmp_path, cache=tmp_path / "c",
+                        machines=True, stop_after_idle_minutes=0.1,
+                        stop_after_hours=0.01)  # fmt: skip
+    assert validate(options).prefixlen == 24  # accepted: the cluster's network
 
 
 def test_start_without_a_cluster_says_none_is_up(capsys, tmp_path: Path) -> None:
@@ -94,7 +146,7 @@ def test_machines_that_cannot_run_fall_back_to_processes_and_say_why(
     code = main(["up", "--machines", "--model", str(model), "--source", str(tmp_path),
                  "--cache", str(tmp_path / "cache"), "--loopback", "--context", "0"])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and "--context 0" in err  # the settings are still checked, after the note
+    assert code == 2 and "--context: 0 is outside" in err  # still checked, after the note
     assert "note: machines need network namespaces: the nodes run as processes" in err
 
 

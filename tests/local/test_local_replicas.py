@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
+import ipaddress
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from infra.boot.balancer import SERVED_BY_HEADER, group_server_name
+from infra.boot.balancer import SERVED_BY_HEADER, balancer_boot, group_server_name
 from infra.cli.local import main
 from infra.core import layout, outputs, sizing
 from infra.core.limits import MAX_REPLICAS, MAX_WORKERS, SERVER_PORT
@@ -57,18 +58,6 @@ BODY = {"prompt": "Hello world, this is", "temperature": 0, "cache_prompt": Fals
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return write_gguf(tmp_path / "m.gguf")
-
-
-@pytest.mark.parametrize("replicas", [0, MAX_REPLICAS + 1])
-def test_replicas_out_of_range_are_refused(capsys, tmp_path: Path, model: Path, replicas) -> None:
-    cache = tmp_path / "cache"
-    code = main(["up", "--model", str(model), "--source", str(tmp_path), "--cache", str(cache),
-                 "--loopback", "--id", "cli", "--replicas", str(replicas)])  # fmt: skip
-    assert code == 2
-    assert f"--replicas {replicas}: give 1 to {MAX_REPLICAS} serving groups" in (
-        capsys.readouterr().err
-    )
-    assert not state_dir(cache, "cli").exists()
 
 
 def test_a_cidr_too_small_for_the_groups_names_both_flags(tmp_path: Path, model: Path) -> None:
@@ -128,10 +117,10 @@ def test_every_node_of_every_group_gets_an_equal_share_of_memory(
 def test_the_rendered_configuration_passes_haproxys_check(tmp_path: Path) -> None:
     haproxy = require_tool("haproxy")
     balancer = lb.Balancer(namespace=None, directory=tmp_path / "lb")
-    balancer.write_config(
-        listen_ip="10.9.8.5", port=8080, mains=["10.9.8.10", "10.9.8.30"], server_port=8080,
-        slots=2, timeout_seconds=4096,
-    )  # fmt: skip
+    boot = balancer_boot(ipaddress.IPv4Network("10.9.8.0/24"), ["10.9.8.10", "10.9.8.30"],
+                         server_port=8080, slots=2, timeout_seconds=4096)  # fmt: skip
+    assert boot is not None
+    balancer.write_config(boot)
     lb.check_config(haproxy, balancer.config)
     text = balancer.config.read_text()
     assert "option httpchk GET /health" in text and "http-check expect status 200" in text
@@ -199,7 +188,10 @@ def test_only_groups_that_pass_the_health_check_get_requests(tmp_path: Path) -> 
     mains = ["127.0.0.10", "127.0.0.30"]
     servers = [_stand_in(ip, port, g) for ip, g in zip(mains, groups, strict=True)]
     balancer = lb.Balancer(namespace=None, directory=tmp_path / "lb")
-    balancer.write_config(listen_ip="127.0.0.5", port=port, mains=mains, server_port=port)
+    boot = balancer_boot(ipaddress.IPv4Network("127.0.0.0/24"), mains, server_port=port,
+                         slots=1, timeout_seconds=600)  # fmt: skip
+    assert boot is not None and boot.listen_ip == "127.0.0.5"
+    balancer.write_config(boot)
     balancer.start()
     url = f"http://127.0.0.5:{port}/v1/models"
 

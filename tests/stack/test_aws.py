@@ -799,7 +799,7 @@ def test_the_balancer_node_is_private_in_its_own_security_group() -> None:
     config = replicas_config()
     [node] = [r for r in d.of_type(INSTANCE) if r.name == BALANCER]
     inputs = node.inputs
-    assert inputs["privateIp"] == config.balancer_ip
+    assert inputs["privateIp"] == config.balancer_boot.listen_ip
     assert inputs["subnetId"] == "llama-rpc-cluster-private-id"
     assert inputs["associatePublicIpAddress"] is False and "iamInstanceProfile" not in inputs
     assert inputs["vpcSecurityGroupIds"] == ["llama-rpc-cluster-balancer-sg-id"]
@@ -852,7 +852,7 @@ def test_connect_command_forwards_to_the_balancer_through_the_first_main() -> No
     argv = shlex.split(d.outputs[outputs.CONNECT_COMMAND])
     assert argv[argv.index("--target") + 1] == "llama-rpc-cluster-main-id"
     parameters = json.loads(argv[argv.index("--parameters") + 1])
-    assert parameters["host"] == [config.balancer_ip]
+    assert parameters["host"] == [config.balancer_boot.listen_ip]
     assert parameters["portNumber"] == parameters["localPortNumber"] == ["8080"]
     # The first main node may open the tunnel's connection to the balancer.
     to_balancer = [

@@ -105,7 +105,7 @@ def test_the_balancer_node_is_private_and_boots_the_shared_haproxy(cloud: str) -
     inputs = balancer_node(cloud, d)
     size, address, public, identity = placed(cloud, d, inputs)
     assert size == FACTS[cloud].balancer_instance_type
-    assert address == config.balancer_ip and address.endswith(".5")
+    assert address == config.balancer_boot.listen_ip and address.endswith(".5")
     assert not public and not identity
     boot = config.balancer_boot
     assert boot is not None
@@ -116,7 +116,7 @@ def test_the_balancer_node_is_private_and_boots_the_shared_haproxy(cloud: str) -
     assert config.slots == 2
     for group, ip in enumerate(config.main_ips):
         assert f"server group{group + 1} {ip}:8080 maxconn 2" in cfg
-    assert f"bind {config.balancer_ip}:8080" in cfg
+    assert f"bind {config.balancer_boot.listen_ip}:8080" in cfg
     assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg
     timeout = config.generation_timeout_seconds
     for kind in ("server", "queue", "client"):

@@ -35,6 +35,7 @@ from infra.clouds.stores import listed_prefixes, s3_object
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.backends.base import (
+    BalancerPlace,
     CloudBackend,
     GroupSpec,
     Node,
@@ -187,9 +188,9 @@ class AwsNetwork:
     main_profile: aws.iam.InstanceProfile
     main_role: aws.iam.Role
     ami: pulumi.Input[str]
-    # The internal balancer's group (replicas > 1): made with the network, since every main
-    # node's group admits it and it admits every main node.
-    balancer_group: aws.ec2.SecurityGroup | None = None
+    # The balancer node's place and security group, with a balancer: made with the network,
+    # since every main node's group admits it and it admits every main node.
+    balancer: BalancerPlace[aws.ec2.SecurityGroup] | None = None
     # The main node's boot files beyond its user data and their grant, which its first boot
     # reads.
     boot_files: list[pulumi.Resource] = field(default_factory=list)
@@ -342,16 +343,17 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             if config.image
             else aws.ssm.get_parameter_output(name=UBUNTU_AMI_PARAMETER, opts=invoke).value
         )
-        balancer_group = None
-        if config.replicas > 1:
-            balancer_group = aws.ec2.SecurityGroup(
+        balancer = None
+        if config.balancer_boot is not None:
+            group = aws.ec2.SecurityGroup(
                 f"{name}-balancer-sg",
                 vpc_id=vpc.id,
                 description="internal balancer: the API from main nodes and apiAllowedCidrs",
                 tags={**self.tags(config, "balancer"), "Name": f"{name}-balancer-sg"},
                 opts=opts,
             )
-        return AwsNetwork(vpc, private, profile, role, ami, balancer_group, boot_files)
+            balancer = BalancerPlace(config.balancer_boot, group)
+        return AwsNetwork(vpc, private, profile, role, ami, balancer, boot_files)
 
     def vpc_behind_nat(
         self,
@@ -658,14 +660,14 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             "node metrics, read by the main node of the group",
             referenced_security_group_id=main.id,
         )
-        if network.balancer_group is not None:
+        if network.balancer is not None:
             rule(
                 ingress,
                 "main-api-from-balancer",
                 "main",
                 config.server_port,
                 "requests and health checks from the internal balancer",
-                referenced_security_group_id=network.balancer_group.id,
+                referenced_security_group_id=network.balancer.firewall.id,
             )
             if spec.index == 0:  # where connectCommand's tunnel ends
                 rule(
@@ -674,7 +676,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                     "main",
                     config.server_port,
                     "the tunnel (connectCommand) to the internal balancer",
-                    referenced_security_group_id=network.balancer_group.id,
+                    referenced_security_group_id=network.balancer.firewall.id,
                 )
         for i, (address, port) in enumerate(model_mirrors(config)):
             rule(
@@ -699,17 +701,17 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         groups: Sequence[AwsGroup],
         mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
-    ) -> Node:
+    ) -> Node | None:
         """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
         sends each request to a group with a free slot, and queues it for the first to free one
         when none has. Its security group admits the server port from the first group's main
         node (the tunnel) and apiAllowedCidrs, and lets it reach the main nodes and, for its
         package, the NAT gateway."""
+        if network.balancer is None:
+            return None
+        boot, balancer_group = network.balancer.boot, network.balancer.firewall
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "balancer")
-        balancer_group = network.balancer_group
-        if balancer_group is None or config.balancer_ip is None:
-            raise ValueError("the balancer is made only for replicas > 1")
         api = config.server_port
 
         def rule(
@@ -757,10 +759,6 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 "the HAProxy package, through the NAT gateway",
                 cidr_ipv4="0.0.0.0/0",
             )
-        boot = config.balancer_boot
-        instance_type = self.facts.balancer_instance_type
-        if boot is None or instance_type is None:
-            raise ValueError("the balancer node is made only for replicas > 1")
         user_data = deliver(render_balancer(boot), "aws")
         disk = self.facts.disk.provision(None)
         balancer_name = f"{name}-balancer"
@@ -768,9 +766,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         instance = aws.ec2.Instance(
             balancer_name,
             ami=network.ami,
-            instance_type=instance_type,
+            instance_type=self.facts.balancer_instance_type,
             subnet_id=network.private_subnet.id,
-            private_ip=config.balancer_ip,
+            private_ip=boot.listen_ip,
             associate_public_ip_address=False,
             vpc_security_group_ids=[balancer_group.id],
             # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
@@ -925,7 +923,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
     ) -> pulumi.Output[str]:
         port = str(config.server_port)
         # Through the first group's main node, to the balancer node when there is one.
-        host = config.balancer_ip or config.main_ip
+        host = config.entry_ip
         parameters = json.dumps({"host": [host], "portNumber": [port], "localPortNumber": [port]})
         return pulumi.Output.concat(
             f"aws ssm start-session --region {config.region} --target ",

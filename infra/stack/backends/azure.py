@@ -32,6 +32,7 @@ from infra.clouds.stores import blob_object, listed_prefixes
 from infra.core import layout, outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.backends.base import (
+    BalancerPlace,
     CloudBackend,
     GroupSpec,
     Node,
@@ -69,7 +70,7 @@ DENY_PRIORITY = 4000  # above Azure's default AllowVnetInBound (65000)
 # The NSG is shared: each serving group's rules take the first group's priorities (100-140)
 # plus this much per group (300-340 for the second, ... 1900-1940 for the tenth).
 GROUP_PRIORITY_STRIDE = 200
-# The balancer node's own inbound rules (replicas > 1), after every group's (at most 1940).
+# The balancer node's own inbound rules (with a balancer), after every group's (at most 1940).
 BALANCER_PRIORITY = 3000
 # Storage Blob Data Reader: read and list blobs, nothing else (a built-in role, the same id in
 # every subscription):
@@ -176,8 +177,9 @@ class AzureNetwork:
     bastion: azure.network.BastionHost | None
     # Each serving group's, made before the NSG, which declares every rule at once.
     group_security: tuple[GroupSecurity, ...]
-    # The balancer node's application security group (replicas > 1), made before the NSG too.
-    balancer_security: azure.network.ApplicationSecurityGroup | None = None
+    # The balancer node's place and application security group, with a balancer: made before
+    # the NSG too.
+    balancer: BalancerPlace[azure.network.ApplicationSecurityGroup] | None = None
     # With a spend guard: the custom role that lets a node deallocate itself.
     deallocate_role: azure.authorization.RoleDefinition | None = None
     # With an API key: the stack's Key Vault, which keeps it.
@@ -233,7 +235,7 @@ def group_rules(
 ) -> list[azure.network.SecurityRuleArgsDict]:
     """A serving group's inbound rules, by the ids of its application security groups: its
     workers take RPC and node metrics from its own main node only; the API from Bastion,
-    apiAllowedCidrs and (``balancer``, replicas > 1) the balancer node. The first group's
+    apiAllowedCidrs and (``balancer``, with one) the balancer node. The first group's
     priorities are 100-140, each further group's GROUP_PRIORITY_STRIDE higher."""
     api = {"destination_application_security_groups": [{"id": main}]}
     api_port = _api_port(config)
@@ -368,17 +370,16 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             )
             for index in range(config.replicas)
         )
-        balancer = (
-            azure.network.ApplicationSecurityGroup(
+        balancer = None
+        if config.balancer_boot is not None:
+            balancer_security = azure.network.ApplicationSecurityGroup(
                 f"{name}-balancer-asg",
                 resource_group_name=rg,
                 tags=self.tags(config, "balancer"),
                 opts=opts,
             )
-            if config.replicas > 1
-            else None
-        )
-        balancer_id = balancer.id if balancer is not None else None
+            balancer = BalancerPlace(config.balancer_boot, balancer_security)
+        balancer_id = balancer.firewall.id if balancer is not None else None
         # Every rule in the NSG's one write: Azure serialises the writes to an NSG and answers
         # parallel ones (a rule each) with 429 or 409, which the provider may not retry.
         rules = [
@@ -868,15 +869,14 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         groups: Sequence[AzureGroup],  # noqa: ARG002 (each group's rules admit the balancer)
         mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
-    ) -> Node:
+    ) -> Node | None:
         """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
         sends each request to a group with a free slot, and queues it for the first to free one
         when none has. Its rules are in the NSG (``balancer_rules``, and each group's
         ``allow-api-from-balancer``); it has no managed identity and no placement group."""
-        boot = config.balancer_boot
-        security = network.balancer_security
-        if boot is None or security is None or config.balancer_ip is None:
-            raise ValueError("the balancer node is made only for replicas > 1")
+        if network.balancer is None:
+            return None
+        boot, security = network.balancer.boot, network.balancer.firewall
         # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
         vm = self._vm(
             f"{name}-balancer",
@@ -884,7 +884,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             network,
             role="balancer",
             vm_size=self.facts.balancer_instance_type,
-            private_ip=config.balancer_ip,
+            private_ip=boot.listen_ip,
             disk_gb=sizing.WORKER_DISK_GB,
             custom_data=deliver(render_balancer(boot), "azure").value,
             security=security,
@@ -895,7 +895,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         )
         return Node(
             instance_id=vm.name,
-            private_ip=pulumi.Output.from_input(config.balancer_ip),
+            private_ip=pulumi.Output.from_input(boot.listen_ip),
             resource_id=vm.id,
         )
 
@@ -919,7 +919,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
                 target.resource_id,
                 f" --resource-port {port} --port {port}",
             )
-        address = config.balancer_ip or config.main_ip
+        address = config.entry_ip
         return pulumi.Output.concat(
             "az vm run-command invoke --command-id RunShellScript --resource-group ",
             network.resource_group.name,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import pulumi
 
 from infra.boot import Delivery
+from infra.boot.balancer import BalancerBoot
 from infra.clouds import CloudFacts
 from infra.core import outputs
 from infra.core.limits import Role
@@ -23,6 +24,17 @@ from infra.stack.config import ClusterConfig
 
 NetworkT = TypeVar("NetworkT")
 GroupT = TypeVar("GroupT")
+FirewallT = TypeVar("FirewallT")
+
+
+@dataclass(frozen=True)
+class BalancerPlace(Generic[FirewallT]):
+    """The balancer node's place, made with the network when the stack has a balancer boot
+    (``ClusterConfig.balancer_boot``): the boot, and what the cloud's firewall rules know the
+    node by (a security group, a network tag), which every group's main node admits."""
+
+    boot: BalancerBoot
+    firewall: FirewallT
 
 
 @dataclass(frozen=True)
@@ -110,12 +122,12 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         groups: Sequence[GroupT],
         mains: Sequence[Node],
         parent: pulumi.Resource,
-    ) -> Node:
-        """The balancer node at ``config.balancer_ip`` (replicas > 1 only), booting from
-        ``config.balancer_boot``: HAProxy sends each request on the server port to a group's
-        main node with a free slot, of those that answer ``GET /health`` with 200. Its firewall
-        admits the server port from the tunnel and apiAllowedCidrs, as a main node's does, and
-        each main node admits it."""
+    ) -> Node | None:
+        """The balancer node at its place in ``network`` (None: the stack has none), booting from
+        its boot: HAProxy sends each request on the server port to a group's main node with a
+        free slot, of those that answer ``GET /health`` with 200. Its firewall admits the server
+        port from the tunnel and apiAllowedCidrs, as a main node's does, and each main node
+        admits it."""
 
     def keep_api_key(
         self,
@@ -134,7 +146,7 @@ class CloudBackend(ABC, Generic[NetworkT, GroupT]):
         self, config: ClusterConfig, network: NetworkT, main: Node, balancer: Node | None
     ) -> pulumi.Output[str]:
         """How a user reaches the API from a laptop: a command that forwards
-        localhost:<serverPort> to the balancer node (replicas > 1) or else ``main``, the first
+        localhost:<serverPort> to the balancer node when there is one, or else ``main``, the first
         group's main node."""
 
     def location(self, network: NetworkT) -> dict[str, pulumi.Input[str] | None]:  # noqa: ARG002 (the Backend interface)

@@ -27,6 +27,7 @@ from infra.clouds.stores import gcs_object, listed_prefixes
 from infra.core import outputs, sizing
 from infra.core.limits import METRICS_PORT
 from infra.stack.backends.base import (
+    BalancerPlace,
     CloudBackend,
     GroupSpec,
     Node,
@@ -88,8 +89,9 @@ class GcpNetwork:
     zone: pulumi.Output[str]
     project: pulumi.Output[str]
     main_account: gcp.serviceaccount.Account
-    # The balancer node's network tag (replicas > 1): each group's main nodes admit it.
-    balancer_tag: str | None = None
+    # The balancer node's place and network tag, with a balancer: each group's main nodes
+    # admit the tag.
+    balancer: BalancerPlace[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,9 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
                 ignore_changes=["description"] if config.zone else ["zone", "description"],
             ),
         )
-        balancer_tag = f"{name}-balancer" if config.replicas > 1 else None
-        return GcpNetwork(network, subnet, anchor.zone, project, account, balancer_tag)
+        boot = config.balancer_boot
+        balancer = BalancerPlace(boot, f"{name}-balancer") if boot is not None else None
+        return GcpNetwork(network, subnet, anchor.zone, project, account, balancer)
 
     def group(
         self, spec: GroupSpec, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
@@ -219,13 +222,13 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             description="node metrics (prometheus-node-exporter), read by the group's main node",
             opts=opts,
         )
-        if network.balancer_tag is not None:
+        if network.balancer is not None:
             gcp.compute.Firewall(
                 f"{name}-main-api-from-balancer",
                 network=network.network.id,
                 direction="INGRESS",
                 allows=[{"protocol": "tcp", "ports": [str(config.server_port)]}],
-                source_tags=[network.balancer_tag],
+                source_tags=[network.balancer.firewall],
                 target_tags=[main_tag],
                 description="requests and health checks from the balancer node",
                 opts=opts,
@@ -344,14 +347,14 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         groups: Sequence[GcpGroup],  # noqa: ARG002 (each group admits the balancer's tag)
         mains: Sequence[Node],  # noqa: ARG002 (HAProxy takes the mains' fixed addresses)
         parent: pulumi.Resource,
-    ) -> Node:
+    ) -> Node | None:
         """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
         sends each request to a group with a free slot, and queues it for the first to free one
         when none has. The server port is open to it from IAP (connectCommand tunnels to it)
         and apiAllowedCidrs, as a main node's is; it has no service account."""
-        boot = config.balancer_boot
-        if boot is None or network.balancer_tag is None or config.balancer_ip is None:
-            raise ValueError("the balancer node is made only for replicas > 1")
+        if network.balancer is None:
+            return None
+        boot, tag = network.balancer.boot, network.balancer.firewall
         balancer_name = f"{name}-balancer"
         gcp.compute.Firewall(
             f"{balancer_name}-api-from-iap",
@@ -359,7 +362,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             direction="INGRESS",
             allows=[{"protocol": "tcp", "ports": [str(config.server_port)]}],
             source_ranges=[IAP_RANGE, *config.api_allowed_cidrs],
-            target_tags=[network.balancer_tag],
+            target_tags=[tag],
             description="llama-server API, balanced, through IAP (and apiAllowedCidrs)",
             opts=pulumi.ResourceOptions(parent=parent),
         )
@@ -370,11 +373,11 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             network,
             role="balancer",
             machine_type=self.facts.balancer_instance_type,
-            private_ip=config.balancer_ip,
+            private_ip=boot.listen_ip,
             disk_gb=sizing.WORKER_DISK_GB,
             disk=self.facts.disk.provision(None),
             user_data=deliver(render_balancer(boot), "gcp").value,
-            tag=network.balancer_tag,
+            tag=tag,
             service_account=None,
             fast_network=False,
             parent=parent,

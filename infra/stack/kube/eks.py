@@ -229,7 +229,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             outputs.STOPPED_HOURLY_COST_USD: cost.stopped,
             outputs.LLAMA_CPP_COMMIT: config.llama_cpp_commit,
             outputs.REPLICAS: config.replicas,
-            outputs.BALANCER_URL: service_url(config) if config.replicas > 1 else None,
+            outputs.BALANCER_URL: service_url(config) if config.balancer_boot else None,
             outputs.GROUPS: per_group,
             outputs.METRICS_DOCUMENT: None,
             outputs.ZONE: nodes_subnet.availability_zone,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from infra.boot.balancer import BalancerBoot, haproxy_config
@@ -48,8 +49,8 @@ NOT_IN_PODS = ("API_KEY_SOURCE", "LLAMA_RPC_FILES_SOURCE", "MODEL_DISK_GB", "MOD
 RESERVED_CPUS = 1
 GROUP_INDEX = "LWS_GROUP_INDEX"
 MIB = 1024**2
-# The balancer in front of the leaders (replicas > 1): HAProxy's official image (arm64 among its
-# platforms), with the configuration the VMs' balancer node runs.
+# The balancer in front of the leaders (with a balancer boot): HAProxy's official image (arm64
+# among its platforms), with the configuration the VMs' balancer node runs.
 HAPROXY_IMAGE = "haproxy:3.0"
 # The official image's configuration directory and its haproxy user (uid and gid 99):
 # docker-library/haproxy 3.0/Dockerfile @bc729b36 (useradd --uid 99; CMD haproxy -f
@@ -286,8 +287,10 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
     )
     leaders = {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}
     target = leaders
-    if config.replicas > 1:
-        objects += balancer_objects(config, name=name, namespace=namespace, labels=labels)
+    if config.balancer_boot is not None:
+        objects += balancer_objects(
+            config, config.balancer_boot, name=name, namespace=namespace, labels=labels
+        )
         target = balancer_labels(name)
     objects.append(
         {
@@ -317,22 +320,22 @@ def leader_names(config: ClusterConfig, name: str, namespace: str) -> tuple[str,
     )
 
 
-def balancer_config(config: ClusterConfig, name: str, namespace: str) -> str:
-    """HAProxy's configuration for the leaders: the VMs' balancer node's, each group's main node
-    by its pod's DNS name."""
-    boot = BalancerBoot(
-        listen_ip=POD_ADDRESSES,
-        port=config.server_port,
-        mains=leader_names(config, name, namespace),
-        server_port=config.server_port,
-        slots=config.slots,
-        timeout_seconds=config.generation_timeout_seconds,
-    )
-    return haproxy_config(boot, by_name=True)
+def balancer_config(
+    config: ClusterConfig, balancer: BalancerBoot, name: str, namespace: str
+) -> str:
+    """HAProxy's configuration for the leaders: the VMs' balancer node's, listening on every
+    address of its pod, each group's main node by its pod's DNS name."""
+    pods = replace(balancer, listen_ip=POD_ADDRESSES, mains=leader_names(config, name, namespace))
+    return haproxy_config(pods, by_name=True)
 
 
 def balancer_objects(
-    config: ClusterConfig, *, name: str, namespace: str, labels: dict[str, str]
+    config: ClusterConfig,
+    balancer: BalancerBoot,
+    *,
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
 ) -> list[dict[str, Any]]:
     """With replicas, HAProxy in front of the leaders, as the VMs' balancer node is: a request
     goes to a group with a free slot, and waits for one when none has (kube-proxy alone would
@@ -351,7 +354,7 @@ def balancer_objects(
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "config", "mountPath": HAPROXY_CONFIG_DIR, "readOnly": True}],
     }
-    settings = {"haproxy.cfg": balancer_config(config, name, namespace)}
+    settings = {"haproxy.cfg": balancer_config(config, balancer, name, namespace)}
     return [
         {
             "apiVersion": "v1",
@@ -393,7 +396,7 @@ def network_policies(
     api_from += [{"ipBlock": {"cidr": cidr}} for cidr in config.api_allowed_cidrs]
     api_ingress = [{"from": api_from, "ports": [{"protocol": "TCP", "port": config.server_port}]}]
     takes_api = [(f"{name}-leaders", {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"})]
-    if config.replicas > 1:
+    if config.balancer_boot is not None:
         takes_api.append((f"{name}-balancer", balancer_labels(name)))
     policies: list[dict[str, Any]] = [
         {
