@@ -158,6 +158,18 @@ def llama_source() -> Path:
         raise
 
 
+# A connection over a cluster's bridge or link is accepted in well under a millisecond; one that
+# a firewall drops hangs, so a probe gives up after a second (each "closed" costs that second).
+PROBE_SECONDS = 1
+
+
+def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
+    """Whether a TCP connection to host:port, made where ``argv_prefix`` runs a command (a
+    namespace's ``exec_prefix``, a machine's ``exec_argv``), is accepted within PROBE_SECONDS."""
+    probe = ["timeout", str(PROBE_SECONDS), "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
+    return subprocess.run([*argv_prefix, *probe], capture_output=True, check=False).returncode == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

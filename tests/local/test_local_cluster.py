@@ -30,6 +30,7 @@ from tests.conftest import (
     SCRIPTS,
     complete,
     one_node_completion,
+    port_answers,
     post,
     tokens_of_length,
 )
@@ -37,11 +38,6 @@ from tests.conftest import (
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 PROMPT = GREEDY_PROMPT
-
-
-def port_answers(namespace: str, host: str, port: int) -> bool:
-    probe = ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
-    return subprocess.run([*exec_prefix(namespace), *probe], capture_output=True).returncode == 0
 
 
 @pytest.fixture
@@ -169,14 +165,14 @@ def test_workers_listen_on_their_private_ip_only(up) -> None:
 def test_rpc_port_is_closed_to_everyone_but_the_main_node(up) -> None:
     network: VpcNetwork = up["network"]
     worker_ip = network.node_ips[1]
-    assert port_answers(network.namespace("main"), worker_ip, 50052)  # the control
+    assert port_answers(exec_prefix(network.namespace("main")), worker_ip, 50052)  # the control
     # On the bridge, but outside the VPC's CIDR.
     outsider = network.add_outsider("out", "192.168.213.5", 24)
-    assert not port_answers(outsider, worker_ip, 50052)
+    assert not port_answers(exec_prefix(outsider), worker_ip, 50052)
     # Inside the VPC's CIDR, but not the main node.
     base = worker_ip.rsplit(".", 1)[0]
     peer = network.add_outsider("peer", f"{base}.50", 24)
-    assert not port_answers(peer, worker_ip, 50052)
+    assert not port_answers(exec_prefix(peer), worker_ip, 50052)
     # The host reaches the main node through its own link, and has no route to a worker (not
     # probed: without a route, a probe would leave this machine).
     result = subprocess.run(["ip", "-o", "route", "get", worker_ip], capture_output=True, text=True)
@@ -204,13 +200,17 @@ def test_a_serving_worker_reaches_nothing_beyond_the_cluster(up) -> None:
         subprocess.run([*exec_prefix(listener), "ip", "route", "replace", str(network.cidr),
                         "dev", "eth0"], check=True)  # fmt: skip
         deadline = time.monotonic() + 10
-        while not port_answers(network.namespace("main"), outside, 9999):
+        while not port_answers(exec_prefix(network.namespace("main")), outside, 9999):
             assert time.monotonic() < deadline, "the control never reached the outsider"
             time.sleep(0.2)
-        assert not port_answers(network.namespace(network.node_names[1]), outside, 9999)
+        assert not port_answers(
+            exec_prefix(network.namespace(network.node_names[1])), outside, 9999
+        )
         # Inside the cluster the worker still reaches other nodes (the main node's API).
         port = up["spec"].server_port
-        assert port_answers(network.namespace(network.node_names[1]), network.node_ips[0], port)
+        assert port_answers(
+            exec_prefix(network.namespace(network.node_names[1])), network.node_ips[0], port
+        )
     finally:
         server.kill()
         server.wait()

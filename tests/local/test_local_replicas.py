@@ -43,6 +43,7 @@ from tests.conftest import (
     completion_client,
     free_port,
     one_plus_two,
+    port_answers,
     require_netns,
     require_tool,
 )
@@ -373,20 +374,14 @@ def test_each_groups_workers_take_rpc_from_their_own_main_only(up) -> None:
     worker_1 = groups[0][outputs.WORKER_PRIVATE_IPS][0]
     worker_2 = groups[1][outputs.WORKER_PRIVATE_IPS][0]
     main_1, main_2 = network.namespace("main"), network.namespace("r2main")
-    assert port_answers(main_1, worker_1, 50052)  # the controls
-    assert port_answers(main_2, worker_2, 50052)
-    assert not port_answers(main_2, worker_1, 50052)
-    assert not port_answers(main_1, worker_2, 50052)
-    assert not port_answers(network.namespace(BALANCER_NODE), worker_1, 50052)
+    assert port_answers(exec_prefix(main_1), worker_1, 50052)  # the controls
+    assert port_answers(exec_prefix(main_2), worker_2, 50052)
+    assert not port_answers(exec_prefix(main_2), worker_1, 50052)
+    assert not port_answers(exec_prefix(main_1), worker_2, 50052)
+    assert not port_answers(exec_prefix(network.namespace(BALANCER_NODE)), worker_1, 50052)
     # Both groups' workers serve, and each main node's API is open inside the VPC (the
     # balancer's checks reach it).
-    assert port_answers(up["client"], groups[1][outputs.MAIN_PRIVATE_IP], SERVER_PORT)
-
-
-def port_answers(namespace: str, host: str, port: int) -> bool:
-    # A connection over the local bridge takes well under a millisecond; a dropped one hangs.
-    probe = ["timeout", "1", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
-    return subprocess.run([*exec_prefix(namespace), *probe], capture_output=True).returncode == 0
+    assert port_answers(exec_prefix(up["client"]), groups[1][outputs.MAIN_PRIVATE_IP], SERVER_PORT)
 
 
 def llama_servers(namespace: str) -> list[int]:

@@ -46,6 +46,7 @@ from tests.conftest import (
     completion_client,
     generating,
     one_node_completion,
+    port_answers,
 )
 from tests.local.conftest import DELIVERIES
 from tests.observe.test_metrics import frame_rows, top_once_while_generating
@@ -219,11 +220,6 @@ def test_the_firewall_is_in_place_before_the_rpc_server_listens(up) -> None:
     server = next(i for i, line in enumerate(lines) if "Starting RPC server" in line)
     assert firewall < server, lines
     assert "llama_rpc" in on(up, "w1", "nft", "list", "tables")
-
-
-def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
-    probe = ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"]
-    return subprocess.run([*argv_prefix, *probe], capture_output=True).returncode == 0
 
 
 def test_rpc_port_is_closed_outside_the_vpc_and_between_workers(up) -> None:
