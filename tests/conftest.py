@@ -158,6 +158,18 @@ def llama_source() -> Path:
         raise
 
 
+@pytest.fixture(scope="session")
+def host_build(llama_source: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The pinned llama.cpp built on this machine, as ``lrc local up --machines`` builds it
+    before its machines boot (skipped when it is there): a test that times a cluster from its
+    boot asks for it, so that a run without the build cached builds it first, outside what the
+    test measures."""
+    from infra.local import cluster
+
+    options = one_plus_two(llama_source, "b", 217)
+    cluster.build_on_host(options, tmp_path_factory.mktemp("host-build"), None)
+
+
 # A connection over a cluster's bridge or link is accepted in well under a millisecond; one that
 # a firewall drops hangs, so a probe gives up after a second (each "closed" costs that second).
 PROBE_SECONDS = 1

@@ -149,7 +149,7 @@ def up(
         if balancer and front:
             _start_balancer(balancer, front)
         if image:
-            _build_on_host(options, state, progress)
+            build_on_host(options, state, progress)
             for node in nodes:
                 node.booted().start()
         else:
@@ -217,7 +217,7 @@ def _start_balancer(entry: BalancerEntry, boot: BalancerBoot) -> None:
         raise LocalClusterError(str(error)) from None
 
 
-def _build_on_host(options: UpOptions, state: Path, progress: Callable[[str], None] | None) -> None:
+def build_on_host(options: UpOptions, state: Path, progress: Callable[[str], None] | None) -> None:
     """The pinned build, once on this machine; every machine gets it read-only, where its own
     build step finds it complete and skips it."""
     if progress:

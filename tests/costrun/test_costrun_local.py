@@ -15,7 +15,13 @@ from infra.local.model import cached_model, real_model
 from infra.local.source import cache_dir
 from tests.conftest import require_machines
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
+# Built before the runs: each measures its cluster's time to serve, which a build would swell.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.netns,
+    pytest.mark.machines,
+    pytest.mark.usefixtures("host_build"),
+]
 
 
 def test_a_local_cost_run_measures_destroys_audits_and_reports(
