@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from infra.boot.cloud_yaml import dump
-from infra.boot.installed import installed_text
+from infra.boot.installed import installed_text, patch_diff
 from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import patch_set
 from infra.core import network_rules
@@ -146,7 +146,8 @@ def boot_files(boot: NodeBoot, paths: NodePaths = VM_PATHS) -> list[dict[str, st
         {
             "path": str(patches / patch.name),
             "permissions": "0644",
-            "content": patch.path.read_text(),
+            # The diff alone, as the set's digest reads it: the text before it is for readers.
+            "content": patch_diff(patch.path.read_text()),
         }
         for patch in patch_set(boot.llama_cpp_commit)
     ]

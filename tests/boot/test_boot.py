@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import tokenize
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -26,7 +26,8 @@ import yaml
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
 from infra.boot.deliver import for_cloud
-from infra.boot.installed import installed_text
+from infra.boot.installed import installed_text, patch_diff
+from infra.boot.patches import patch_set, patches_digest
 from infra.clouds import FACTS
 from infra.core.limits import METRICS_PORT, ROLES, Cloud
 from infra.core.pins import LLAMA_CPP_COMMIT
@@ -71,6 +72,34 @@ AZURE_KEYED_MAIN = dataclasses.replace(
 def files_of(node: NodeBoot) -> dict[str, dict[str, str]]:
     config = yaml.safe_load(boot.render(node))
     return {f["path"]: f for f in config["write_files"]}
+
+
+def test_a_node_gets_each_patch_as_its_diff_and_computes_the_sets_digest(tmp_path: Path) -> None:
+    """The text before a patch's diff is for readers: a node gets the diffs alone (an AWS worker
+    carries every boot file in its 16 KB of user data), and build-llama.sh's digest of them, the
+    build's stamp, is the set's."""
+    directory = f"{PurePosixPath(boot.VM_PATHS.bin_dir).parent}/patches/{LLAMA_CPP_COMMIT}/"
+    shipped = {
+        path.removeprefix(directory): entry["content"]
+        for path, entry in files_of(GUARDED_WORKER).items()
+        if path.startswith(directory)
+    }
+    patches = patch_set(LLAMA_CPP_COMMIT)
+    assert sorted(shipped) == [patch.name for patch in patches]
+    for patch in patches:
+        text = patch.path.read_text()
+        assert "Switch:" in text and "Switch:" not in shipped[patch.name]
+        assert shipped[patch.name] == patch_diff(text) and text.endswith(shipped[patch.name])
+        (tmp_path / patch.name).write_text(shipped[patch.name])
+    # find_patches in build-llama.sh, on the files as the node has them.
+    script = (
+        'for f in "$1"/*.patch; do printf \'%s\\n\' "${f##*/}" && sed -n \'/^--- /,$p\' "$f"; done'
+        " | sha256sum | cut -c1-16"
+    )
+    found = subprocess.run(
+        ["bash", "-c", script, "-", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == patches_digest(LLAMA_CPP_COMMIT)
 
 
 def env_of(node: NodeBoot) -> dict[str, str]:
