@@ -166,6 +166,7 @@ def host_build(llama_source: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     test measures."""
     from infra.local import cluster
 
+    require_machines()  # the host builds for its machines: without them, nothing to build for
     options = one_plus_two(llama_source, "b", 217)
     cluster.build_on_host(options, tmp_path_factory.mktemp("host-build"), None)
 
