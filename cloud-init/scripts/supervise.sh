@@ -21,7 +21,9 @@ run_until_ready() {
   shift
   "$@" &
   local child=$!
-  trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
+  # Stopped: systemd signals every process of the unit, and llama-server, answering a request,
+  # waits for it at the first SIGTERM and exits at the second, which stop_child sends.
+  trap 'stop_child "$child"; exit 143' TERM INT
   local started=$EPOCHREALTIME
   local deadline polls=0
   deadline="$(deadline_in "$timeout")"
@@ -54,11 +56,11 @@ run_until_ready() {
   exit "$code"
 }
 
-# stop_child PID: SIGTERM, then SIGKILL after 10 s.
+# stop_child PID: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS (10).
 stop_child() {
   local pid="$1" tries
   kill -TERM "$pid" 2>/dev/null || return 0
-  for ((tries = 0; tries < 100; tries++)); do
+  for ((tries = 0; tries < ${STOP_GRACE_SECONDS:-10} * 10; tries++)); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done

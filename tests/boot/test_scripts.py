@@ -859,6 +859,40 @@ def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: P
         os.kill(int((tmp_path / "fake.pid").read_text()), 0)
 
 
+def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_path: Path) -> None:
+    """systemd stops a service by signalling all of it: llama-server, answering a request, waits
+    for it at the first SIGTERM (as long as systemd lets it: 90 s) and exits at the second. The
+    script sends the second at once, then SIGKILL after STOP_GRACE_SECONDS: here a stand-in that
+    ignores SIGTERM is gone within the grace, and the script exits as stopped."""
+    prefix, data = fake_main_node(tmp_path, fake_llama_server("trap '' TERM; cat \"$FAKE_LOG\""))
+    env = {
+        **main_node_env(tmp_path, prefix, data),
+        "RPC_WORKERS": "", "FAKE_ARGS": str(tmp_path / "args"), "STOP_GRACE_SECONDS": "1",
+        "FAKE_LOG": str(GEMMA_LOAD_LOG),  # a load log, which the node reads once it is ready
+    }  # fmt: skip
+    journal = tmp_path / "journal"
+    with journal.open("w") as out:
+        service = subprocess.Popen(
+            ["bash", str(SCRIPTS / "llama-server.sh")], env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        status: dict = {}
+        while status.get("phase") != "serving":
+            assert service.poll() is None, (status, journal.read_text())
+            time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads((data / "status.json").read_text())
+        os.killpg(service.pid, signal.SIGTERM)  # as systemd: the script and its server
+        started = time.monotonic()
+        assert service.wait(timeout=20) == 143
+        assert time.monotonic() - started < 5
+        assert not subprocess.run(["pgrep", "-s", str(service.pid)], capture_output=True).stdout
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(service.pid, signal.SIGKILL)
+
+
 # --- packages and the llama.cpp source: transient failures are retried, boundedly ---
 
 FAKE_DPKG_QUERY = 'grep -qx "${!#}" "$FAKE_INSTALLED" && printf installed\n'
