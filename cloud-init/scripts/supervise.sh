@@ -22,7 +22,10 @@ run_until_ready() {
   "$@" &
   local child=$!
   # Stopped: systemd signals every process of the unit, and llama-server, answering a request,
-  # waits for it at the first SIGTERM and exits at the second, which stop_child sends.
+  # waits for it at the first SIGTERM and exits at the second, which stop_child sends. The log
+  # filter reading this output may be gone first: a write then fails, and must not end the
+  # script (SIGPIPE, which the child, started already, still takes as before).
+  trap '' PIPE
   trap 'stop_child "$child"; exit 143' TERM INT
   local started=$EPOCHREALTIME
   local deadline polls=0
