@@ -54,16 +54,29 @@ require_count RETRY_DELAY
 # The patch set for this commit (cloud-init/patches/COMMIT/*.patch, applied in name order): its
 # digest is part of the stamp, so a changed set rebuilds. LLAMA_CPP_PATCHES is the digest the node
 # expects ("none": build unpatched); unset, the files decide. A commit with no patch files builds
-# unpatched, and says so.
+# unpatched, and says so. A patch that changes nothing this node's role builds comes as
+# NAME.patch.sha256, its diff's hash: in the set (and its digest), not applied.
 patch_dir="${LLAMA_CPP_PATCH_DIR:-$LLAMA_RPC_BIN_DIR/../patches}/$LLAMA_CPP_COMMIT"
 find_patches() {
   patch_files=() found_patches=none
+  local entries=() f hash lines=""
   if [[ -d "$patch_dir" ]]; then
-    mapfile -t patch_files < <(find "$patch_dir" -maxdepth 1 -type f -name '*.patch' | LC_ALL=C sort)
+    mapfile -t entries < <(find "$patch_dir" -maxdepth 1 -type f \( -name '*.patch' -o -name '*.patch.sha256' \) | LC_ALL=C sort)
   fi
-  if ((${#patch_files[@]})); then
-    # Each file's name and diff (the text before it may change without a rebuild).
-    found_patches="$(for f in "${patch_files[@]}"; do printf '%s\n' "${f##*/}" && sed -n '/^--- /,$p' "$f"; done | sha256sum | cut -c1-16)"
+  for f in "${entries[@]}"; do
+    if [[ "$f" == *.sha256 ]]; then
+      hash="$(<"$f")"
+      [[ "$hash" =~ ^[0-9a-f]{64}$ ]] || fail_final "$f does not hold a sha256"
+      f="${f%.sha256}"
+    else
+      # The diff alone: the text before it may change without a rebuild.
+      hash="$(sed -n '/^--- /,$p' "$f" | sha256sum | cut -d' ' -f1)"
+      patch_files+=("$f")
+    fi
+    lines+="$hash  ${f##*/}"$'\n'
+  done
+  if ((${#entries[@]})); then
+    found_patches="$(printf '%s' "$lines" | sha256sum | cut -c1-16)"
   fi
 }
 find_patches

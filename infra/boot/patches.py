@@ -4,9 +4,15 @@ Each patch is a file of its own, applied in name order by ``build-llama.sh``. It
 diff says what it changes and names two things this module reads: ``Switch:`` (the environment
 setting that turns it off at run time, as ``NAME=VALUE``) and ``Upstream:`` (the pull request it
 mirrors, or why there is none). The set's digest is part of the build's stamp; this module and
-the script compute it the same way (each file's name and diff, in order, sha256, 16 hex): the
-text before a diff may change without a rebuild, and a node gets the diffs alone. No line of that
-text may begin with ``--- ``.
+the script compute it the same way (a line of each diff's sha256 and the file's name, in order;
+the lines' sha256, 16 hex): the text before a diff may change without a rebuild, and a node gets
+the diffs alone. No line of that text may begin with ``--- ``. A diff keeps one line of context
+(``git diff -U1``): the pin is exact, so more checks nothing, and an AWS worker's 16 KB of user
+data carries its diffs.
+
+A node gets the diffs of the patches that change what its role builds (``Patch.roles``), and of
+the others their hash alone (``NAME.sha256``): the set, and so the digest and the build's stamp,
+is the same on every node, while a worker's 16 KB of user data carries no loader patch.
 """
 
 from __future__ import annotations
@@ -16,6 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.boot.installed import patch_diff
+
+# What a worker builds (ggml-rpc-server) compiles tools/rpc/ and links ggml alone
+# (tools/rpc/CMakeLists.txt at the pin); a patch that touches nothing else under these, nor the
+# build files, changes only llama-server and the tools the main node builds.
+MAIN_ONLY_SOURCES = ("src/", "include/", "common/", "tools/", "vendor/")
+WORKER_SOURCES = ("tools/rpc/",)
+# What a node with a patch's diff withheld gets in its place: the diff's sha256.
+HASH_SUFFIX = ".sha256"
 
 PATCHES_DIR = Path(__file__).resolve().parents[2] / "cloud-init" / "patches"
 NO_PATCHES = "none"
@@ -31,6 +45,34 @@ class Patch:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def diff(self) -> str:
+        return patch_diff(self.path.read_text())
+
+    @property
+    def diff_sha256(self) -> str:
+        return hashlib.sha256(self.diff.encode()).hexdigest()
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The source files the diff changes (its ``+++ b/`` lines; a file it deletes by its
+        ``--- a/`` line)."""
+        found = []
+        for line in self.diff.splitlines():
+            for marker in ("+++ b/", "--- a/"):
+                if line.startswith(marker) and line[len(marker) :] not in found:
+                    found.append(line[len(marker) :])
+        return tuple(found)
+
+    @property
+    def roles(self) -> frozenset[str]:
+        """The roles whose builds it changes: the main node's always; a worker's unless every
+        file it touches is one the worker's build does not compile."""
+        main_only = all(
+            f.startswith(MAIN_ONLY_SOURCES) and not f.startswith(WORKER_SOURCES) for f in self.files
+        )
+        return frozenset({"main"} if main_only else {"main", "worker"})
+
 
 def patch_set(commit: str, directory: Path = PATCHES_DIR) -> tuple[Patch, ...]:
     """The commit's patches in the order they apply; none for a commit without a set."""
@@ -43,10 +85,8 @@ def patches_digest(commit: str, directory: Path = PATCHES_DIR) -> str:
     patches = patch_set(commit, directory)
     if not patches:
         return NO_PATCHES
-    digest = hashlib.sha256()
-    for patch in patches:
-        digest.update(f"{patch.name}\n{patch_diff(patch.path.read_text())}".encode())
-    return digest.hexdigest()[:16]
+    lines = "".join(f"{patch.diff_sha256}  {patch.name}\n" for patch in patches)
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 def switches_off(

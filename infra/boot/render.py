@@ -13,9 +13,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from infra.boot.cloud_yaml import dump
-from infra.boot.installed import installed_text, patch_diff
+from infra.boot.installed import installed_text
 from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
-from infra.boot.patches import patch_set
+from infra.boot.patches import HASH_SUFFIX, patch_set
 from infra.core import network_rules
 from infra.core.limits import METRICS_PORT, Role
 
@@ -132,7 +132,8 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
 
 def boot_files(boot: NodeBoot, paths: NodePaths = VM_PATHS) -> list[dict[str, str]]:
     """The scripts and the llama.cpp patch set a node installs, as ``write_files`` entries. The
-    patches go to ``../patches/COMMIT/`` beside the scripts, where build-llama.sh reads them."""
+    patches go to ``../patches/COMMIT/`` beside the scripts, where build-llama.sh reads them: the
+    diff of each that changes the node's build, the hash of each other (``patches`` module)."""
     files = [
         {
             "path": f"{paths.bin_dir}/{script}",
@@ -143,11 +144,13 @@ def boot_files(boot: NodeBoot, paths: NodePaths = VM_PATHS) -> list[dict[str, st
     ]
     patches = PurePosixPath(paths.bin_dir).parent / "patches" / boot.llama_cpp_commit
     files += [
-        {
-            "path": str(patches / patch.name),
+        # The diff alone, as the set's digest reads it: the text before it is for readers.
+        {"path": str(patches / patch.name), "permissions": "0644", "content": patch.diff}
+        if boot.role in patch.roles
+        else {
+            "path": str(patches / f"{patch.name}{HASH_SUFFIX}"),
             "permissions": "0644",
-            # The diff alone, as the set's digest reads it: the text before it is for readers.
-            "content": patch_diff(patch.path.read_text()),
+            "content": f"{patch.diff_sha256}\n",
         }
         for patch in patch_set(boot.llama_cpp_commit)
     ]

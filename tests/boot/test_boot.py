@@ -26,8 +26,8 @@ import yaml
 from infra import boot
 from infra.boot import BootConfigError, NodeBoot
 from infra.boot.deliver import for_cloud
-from infra.boot.installed import installed_text, patch_diff
-from infra.boot.patches import patch_set, patches_digest
+from infra.boot.installed import installed_text
+from infra.boot.patches import Patch, patch_set
 from infra.clouds import FACTS
 from infra.core.limits import METRICS_PORT, ROLES, Cloud
 from infra.core.pins import LLAMA_CPP_COMMIT
@@ -74,32 +74,69 @@ def files_of(node: NodeBoot) -> dict[str, dict[str, str]]:
     return {f["path"]: f for f in config["write_files"]}
 
 
-def test_a_node_gets_each_patch_as_its_diff_and_computes_the_sets_digest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("node", [MAIN, GUARDED_WORKER], ids=["main", "worker"])
+def test_a_node_gets_the_diffs_its_build_needs_and_the_hashes_of_the_rest(node: NodeBoot) -> None:
     """The text before a patch's diff is for readers: a node gets the diffs alone (an AWS worker
-    carries every boot file in its 16 KB of user data), and build-llama.sh's digest of them, the
-    build's stamp, is the set's."""
+    carries every boot file in its 16 KB of user data), and of a patch that changes nothing its
+    role builds only the diff's hash, which keeps the set's digest whole
+    (test_the_scripts_and_the_program_agree_on_the_sets_digest)."""
     directory = f"{PurePosixPath(boot.VM_PATHS.bin_dir).parent}/patches/{LLAMA_CPP_COMMIT}/"
     shipped = {
         path.removeprefix(directory): entry["content"]
-        for path, entry in files_of(GUARDED_WORKER).items()
+        for path, entry in files_of(node).items()
         if path.startswith(directory)
     }
     patches = patch_set(LLAMA_CPP_COMMIT)
-    assert sorted(shipped) == [patch.name for patch in patches]
+    assert len(shipped) == len(patches)
     for patch in patches:
         text = patch.path.read_text()
-        assert "Switch:" in text and "Switch:" not in shipped[patch.name]
-        assert shipped[patch.name] == patch_diff(text) and text.endswith(shipped[patch.name])
-        (tmp_path / patch.name).write_text(shipped[patch.name])
-    # find_patches in build-llama.sh, on the files as the node has them.
-    script = (
-        'for f in "$1"/*.patch; do printf \'%s\\n\' "${f##*/}" && sed -n \'/^--- /,$p\' "$f"; done'
-        " | sha256sum | cut -c1-16"
-    )
-    found = subprocess.run(
-        ["bash", "-c", script, "-", str(tmp_path)], capture_output=True, text=True, check=True
-    )
-    assert found.stdout.strip() == patches_digest(LLAMA_CPP_COMMIT)
+        if node.role in patch.roles:
+            assert "Switch:" in text and "Switch:" not in shipped[patch.name]
+            assert shipped[patch.name] == patch.diff and text.endswith(shipped[patch.name])
+        else:
+            assert shipped[f"{patch.name}.sha256"] == f"{patch.diff_sha256}\n"
+    withheld = {p.name for p in patches if node.role not in p.roles}
+    # The loader's patch changes llama-server alone; a worker's build needs every other.
+    loader = {"0003-mmap-no-populate-beyond-memory.patch"}
+    assert withheld == (set() if node.role == "main" else loader)
+
+
+def test_each_diff_keeps_one_line_of_context() -> None:
+    """Three lines of context would check nothing more at an exact pin, and cost an AWS worker
+    about 1.3 KB of its 16 KB of user data (``git diff -U1`` makes them)."""
+    for patch in patch_set(LLAMA_CPP_COMMIT):
+        for hunk in re.split(r"^@@ .*\n", patch.diff, flags=re.M)[1:]:
+            lines = [line for line in hunk.splitlines() if not line.startswith(("--- ", "+++ "))]
+            changed = [i for i, line in enumerate(lines) if line[:1] in "+-"]
+            assert changed, f"{patch.name}: a hunk that changes nothing"
+            lead, trail = changed[0], len(lines) - 1 - changed[-1]
+            assert lead <= 1 and trail <= 1, f"{patch.name}: a hunk with {max(lead, trail)} lines"
+
+
+def _patch(tmp_path: Path, *files: str) -> Patch:
+    path = tmp_path / "0001-x.patch"
+    hunks = "".join(f"--- a/{f}\n+++ b/{f}\n@@ -1 +1 @@\n-a\n+b\n" for f in files)
+    path.write_text(f"Why.\n\n{hunks}")
+    return Patch(path, (), "none")
+
+
+@pytest.mark.parametrize(
+    ("files", "roles"),
+    [
+        (["src/llama-model-loader.cpp", "src/llama-model.cpp"], {"main"}),
+        (["tools/server/server.cpp", "common/arg.cpp", "include/llama.h"], {"main"}),
+        (["ggml/src/ggml-rpc/ggml-rpc.cpp"], {"main", "worker"}),
+        (["tools/rpc/rpc-server.cpp"], {"main", "worker"}),
+        (["src/llama.cpp", "ggml/src/ggml-cpu/repack.cpp"], {"main", "worker"}),
+        (["CMakeLists.txt"], {"main", "worker"}),
+    ],
+)
+def test_a_patch_goes_to_a_worker_unless_it_touches_only_what_main_alone_builds(
+    tmp_path: Path, files: list[str], roles: set[str]
+) -> None:
+    patch = _patch(tmp_path, *files)
+    assert patch.files == tuple(files)
+    assert patch.roles == roles
 
 
 def env_of(node: NodeBoot) -> dict[str, str]:

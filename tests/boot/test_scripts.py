@@ -1158,6 +1158,36 @@ def test_the_scripts_and_the_program_agree_on_the_sets_digest(run_script, tmp_pa
     assert expected != "none" and f"(set {expected})" in result.stderr
 
 
+def test_a_patch_withheld_from_a_node_keeps_the_set_and_is_not_applied(
+    run_script, tmp_path
+) -> None:
+    """A node whose role's build a patch does not change gets the diff's hash in its place:
+    the same set, so the same digest and stamp as a node that applies it."""
+    diff = "--- /dev/null\n+++ b/NEW\n@@ -0,0 +1 @@\n+new\n"
+    adds = f"A file.\n\nSwitch: NONE=0\nUpstream: none\n\n{diff}"
+    whole = tmp_path / "whole"
+    (whole / "c").mkdir(parents=True)
+    (whole / "c" / "0001-x.patch").write_text(GOOD_PATCH)
+    (whole / "c" / "0002-y.patch").write_text(adds)
+    expected = patches_digest("c", whole)
+    withheld = {"0002-y.patch.sha256": hashlib.sha256(diff.encode()).hexdigest() + "\n"}
+    result, status, src = build_with_patches(
+        run_script, tmp_path, {"0001-x.patch": GOOD_PATCH, **withheld}, LLAMA_CPP_PATCHES=expected
+    )
+    assert status["build_patches"] == "0001-x.patch", result.stderr
+    assert f"(set {expected})" in result.stderr
+    assert (src / "README").read_text() == "not llama.cpp\npatched\n"
+    assert not (src / "NEW").exists()
+
+
+def test_a_withheld_patch_whose_hash_is_not_one_is_final(run_script, tmp_path) -> None:
+    result, status, _ = build_with_patches(
+        run_script, tmp_path, {"0001-x.patch": GOOD_PATCH, "0002-y.patch.sha256": "a few words\n"}
+    )
+    assert result.returncode == 78
+    assert "0002-y.patch.sha256 does not hold a sha256" in status["last_error"]
+
+
 # --- the status file: not for everyone's eyes ---
 
 
