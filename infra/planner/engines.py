@@ -120,11 +120,14 @@ class EngineLine:
     basis: str
     why_not: str = ""
     sources: tuple[str, ...] = ()
+    # A draft model's chosen draft length (0: no draft, it is slower); None for other engines.
+    draft_max: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "engine": self.engine,
             "predictedDecodeTps": None if self.tps is None else round(self.tps, 2),
+            "draftMax": self.draft_max,
             "offered": self.offered,
             "basis": self.basis,
             "whyNot": self.why_not or None,
@@ -386,5 +389,8 @@ def _draft_line(
             f"against {plain:.2f} without); " + basis,
             "",
             () if given else (pair.source,),
+            draft_max=0,
         )
-    return EngineLine(name, found.tps, True, basis, "", () if given else (pair.source,))
+    return EngineLine(
+        name, found.tps, True, basis, "", () if given else (pair.source,), found.draft_max
+    )

@@ -117,7 +117,7 @@ def test_a_draft_that_never_pays_says_no_draft_slower() -> None:
     nodes = c8g()
     lines = by_engine(engines.engine_lines(MODEL, nodes, layout(nodes), KV_TOKENS, acceptance=0.1))
     line = lines[PLAIN_DRAFT]
-    assert line.basis.startswith("no draft: slower")
+    assert line.basis.startswith("no draft: slower") and line.draft_max == 0
     assert line.tps == perf.decode_tps(MODEL, nodes, layout(nodes), KV_TOKENS)
     assert line.sources == ()  # a given acceptance cites nothing
 
@@ -196,6 +196,8 @@ def test_plan_engines_in_json_and_a_given_acceptance(capsys) -> None:
     assert {line["engine"] for line in published} >= {"vLLM on CPUs", "pipeline (prima.cpp)"}
     draft = next(line for line in published if "draft" in line["engine"])
     assert draft["predictedDecodeTps"] >= 1.9 and draft["offered"] and not draft["whyNot"]
+    assert draft["draftMax"] == 1  # a short draft: the check costs several decode steps
+    assert all(line["draftMax"] is None for line in published if "draft" not in line["engine"])
     code, out, _ = plan(capsys, *ARMS, "--engines", "--json", "--draft-acceptance", "0.6")
     given = next(line for line in json.loads(out)["engines"]["aws"] if "draft" in line["engine"])
     assert given["predictedDecodeTps"] < draft["predictedDecodeTps"]
