@@ -20,6 +20,7 @@ import pytest
 from infra import catalog
 from infra.cli import lrc
 from infra.core.units import duration
+from infra.planner.engines import LLAMA_8B_DRAFT
 from infra.planner.report import first_token
 from infra.stack.files import stack_config
 from tests.conftest import REPO
@@ -180,6 +181,8 @@ FIGURES = [
            lambda: str(layers("aws-r8g")[0])),
     Figure("docs/planner.md", "reading its share of the weights in turn: {} tok/s for the 405B",
            lambda: f"{engine('llama.cpp layer split over RPC'):.2f}"),
+    Figure("docs/planner.md", "a draft of k. At {} a token (the top is",
+           lambda: "{:.0f}-{:.0f} %".format(*(100 * a for a in LLAMA_8B_DRAFT.per_token_range))),
     Figure("docs/planner.md", "workers three c8g.16xlarge are predicted at {}),",
            lambda: drafted(DRAFT + ", workers as upstream (GGML_RPC_REPACK=0)")),
     Figure("docs/planner.md", "with workers that repack (patch 0005) at {}).",

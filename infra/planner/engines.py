@@ -37,15 +37,20 @@ class DraftPair:
     acceptance: float  # accepted / drafted, as llama.cpp reports it
     draft_max: int  # the draft length that acceptance was measured at
     source: str
-    # The chance the target accepts each drafted token, as a range for the stacks: the published
-    # pair's own (greedy, on GPUs) is the top; a larger gap to the target, llama-server's default
-    # sampling at temperature 0.8 and its --draft-p-min stop accept less.
-    per_token_range: tuple[float, float] = (0.7, 0.87)
+    # The lowest published rate for a pair like it (accepted / drafted at ``draft_max``): the
+    # bottom of the range, as ``acceptance`` is its top.
+    low_acceptance: float
+    low_source: str
 
     @property
     def per_token(self) -> float:
         """The per-token acceptance the published rate implies at its draft length."""
         return per_token_acceptance(self.acceptance, self.draft_max)
+
+    @property
+    def per_token_range(self) -> tuple[float, float]:
+        """The chance the target accepts each drafted token, lowest to highest published."""
+        return per_token_acceptance(self.low_acceptance, self.draft_max), self.per_token
 
 
 def accepted_run(acceptance: float, draft_max: int) -> float:
@@ -80,9 +85,13 @@ LLAMA_8B_DRAFT = DraftPair(
     draft_max=8,
     source="Llama-3-70B-Instruct Q4_K_M with a Llama-3-8B-Instruct Q4_K_M draft in "
     "llama-speculative, top-k 1, draft 8: 58.7 % accepted (devquasar.com, 'Speculative "
-    "decoding tradeoffs: GPU with large models, Llama 70B / 8B'), 0.87 a token; a Llama-70B / "
+    "decoding tradeoffs: GPU with large models, Llama 70B / 8B'), 0.88 a token; a Llama-70B / "
     "8B distill pair in vLLM accepts 38.8-55.6 % by task (vllm-project/vllm#53987); no "
-    "published run has a 405B target or runs on CPUs",
+    "published run has a 405B target",
+    low_acceptance=0.356,
+    low_source="Llama-2-70B f16 with a Llama-2-7B Q8_0 draft in llama.cpp's speculative example, "
+    "CPU only, default sampling, draft 8: 35.6 % accepted, 0.76 a token "
+    "(ggml-org/llama.cpp#2926)",
 )
 DRAFT_PAIRS: dict[str, DraftPair] = {
     "llama-3.1-70b": LLAMA_8B_DRAFT,
@@ -366,6 +375,7 @@ def _draft_line(
 
     found, worst, most = best(central), best(low), best(high)
     plain = perf.decode_tps(model, nodes, layout, kv_tokens)
+    cited = () if given else (pair.source, pair.low_source)
     if found is None or worst is None or most is None or plain is None:
         return EngineLine(name, None, True, "not predicted: a bandwidth or compute rate is unknown")
     accepted = (
@@ -388,9 +398,7 @@ def _draft_line(
             f"no draft: slower ({found.tps:.2f} tok/s at its best, draft {found.draft_max}, "
             f"against {plain:.2f} without); " + basis,
             "",
-            () if given else (pair.source,),
+            cited,
             draft_max=0,
         )
-    return EngineLine(
-        name, found.tps, True, basis, "", () if given else (pair.source,), found.draft_max
-    )
+    return EngineLine(name, found.tps, True, basis, "", cited, found.draft_max)
