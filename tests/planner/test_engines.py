@@ -196,12 +196,14 @@ def test_plan_engines_in_json_and_a_given_acceptance(capsys) -> None:
     assert code == 0
     published: list[dict[str, Any]] = json.loads(out)["engines"]["aws"]
     assert {line["engine"] for line in published} >= {"vLLM on CPUs", "pipeline (prima.cpp)"}
-    draft = next(line for line in published if "draft" in line["engine"])
+    draft = next(line for line in published if line["engine"] == PLAIN_DRAFT)
     assert draft["predictedDecodeTps"] >= 1.9 and draft["offered"] and not draft["whyNot"]
     assert draft["draftMax"] == 2  # a short draft: the check costs several decode steps
     assert all(line["draftMax"] is None for line in published if "draft" not in line["engine"])
     code, out, _ = plan(capsys, *ARMS, "--engines", "--json", "--draft-acceptance", "0.6")
-    given = next(line for line in json.loads(out)["engines"]["aws"] if "draft" in line["engine"])
+    given = next(
+        line for line in json.loads(out)["engines"]["aws"] if line["engine"] == PLAIN_DRAFT
+    )
     assert given["predictedDecodeTps"] < draft["predictedDecodeTps"]
     assert "60% a token (given)" in given["basis"] and given["sources"] == []
 
