@@ -20,6 +20,8 @@ import pytest
 from infra import catalog
 from infra.cli import lrc
 from infra.core.units import duration
+from infra.planner.engines import LLAMA_8B_DRAFT
+from infra.planner.report import first_token
 from infra.stack.files import stack_config
 from tests.conftest import REPO
 from tests.pulumi_mocks import parsed_config
@@ -58,6 +60,16 @@ def option(document: dict[str, Any], provider: str, instance: str, nodes: int) -
 
 PLAN_405B = ("llama-3.1-405b-q4_0",)
 ARMS_GUIDE = ("llama-3.1-405b-q4_0", "--instance-type", "c8g.16xlarge", "--count", "3")
+
+
+DRAFT = "llama.cpp layer split with a draft model"
+
+
+def drafted(name: str) -> str:
+    """A draft line's figure as the page quotes it: ``2.06 tok/s (draft 1``."""
+    lines = plan(*ARMS_GUIDE, "--engines")["engines"]["aws"]
+    line = next(line for line in lines if line["engine"] == name)
+    return f"{line['predictedDecodeTps']:.2f} tok/s (draft {line['draftMax']}"
 
 
 def engine(name: str) -> float:
@@ -169,8 +181,12 @@ FIGURES = [
            lambda: str(layers("aws-r8g")[0])),
     Figure("docs/planner.md", "reading its share of the weights in turn: {} tok/s for the 405B",
            lambda: f"{engine('llama.cpp layer split over RPC'):.2f}"),
-    Figure("docs/planner.md", "c8g.16xlarge are predicted at {} tok/s.",
-           lambda: f"{engine('llama.cpp layer split with a draft model'):.2f}"),
+    Figure("docs/planner.md", "a draft of k. At {} a token (the top is",
+           lambda: "{:.0f}-{:.0f} %".format(*(100 * a for a in LLAMA_8B_DRAFT.per_token_range))),
+    Figure("docs/planner.md", "workers three c8g.16xlarge are predicted at {}),",
+           lambda: drafted(DRAFT + ", workers as upstream (GGML_RPC_REPACK=0)")),
+    Figure("docs/planner.md", "with workers that repack (patch 0005) at {}).",
+           lambda: drafted(DRAFT + ", workers repack (patch 0005)")),
     Figure("docs/planner.md", "activations twice a layer: {} tok/s, with an assumed",
            lambda: f"{engine('tensor parallel on 3 nodes'):.2f}"),
     Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure; on both",
@@ -217,8 +233,8 @@ def test_the_stacks_table_gives_each_stacks_price(page: str, cloud: str) -> None
 
 
 PLANNER_TABLE = (
-    "| provider | instance type | nodes | layers | $/h | tok/s | $/Mtok "
-    "| to serve: internet / staged |"
+    "| provider | instance type | nodes | layers | $/h | tok/s | first token (1,000-token prompt) "
+    "| $/Mtok | to serve: internet / staged |"
 )
 
 
@@ -237,7 +253,7 @@ def _layers(cell: str) -> list[int]:
 def test_the_405b_table_is_the_planners() -> None:
     rows = _table("docs/planner.md", PLANNER_TABLE)
     assert len(rows) >= 8
-    for provider_cell, instance_cell, nodes, layers, hourly, tps, per_mtok, serve in rows:
+    for provider_cell, instance_cell, nodes, layers, hourly, tps, first, per_mtok, serve in rows:
         provider, picked = provider_cell.removesuffix(" *"), provider_cell.endswith(" *")
         instance = instance_cell.split(" (")[0]
         document = plan(*ARMS_GUIDE) if "--count 3" in instance_cell else plan(*PLAN_405B)
@@ -251,6 +267,9 @@ def test_the_405b_table_is_the_planners() -> None:
         assert hourly.split(" (")[0] == price, row
         speed = found["predictedDecodeTps"]
         assert tps.split(" (")[0] == ("n/a" if speed is None else f"{speed:.2f}"), row
+        waited = found["predictedFirstTokenSeconds"]
+        assert found["promptTokens"] in (None, 1000), row
+        assert first == ("n/a" if waited is None else first_token(waited)), row
         cost = found["usdPerMillionTokens"]
         assert per_mtok == ("n/a" if cost is None else f"{cost:,.0f}{partial}"), row
         internet, staged = (

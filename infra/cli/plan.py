@@ -11,10 +11,10 @@ from pathlib import Path
 
 from infra import catalog, models
 from infra.cli.options import PROGRAM, add_cloud, add_json, add_stack, command_parser, print_json
-from infra.core import sizing
+from infra.core import perf, sizing
 from infra.core.limits import MAX_REPLICAS, PLATFORMS, VM
 from infra.models import ModelError
-from infra.planner import base, chart, report, request, serve
+from infra.planner import base, chart, report, request, search, serve
 from infra.planner.base import PlanError, TargetUnmet
 from infra.stack.files import STACKS_DIR
 
@@ -156,8 +156,15 @@ def parser() -> argparse.ArgumentParser:
         "--draft-acceptance",
         type=float,
         metavar="FRACTION",
-        help="with --engines: the drafted tokens the target accepts, 0-1 (default: the "
-        "published figure for the model pair)",
+        help="with --engines: the chance the target accepts each drafted token, 0-1 (default: "
+        "a range around the published figure for the model pair)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=perf.PROMPT_TOKENS,
+        help="the prompt the time to first token (TTFT) and the prompt rate are predicted for "
+        "(default %(default)s)",
     )
     p.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     return p
@@ -201,6 +208,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     asked = request_of(args)
     result = request.plan(asked)
     shown = request.shown(asked, result)
+    if args.prompt_tokens != perf.PROMPT_TOKENS:
+        shown = shown.only([search.with_prompt(o, shown.model, args.prompt_tokens)
+                            for o in shown.options])  # fmt: skip
     lines = report.engines(shown, args.draft_acceptance) if args.engines else None
     if args.json:
         print_json(report.to_json(shown) | ({} if lines is None else report.engines_json(lines)))

@@ -187,3 +187,13 @@ def fewest_workers(
         if place(model, context, slots, [main_usable] + [worker_usable] * workers).fits:
             return workers
     return None
+
+
+def split(
+    model: Model, context: int, slots: int, counts: Sequence[int], usable: Sequence[int]
+) -> Placement:
+    """The model's layers in the ``counts`` given (the main node first), as a run published
+    them; ``place`` chooses them instead."""
+    if sum(counts) != model.layers or len(counts) != len(usable):
+        raise ValueError(f"{list(counts)} do not share {model.layers} layers over {len(usable)}")
+    return Placement(_shares(_costs(model, context, slots, len(usable)), counts, usable))

@@ -149,7 +149,7 @@ class PulumiTarget:
             )
         found = engines.speculative(
             c.model, nodes, c.placement, kv_tokens,
-            draft=draft, acceptance=pair.acceptance, draft_max=c.draft_max,
+            draft=draft, acceptance=pair.per_token, draft_max=c.draft_max,
         )  # fmt: skip
         if found is None:
             return plain_tps, None, "a bandwidth is unknown: decode is predicted without the draft"

@@ -65,6 +65,10 @@ class Option:
     priced: tuple[costs.PricedNode, ...] = field(default=(), compare=False, repr=False)
     # "kubernetes": the nodes in an EKS cluster (its control plane priced, no balancer node).
     platform: str = VM
+    # One group computing a prompt (``perf.prompt``: its rate and the time to its first token);
+    # None where a compute rate is unknown.
+    prompt: perf.Prompt | None = field(default=None, compare=False)
+    workers_repack: bool = False  # whether its RPC workers repack (patch 0005 in the build)
 
     @property
     def kubernetes(self) -> bool:

@@ -5,10 +5,11 @@ stream is never faster than one node reading its share of the weights in turn: `
 it. Two other shapes could do better, and the rest do no better:
 
 - **a draft model** (speculative decoding): a small model of the same vocabulary proposes
-  ``draft_max`` tokens on the main node; the cluster checks them all in one step, which on CPUs
-  costs about what one token does (it reads the weights once; ``perf.batch_step`` prices the
-  extra arithmetic). Each step yields ``1 + acceptance x draft_max`` tokens, ``acceptance``
-  being what llama-server reports (accepted / drafted);
+  ``draft_max`` tokens on the main node; the cluster checks them all in one step of
+  ``draft_max + 1`` tokens (``perf.step``: the weights read once, and the arithmetic of each
+  token beyond the first, at the plain kernels' rate on workers that do not repack). Each step
+  yields the accepted run: drafted tokens up to the first rejected one, and the target's own;
+  the best draft length is chosen, or none when every one is slower;
 - **tensor parallelism** (distributed-llama; llama.cpp's own tensor split over RPC): every node
   reads its slice of every layer at once, then the nodes exchange activations twice a layer;
 - a pipeline (prima.cpp) or vLLM's pipeline or tensor split on CPUs reduce to one of the two
@@ -36,6 +37,44 @@ class DraftPair:
     acceptance: float  # accepted / drafted, as llama.cpp reports it
     draft_max: int  # the draft length that acceptance was measured at
     source: str
+    # The lowest published rate for a pair like it (accepted / drafted at ``draft_max``): the
+    # bottom of the range, as ``acceptance`` is its top.
+    low_acceptance: float
+    low_source: str
+
+    @property
+    def per_token(self) -> float:
+        """The per-token acceptance the published rate implies at its draft length."""
+        return per_token_acceptance(self.acceptance, self.draft_max)
+
+    @property
+    def per_token_range(self) -> tuple[float, float]:
+        """The chance the target accepts each drafted token, lowest to highest published."""
+        return per_token_acceptance(self.low_acceptance, self.draft_max), self.per_token
+
+
+def accepted_run(acceptance: float, draft_max: int) -> float:
+    """Tokens a step yields: the drafted tokens accepted until the first rejected one (each with
+    chance ``acceptance``), and the target's own token after them:
+    (1 - a^(k+1)) / (1 - a)."""
+    if not 0 <= acceptance <= 1:
+        raise ValueError(f"an acceptance is a chance per drafted token, not {acceptance}")
+    if acceptance == 1:
+        return draft_max + 1.0
+    return (1 - acceptance ** (draft_max + 1)) / (1 - acceptance)
+
+
+def per_token_acceptance(rate: float, draft_max: int) -> float:
+    """The per-token acceptance whose accepted run, less the target's token, is ``rate`` of
+    ``draft_max`` drafted (what llama.cpp reports), by bisection."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if (accepted_run(middle, draft_max) - 1) / draft_max < rate:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 # The nearest published llama.cpp runs: Llama 3 and 3.1 share one 128,256-token vocabulary, so
@@ -46,13 +85,20 @@ LLAMA_8B_DRAFT = DraftPair(
     draft_max=8,
     source="Llama-3-70B-Instruct Q4_K_M with a Llama-3-8B-Instruct Q4_K_M draft in "
     "llama-speculative, top-k 1, draft 8: 58.7 % accepted (devquasar.com, 'Speculative "
-    "decoding tradeoffs: GPU with large models, Llama 70B / 8B'); no published run has a 405B "
-    "target",
+    "decoding tradeoffs: GPU with large models, Llama 70B / 8B'), 0.88 a token; a Llama-70B / "
+    "8B distill pair in vLLM accepts 38.8-55.6 % by task (vllm-project/vllm#53987); no "
+    "published run has a 405B target",
+    low_acceptance=0.356,
+    low_source="Llama-2-70B f16 with a Llama-2-7B Q8_0 draft in llama.cpp's speculative example, "
+    "CPU only, default sampling, draft 8: 35.6 % accepted, 0.76 a token "
+    "(ggml-org/llama.cpp#2926)",
 )
 DRAFT_PAIRS: dict[str, DraftPair] = {
     "llama-3.1-70b": LLAMA_8B_DRAFT,
     "llama-3.1-405b": LLAMA_8B_DRAFT,
 }
+# The draft lengths a plan tries (llama-server's --draft-max).
+DRAFT_LENGTHS = range(1, 17)
 
 
 def draft_pair(model: Model) -> DraftPair | None:
@@ -83,11 +129,14 @@ class EngineLine:
     basis: str
     why_not: str = ""
     sources: tuple[str, ...] = ()
+    # A draft model's chosen draft length (0: no draft, it is slower); None for other engines.
+    draft_max: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "engine": self.engine,
             "predictedDecodeTps": None if self.tps is None else round(self.tps, 2),
+            "draftMax": self.draft_max,
             "offered": self.offered,
             "basis": self.basis,
             "whyNot": self.why_not or None,
@@ -103,6 +152,7 @@ class Speculative:
     tokens_per_step: float
     draft_seconds: float
     verify_seconds: float
+    draft_max: int
 
 
 def speculative(
@@ -114,28 +164,60 @@ def speculative(
     draft: Model,
     acceptance: float,
     draft_max: int,
+    workers_repack: bool = False,
 ) -> Speculative | None:
     """One stream with a draft model on the main node: each step drafts ``draft_max`` tokens
-    there, one after another, then checks them and one more in one step of the cluster (a batch
-    of ``draft_max + 1`` tokens: the weights read once, the arithmetic for each, and each one's
-    KV read counted, an over-count). None where a bandwidth is unknown."""
-    if not 0 <= acceptance <= 1:
-        raise ValueError(f"an acceptance is a fraction of the drafted tokens, not {acceptance}")
+    there, one after another, then the cluster checks them and one more in one step of
+    ``draft_max + 1`` tokens (``perf.step``: the weights read once, the arithmetic of every token
+    beyond the first at each node's kernel's rate); it yields the accepted run and the target's
+    token (``accepted_run``, ``acceptance`` a chance per drafted token). None where a bandwidth or
+    compute rate is unknown."""
+    if draft_max < 1:
+        raise ValueError(f"a draft has at least one token, not {draft_max}")
+    tokens = accepted_run(acceptance, draft_max)
     main = nodes[0]
     # The draft alone on the main node: its decode rate (the target's layers wait meanwhile).
     alone = placement.place(draft, max(kv_tokens, 1), 1, [sizing.usable_memory_bytes(main)])
     draft_tps = perf.decode_tps(draft, [main], alone, kv_tokens)
-    verify = perf.batch_step(model, nodes, layout, kv_tokens, draft_max + 1)
-    if draft_tps is None or verify is None:
+    rates = [perf.node_rates(n) for n in nodes]
+    if draft_tps is None or None in rates or perf.no_compute_reason(model, nodes):
         return None
-    tokens = 1 + acceptance * draft_max
+    verify = perf.step(model, [r for r in rates if r is not None], layout, kv_tokens,
+                       draft_max + 1, workers_repack=workers_repack)  # fmt: skip
+    if verify is None:
+        return None
     draft_seconds = draft_max / draft_tps
     return Speculative(
-        tokens / (draft_seconds + verify.step_seconds),
-        tokens,
-        draft_seconds,
-        verify.step_seconds,
+        tokens / (draft_seconds + verify.seconds), tokens, draft_seconds, verify.seconds, draft_max
     )
+
+
+def best_draft(
+    model: Model,
+    nodes: Sequence[InstanceType],
+    layout: Placement,
+    kv_tokens: int,
+    *,
+    draft: Model,
+    acceptance: float,
+    workers_repack: bool = False,
+) -> Speculative | None:
+    """The draft length (``DRAFT_LENGTHS``) that decodes fastest; None where unknown."""
+    found = [
+        speculative(
+            model,
+            nodes,
+            layout,
+            kv_tokens,
+            draft=draft,
+            acceptance=acceptance,
+            draft_max=k,
+            workers_repack=workers_repack,
+        )
+        for k in DRAFT_LENGTHS
+    ]
+    known = [f for f in found if f is not None]
+    return max(known, key=lambda f: f.tps, default=None)
 
 
 def tensor_parallel_tps(
@@ -181,9 +263,12 @@ def engine_lines(
     kv_tokens: int,
     *,
     acceptance: float | None = None,
+    workers_repack: bool = False,
 ) -> list[EngineLine]:
     """Every engine's line for one cluster (``nodes``: the main node, then the workers).
-    ``acceptance`` replaces the draft pair's published one."""
+    ``acceptance`` (a chance per drafted token) replaces the draft pair's range;
+    ``workers_repack``: whether the build's workers repack (patch 0005), with a cluster of
+    workers the draft line is also shown the other way."""
     count = len(nodes)
     split = perf.decode_tps(model, nodes, layout, kv_tokens)
     lines = [
@@ -195,7 +280,13 @@ def engine_lines(
             "on Arm's 405B run on 3 x c8g.16xlarge)",
         )
     ]
-    lines.append(_draft_line(model, nodes, layout, kv_tokens, acceptance))
+    # With workers, the draft line both ways: as the build runs them, and the other.
+    for repack in (workers_repack, not workers_repack)[: 2 if count > 1 else 1]:
+        lines.append(
+            _draft_line(
+                model, nodes, layout, kv_tokens, acceptance=acceptance, workers_repack=repack
+            )
+        )
     tp = tensor_parallel_tps(model, nodes, kv_tokens)
     lines.append(
         EngineLine(
@@ -248,14 +339,22 @@ def engine_lines(
     return lines
 
 
+def workers_kernel(repack: bool) -> str:
+    return "workers repack (patch 0005)" if repack else "workers as upstream (GGML_RPC_REPACK=0)"
+
+
 def _draft_line(
     model: Model,
     nodes: Sequence[InstanceType],
     layout: Placement,
     kv_tokens: int,
+    *,
     acceptance: float | None,
+    workers_repack: bool,
 ) -> EngineLine:
     name = "llama.cpp layer split with a draft model"
+    if len(nodes) > 1:
+        name += f", {workers_kernel(workers_repack)}"
     pair = draft_pair(model)
     if pair is None:
         return EngineLine(
@@ -266,29 +365,40 @@ def _draft_line(
             "(a stack's draftModel takes any of the same vocabulary)",
         )
     draft = PRESETS[pair.draft]
-    accepted = pair.acceptance if acceptance is None else acceptance
-    found = speculative(
-        model,
-        nodes,
-        layout,
-        kv_tokens,
-        draft=draft,
-        acceptance=accepted,
-        draft_max=pair.draft_max,
+    given = acceptance is not None
+    low, high = (acceptance, acceptance) if acceptance is not None else pair.per_token_range
+    central = (low + high) / 2
+
+    def best(a: float) -> Speculative | None:
+        return best_draft(model, nodes, layout, kv_tokens, draft=draft, acceptance=a,
+                          workers_repack=workers_repack)  # fmt: skip
+
+    found, worst, most = best(central), best(low), best(high)
+    plain = perf.decode_tps(model, nodes, layout, kv_tokens)
+    cited = () if given else (pair.source, pair.low_source)
+    if found is None or worst is None or most is None or plain is None:
+        return EngineLine(name, None, True, "not predicted: a bandwidth or compute rate is unknown")
+    accepted = (
+        f"{central:.0%} a token (given)"
+        if given
+        else f"{central:.0%} a token ({low:.0%}-{high:.0%}: {worst.tps:.2f}-{most.tps:.2f} tok/s)"
     )
-    given = "given" if acceptance is not None else "published"
-    return EngineLine(
-        name,
-        None if found is None else found.tps,
-        True,
-        f"{pair.draft} drafts {pair.draft_max} tokens a step on the main node"
-        + (
-            ""
-            if found is None
-            else f" ({found.draft_seconds * 1e3:.0f} ms), the cluster checks them in one step "
-            f"({found.verify_seconds * 1e3:.0f} ms): {found.tokens_per_step:.2f} tokens a step "
-            f"at {accepted:.1%} accepted ({given})"
-        ),
-        "",
-        (pair.source,) if acceptance is None else (),
+    basis = (
+        f"{pair.draft} drafts {found.draft_max} token{'s' if found.draft_max > 1 else ''} a step "
+        f"on the main node ({found.draft_seconds * 1e3:.0f} ms), the cluster checks them and one "
+        f"more in one step ({found.verify_seconds * 1e3:.0f} ms, perf.step): "
+        f"{found.tokens_per_step:.2f} tokens a step at {accepted}; the best of draft "
+        f"{DRAFT_LENGTHS.start}-{DRAFT_LENGTHS.stop - 1}"
     )
+    if found.tps <= plain:
+        return EngineLine(
+            name,
+            plain,
+            True,
+            f"no draft: slower ({found.tps:.2f} tok/s at its best, draft {found.draft_max}, "
+            f"against {plain:.2f} without); " + basis,
+            "",
+            cited,
+            draft_max=0,
+        )
+    return EngineLine(name, found.tps, True, basis, "", cited, found.draft_max)

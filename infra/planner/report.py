@@ -90,6 +90,9 @@ def option_json(option: Option) -> dict[str, Any]:
         "spotInstancesHourlyUsd": option.spot_instances_usd,
         "spotPriceDate": option.spot_price_date or None,
         "predictedDecodeTps": None if option.decode_tps is None else round(option.decode_tps, 3),
+        # One group computing a prompt of promptTokens: its rate and the time to the first token
+        # (null where a compute rate is unknown); workersRepack: the build's workers repack.
+        **prompt_json(option),
         **load_json(option),
         "usdPerMillionTokens": option.usd_per_million_tokens,
         "speedUnknownReason": option.speed_unknown_reason(),
@@ -101,6 +104,27 @@ def option_json(option: Option) -> dict[str, Any]:
         "priceDate": instance.price_date or None,
         "costSources": list(option.cost.sources),
     }
+
+
+def prompt_json(option: Option) -> dict[str, Any]:
+    found = option.prompt
+    return {
+        "promptTokens": None if found is None else found.tokens,
+        "predictedPromptTps": None if found is None else round(found.tps, 2),
+        "predictedFirstTokenSeconds": None if found is None else round(found.seconds, 2),
+        "workersRepack": option.workers_repack,
+    }
+
+
+def first_token(seconds: float) -> str:
+    """Tenths of a second below 10 s, whole seconds below a minute, then minutes."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return duration(seconds)
+
+
+def _first_token(option: Option) -> str:
+    return "n/a" if option.prompt is None or not option.fits else first_token(option.prompt.seconds)
 
 
 def load_json(option: Option) -> dict[str, Any]:
@@ -138,6 +162,7 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             "a measured STREAM figure stands for it (cpus.csv names its source): its speeds "
             "are conservative beside the others' peaks"
         ),
+        "prompt": prompt_basis(plan),
         "sort": SORT_MEANINGS[plan.sort],
         "serve": (
             f"{serve.BOOT_SECONDS:.0f} s boot, then the llama.cpp build beside the download "
@@ -165,6 +190,27 @@ def assumptions(plan: Plan) -> dict[str, Any]:
         )
         found["throughput"] = target.batching_basis()
     return found
+
+
+def prompt_basis(plan: Plan) -> str:
+    """How the prompt rate and the time to first token (TTFT) are predicted, with sources."""
+    tokens = next((o.prompt.tokens for o in plan.options if o.prompt), perf.PROMPT_TOKENS)
+    repack = any(o.workers_repack for o in plan.options)
+    return (
+        f"TTFT: one group computing a {tokens:,}-token prompt (--prompt-tokens) in steps of "
+        f"{perf.UBATCH_TOKENS}: each reads the weights once and adds every token's arithmetic "
+        f"beyond the first at the node's compute rate, {perf.overlap():.0%} of the shorter of the "
+        "two hidden under the other (perf.step); the rate repacked from "
+        f"{perf.AXION_PROMPT.label} ({perf.AXION_PROMPT.source}), on "
+        + ("RPC workers too (patch 0005)" if repack else "the main node only: RPC workers run "
+           f"the plain kernels at 1/{perf.plain_slowdown():.1f} of it, solved from "
+           f"{perf.RPC_PROMPT.label} ({perf.RPC_PROMPT.source})")
+        + "; held to "
+        + "; ".join(r.label for r in perf.PROMPT_RUNS if r.role == "asserted")
+        + " and "
+        + "; ".join(r.label for r in perf.BATCHED_RUNS)
+        + f" ({perf.BATCHED_RUNS[0].source})"
+    )  # fmt: skip
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
@@ -248,13 +294,13 @@ def table(plan: Plan, verbose: bool = False) -> str:
     region = f"{'region':<{wide}}"
     if goal is None:
         sort, sets = f"sorted {SORT_MEANINGS[plan.sort]}", ""
-        header = f"  provider  {region}  instance type      nodes  mem GiB      $/h  tok/s"
+        header = f"  provider  {region}  instance type      nodes  mem GiB      $/h  tok/s     TTFT"
     else:
         sort = f"for {goal.describe()}; sorted {TARGET_SORT_MEANINGS[plan.sort]}"
         sets = "groups x nodes, slots; $/h, tok/s and $/Mtok of the whole set"
         header = (
             f"  provider  {region}  instance type      groups x nodes  slots  mem GiB      $/h"
-            "    tok/s  each"
+            "    tok/s  each     TTFT"
         )
     header += (
         "  $/Mtok  to serve (internet/staged)  price date  spot $/h (date)        layers (main + "
@@ -272,12 +318,12 @@ def table(plan: Plan, verbose: bool = False) -> str:
         tail = f"  ({'; '.join(extra)})" if extra else ""
         if goal is None:
             size = f"{option.count:>5}  {option.instance.memory_gib:>7g}  {_price(option):>8}  "
-            size += f"{tps:>5}"
+            size += f"{tps:>5}  {_first_token(option):>7}"
         else:
             each = "n/a" if option.stream_tps is None else f"{option.stream_tps:.2f}"
             groups = f"{option.replicas} x {option.count}"
             size = f"{groups:>14}  {option.slots:>5}  {option.instance.memory_gib:>7g}  "
-            size += f"{_price(option):>8}  {tps:>7}  {each:>5}"
+            size += f"{_price(option):>8}  {tps:>7}  {each:>5}  {_first_token(option):>7}"
         lines.append(
             f"{mark} {option.provider:<8}  {option.instance.region:<{wide}}  "
             f"{option.name:<17}  {size}  "
@@ -440,7 +486,8 @@ def engines(plan: Plan, acceptance: float | None) -> list[tuple[Option, list[Eng
     for option in sorted(plan.picks(), key=lambda o: o.provider):
         nodes = [option.main_instance] + [option.instance] * (option.count - 1)
         kv_tokens = int(plan.context * perf.KV_FILL_FRACTION)
-        lines = engine_lines(plan.model, nodes, option.placement, kv_tokens, acceptance=acceptance)
+        lines = engine_lines(plan.model, nodes, option.placement, kv_tokens, acceptance=acceptance,
+                             workers_repack=option.workers_repack)  # fmt: skip
         found.append((option, lines))
     return found
 

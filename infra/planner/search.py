@@ -12,17 +12,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache
+from pathlib import Path
 
 from infra import catalog
+from infra.boot import patches
 from infra.catalog import InstanceType
 from infra.clouds import FACTS
-from infra.core import costs, perf, placement, sizing
+from infra.core import costs, perf, pins, placement, sizing
 from infra.core.limits import KUBERNETES, MAX_NODES, MAX_REPLICAS, MAX_WORKERS, VM
 from infra.models import Model
 from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
 from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
+# The build's patch that makes RPC workers repack their weights as the main node does.
+WORKER_REPACK_PATCH = "rpc-worker-repack"
+
+
+@cache
+def workers_repack(
+    commit: str = pins.LLAMA_CPP_COMMIT, directory: Path = patches.PATCHES_DIR
+) -> bool:
+    """Whether the pinned build's RPC workers repack: its patch set has ``WORKER_REPACK_PATCH``
+    (switched off on a node with GGML_RPC_REPACK=0). Upstream's do not."""
+    return any(p.name.split("-", 1)[1].removesuffix(".patch") == WORKER_REPACK_PATCH
+               for p in patches.patch_set(commit, directory))  # fmt: skip
+
+
+def with_prompt(option: Option, model: Model, tokens: int) -> Option:
+    """``option`` with its prompt of ``tokens`` computed (``perf.prompt``)."""
+    if tokens < 1:
+        raise PlanError("--prompt-tokens", f"must be at least 1, got {tokens}")
+    nodes = [option.main_instance] + [option.instance] * option.workers
+    found = perf.prompt(model, nodes, option.placement, tokens,
+                        workers_repack=option.workers_repack)  # fmt: skip
+    return replace(option, prompt=found)
 
 
 def evaluate(
@@ -66,6 +91,7 @@ def evaluate(
     )
     disk_mibps = sizing.main_disk_read_mibps(main_type, main_disk, throughput, model.size_bytes)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
+    repack = workers_repack()
     option = Option(
         instance=instance,
         count=count,
@@ -85,6 +111,8 @@ def evaluate(
         slots=slots,
         priced=tuple(priced),
         platform=platform,
+        prompt=perf.prompt(model, nodes, layout, workers_repack=repack),
+        workers_repack=repack,
     )
     if replicas == 1 and not loads:
         return option
@@ -107,7 +135,8 @@ def group_load(
     nodes = [option.main_instance] + [option.instance] * option.workers
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
     for b in set(loads) - set(batches):
-        batches[b] = perf.batch_step(model, nodes, option.placement, kv_tokens, b)
+        batches[b] = perf.batch_step(model, nodes, option.placement, kv_tokens, b,
+                                     workers_repack=option.workers_repack)  # fmt: skip
     known = [batches[b] for b in loads]
     if not known or any(b is None for b in known):
         return None

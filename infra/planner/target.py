@@ -280,10 +280,13 @@ def batching_basis() -> str:
     """How a group's throughput at several streams is predicted, for the assumptions."""
     return (
         "each decode step reads a node's weights once for all its streams and each stream's "
-        f"KV cache at {perf.KV_FILL_FRACTION:.0%} of its context, or takes the batch's "
-        "arithmetic at the CPU's compute rate, whichever is longer; the compute rate is "
+        f"KV cache at {perf.KV_FILL_FRACTION:.0%} of its context, and adds the arithmetic of "
+        "every stream beyond the first at the node's compute rate, "
+        f"{perf.overlap():.0%} of the shorter of the two hidden under the other (perf.step, held "
+        f"to {perf.BATCHED_RUNS[0].source}); the compute rate is "
         f"{perf.AXION_PROMPT.label} ({perf.AXION_PROMPT.prompt_tps} tok/s, "
-        f"{perf.AXION_PROMPT.source}), scaled by its own growth with threads, an upper bound; "
+        f"{perf.AXION_PROMPT.source}), scaled by its own growth with threads, on RPC workers "
+        f"that do not repack 1/{perf.plain_slowdown():.1f} of it ({perf.RPC_PROMPT.source}); "
         + "; ".join(f"{family}: {basis}" for family, basis in perf.COMPUTE_BASIS.items())
         + f"; other CPUs and models without a parameter count: {perf.NO_BATCHING_GAIN} (the "
         "streams share one stream's speed); a MoE's streams are assumed to share no expert; "

@@ -378,11 +378,11 @@ def test_a_stacks_draft_is_predicted_at_its_pairs_published_acceptance(
     nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
     kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
     found = engines.speculative(
-        c.model, nodes, c.placement, kv_tokens, draft=PRESETS[draft], acceptance=0.587,
-        draft_max=8,
+        c.model, nodes, c.placement, kv_tokens, draft=PRESETS[draft],
+        acceptance=engines.LLAMA_8B_DRAFT.per_token, draft_max=8,
     )  # fmt: skip
     assert found is not None and prediction.decode_tps == found.tps
-    assert prediction.decode_tps > 2 * plain.decode_tps  # type: ignore[operator]
+    assert found.draft_max == 8  # the stack's draftMax, not the best draft length
 
 
 def test_the_predicted_cost_counts_serve_bench_destroy_and_one_off() -> None:

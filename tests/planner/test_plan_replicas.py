@@ -77,8 +77,9 @@ def test_more_streams_raise_the_groups_rate_and_slow_each_stream() -> None:
     assert len(rates) == 64
     assert all(later >= earlier for earlier, later in itertools.pairwise(rates))
     assert all(later <= earlier for earlier, later in itertools.pairwise(speeds))
-    # Memory-bound at first: a second stream adds its KV cache, not another read of the weights.
-    assert rates[1] > 1.8 * rates[0] and batches[1] is not None
+    # Memory-bound at first: a second stream adds its KV cache and its arithmetic, not another
+    # read of the weights.
+    assert rates[1] > 1.6 * rates[0] and batches[1] is not None
     assert batches[1].bound == "memory bandwidth"
 
 
@@ -92,10 +93,12 @@ def test_a_batch_never_computes_faster_than_the_published_prompt_rate() -> None:
     batch = perf.batch_step(model, [instance], option.placement, 128, 64)
     assert batch is not None and batch.bound == "compute"
     assert 0.85 * anchor.prompt_tps < batch.aggregate_tps < anchor.prompt_tps
-    # Its flops: 2 per parameter but the embeddings' per prompt token, from the published table.
+    # Its flops: 2 per parameter but the embeddings' per prompt token beyond the first, from the
+    # published table less one read of the weights: a little above the prompt's average.
     flops = perf.compute_flops(instance)
     per_token = 2 * (model.parameters or 0) * (1 - model.input_bytes / model.size_bytes)
-    assert flops == pytest.approx(anchor.prompt_tps * per_token)
+    assert flops == pytest.approx(anchor.flops)
+    assert anchor.prompt_tps * per_token < flops < 1.1 * anchor.prompt_tps * per_token
 
 
 def test_compute_grows_with_cores_as_the_published_runs_did_not_linearly() -> None:
@@ -137,7 +140,11 @@ def test_a_moes_streams_read_at_most_all_its_experts() -> None:
     cal = perf.calibration()
     slowest = min(perf.node_bandwidth_gbps(n) or 0 for n in nodes) * 1e9 * cal.eta
     fixed = moe.layers * cal.layer_overhead_seconds + (count - 1) * cal.hop_seconds
-    assert many.bound == "compute" or many.step_seconds <= (weights + 64 * kv) / slowest + fixed
+    rates = [perf.node_rates(n) for n in nodes]
+    found = perf.step(moe, [r for r in rates if r], option.placement, 2048, 64, sequences=64)
+    assert found is not None and found.seconds == pytest.approx(many.step_seconds)
+    assert found.memory_seconds <= (weights + 64 * kv) / slowest
+    assert many.step_seconds <= found.memory_seconds + found.compute_seconds + fixed
 
 
 # Sizing replicas for a target
@@ -159,9 +166,9 @@ def test_replicas_grow_with_streams_at_a_speed_per_stream() -> None:
     """With each stream held to a speed, more streams take more replicas of the best type."""
     needed = []
     for streams in (4, 8, 16, 32, 64):
-        plan = target.plan(EIGHT_B, CONTEXT, AWS, Target(streams=streams, min_stream_tps=15))
+        plan = target.plan(EIGHT_B, CONTEXT, AWS, Target(streams=streams, min_stream_tps=10))
         for option in plan.options:
-            assert option.load is not None and option.load.stream_tps >= 15
+            assert option.load is not None and option.load.stream_tps >= 10
             assert option.replicas * option.slots >= streams
         needed.append(min(o.nodes for o in plan.options if o.instance.name == "c8g.4xlarge"))
     assert needed == sorted(needed) and needed[-1] > needed[0]
@@ -284,9 +291,9 @@ def test_one_group_wins_when_its_slots_share_the_weights() -> None:
 
 
 def test_replicas_win_when_one_group_would_need_a_bigger_type() -> None:
-    """Thirty-two streams at 15 tok/s each: one group needs a node whose compute serves them
+    """Thirty-two streams at 13 tok/s each: one group needs a node whose compute serves them
     all, and compute grows slower than the cores within a node; small replicas do it for less."""
-    goal = Target(streams=32, min_stream_tps=15)
+    goal = Target(streams=32, min_stream_tps=13)
     found = verdict.verdict(target.plan(EIGHT_B, CONTEXT, AWS, goal), "aws")
     assert found is not None
     verdict_agrees_with_its_figures(found)
@@ -300,18 +307,19 @@ def test_a_split_verdict_says_which_wins_per_token() -> None:
     """Per hour and per token can disagree (a set with room to spare costs more per hour and
     less per token): the verdict names both, and why."""
     split = []
-    for model in (EIGHT_B, SEVENTY_B):
-        for rate in (20.0, 40.0, 60.0, 80.0, 150.0, 300.0, 600.0):
-            found = verdict.verdict(target.plan(model, CONTEXT, AWS, Target(aggregate_tps=rate)),
-                                   "aws")  # fmt: skip
-            assert found is not None
-            if found.replicas is None or found.one_group is None:
-                continue
-            verdict_agrees_with_its_figures(found)
-            if found.per_hour != found.per_mtok:
-                split.append(found)
-                assert "per token the other way" in found.why
-                assert found.per_mtok in found.why
+    rates = [Target(aggregate_tps=rate) for rate in (20.0, 40.0, 60.0, 80.0, 150.0, 300.0)]
+    chats = [Target(streams=streams, min_stream_tps=15) for streams in (16, 24)]
+    asked = [*itertools.product((EIGHT_B, SEVENTY_B), rates), *((EIGHT_B, c) for c in chats)]
+    for model, goal in asked:
+        found = verdict.verdict(target.plan(model, CONTEXT, AWS, goal), "aws")
+        assert found is not None
+        if found.replicas is None or found.one_group is None:
+            continue
+        verdict_agrees_with_its_figures(found)
+        if found.per_hour != found.per_mtok:
+            split.append(found)
+            assert "per token the other way" in found.why
+            assert found.per_mtok in found.why
     assert split
 
 

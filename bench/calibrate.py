@@ -1,0 +1,515 @@
+"""The planner's performance model against this machine: its rates measured here, fed to the same
+model as a local instance type, its predictions beside what the local cluster measures.
+
+    uv run python bench/calibrate.py [--repetitions 5] [--prompt 256] [--generate 64]
+                                     [--draft-max 4] [--threads 1] [--model PATH] [--bin DIR]
+
+Writes bench/results/calibration.json. Run it on a quiet machine: every figure is a timing.
+
+1. This machine (``perf.measured_node``): llama-bench on one node, ``--threads`` threads, of the
+   model: a decode (its bandwidth as llama.cpp reaches it) and a 128-token prompt with the
+   repacked kernels and with the plain ones (``--repack 0``: their compute rates), the way
+   llama.cpp #13886's table gives the Neoverse-N2's. A numpy copy's GB/s is kept beside them.
+2. The model's predictions with those rates, on one node and through two RPC workers on loopback
+   (every layer on the workers, as ``-ngl 99`` splits them: half each), which the calibration
+   never saw: the decode, a ``--prompt``-token prompt's rate, a verify step of 4 and of 8 tokens
+   (a prompt of that many), and a draft's speedup at ``--draft-max``.
+3. The same figures measured: llama-bench for the first four (every repetition kept), and
+   llama-server with and without the draft, the arms interleaved, for the speedup. The draft is
+   the model itself under another name (no smaller real model of Gemma 3's vocabulary is on
+   PyPI, tests/local/test_draft_model.py): the acceptance llama-server reports (nearly every
+   token) is an input of the prediction, so what is tested is the cost of drafting and checking.
+
+Each row says predicted, measured, their ratio and whether it is within 25 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from infra.core import perf, placement  # noqa: E402
+from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
+from infra.local.model import real_model  # noqa: E402
+from infra.local.options import build_prefix  # noqa: E402
+from infra.local.source import cache_dir  # noqa: E402
+from infra.models import Model, gguf_header  # noqa: E402
+from infra.observe import metrics  # noqa: E402
+from infra.planner import engines  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "calibration.json"
+TOLERANCE = 0.25
+CALIBRATION_PROMPT = 128  # tokens of the prompt that measures compute (as #13886's S_PP)
+HEAVY = "pytest|llama-server|llama-bench|rpc-server|systemd-nspawn|cc1plus"
+PROMPT_TEXT = "The history of the printing press begins"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """This machine as llama.cpp measured it on one node (the inputs of ``node``)."""
+
+    decode_tps: float
+    kv_tokens: int
+    repacked_prompt_tps: float
+    plain_prompt_tps: float
+    prompt_tokens: int = CALIBRATION_PROMPT
+
+    def node(self, model: Model) -> perf.NodeRates:
+        """The local instance type: bandwidth and both kernels' compute rates."""
+        found = {
+            plain: perf.measured_node(
+                model,
+                decode_tps=self.decode_tps,
+                prompt_tokens=self.prompt_tokens,
+                prompt_tps=self.plain_prompt_tps if plain else self.repacked_prompt_tps,
+                kv_tokens=self.kv_tokens,
+                label="this machine",
+                plain=plain,
+            )
+            for plain in (False, True)
+        }
+        return perf.NodeRates(
+            found[False].bandwidth_gbps,
+            found[False].repacked_flops,
+            found[True].plain_flops,
+            "this machine",
+        )
+
+
+def layouts(model: Model, context: int) -> dict[str, placement.Placement]:
+    """One node; and two workers holding every layer, half each (``-ngl 99`` on loopback, where
+    both report the same free memory), the main node the embeddings."""
+    half = model.layers // 2
+    room = [10 * model.size_bytes + 2**40] * 3
+    return {
+        "one node": perf.one_node(model, context),
+        "two workers": placement.split(model, context, 1, [0, half, model.layers - half], room),
+    }
+
+
+def predict(
+    model: Model,
+    node: perf.NodeRates,
+    *,
+    prompt: int,
+    generate: int,
+    draft_max: int,
+    acceptance: dict[str, float],
+    workers_repack: bool,
+) -> dict[str, dict[str, float]]:
+    """Each figure the model predicts, per place (``layouts``): decode tok/s, a prompt's tok/s,
+    a verify step's seconds at 4 and 8 tokens, and a draft's speedup at its measured per-token
+    ``acceptance`` (the model drafting for itself on the main node)."""
+    kv = generate // 2
+    found: dict[str, dict[str, float]] = {}
+    alone = perf.one_node(model, 2 * (prompt + generate))
+    for where, layout in layouts(model, 2 * (prompt + generate)).items():
+        nodes = [node] * len(layout.shares)
+
+        def seconds(
+            tokens: int,
+            kv_tokens: int,
+            nodes: list[perf.NodeRates] = nodes,
+            layout: placement.Placement = layout,
+        ) -> float:
+            step = perf.step(model, nodes, layout, kv_tokens, tokens, workers_repack=workers_repack)
+            if step is None:
+                raise ValueError("no compute rate")
+            return step.seconds
+
+        decode = seconds(1, kv)
+        rate = perf.prompt_on(model, nodes, layout, prompt, workers_repack=workers_repack)
+        draft_step = perf.step(model, [node], alone, kv, 1)
+        if rate is None or draft_step is None:
+            raise ValueError("no compute rate")
+        tokens = engines.accepted_run(acceptance[where], draft_max)
+        drafted = (draft_max * draft_step.seconds + seconds(draft_max + 1, kv)) / tokens
+        found[where] = {
+            "decode_tps": 1 / decode,
+            "prompt_tps": rate.tps,
+            "verify_4_seconds": seconds(4, 4),
+            "verify_8_seconds": seconds(8, 8),
+            "draft_speedup": decode / drafted,
+        }
+    return found
+
+
+def compare(
+    predicted: dict[str, dict[str, float]], measured: dict[str, dict[str, float]]
+) -> list[dict[str, Any]]:
+    """Predicted and measured side by side, row by row."""
+    rows = []
+    for where, figures in predicted.items():
+        for what, value in figures.items():
+            seen = measured.get(where, {}).get(what)
+            ratio = None if not seen else value / seen
+            rows.append(
+                {
+                    "where": where,
+                    "what": what,
+                    "predicted": round(value, 4),
+                    "measured": None if seen is None else round(seen, 4),
+                    "ratio": None if ratio is None else round(ratio, 3),
+                    "within_25_percent": None if ratio is None else abs(ratio - 1) <= TOLERANCE,
+                }
+            )
+    return rows
+
+
+# Measuring
+
+
+def other_heavy_work() -> list[str]:
+    found = subprocess.run(["pgrep", "-af", HEAVY], capture_output=True, text=True, check=False)
+    own = str(os.getpid())
+    return [line[:100] for line in found.stdout.splitlines() if line.split()[0] != own]
+
+
+def stream_gbps(size: int = 2**29, repetitions: int = 5) -> float:
+    """A numpy copy of ``size`` bytes: bytes read and written over the fastest repetition."""
+    import numpy as np  # noqa: PLC0415
+
+    source, target = np.ones(size, dtype=np.uint8), np.empty(size, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size / best / 1e9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(port: int, process: subprocess.Popen[bytes], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} on port {port} exited ({process.returncode})")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"{what} on port {port} is not listening after {seconds:.0f} s")
+
+
+@contextlib.contextmanager
+def workers(bin_dir: Path, threads: int, logs: Path, tag: str) -> Iterator[str]:
+    """Two ggml-rpc-server processes on loopback: their endpoints. A worker serves one main
+    node at a time, so each llama-server gets a pair of its own."""
+    processes, endpoints = [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            log = (logs / f"worker-{tag}-{i}.log").open("wb")
+            process = subprocess.Popen(
+                [
+                    str(bin_dir / "ggml-rpc-server"),
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-t",
+                    str(threads),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            processes.append(process)
+            wait_for(port, process, "ggml-rpc-server")
+            endpoints.append(f"127.0.0.1:{port}")
+        yield ",".join(endpoints)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait()
+
+
+def bench(bin_dir: Path, model: Path, args: Sequence[str], repetitions: int) -> list[float]:
+    """llama-bench's tokens/s of every repetition of one test."""
+    argv = [
+        str(bin_dir / "llama-bench"),
+        "-m",
+        str(model),
+        "-r",
+        str(repetitions),
+        "-o",
+        "json",
+        *args,
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"llama-bench {' '.join(args)} failed: {result.stderr[-2000:]}")
+    (row,) = json.loads(result.stdout)
+    return [float(x) for x in row["samples_ts"]]
+
+
+def measure_machine(
+    bin_dir: Path, model: Path, args: argparse.Namespace
+) -> tuple[Machine, dict[str, list[float]]]:
+    one = ["-t", str(args.threads), "-ngl", "0"]
+    runs = {
+        "decode": bench(
+            bin_dir, model, [*one, "-p", "0", "-n", str(args.generate)], args.repetitions
+        ),
+        "prompt_repacked": bench(
+            bin_dir,
+            model,
+            [*one, "-p", str(CALIBRATION_PROMPT), "-n", "0", "--repack", "1"],
+            args.repetitions,
+        ),
+        "prompt_plain": bench(
+            bin_dir,
+            model,
+            [*one, "-p", str(CALIBRATION_PROMPT), "-n", "0", "--repack", "0"],
+            args.repetitions,
+        ),
+    }
+    machine = Machine(
+        decode_tps=statistics.median(runs["decode"]),
+        kv_tokens=args.generate // 2,
+        repacked_prompt_tps=statistics.median(runs["prompt_repacked"]),
+        plain_prompt_tps=statistics.median(runs["prompt_plain"]),
+    )
+    return machine, runs
+
+
+def measure_steps(
+    bin_dir: Path, model: Path, args: argparse.Namespace, rpc: str | None
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Decode, prompt rate and verify steps of 4 and 8 tokens, on one node or through ``rpc``."""
+    where = ["-t", str(args.threads)] + (["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"])
+    runs = {
+        "decode_tps": bench(
+            bin_dir, model, [*where, "-p", "0", "-n", str(args.generate)], args.repetitions
+        ),
+        "prompt_tps": bench(
+            bin_dir, model, [*where, "-p", str(args.prompt), "-n", "0"], args.repetitions
+        ),
+        "verify_4": bench(bin_dir, model, [*where, "-p", "4", "-n", "0"], args.repetitions),
+        "verify_8": bench(bin_dir, model, [*where, "-p", "8", "-n", "0"], args.repetitions),
+    }
+    figures = {
+        "decode_tps": statistics.median(runs["decode_tps"]),
+        "prompt_tps": statistics.median(runs["prompt_tps"]),
+        "verify_4_seconds": 4 / statistics.median(runs["verify_4"]),
+        "verify_8_seconds": 8 / statistics.median(runs["verify_8"]),
+    }
+    return figures, runs
+
+
+@contextlib.contextmanager
+def server(
+    bin_dir: Path,
+    model: Path,
+    args: argparse.Namespace,
+    rpc: str | None,
+    *,
+    draft: Path | None,
+    log: Path,
+) -> Iterator[int]:
+    """llama-server on loopback (through ``rpc``'s workers, with ``draft``): its port."""
+    port = free_port()
+    argv = [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "-t", str(args.threads), "-c", "2048", "-np", "1",
+            "--metrics"]  # fmt: skip
+    argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"]
+    if draft is not None:  # as llama-server.sh runs one, but every draft k tokens long
+        argv += ["--spec-draft-model", str(draft), "--spec-type", "draft-simple",
+                 "--spec-draft-device", "none", "--spec-draft-n-max", str(args.draft_max),
+                 "--spec-draft-n-min", str(args.draft_max), "--spec-draft-p-min", "0"]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(port, process, "llama-server", 300)
+        deadline = time.monotonic() + 300
+        while not healthy(port):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"llama-server on port {port} is not healthy after 300 s")
+            time.sleep(0.5)
+        yield port
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def generate(port: int, tokens: int) -> float:
+    """One greedy completion: its generation tokens/s as llama-server timed it."""
+    body = json.dumps(
+        {
+            "prompt": PROMPT_TEXT,
+            "n_predict": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=1800) as reply:
+        return float(json.loads(reply.read())["timings"]["predicted_per_second"])
+
+
+def acceptance_of(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        found = metrics.draft_acceptance(metrics.Snapshot.parse(reply.read().decode(), 0))
+    if found is None:
+        raise SystemExit("the server with a draft reported no drafted tokens")
+    return found.accepted / found.drafted
+
+
+def measure_draft(
+    bin_dir: Path,
+    model: Path,
+    args: argparse.Namespace,
+    rpc: tuple[str, str] | None,
+    work: Path,
+) -> tuple[float, float, dict[str, list[float]]]:
+    """The draft's speedup (with / without, each pair of runs interleaved) and its acceptance
+    (accepted / drafted, as llama-server counts them). ``rpc``: each server's pair of workers."""
+    draft = work / "draft.gguf"
+    if not draft.exists():
+        draft.symlink_to(model)
+    runs: dict[str, list[float]] = {"without": [], "with": []}
+    tag = "rpc" if rpc else "one"
+    without_rpc, with_rpc = rpc or (None, None)
+    with contextlib.ExitStack() as stack:
+        plain = stack.enter_context(
+            server(bin_dir, model, args, without_rpc, draft=None, log=work / f"server-{tag}.log")
+        )
+        drafted = stack.enter_context(
+            server(
+                bin_dir, model, args, with_rpc, draft=draft, log=work / f"server-{tag}-draft.log"
+            )
+        )
+        for repetition in range(args.repetitions):
+            arms = [("without", plain), ("with", drafted)]
+            for arm, port in arms if repetition % 2 == 0 else reversed(arms):
+                runs[arm].append(generate(port, args.generate))
+        acceptance = acceptance_of(drafted)
+    speedups = [w / o for w, o in zip(runs["with"], runs["without"], strict=True)]
+    return statistics.median(speedups), acceptance, runs
+
+
+def workers_repacked(logs: Path) -> bool:
+    """Whether the workers said they repacked (the worker-repack patch logs it)."""
+    return any("weights repacked" in p.read_text(errors="replace") for p in logs.glob("worker-*"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens for the rate")
+    parser.add_argument("--generate", type=int, default=64, help="tokens decoded per run")
+    parser.add_argument("--draft-max", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="threads on each node")
+    parser.add_argument("--model", type=Path, help="a GGUF (default: Gemma 3 270M Q4_K_M)")
+    parser.add_argument("--bin", type=Path, help="the build's bin directory")
+    args = parser.parse_args(argv)
+    cache = cache_dir()
+    model_path = args.model or real_model(cache)
+    bin_dir = args.bin or build_prefix(cache) / LLAMA_CPP_COMMIT / "bin"
+    model = gguf_header.describe(str(model_path))
+    busy_before = other_heavy_work()
+    with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+        work = Path(tmp)
+        bandwidth = stream_gbps()
+        machine, machine_runs = measure_machine(bin_dir, model_path, args)
+        measured: dict[str, dict[str, float]] = {}
+        runs: dict[str, Any] = {"machine": machine_runs}
+        acceptance: dict[str, float] = {}
+        repacked = False
+        for where in ("one node", "two workers"):
+            with contextlib.ExitStack() as stack:
+                pairs = None
+                if where == "two workers":
+                    pairs = tuple(
+                        stack.enter_context(workers(bin_dir, args.threads, work, tag))
+                        for tag in ("a", "b")
+                    )
+                rpc = None if pairs is None else pairs[0]
+                figures, runs[where] = measure_steps(bin_dir, model_path, args, rpc)
+                speedup, rate, runs[f"{where} draft"] = measure_draft(
+                    bin_dir, model_path, args, None if pairs is None else (pairs[0], pairs[1]), work
+                )
+                repacked = repacked or (pairs is not None and workers_repacked(work))
+            figures["draft_speedup"] = speedup
+            measured[where] = figures
+            acceptance[where] = engines.per_token_acceptance(rate, args.draft_max)
+    node = machine.node(model)
+    predicted = predict(
+        model,
+        node,
+        prompt=args.prompt,
+        generate=args.generate,
+        draft_max=args.draft_max,
+        acceptance=acceptance,
+        workers_repack=repacked,
+    )
+    rows = compare(predicted, measured)
+    document = {
+        "what": "the planner's model (infra/core/perf.py, infra/planner/engines.py) fed this "
+        "machine's rates as a local instance type, against llama.cpp here",
+        "model": model_path.name,
+        "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "host": {"cpus": os.cpu_count(), "arch": platform.machine()},
+        "settings": {
+            k: getattr(args, k)
+            for k in ("repetitions", "prompt", "generate", "draft_max", "threads")
+        },
+        "machine": {
+            "numpy_copy_gbps": round(bandwidth, 2),
+            "llama_bandwidth_gbps": round(node.bandwidth_gbps, 2),
+            "repacked_gflops": round((node.repacked_flops or 0) / 1e9, 2),
+            "plain_gflops": round((node.plain_flops or 0) / 1e9, 2),
+            "from": machine.__dict__,
+        },
+        "workers_repacked": repacked,
+        "draft_acceptance_per_token": {k: round(v, 3) for k, v in acceptance.items()},
+        "rows": rows,
+        "within_25_percent": all(r["within_25_percent"] for r in rows),
+        "runs": runs,
+        "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
+    }
+    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    for row in rows:
+        print(
+            f"{row['where']:<12} {row['what']:<18} predicted {row['predicted']:>10} "
+            f"measured {row['measured']:>10} ratio {row['ratio']}"
+        )
+    return 0 if document["within_25_percent"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""bench/calibrate.py's arithmetic, without its timings: a machine's own runs fed to the model as
+a local instance type, and its predictions set beside measured figures row by row."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+
+from infra.models import PRESETS
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def calibrate() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("calibrate", REPO / "bench" / "calibrate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+MODEL = PRESETS["llama-3.1-8b-q4_0"]
+
+
+def test_the_local_machine_reproduces_the_runs_it_was_measured_by(calibrate: ModuleType) -> None:
+    machine = calibrate.Machine(decode_tps=8.0, kv_tokens=32, repacked_prompt_tps=60.0,
+                                plain_prompt_tps=40.0)  # fmt: skip
+    node = machine.node(MODEL)
+    assert node.repacked_flops and node.plain_flops and node.repacked_flops > node.plain_flops
+    found = calibrate.predict(MODEL, node, prompt=128, generate=64, draft_max=4,
+                              acceptance={"one node": 1.0, "two workers": 1.0},
+                              workers_repack=False)  # fmt: skip
+    one, two = found["one node"], found["two workers"]
+    # The calibration's own runs come back: a decode at its KV cache, a prompt of its length.
+    assert one["decode_tps"] == pytest.approx(8.0)
+    assert one["prompt_tps"] == pytest.approx(60.0, rel=1e-6)
+    # Through workers: one hop each, and the plain kernels where they hold every layer.
+    assert two["decode_tps"] < one["decode_tps"] and two["prompt_tps"] < one["prompt_tps"]
+    assert one["verify_4_seconds"] < one["verify_8_seconds"]
+    nothing = calibrate.predict(MODEL, node, prompt=128, generate=64, draft_max=4,
+                                acceptance={"one node": 0.0, "two workers": 0.0},
+                                workers_repack=False)  # fmt: skip
+    # The model drafting for itself: every step pays k decodes of its own size, so only a run
+    # of accepted tokens can pay for them.
+    assert nothing["one node"]["draft_speedup"] < one["draft_speedup"]
+    assert nothing["one node"]["draft_speedup"] < 1
+
+
+def test_rows_set_predicted_beside_measured(calibrate: ModuleType) -> None:
+    rows = calibrate.compare(
+        {"one node": {"decode_tps": 10.0, "prompt_tps": 100.0}},
+        {"one node": {"decode_tps": 9.0, "prompt_tps": 50.0}},
+    )
+    assert [(r["what"], r["ratio"], r["within_25_percent"]) for r in rows] == [
+        ("decode_tps", 1.111, True),
+        ("prompt_tps", 2.0, False),
+    ]
+    assert calibrate.layouts(MODEL, 256)["two workers"].layers == (0, 16, 16)
