@@ -67,6 +67,22 @@ if [[ -n "${WRITEBACK_BYTES:-}" ]]; then
 fi
 
 mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
+# A model larger than memory is loaded by page faults (patch 0003 maps it without MAP_POPULATE),
+# each reading the file's read-ahead window around it: the kernel's 128 KiB keeps one small read
+# in flight per faulting thread, and EBS counts every I/O under 256 KiB as one of the volume's
+# IOPS ("Amazon EBS I/O characteristics", AWS EBS user guide). MODEL_READ_AHEAD_KB (the stack
+# sets it then) raises it on the disk the model is on; the kernel forgets it at shutdown, so
+# every boot sets it. blockdev counts 512-byte sectors; a disk that refuses loads, only slower.
+if [[ -n "${MODEL_READ_AHEAD_KB:-}" ]]; then
+  require_count MODEL_READ_AHEAD_KB
+  disk="$(findmnt -n -o SOURCE --target "${MODEL_DIR:-$LLAMA_DATA_DIR/models}" || true)"
+  if [[ -b "$disk" ]] && blockdev --setra $((MODEL_READ_AHEAD_KB * 2)) "$disk"; then
+    status "model_read_ahead_kb:=$(($(blockdev --getra "$disk") / 2))"
+    log "read-ahead of $disk (the model's disk) raised to $MODEL_READ_AHEAD_KB KiB"
+  else
+    log "could not raise the read-ahead of the model's disk (${disk:-none found}); the load reads it in small pieces"
+  fi
+fi
 # A model disk kept from an earlier main node (model-disk.sh) may hold another model's parts;
 # only this model's stay, so that it fits.
 if [[ -n "${MODEL_DISK_GB:-}" ]]; then
