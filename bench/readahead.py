@@ -32,7 +32,6 @@ import json
 import mmap
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.rounds import interleaved, spread  # noqa: E402
+
 RESULTS = REPO / "bench" / "results" / "readahead.json"
 PIECE = 16 * 1024 * 1024
 MIB = 1024**2
@@ -117,32 +120,20 @@ def mmap_seconds(device: str, size: int) -> float:
 READERS = {"mmap": mmap_seconds, "read": read_seconds}
 
 
-def spread(values: list[float]) -> dict[str, object]:
-    return {
-        "values": [round(v, 4) for v in values],
-        "median": round(statistics.median(values), 4),
-        "min": round(min(values), 4),
-        "max": round(max(values), 4),
-    }
-
-
 def run(device: str, size: int, read_aheads: list[int], repetitions: int) -> dict[str, object]:
     arms = [(how, kb) for kb in read_aheads for how in READERS]
     reference = ("read", max(read_aheads))
     order: list[dict[str, object]] = []
     rates: dict[tuple[str, int], list[float]] = {arm: [] for arm in arms}
     ratios: dict[tuple[str, int], list[float]] = {arm: [] for arm in arms if arm != reference}
-    for repetition in range(repetitions):
-        round_rates = {}
-        for how, kb in arms if repetition % 2 == 0 else arms[::-1]:
-            cold(device, kb)
-            gbps = size / READERS[how](device, size) / GB
-            rates[how, kb].append(gbps)
-            round_rates[how, kb] = gbps
-            order.append({"round": repetition, "arm": f"{how}@{kb}", "gbps": round(gbps, 4)})
-            print(f"round {repetition} {how} read-ahead {kb} KiB: {gbps:.3f} GB/s", file=sys.stderr)
-        for arm, values in ratios.items():
-            values.append(round_rates[arm] / round_rates[reference])
+    for repetition, (how, kb) in interleaved(arms, repetitions):
+        cold(device, kb)
+        gbps = size / READERS[how](device, size) / GB
+        rates[how, kb].append(gbps)
+        order.append({"round": repetition, "arm": f"{how}@{kb}", "gbps": round(gbps, 4)})
+        print(f"round {repetition} {how} read-ahead {kb} KiB: {gbps:.3f} GB/s", file=sys.stderr)
+    for arm, values in ratios.items():
+        values.extend(a / b for a, b in zip(rates[arm], rates[reference], strict=True))
     return {
         "arms": {f"{how}@{kb}": spread(values) for (how, kb), values in rates.items()},
         "reference": f"{reference[0]}@{reference[1]}",
