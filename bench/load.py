@@ -1,12 +1,20 @@
 """Load benchmarks: the per-byte rates the planner's time to serve uses (infra/planner/serve.py).
 
-    uv run python bench/load.py [--repetitions 3]
+    uv run python bench/load.py [--repetitions 5] [--output FILE]
 
 Writes bench/results/load.json. Everything runs on loopback with the pinned llama.cpp build (its
 patch set applied, each patch turned off at run time by its switch) and generated Q4_0 models of
 Llama-2-7B's layer shape at two depths (2 and 8 layers): each rate is the slope between the two,
 so the fixed start-up cost drops out. The page cache is warm. "upstream" is the build with every
 patch off, which is llama.cpp at the pin.
+
+A load is timed from starting llama-server to the line its log writes once the model is loaded
+and /health answers ("model loaded"), read as it is written (no polling). Every run of every arm
+(case and depth) is one round's, and each round runs all arms, in the reverse order of the round
+before (ABBA), so a machine that slows down weighs on every arm alike. Every repetition is kept
+(``seconds``); each rate is the slope of the medians, and ``spread`` gives each rate's value
+in every round (its slope from that round's runs alone) with median, min and max. Run it on a
+quiet machine: every rate moves with what else runs.
 
 - sha256_gbps_hashlib / sha256_gbps_coreutils: one core hashing a model file, as fetch-model.sh
   checks a part (Python's hashlib, which is OpenSSL) and as it did before (coreutils sha256sum).
@@ -41,7 +49,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +59,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.boot import free_port, seconds_to_health  # noqa: E402
+from bench.boot import free_port, stop  # noqa: E402
+from bench.rounds import interleaved, spread  # noqa: E402
 from infra.boot.patches import patches_digest, switches_off  # noqa: E402
 from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
 from infra.local.model import LOAD, cached_model  # noqa: E402
@@ -126,34 +137,85 @@ class Worker:
         self.process.wait(timeout=30)
 
 
-def load_seconds(
+# llama-server's log line once the model is loaded and /health answers (tools/server/server.cpp).
+LOADED = "model loaded"
+
+
+def seconds_to_loaded(
+    bin_dir: Path, model: Path, args: list[str], env: dict[str, str], timeout: float = 600
+) -> float:
+    """Seconds from starting llama-server (loopback, 512 tokens of context) with ``args`` until
+    its log says the model is loaded, read line by line as it comes."""
+    port = free_port()
+    server = subprocess.Popen(
+        [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+         "--port", str(port), "-c", "512", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **env},
+    )  # fmt: skip
+    started = time.monotonic()
+    loaded: list[float] = []
+    seen = threading.Event()
+
+    def read() -> None:  # drains the log to its end, so that the server never blocks on it
+        assert server.stderr is not None
+        for line in server.stderr:
+            if not seen.is_set() and LOADED.encode() in line:
+                loaded.append(time.monotonic())
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while not seen.wait(0.5):
+            if server.poll() is not None:
+                raise RuntimeError(f"llama-server exited while loading ({args})")
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"llama-server did not load in {timeout:.0f} s ({args})")
+        seconds = loaded[0] - started
+        # The line comes just before the server installs its signal handler and starts serving:
+        # a SIGTERM in between is lost (the server then never ends). Stopped once it answers.
+        answers(port, deadline=time.monotonic() + 30)
+        return seconds
+    finally:
+        stop([server])
+        reader.join(timeout=30)
+
+
+def answers(port: int, deadline: float) -> bool:
+    """Whether llama-server on ``port`` answers /health before ``deadline``."""
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+            return True
+        except OSError:
+            time.sleep(0.01)
+    return False
+
+
+def load_once(
     bin_dir: Path,
     model: Path,
     *,
     workers: int,
     extra: list[str],
     cache: bool,
-    repetitions: int,
     env: dict[str, str],
     threads: int = 1,
 ) -> float:
-    """Median seconds to serve ``model`` with ``workers`` fresh workers (cold tensor caches)."""
-    times = []
-    for _ in range(repetitions):
-        with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-            started = [Worker(bin_dir, Path(tmp) / f"w{i}" if cache else None, env)
-                       for i in range(workers)]  # fmt: skip
-            try:
-                rpc = ["--rpc", ",".join(w.endpoint for w in started), "-ngl", "99"]
-                if workers > 1:
-                    rpc += ["--tensor-split", ",".join(["1"] * workers)]
-                warm(model)
-                args = ["-t", str(threads), *(rpc if workers else []), *extra]
-                times.append(seconds_to_health(bin_dir, model, args, env))
-            finally:
-                for worker in started:
-                    worker.stop()
-    return statistics.median(times)
+    """Seconds to serve ``model`` with ``workers`` fresh workers (cold tensor caches)."""
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+        started = [Worker(bin_dir, Path(tmp) / f"w{i}" if cache else None, env)
+                   for i in range(workers)]  # fmt: skip
+        try:
+            rpc = ["--rpc", ",".join(w.endpoint for w in started), "-ngl", "99"]
+            if workers > 1:
+                rpc += ["--tensor-split", ",".join(["1"] * workers)]
+            warm(model)
+            args = ["-t", str(threads), *(rpc if workers else []), *extra]
+            return seconds_to_loaded(bin_dir, model, args, env)
+        finally:
+            for worker in started:
+                worker.stop()
 
 
 def slope_gbps(bytes_by_depth: dict[int, float], seconds: Callable[[int], float]) -> float:
@@ -164,9 +226,24 @@ def slope_gbps(bytes_by_depth: dict[int, float], seconds: Callable[[int], float]
     )
 
 
+def per_round(
+    seconds: dict[str, dict[int, list[float]]],
+    repetitions: int,
+    value: Callable[[Callable[[str, int], float]], float],
+) -> dict[str, object]:
+    """``value`` of each round's runs alone (given how to read a case's seconds at a depth),
+    with median, min and max."""
+
+    def in_round(r: int) -> Callable[[str, int], float]:
+        return lambda name, d: seconds[name][d][r]
+
+    return spread([value(in_round(r)) for r in range(repetitions)])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     cache = cache_dir()
     source = sdist_tree(cache)
@@ -180,10 +257,12 @@ def main() -> int:
     deep = models[DEPTHS[-1]]
     warm(deep)
     size = deep.stat().st_size
-    hashed = statistics.median(hashlib_seconds(deep) for _ in range(args.repetitions))
-    summed = statistics.median(coreutils_seconds(deep) for _ in range(args.repetitions))
+    hashes = [hashlib_seconds(deep) for _ in range(args.repetitions)]
+    sums = [coreutils_seconds(deep) for _ in range(args.repetitions)]
+    hashed, summed = statistics.median(hashes), statistics.median(sums)
     cpus = os.cpu_count() or 1
-    populated = statistics.median(populate_seconds(deep) for _ in range(5 * args.repetitions))
+    populates = [populate_seconds(deep) for _ in range(5 * args.repetitions)]
+    populated = statistics.median(populates)
 
     upstream = switches_off(LLAMA_CPP_COMMIT, ("all",))
     patched: dict[str, str] = {}
@@ -211,22 +290,20 @@ def main() -> int:
         "rpc_none": (1, ["--load-mode", "none"], False, upstream, 1),
         "rpc_worker_cache": (1, [], True, upstream, 1),
     }  # fmt: skip
-    runs: dict[str, dict[int, float]] = {}
-    for name, (workers, extra, tensor_cache, env, threads) in cases.items():
-        runs[name] = {
-            d: load_seconds(
-                bin_dir,
-                models[d],
-                workers=workers,
-                extra=extra,
-                cache=tensor_cache,
-                repetitions=args.repetitions,
-                env=env,
-                threads=threads,
-            )
-            for d in DEPTHS
-        }
-        print(f"{name}: {runs[name]}", file=sys.stderr)
+    # Every arm once a round, each round in the reverse order of the one before (ABBA); the
+    # cluster's 8 layers split between two workers, upstream, is one more arm.
+    cases["cluster"] = (2, [], False, upstream, 1)
+    arms = [(name, d) for name in cases for d in (DEPTHS if name != "cluster" else DEPTHS[-1:])]
+    seconds: dict[str, dict[int, list[float]]] = {name: {} for name in cases}
+    load_before = os.getloadavg()
+    for repetition, (name, d) in interleaved(arms, args.repetitions):
+        workers, extra, tensor_cache, env, threads = cases[name]
+        took = load_once(bin_dir, models[d], workers=workers, extra=extra,
+                         cache=tensor_cache, env=env, threads=threads)  # fmt: skip
+        seconds[name].setdefault(d, []).append(took)
+        print(f"round {repetition} {name} {d} layers: {took:.3f} s", file=sys.stderr)
+    load_after = os.getloadavg()
+    runs = {name: {d: statistics.median(v) for d, v in by.items()} for name, by in seconds.items()}
 
     def rate(name: str) -> float:
         return slope_gbps(layer_bytes, lambda d: runs[name][d])
@@ -235,13 +312,16 @@ def main() -> int:
         """GB/s of the work ``slower`` does and ``faster`` does not."""
         return slope_gbps(layer_bytes, lambda d: runs[slower][d] - runs[faster][d])
 
+    def rounds(value: Callable[[Callable[[str, int], float]], float]) -> dict[str, object]:
+        return per_round(seconds, args.repetitions, value)
+
+    def round_rate(name: str) -> Callable[[Callable[[str, int], float]], float]:
+        return lambda at: slope_gbps(layer_bytes, lambda d: at(name, d))
+
     load_gbps, rpc_gbps = rate("single"), rate("rpc")
     # The cluster: 8 layers split between two workers, the main keeping the embeddings. The
     # planner's composition: start-up, the main's own weights, then each worker's in turn.
-    measured = load_seconds(
-        bin_dir, deep, workers=2, extra=[], cache=False, repetitions=args.repetitions,
-        env=upstream,
-    )  # fmt: skip
+    measured = runs["cluster"][DEPTHS[-1]]
     startup = runs["single"][DEPTHS[0]] - layer_bytes[DEPTHS[0]] / (load_gbps * GB)
     sent = layer_bytes[DEPTHS[-1]]  # every layer goes to a worker with -ngl 99
     predicted = startup + (size - sent) / (load_gbps * GB) + sent / (rpc_gbps * GB)
@@ -254,6 +334,8 @@ def main() -> int:
             "bytes": {d: models[d].stat().st_size for d in DEPTHS},
         },
         "repetitions": args.repetitions,
+        "timing": f"start to llama-server's '{LOADED}' log line; arms interleaved (ABBA)",
+        "load_average": {"before": list(load_before), "after": list(load_after)},
         "sha256_gbps_hashlib": round(size / hashed / GB, 3),
         "sha256_gbps_coreutils": round(size / summed / GB, 3),
         "sha256_hashlib_speedup": round(summed / hashed, 2),
@@ -284,14 +366,36 @@ def main() -> int:
         "load_mode_none_rpc_send_gbps": round(rate("rpc_none"), 3),
         "rpc_send_gbps_worker_cache": round(rate("rpc_worker_cache"), 3),
         "worker_cache_slowdown": round(rpc_gbps / rate("rpc_worker_cache"), 2),
-        "seconds": {
+        "medians": {
             name: {str(d): round(s, 3) for d, s in by.items()} for name, by in runs.items()
+        },
+        "seconds": {
+            name: {str(d): [round(s, 4) for s in v] for d, v in by.items()}
+            for name, by in seconds.items()
+        },
+        "spread": {
+            "sha256_gbps_hashlib": spread([size / s / GB for s in hashes]),
+            "sha256_gbps_coreutils": spread([size / s / GB for s in sums]),
+            "populate_gbps": spread([size / s / GB for s in populates]),
+            **{
+                key: rounds(round_rate(name))
+                for key, name in (
+                    ("load_gbps", "single"),
+                    ("rpc_send_gbps", "rpc"),
+                    ("rpc_send_gbps_patched", "rpc_patched"),
+                    ("rpc2_send_gbps", "rpc2"),
+                    ("rpc2_send_gbps_patched", "rpc2_patched"),
+                )
+            },
+            "send_path_speedup": rounds(
+                lambda at: round_rate("rpc2_patched")(at) / round_rate("rpc2")(at)
+            ),
         },
         "cluster_load_seconds": {"measured": round(measured, 3), "predicted": round(predicted, 3)},
         "cluster_load_ratio": round(predicted / measured, 3),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Download the model (one GGUF, or every part of a split GGUF) in parallel, checking each part's
-# sha256 when given. Finished parts are kept, so a re-run fetches only what is missing. A staged
-# part (s3://, gs://, az://) is read from the object store with rclone: many ranged reads at
-# once, with the node's own identity.
+# sha256 when given. A part's check runs beside the next parts' downloads: DOWNLOAD_JOBS bounds
+# the downloads alone, so the disk never waits for a check. Finished parts are kept, so a re-run
+# fetches only what is missing. A staged part (s3://, gs://, az://) is read from the object store
+# with rclone: many ranged reads at once, with the node's own identity.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -66,6 +67,22 @@ if [[ -n "${WRITEBACK_BYTES:-}" ]]; then
 fi
 
 mkdir -p "${MODEL_DIR:-$LLAMA_DATA_DIR/models}"
+# A model larger than memory is loaded by page faults (patch 0003 maps it without MAP_POPULATE),
+# each reading the file's read-ahead window around it: the kernel's 128 KiB keeps one small read
+# in flight per faulting thread, and EBS counts every I/O under 256 KiB as one of the volume's
+# IOPS ("Amazon EBS I/O characteristics", AWS EBS user guide). MODEL_READ_AHEAD_KB (the stack
+# sets it then) raises it on the disk the model is on; the kernel forgets it at shutdown, so
+# every boot sets it. blockdev counts 512-byte sectors; a disk that refuses loads, only slower.
+if [[ -n "${MODEL_READ_AHEAD_KB:-}" ]]; then
+  require_count MODEL_READ_AHEAD_KB
+  disk="$(findmnt -n -o SOURCE --target "${MODEL_DIR:-$LLAMA_DATA_DIR/models}" || true)"
+  if [[ -b "$disk" ]] && blockdev --setra $((MODEL_READ_AHEAD_KB * 2)) "$disk"; then
+    status "model_read_ahead_kb:=$(($(blockdev --getra "$disk") / 2))"
+    log "read-ahead of $disk (the model's disk) raised to $MODEL_READ_AHEAD_KB KiB"
+  else
+    log "could not raise the read-ahead of the model's disk (${disk:-none found}); the load reads it in small pieces"
+  fi
+fi
 # A model disk kept from an earlier main node (model-disk.sh) may hold another model's parts;
 # only this model's stay, so that it fits.
 if [[ -n "${MODEL_DISK_GB:-}" ]]; then
@@ -186,10 +203,12 @@ write_failed() {
   return "$EXIT_FINAL"
 }
 
-# fetch_part INDEX URL [SHA256]: download one part, check it and move it into place; returns as
-# download does, with the reason for a failure in $scratch/INDEX.
-fetch_part() {
-  local index="$1" url="$2" want="${3:-}" dest got
+# download_part INDEX URL [SHA256]: download one part unless it is already in place (and
+# verified, given a checksum); returns as download does, with the reason for a failure in
+# $scratch/INDEX. A part it downloaded is left as DEST.partial for check_part, and marked
+# $scratch/INDEX.fetched.
+download_part() {
+  local index="$1" url="$2" want="${3:-}" dest
   dest="$(model_file "$url")"
   if have_part "$dest" "$want"; then
     log "have $(basename "$dest")"
@@ -197,7 +216,15 @@ fetch_part() {
   fi
   log "downloading $url"
   touch "$scratch/$index.fetched"
-  download "$index" "$url" "$dest.partial" || return $?
+  download "$index" "$url" "$dest.partial"
+}
+
+# check_part INDEX URL [SHA256]: check a downloaded part and move it into place; returns 0, 1 or
+# EXIT_FINAL (a part that is not what its checksum says is removed: downloading it again gives
+# the same bytes), with the reason for a failure in $scratch/INDEX.
+check_part() {
+  local index="$1" url="$2" want="${3:-}" dest got
+  dest="$(model_file "$url")"
   if [[ -n "$want" ]]; then
     if ! got="$(sha256_of "$dest.partial")"; then
       part_error "$index" "download of $url failed: could not read $dest.partial to check its sha256"
@@ -208,6 +235,7 @@ fetch_part() {
       part_error "$index" "checksum mismatch for $url: expected sha256 $want, got $got"
       return "$EXIT_FINAL"
     fi
+    log "checked $(basename "$dest")"
   fi
   if ! mv "$dest.partial" "$dest" || { [[ -n "$want" ]] && ! printf '%s' "$want" >"$dest.verified"; }; then
     part_error "$index" "download of $url failed: could not move it into place as $dest"
@@ -225,21 +253,40 @@ progress() { llama_rpc_status download-progress "$scratch" "${parts[@]}" || true
 # would keep a caller reading that output to its end waiting for the sleep.
 while sleep "$DOWNLOAD_PROGRESS_SECONDS" >/dev/null 2>&1; do progress; done &
 reporter=$!
-pids=()
+# At most DOWNLOAD_JOBS downloads at once (what the node's memory holds, so that each part is
+# checked from the page cache); a part's check starts as its download ends, as its own job, and
+# the next download takes the freed place at once.
+declare -A part_of=() # running download's process id -> its part
+codes=()              # each part's exit status, once known
+checks=()             # each checking part's process id
+# reap_download: wait for any one download to end; start its part's check, or keep its failure.
+reap_download() {
+  local pid code=0 i
+  wait -n -p pid "${!part_of[@]}" || code=$?
+  i="${part_of[$pid]}"
+  unset "part_of[$pid]"
+  if [[ $code -ne 0 ]]; then
+    codes[i]=$code
+  elif [[ -e "$scratch/$i.fetched" ]]; then
+    check_part "$i" "${urls[$i]}" "${sums[$i]:-}" &
+    checks[i]=$!
+  else
+    codes[i]=0
+  fi
+}
 for i in "${!urls[@]}"; do
-  while [[ $(jobs -rp | wc -l) -gt $DOWNLOAD_JOBS ]]; do # the reporter is one of the jobs
-    wait -n || true # a throttle only: each part's status is collected below
-  done
-  fetch_part "$i" "${urls[$i]}" "${sums[$i]:-}" &
-  pids[i]=$!
+  while [[ ${#part_of[@]} -ge $DOWNLOAD_JOBS ]]; do reap_download; done
+  download_part "$i" "${urls[$i]}" "${sums[$i]:-}" &
+  part_of[$!]=$i
 done
+while [[ ${#part_of[@]} -gt 0 ]]; do reap_download; done
 
 # Each part's exit status decides: a part that failed without saying why still fails.
 failures=()
 exit_code=1
 for i in "${!urls[@]}"; do
-  code=0
-  wait "${pids[$i]}" || code=$?
+  code="${codes[i]:-0}"
+  [[ -z "${checks[i]:-}" ]] || wait "${checks[i]}" || code=$?
   [[ $code -ne 0 ]] || continue
   [[ $code -ne $EXIT_FINAL ]] || exit_code=$EXIT_FINAL
   reason="$(cat "$scratch/$i" 2>/dev/null || true)"

@@ -63,6 +63,7 @@ class ServingGroup:
     # How the main node downloads and keeps the model (0: the scripts' own way).
     writeback_bytes: int = 0
     download_jobs: int = 0
+    model_read_ahead_kb: int = 0
     model_disk_gb: int = 0
     model_disk_model: str = ""
 
@@ -103,6 +104,7 @@ def group_boots(group: ServingGroup) -> list[NodeBoot]:
         server_listen=group.server_listen,
         writeback_bytes=group.writeback_bytes,
         download_jobs=group.download_jobs,
+        model_read_ahead_kb=group.model_read_ahead_kb,
         model_disk_gb=group.model_disk_gb,
         model_disk_model=group.model_disk_model,
         draft_urls=group.draft_urls,

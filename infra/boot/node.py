@@ -204,6 +204,9 @@ class NodeBoot:
     # A main node whose memory cannot hold the model: the parts it fetches at once (as many as its
     # memory holds, so each is checked from the page cache). 0: fetch-model.sh's own.
     download_jobs: int = field(default=0, metadata=_given("DOWNLOAD_JOBS", role="main"))
+    # The same node: the read-ahead in KiB of the disk the model is on (the load reads the file by
+    # page faults). 0: the kernel's.
+    model_read_ahead_kb: int = field(default=0, metadata=_given("MODEL_READ_AHEAD_KB", role="main"))
     # A main node whose model lives on a disk of its own (model-disk.sh): its size in GiB, and
     # the model name its cloud's disks report, by which the boot knows it. 0: the boot disk.
     model_disk_gb: int = field(

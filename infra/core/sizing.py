@@ -102,6 +102,11 @@ def kv_cells(context: int, slots: int, window: int | None = None) -> int:
     return per_slot * slots
 
 
+# The read-ahead (KiB) a main node whose memory cannot hold the model gives the disk the model
+# is on (fetch-model.sh's MODEL_READ_AHEAD_KB): the load reads the file by page faults, each
+# reading this much ahead (the kernel's 128 KiB keeps one small read in flight a thread).
+MODEL_READ_AHEAD_KB = 16384
+
 # Provisioned throughput of the main node's disk, which the model loads from (within each
 # cloud's range).
 DEFAULT_DISK_THROUGHPUT_MIBPS = 1000

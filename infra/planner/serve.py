@@ -14,15 +14,22 @@ Every rate is a named figure with its basis: the catalog, a benchmark of this re
 - ``staged``: the provider's object store in the stack's region (``lrc stage``),
   many ranged reads at once over the private path, up to the instance's network.
 
+The download, as fetch-model.sh runs it: at most ``DOWNLOAD_JOBS`` parts at once (every part
+where the main node's memory holds the file, else as many as it holds), each part's sha256 check
+starting as its download ends, beside the next parts' downloads; so the parts come in rounds, and
+only the last round's checks are left once the last byte is in. A model that fits downloads at
+the network's pace: the page cache may hold all of it dirty (``WRITEBACK_BYTES``); one that does
+not, at the disk's.
+
 The load, with the build's patch set (``cloud-init/patches``, docs/loader.md): where the file
 fits in the main node's memory it is mapped in on one thread (``MAP_POPULATE`` of pages the
 download left in the page cache); then the main node repacks its own Q4_0 weights on every core
 (patch 0004) while each worker is sent its layers at the same time (patch 0002), each without the
 FNV hash and cache probe (0001), on one flow each. Where the file does not fit, nothing is read
-ahead (0003): the load reads the file from the main disk once, as it touches it, while the same
-three things go on; and the download runs at the disk's pace and the checksum reads it again. A
-model that fits downloads at the network's pace: the page cache may hold all of it dirty
-(``WRITEBACK_BYTES``). ``loader="upstream"`` is llama.cpp at the pin without the patches
+ahead (0003): the load reads the file from the main disk once by page faults, each reading the
+disk's read-ahead window (which fetch-model.sh raises), at the rate measured for demand paging
+against sequential reads (bench/readahead.py) and within the disk's IOPS, while the same three
+things go on. ``loader="upstream"`` is llama.cpp at the pin without the patches
 (``llamaCppPatchesOff: [all]``): populate everything first, repack on one core, hash and send to
 one worker after the other; it reproduces Arm's published 405B load (about 30 min from a 125
 MiB/s disk, tests/planner/test_plan.py) within the bounds that test sets.
@@ -30,10 +37,12 @@ MiB/s disk, tests/planner/test_plan.py) within the bounds that test sets.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
+from infra.clouds import FACTS
 from infra.core import perf, sizing
 from infra.core.placement import Placement
 from infra.models import Model
@@ -87,6 +96,22 @@ REPACK_GBPS_PER_THREAD = 2.861
 REPACK_THREAD_EFFICIENCY = 1.0
 RPC_SEND_GBPS_PATCHED = 0.865
 LOADERS = ("patched", "upstream")
+# A model larger than memory is read by page faults (patch 0003): one thread copying out of a
+# mapping keeps one read-ahead window in flight, so each window costs the disk's latency on top
+# of its transfer. bench/results/readahead.json (medians of interleaved rounds, a cold disk of
+# this repository's machine): such a thread at the kernel's 128 KiB read-ahead and at
+# fetch-model.sh's, and read() of 16 MiB pieces, the disk's sequential rate. The latency is what
+# the 128 KiB rate leaves beyond the transfer; a cloud disk's is no lower (EBS: "single-digit
+# millisecond", Amazon EBS volume types).
+SEQUENTIAL_READ_GBPS = 1.1159
+DEMAND_PAGED_GBPS = {128: 0.165, 16384: 0.8137}
+READ_AHEAD_BASIS = "bench/results/readahead.json (a cold disk of this repository's machine)"
+DEFAULT_READ_AHEAD_KB = 128  # the kernel's, where the benchmark measures the latency
+# The largest I/O a disk type counts as one of its IOPS; a smaller one counts as a whole one.
+# gp3: "I/O size is capped at 256 KiB for SSD volumes" (Amazon EBS user guide, "Amazon EBS I/O
+# characteristics and monitoring",
+# https://docs.aws.amazon.com/ebs/latest/userguide/ebs-io-characteristics.html).
+IOPS_IO_KIB = {"gp3": 256}
 # One TCP flow carries the weights to each worker. AWS caps a flow at 10 Gbit/s inside a
 # cluster placement group (FACTS); the other providers publish no cap, so the same is used.
 SINGLE_FLOW_GBPS = 10.0
@@ -151,54 +176,94 @@ def fits_page_cache(model: Model, main: InstanceType) -> bool:
     return sizing.fits_memory(model.size_bytes, main)
 
 
-def _download(
-    model: Model,
+def _jobs(model: Model, main: InstanceType, loader: str) -> int:
+    """Parts fetched at once: upstream as the scripts did before they bounded it by memory."""
+    if loader == "upstream":
+        return DOWNLOAD_JOBS
+    return sizing.download_jobs(model.size_bytes, part_count(model), main)
+
+
+def _download_rate(
     main: InstanceType,
     path: str,
+    parts: int,
+    *,
     disk_mibps: float,
     internet_gbps: float,
-    *,
-    loader: str = "patched",
+    disk_bound: bool,
 ) -> tuple[float, str]:
-    """Seconds to fetch the file, and which limit sets the rate: not the disk where the file fits
-    in memory (the page cache holds it dirty while the disk catches up: WRITEBACK_BYTES)."""
+    """Gbit/s at which ``parts`` parts download together, and which limit sets it."""
     limits = {"the instance's network (catalog)": main.network_gbps or math.inf}
     if path == "internet":
         limits[f"the model host, assumed {internet_gbps:g} Gbit/s"] = internet_gbps
     else:
-        jobs = DOWNLOAD_JOBS if loader == "upstream" else _jobs(model, main)
-        streams = STAGED_STREAMS * min(part_count(model), jobs)
+        streams = STAGED_STREAMS * parts
         limits[f"{streams} ranged reads: {STORE_BASIS}"] = streams * STORE_STREAM_MBPS * 8e6 / GB
-    if loader == "upstream" or not fits_page_cache(model, main):
+    if disk_bound:
         limits[f"the main disk's write, {disk_mibps:.0f} MiB/s"] = disk_mibps * MIB * 8 / GB
     basis, gbps = min(limits.items(), key=lambda item: item[1])
-    return model.size_bytes * 8 / (gbps * GB), basis
+    return gbps, basis
 
 
-def _jobs(model: Model, main: InstanceType) -> int:
-    return sizing.download_jobs(model.size_bytes, part_count(model), main)
-
-
-def _verify(
-    model: Model, main: InstanceType, disk_mibps: float, *, loader: str = "patched"
+def _check_rate(
+    main: InstanceType, parts: int, disk_mibps: float, cached: bool
 ) -> tuple[float, str]:
-    # fetch-model.sh checks each part in the job that fetched it.
-    jobs = DOWNLOAD_JOBS if loader == "upstream" else _jobs(model, main)
-    parts = min(part_count(model), jobs, main.vcpus)
-    if loader == "patched" and not fits_page_cache(model, main):
-        # As many parts at once as memory holds: each is checked from the page cache as its own
-        # download ends, beside the next ones'; the last ones' checks come after the download.
-        part = model.size_bytes / part_count(model)
-        return part / (SHA256_GBPS_PER_CORE * GB), (
-            f"the last {parts} part(s) checked from the page cache ({parts} fetched at once: "
-            f"what memory holds), {SHA256_GBPS_PER_CORE} GB/s each ({LOAD_BASIS})"
-        )
-    rate = parts * SHA256_GBPS_PER_CORE * GB
-    basis = f"sha256 of {parts} part(s) at once, {SHA256_GBPS_PER_CORE} GB/s each ({LOAD_BASIS})"
-    if not fits_page_cache(model, main) and disk_mibps * MIB < rate:
+    """Bytes a second at which ``parts`` parts are checked together (a core each), and how."""
+    rate = min(parts, main.vcpus) * SHA256_GBPS_PER_CORE * GB
+    basis = f"{SHA256_GBPS_PER_CORE} GB/s a core from the page cache ({LOAD_BASIS})"
+    if not cached and disk_mibps * MIB < rate:
         rate = disk_mibps * MIB
-        basis = f"read again from the main disk at {disk_mibps:.0f} MiB/s (memory cannot hold it)"
-    return model.size_bytes / rate, basis
+        basis = f"read again from the main disk at {disk_mibps:.0f} MiB/s (memory cannot hold them)"
+    return rate, basis
+
+
+def _fetch(
+    model: Model,
+    main: InstanceType,
+    start: float,
+    *,
+    path: str,
+    disk_mibps: float,
+    internet_gbps: float,
+    loader: str,
+) -> tuple[Phase, Phase]:
+    """The download and the checks left after it, round by round as fetch-model.sh runs them:
+    ``jobs`` parts at once, each part's check beside the next round's downloads. Not the disk
+    where the file fits in memory (the page cache holds it dirty while the disk catches up:
+    WRITEBACK_BYTES); upstream, the disk bounds it and the checks wait as the scripts did."""
+    count, jobs = part_count(model), _jobs(model, main, loader)
+    part = model.size_bytes / count
+    disk_bound = loader == "upstream" or not fits_page_cache(model, main)
+    end, checked, rounds = start, start, []
+    for first in range(0, count, jobs):
+        parts = min(jobs, count - first)
+        gbps, limit = _download_rate(
+            main,
+            path,
+            parts,
+            disk_mibps=disk_mibps,
+            internet_gbps=internet_gbps,
+            disk_bound=disk_bound,
+        )
+        end += parts * part * 8 / (gbps * GB)
+        cached = fits_page_cache(model, main) or (
+            loader == "patched" and parts * part <= sizing.usable_memory_bytes(main)
+        )
+        check, check_basis = _check_rate(main, parts, disk_mibps, cached)
+        checked = max(checked, end + parts * part / check)
+        rounds.append(f"{parts} at {gbps:.2f} Gbit/s ({limit})")
+    said = [f"{len(list(same))} x {text}" for text, same in itertools.groupby(rounds)]
+    download = Phase(
+        "download",
+        start,
+        end - start,
+        f"{path}: {count} part(s), {jobs} at a time (fetch-model.sh): " + "; ".join(said),
+    )
+    earlier = "; each earlier part's ran beside the next downloads" if len(rounds) > 1 else ""
+    verify = Phase(
+        "verify", end, checked - end, f"the last {parts} part(s)' sha256, {check_basis}{earlier}"
+    )
+    return download, verify
 
 
 def time_to_serve(
@@ -218,10 +283,15 @@ def time_to_serve(
         raise ValueError(f"loader must be one of {', '.join(LOADERS)}, not {loader!r}")
     boot = Phase("boot", 0.0, BOOT_SECONDS, BOOT_BASIS)
     build = Phase("build", boot.end, build_seconds(main.vcpus), BUILD_BASIS)
-    seconds, basis = _download(model, main, path, disk_mibps, internet_gbps, loader=loader)
-    download = Phase("download", boot.end, seconds, f"{path}: limited by {basis}")
-    seconds, basis = _verify(model, main, disk_mibps, loader=loader)
-    verify = Phase("verify", download.end, seconds, basis)
+    download, verify = _fetch(
+        model,
+        main,
+        boot.end,
+        path=path,
+        disk_mibps=disk_mibps,
+        internet_gbps=internet_gbps,
+        loader=loader,
+    )
     phases = [boot, build, download, verify]
     # The workers are ready by then: their build is shorter than the main node's on any type
     # (worker_build_seconds; tests/planner/test_plan.py).
@@ -250,14 +320,15 @@ def _patched_load(
         phases.append(populate)
         start = populate.end
     else:
+        mibps, basis = demand_paged_mibps(main, disk_mibps)
         phases.append(
             Phase(
                 "load disk read",
                 start,
-                model.size_bytes / (disk_mibps * MIB),
-                f"the file read once from the main disk at {disk_mibps:.0f} MiB/s as the load "
-                "touches it (memory cannot hold it: no pre-read, patch 0003), beside the phases "
-                "below",
+                model.size_bytes / (mibps * MIB),
+                f"the file read once from the main disk by page faults as the load touches it "
+                f"(memory cannot hold it: no pre-read, patch 0003) at {mibps:.0f} MiB/s: {basis}; "
+                "beside the phases below",
             )
         )
     own = layout.shares[0].weight_bytes
@@ -278,6 +349,47 @@ def _patched_load(
             )
         )
     return phases
+
+
+def fault_latency_seconds() -> float:
+    """What a demand-paged read waits for each read-ahead window beyond its transfer, from the
+    measured rates at the kernel's read-ahead."""
+    window = DEFAULT_READ_AHEAD_KB * 1024
+    return window / (DEMAND_PAGED_GBPS[DEFAULT_READ_AHEAD_KB] * GB) - window / (
+        SEQUENTIAL_READ_GBPS * GB
+    )
+
+
+def demand_paged_gbps(read_ahead_kb: int, disk_gbps: float) -> float:
+    """GB/s of one thread reading a cold disk by page faults: one window in flight at a time."""
+    window = read_ahead_kb * 1024
+    return window / (fault_latency_seconds() + window / (disk_gbps * GB)) / GB
+
+
+def demand_paged_mibps(main: InstanceType, disk_mibps: float) -> tuple[float, str]:
+    """MiB/s at which the load reads a file larger than memory from the main disk by page
+    faults, and why: one read-ahead window in flight (fetch-model.sh raises the model's disk's
+    then: MODEL_READ_AHEAD_KB), within the IOPS the disk has for I/Os of that size."""
+    facts = FACTS[main.provider]
+    read_ahead = sizing.MODEL_READ_AHEAD_KB
+    mibps = demand_paged_gbps(read_ahead, disk_mibps * MIB / GB) * GB / MIB
+    basis = (
+        f"one {read_ahead} KiB read-ahead window at a time (fetch-model.sh's), each waiting "
+        f"{fault_latency_seconds() * 1e3:.2f} ms beyond its transfer at the disk's "
+        f"{disk_mibps:.0f} MiB/s (page faults against sequential reads, {READ_AHEAD_BASIS})"
+    )
+    io_kib = IOPS_IO_KIB.get(facts.disk.name)
+    iops = facts.disk.provision(math.ceil(disk_mibps)).iops
+    if io_kib is not None and iops is not None:
+        # Each fault reads the read-ahead beyond what the last one read.
+        cap = iops * min(read_ahead, io_kib) / 1024
+        if cap < mibps:
+            mibps = cap
+            basis = (
+                f"{iops} IOPS of {min(read_ahead, io_kib)} KiB reads ({facts.disk.name} counts "
+                f"each I/O up to {io_kib} KiB as one: Amazon EBS user guide)"
+            )
+    return mibps, basis
 
 
 def _repack_rate(main: InstanceType) -> tuple[float, str]:

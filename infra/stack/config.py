@@ -320,6 +320,7 @@ class ClusterConfig:
             else sizing.download_jobs(
                 self.model.size_bytes, len(self.model_urls), self.main_instance_type
             ),
+            model_read_ahead_kb=0 if fits else sizing.MODEL_READ_AHEAD_KB,
             model_disk_gb=self.main_disk_gb if facts.model_disk else 0,
             model_disk_model=facts.model_disk.device_model if facts.model_disk else "",
         )

@@ -103,6 +103,11 @@ def mounted_on(path: Path) -> str:
     return found.stdout.strip()
 
 
+def read_ahead_kb(device: str) -> int:
+    found = subprocess.run(["blockdev", "--getra", device], capture_output=True, text=True)
+    return int(found.stdout) // 2
+
+
 def unmount(path: Path) -> None:
     """What a reboot, or a new main node, starts from: the volume attached, nothing mounted."""
     subprocess.run(["umount", str(path)], check=True)
@@ -148,22 +153,30 @@ def test_a_kept_volume_holds_only_this_models_parts(
     model_disk, disks: Disks, run_script, http_files, tmp_path: Path
 ) -> None:
     """A new main node on a kept volume: its model's verified part is not fetched again, and
-    another model's parts go, so that this one fits."""
-    disks.add("nvme1n1", GIB)
+    another model's parts go, so that this one fits. The model's disk reads ahead as the stack
+    says (the load's page faults read that much at once), at every boot; another disk keeps its
+    own read-ahead."""
+    other = disks.add("nvme2n1", 2 * GIB)
+    volume = disks.add("nvme1n1", GIB)
     assert model_disk()[0].returncode == 0
     models = tmp_path / "data" / "models"
     base, root = http_files
     data = b"gguf" * 1000
     (root / "model.gguf").write_bytes(data)
     settings = {"MODEL_URLS": f"{base}/model.gguf", "MODEL_DISK_GB": "1"}
-    assert run_script("fetch-model.sh", **settings)[0].returncode == 0
+    result, status = run_script("fetch-model.sh", **settings, MODEL_READ_AHEAD_KB="16384")
+    assert result.returncode == 0, result.stderr
+    assert read_ahead_kb(volume) == status["model_read_ahead_kb"] == 16384
+    assert read_ahead_kb(other) != 16384
+    subprocess.run(["blockdev", "--setra", "256", volume], check=True)  # a reboot
     (models / "old-model.gguf").write_bytes(b"old")
     (models / "old-model.gguf.verified").write_text("0" * 64)
     (root / "model.gguf").unlink()  # fetched again, it would fail
 
-    result, _ = run_script("fetch-model.sh", **settings)
+    result, _ = run_script("fetch-model.sh", **settings, MODEL_READ_AHEAD_KB="8192")
     assert result.returncode == 0, result.stderr
     assert "have model.gguf" in result.stderr
+    assert read_ahead_kb(volume) == 8192
     assert sorted(p.name for p in models.iterdir()) == ["lost+found", "model.gguf"]
 
 

@@ -118,6 +118,51 @@ def test_a_model_that_fits_in_memory_may_stay_dirty_while_it_downloads(
         assert not (tmp_path / "sysctl.log").exists()
 
 
+def test_a_parts_check_runs_beside_the_next_parts_download(
+    run_script, http_files, fake_bin, tmp_path
+) -> None:
+    """One download at a time (a node whose memory holds one part): the first part's sha256
+    check is still running when the second part's download begins, so the disk never waits for
+    a check. The stand-in python3 holds the first check until the second download shows, for
+    at most 5 s, and says which came first."""
+    base, root = http_files
+    parts = {"first.gguf": b"a" * 200_000, "second.gguf": b"b" * 200_000}
+    for name, data in parts.items():
+        (root / name).write_bytes(data)
+    models = tmp_path / "data" / "models"
+    directory, write = fake_bin
+    write(
+        "python3",
+        f"""
+for arg; do
+  [[ "$arg" == */first.gguf.partial ]] || continue
+  seen=serial
+  for _ in $(seq 100); do
+    if [[ -e "{models}/second.gguf.partial" || -e "{models}/second.gguf" ]]; then
+      seen=overlapped; break
+    fi
+    sleep 0.05
+  done
+  echo "$seen" >>"{tmp_path}/order.log"
+done
+exec {shutil.which("python3")} "$@"
+""",
+    )
+    result, status = run_script(
+        "fetch-model.sh",
+        MODEL_URLS=" ".join(f"{base}/{name}" for name in parts),
+        MODEL_SHA256=" ".join(sha256(data) for data in parts.values()),
+        DOWNLOAD_JOBS="1",
+        PATH=f"{directory}:{os.environ['PATH']}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "order.log").read_text() == "overlapped\n"
+    for name, data in parts.items():
+        assert (models / name).read_bytes() == data
+        assert (models / f"{name}.verified").read_text() == sha256(data)
+    assert status["model_bytes"] == 400_000
+
+
 def test_download_resumes_a_partial_part(run_script, http_files, tmp_path) -> None:
     base, root = http_files
     data = bytes(range(256)) * 4000

@@ -904,6 +904,10 @@ def test_a_main_node_whose_memory_holds_the_model_lets_its_download_run_ahead_of
         )
         assert main.get("DOWNLOAD_JOBS") == (None if fits else str(jobs))
         assert fits or 1 <= jobs < sizing.DOWNLOAD_JOBS
+        # And its model's disk reads far ahead: the load reads the file by page faults.
+        assert main.get("MODEL_READ_AHEAD_KB") == (
+            None if fits else str(sizing.MODEL_READ_AHEAD_KB)
+        )
         seen.add(fits)
     assert seen == {True, False}  # aws-small's main node holds its model; aws-c8g's does not
 
