@@ -129,24 +129,27 @@ def predict(
             nodes: list[perf.NodeRates] = nodes,
             layout: placement.Placement = layout,
         ) -> float:
-            step = perf.step(model, nodes, layout, kv_tokens, tokens, workers_repack=workers_repack)
+            # llama-bench's pp: the last token's logits alone (the draft row has a check's).
+            step = perf.step(model, nodes, layout, kv_tokens, tokens, outputs=1,
+                             workers_repack=workers_repack)  # fmt: skip
             if step is None:
                 raise ValueError("no compute rate")
             return step.seconds
 
         decode = seconds(1, kv)
         rate = perf.prompt_on(model, nodes, layout, prompt, workers_repack=workers_repack)
-        draft_step = perf.step(model, [node], alone, kv, 1)
-        if rate is None or draft_step is None:
+        drafted = engines.speculative_on(
+            model, nodes, layout, kv, draft=model, draft_layout=alone,
+            acceptance=acceptance[where], draft_max=draft_max, workers_repack=workers_repack,
+        )  # fmt: skip
+        if rate is None or drafted is None:
             raise ValueError("no compute rate")
-        tokens = engines.accepted_run(acceptance[where], draft_max)
-        drafted = (draft_max * draft_step.seconds + seconds(draft_max + 1, kv)) / tokens
         found[where] = {
             "decode_tps": 1 / decode,
             "prompt_tps": rate.tps,
             "verify_4_seconds": seconds(4, 4),
             "verify_8_seconds": seconds(8, 8),
-            "draft_speedup": decode / drafted,
+            "draft_speedup": drafted.tps * decode,
         }
     return found
 
@@ -436,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="threads on each node")
     parser.add_argument("--model", type=Path, help="a GGUF (default: Gemma 3 270M Q4_K_M)")
     parser.add_argument("--bin", type=Path, help="the build's bin directory")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args(argv)
     cache = cache_dir()
     model_path = args.model or real_model(cache)
@@ -502,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
     }
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=2) + "\n")
     for row in rows:
         print(
             f"{row['where']:<12} {row['what']:<18} predicted {row['predicted']:>10} "

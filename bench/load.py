@@ -27,7 +27,10 @@ quiet machine: every rate moves with what else runs.
   send path without the hash, one tensor at a time).
 - rpc_send_gbps (upstream) and rpc_send_gbps_patched: weights llama-server sends to one worker
   (no tensor cache); rpc2_*: to two workers, one after the other upstream, at once patched;
-  send_path_speedup is patched over upstream for two workers, the loader's real case.
+  send_path_speedup is patched over upstream for two workers, the loader's real case. The
+  patched send path is the set without 0005 (workers keep the weights as sent, as upstream's
+  do); worker_repack_gbps is what 0005 adds, a worker repacking each weight as it arrives (on
+  this machine's two cores, beside the sender: a cloud worker repacks on its own cores).
   rpc_send_gbps_worker_cache: the worker's --cache writing each tensor to its disk, as workers
   did before.
 - load_mode_none_*: the same two loads with --load-mode none (each tensor read once).
@@ -270,6 +273,9 @@ def main() -> int:
     def only_off(number: str) -> dict[str, str]:
         return switches_off(LLAMA_CPP_COMMIT, (number,))
 
+    # The send path's patches without the workers' repack (0005), which is a phase of its own.
+    send_path = only_off("0005")
+
     # name: (workers, extra flags, worker tensor cache, environment, threads)
     cases: dict[str, tuple[int, list[str], bool, dict[str, str], int]] = {
         "single": (0, [], False, upstream, 1),
@@ -282,11 +288,12 @@ def main() -> int:
         ),
         "single_no_repack_threads": (0, ["--no-repack"], False, patched, cpus),
         "rpc": (1, [], False, upstream, 1),
-        "rpc_patched": (1, [], False, patched, 1),
-        "rpc_hash": (1, [], False, {**only_off("0002"), **only_off("0001")}, 1),
-        "rpc_no_hash": (1, [], False, only_off("0002"), 1),
+        "rpc_patched": (1, [], False, send_path, 1),
+        "rpc_worker_repack": (1, [], False, patched, 1),
+        "rpc_hash": (1, [], False, {**send_path, **only_off("0002"), **only_off("0001")}, 1),
+        "rpc_no_hash": (1, [], False, {**send_path, **only_off("0002")}, 1),
         "rpc2": (2, [], False, upstream, 1),
-        "rpc2_patched": (2, [], False, patched, 1),
+        "rpc2_patched": (2, [], False, send_path, 1),
         "rpc_none": (1, ["--load-mode", "none"], False, upstream, 1),
         "rpc_worker_cache": (1, [], True, upstream, 1),
     }  # fmt: skip
@@ -357,6 +364,7 @@ def main() -> int:
             "load_gbps_threads_no_populate": round(rate("single_repack_threads_no_populate"), 3),
             "hash_gbps": round(phase("rpc_hash", "rpc_no_hash"), 3),
             "copy_gbps": round(rate("rpc_no_hash"), 3),
+            "worker_repack_gbps": round(phase("rpc_worker_repack", "rpc_patched"), 3),
         },
         "rpc_send_gbps": round(rpc_gbps, 3),
         "rpc_send_gbps_patched": round(rate("rpc_patched"), 3),

@@ -177,8 +177,14 @@ def node_bandwidth_gbps(instance: InstanceType) -> float | None:
 
 def computed_weight_bytes(model: Model, share: NodeShare) -> int:
     """A node's weights that take part in a token's arithmetic: all it holds but the embeddings,
-    of which a token reads one row."""
-    return share.weight_bytes - (model.input_bytes if share.node == placement.MAIN else 0)
+    of which a token reads one row; where the output head is the embeddings themselves (tied) and
+    this node computes it (it holds the last layer: placement gives it no copy), the logits read
+    them whole."""
+    if share.node != placement.MAIN:
+        return share.weight_bytes
+    if model.tied_embeddings and share.first_layer + share.layers == model.layers:
+        return share.weight_bytes
+    return share.weight_bytes - model.input_bytes
 
 
 def kv_bytes_read(model: Model, share: NodeShare, kv_tokens: int) -> float:
@@ -309,12 +315,13 @@ class PromptAnchor:
         """FLOP/s of the repacked kernels at ``threads``: the prompt's time less one decode step
         (its read of the weights) is the arithmetic of every token but the first."""
         model, instance = PRESETS[self.model], self.instance
-        flops = token_flops(model)
-        if flops is None:
+        if token_flops(model) is None:
             raise ValueError(f"{self.model}: no parameter count")
         layout = placement.place(
             model, self.prompt_tokens, 1, [sizing.usable_memory_bytes(instance)]
         )
+        (share,) = layout.shares
+        flops = prompt_flops(model, share)
         one = decode_tps(model, [instance], layout, self.prompt_tokens)
         if one is None:
             raise ValueError(f"{self.label}: no memory bandwidth for {instance.cpu_family}")
@@ -451,12 +458,13 @@ def parameters_per_byte(model: Model) -> float | None:
 
 def token_flops(model: Model) -> float | None:
     """Arithmetic of one token: 2 per weight it multiplies, the embeddings aside (a token reads
-    one row of them), a MoE's active experts only."""
+    one row of them) unless they are the output head too (tied), a MoE's active experts only."""
     per_byte = parameters_per_byte(model)
     if per_byte is None:
         return None
     active = model.weight_bytes_per_token / model.size_bytes
-    return FLOPS_PER_PARAMETER * (model.size_bytes - model.input_bytes) * active * per_byte
+    multiplied = model.size_bytes - (0 if model.tied_embeddings else model.input_bytes)
+    return FLOPS_PER_PARAMETER * multiplied * active * per_byte
 
 
 def share_flops(model: Model, share: NodeShare) -> float:
@@ -464,6 +472,21 @@ def share_flops(model: Model, share: NodeShare) -> float:
     per_byte = parameters_per_byte(model) or 0.0
     active = model.weight_bytes_per_token / model.size_bytes
     return FLOPS_PER_PARAMETER * computed_weight_bytes(model, share) * active * per_byte
+
+
+def head_flops(model: Model, share: NodeShare) -> float:
+    """The output head's part of ``share_flops``: nothing unless this node computes the logits
+    (it holds the last layer). A prompt's step computes them for its last token alone; a draft's
+    check, and a step of several streams, for every token (llama.cpp's ``n_outputs``)."""
+    if share.layers == 0 or share.first_layer + share.layers != model.layers:
+        return 0.0
+    computed = computed_weight_bytes(model, share)
+    return share_flops(model, share) * min(1.0, model.output_bytes / computed) if computed else 0.0
+
+
+def prompt_flops(model: Model, share: NodeShare) -> float:
+    """Arithmetic of one more prompt token on one node: its layers', not the head's."""
+    return share_flops(model, share) - head_flops(model, share)
 
 
 def _repacked_flops(instance: InstanceType, hidden: float | None = None) -> float | None:
@@ -495,14 +518,14 @@ def plain_slowdown() -> float:
     ]
     fixed = model.layers * cal.layer_overhead_seconds + (run.nodes - 1) * cal.hop_seconds
     main, *workers = layout.shares
-    main_extra = (run.tokens - 1) * share_flops(model, main) / repacked
+    main_extra = (run.tokens - 1) * prompt_flops(model, main) / repacked
     # The workers' arithmetic is longer than their reads (checked below), so each hides a
     # ``hidden`` share of its reads.
     left = run.seconds - fixed - node_seconds(reads[0], main_extra, hidden) - sum(reads[1:])
     left += hidden * sum(reads[1:])
     if left <= sum(reads[1:]):
         raise ValueError(f"{run.label}: the workers' arithmetic is shorter than their reads")
-    plain = (run.tokens - 1) * sum(share_flops(model, s) for s in workers) / left
+    plain = (run.tokens - 1) * sum(prompt_flops(model, s) for s in workers) / left
     return repacked / plain
 
 
@@ -593,14 +616,17 @@ def step(
     sequences: int = 1,
     workers_repack: bool = False,
     hidden: float | None = None,
+    outputs: int | None = None,
 ) -> Step | None:
     """A step of ``tokens`` tokens on nodes that run one after another (the main node first): on
     each, its reads, then the arithmetic of every token beyond the first at its kernel's rate
     (the main node's repacked; a worker's repacked only with ``workers_repack``); the fixed
-    per-layer and per-hop costs once. At one token this is ``decode_tps``'s step. None when a
-    compute rate or the parameter count a step of several tokens needs is unknown."""
-    if tokens < 1 or not 1 <= sequences <= tokens:
-        raise ValueError(f"a step of {tokens} tokens in {sequences} sequences")
+    per-layer and per-hop costs once. ``outputs``: the tokens whose logits it computes (every
+    one unless said; a prompt's step, its last). At one token this is ``decode_tps``'s step. None
+    when a compute rate or the parameter count a step of several tokens needs is unknown."""
+    outputs = tokens if outputs is None else outputs
+    if tokens < 1 or not 1 <= sequences <= tokens or not 1 <= outputs <= tokens:
+        raise ValueError(f"a step of {tokens} tokens in {sequences} sequences, {outputs} out")
     if tokens > 1 and parameters_per_byte(model) is None:
         return None
     cal = calibration()
@@ -618,7 +644,8 @@ def step(
             flops = node.flops(REPACKED if index == 0 or workers_repack else PLAIN)
             if flops is None:
                 return None
-            extra = (tokens - 1) * share_flops(model, share) / flops
+            extra = (tokens - 1) * prompt_flops(model, share) / flops
+            extra += (outputs - 1) * head_flops(model, share) / flops
         memory, compute = memory + read, compute + extra
         seconds += node_seconds(read, extra, hidden)
     fixed = model.layers * cal.layer_overhead_seconds + (len(nodes) - 1) * cal.hop_seconds
@@ -706,7 +733,9 @@ def prompt_on(
     seconds, done = 0.0, 0
     while done < tokens:
         size = min(UBATCH_TOKENS, tokens - done)
-        found = step(model, nodes, layout, done + size, size, workers_repack=workers_repack)
+        found = step(
+            model, nodes, layout, done + size, size, workers_repack=workers_repack, outputs=1
+        )
         if found is None:
             return None
         seconds, done = seconds + found.seconds, done + size
@@ -763,7 +792,7 @@ def measured_node(
     arithmetic = prompt_tokens / prompt_tps - fixed - (1 - hidden) * memory
     if arithmetic <= memory:
         raise ValueError(f"{label}: its prompt is faster than reading its weights")
-    flops = (prompt_tokens - 1) * share_flops(model, share) / arithmetic
+    flops = (prompt_tokens - 1) * prompt_flops(model, share) / arithmetic
     return NodeRates(bandwidth, None if plain else flops, flops if plain else None, label)
 
 
@@ -836,7 +865,7 @@ def _prompt_seconds(
     if rates is None:
         raise ValueError(f"{run.label}: no bandwidth for {run.instance.cpu_family}")
     found = step(model, rates, run.layout(), run.tokens, run.tokens,
-                 workers_repack=workers_repack, hidden=hidden)  # fmt: skip
+                 workers_repack=workers_repack, hidden=hidden, outputs=1)  # fmt: skip
     if found is None:
         raise ValueError(f"{run.label}: no compute rate")
     return found.seconds

@@ -169,24 +169,48 @@ def speculative(
     """One stream with a draft model on the main node: each step drafts ``draft_max`` tokens
     there, one after another, then the cluster checks them and one more in one step of
     ``draft_max + 1`` tokens (``perf.step``: the weights read once, the arithmetic of every token
-    beyond the first at each node's kernel's rate); it yields the accepted run and the target's
-    token (``accepted_run``, ``acceptance`` a chance per drafted token). None where a bandwidth or
-    compute rate is unknown."""
+    beyond the first at each node's kernel's rate, the logits of each), and the draft model
+    takes in the same ``draft_max + 1`` tokens as one step of its own (llama.cpp's draft-simple
+    mirrors every batch of the target's into the draft's context: common/speculative.cpp,
+    ``process``); it yields the accepted run and the target's token (``accepted_run``,
+    ``acceptance`` a chance per drafted token). None where a bandwidth or compute rate is
+    unknown."""
+    main = nodes[0]
+    # The draft alone on the main node (the target's layers wait meanwhile).
+    alone = placement.place(draft, max(kv_tokens, 1), 1, [sizing.usable_memory_bytes(main)])
+    rates = [perf.node_rates(n) for n in nodes]
+    known = [r for r in rates if r is not None]
+    if len(known) < len(rates) or perf.no_compute_reason(model, nodes):
+        return None
+    return speculative_on(model, known, layout, kv_tokens, draft=draft, draft_layout=alone,
+                          acceptance=acceptance, draft_max=draft_max,
+                          workers_repack=workers_repack)  # fmt: skip
+
+
+def speculative_on(
+    model: Model,
+    nodes: Sequence[perf.NodeRates],
+    layout: Placement,
+    kv_tokens: int,
+    *,
+    draft: Model,
+    draft_layout: Placement,
+    acceptance: float,
+    draft_max: int,
+    workers_repack: bool = False,
+) -> Speculative | None:
+    """``speculative`` on nodes known by their rates (a catalog type's, or a machine measured
+    on its own: bench/calibrate.py); the draft runs on the first, placed as ``draft_layout``."""
     if draft_max < 1:
         raise ValueError(f"a draft has at least one token, not {draft_max}")
     tokens = accepted_run(acceptance, draft_max)
-    main = nodes[0]
-    # The draft alone on the main node: its decode rate (the target's layers wait meanwhile).
-    alone = placement.place(draft, max(kv_tokens, 1), 1, [sizing.usable_memory_bytes(main)])
-    draft_tps = perf.decode_tps(draft, [main], alone, kv_tokens)
-    rates = [perf.node_rates(n) for n in nodes]
-    if draft_tps is None or None in rates or perf.no_compute_reason(model, nodes):
+    decode = perf.step(draft, [nodes[0]], draft_layout, kv_tokens, 1)
+    mirrored = perf.step(draft, [nodes[0]], draft_layout, kv_tokens, draft_max + 1, outputs=1)
+    verify = perf.step(model, nodes, layout, kv_tokens, draft_max + 1,
+                       workers_repack=workers_repack)  # fmt: skip
+    if decode is None or mirrored is None or verify is None:
         return None
-    verify = perf.step(model, [r for r in rates if r is not None], layout, kv_tokens,
-                       draft_max + 1, workers_repack=workers_repack)  # fmt: skip
-    if verify is None:
-        return None
-    draft_seconds = draft_max / draft_tps
+    draft_seconds = draft_max * decode.seconds + mirrored.seconds
     return Speculative(
         tokens / (draft_seconds + verify.seconds), tokens, draft_seconds, verify.seconds, draft_max
     )
@@ -385,8 +409,9 @@ def _draft_line(
     )
     basis = (
         f"{pair.draft} drafts {found.draft_max} token{'s' if found.draft_max > 1 else ''} a step "
-        f"on the main node ({found.draft_seconds * 1e3:.0f} ms), the cluster checks them and one "
-        f"more in one step ({found.verify_seconds * 1e3:.0f} ms, perf.step): "
+        f"on the main node and takes in the checked ones ({found.draft_seconds * 1e3:.0f} ms), "
+        f"the cluster checks them and one more in one step ({found.verify_seconds * 1e3:.0f} ms, "
+        "perf.step): "
         f"{found.tokens_per_step:.2f} tokens a step at {accepted}; the best of draft "
         f"{DRAFT_LENGTHS.start}-{DRAFT_LENGTHS.stop - 1}"
     )

@@ -81,20 +81,24 @@ PART_BYTES = 50 * GB
 # Measured by bench/load.py on this repository's machine (bench/results/load.json). These are
 # x86 figures: no Graviton, Axion or Cobalt figure is published. SHA-256 of one part per core,
 # as fetch-model.sh checks it (OpenSSL through Python's hashlib).
-SHA256_GBPS_PER_CORE = 1.631
+SHA256_GBPS_PER_CORE = 1.217
 LOAD_BASIS = "bench/results/load.json (measured on this repository's x86 machine)"
 # Upstream: llama-server loading weights it holds itself from the page cache (Q4_0, repacked on
-# one core), and sending them to an RPC worker (FNV hash, probe, copies, one tensor at a time).
-LOAD_GBPS = 1.202
-RPC_SEND_GBPS = 0.553
+# one core), and sending them to an RPC worker one tensor at a time: the FNV hash (and its cache
+# probe) on one core, then the copies and the send ("phases": hash_gbps, copy_gbps). The send's
+# copies and the wire overlap (the socket takes the bytes as the wire drains them); the hash
+# does not (upstream's ggml-rpc hashes a tensor before it sends it).
+LOAD_GBPS = 0.73
+HASH_GBPS = 1.081
+COPY_GBPS = 0.616
 # Patched ("phases"): mapping a cached file in (MAP_POPULATE, one thread); the Q4_0 repack per
 # thread, and how much of a thread each added one is worth (the measured speedup on this
 # machine's cores over their count); a weight's way to one worker without the hash, its copy
 # overlapped with the wire (rpc_send_gbps_patched).
-POPULATE_GBPS = 14.204
-REPACK_GBPS_PER_THREAD = 2.861
-REPACK_THREAD_EFFICIENCY = 1.0
-RPC_SEND_GBPS_PATCHED = 0.865
+POPULATE_GBPS = 25.338
+REPACK_GBPS_PER_THREAD = 0.983
+REPACK_THREAD_EFFICIENCY = 0.9
+RPC_SEND_GBPS_PATCHED = 0.625
 LOADERS = ("patched", "upstream")
 # A model larger than memory is read by page faults (patch 0003): one thread copying out of a
 # mapping keeps one read-ahead window in flight, so each window costs the disk's latency on top
@@ -103,8 +107,8 @@ LOADERS = ("patched", "upstream")
 # fetch-model.sh's, and read() of 16 MiB pieces, the disk's sequential rate. The latency is what
 # the 128 KiB rate leaves beyond the transfer; a cloud disk's is no lower (EBS: "single-digit
 # millisecond", Amazon EBS volume types).
-SEQUENTIAL_READ_GBPS = 1.1159
-DEMAND_PAGED_GBPS = {128: 0.165, 16384: 0.8137}
+SEQUENTIAL_READ_GBPS = 0.9335
+DEMAND_PAGED_GBPS = {128: 0.5201, 16384: 0.6554}
 READ_AHEAD_BASIS = "bench/results/readahead.json (a cold disk of this repository's machine)"
 DEFAULT_READ_AHEAD_KB = 128  # the kernel's, where the benchmark measures the latency
 # The largest I/O a disk type counts as one of its IOPS; a smaller one counts as a whole one.
@@ -336,16 +340,19 @@ def _patched_load(
     phases.append(Phase("load main", start, own / repack, f"{own / GB:.1f} GB {basis}"))
     flow = _flow_bytes_per_second(main)
     rate = min(RPC_SEND_GBPS_PATCHED * GB, flow)
+    # A worker repacks each weight as it arrives (patch 0005), before it takes the next: on its
+    # own cores, at the main node's repack rate (the workers are of its type).
     for index, share in enumerate(layout.shares[1:], start=1):
         phases.append(
             Phase(
                 f"load worker {index}",
                 start,
-                share.weight_bytes / rate,
+                share.weight_bytes / rate + share.weight_bytes / repack,
                 f"{share.weight_bytes / GB:.1f} GB sent at the same time as the other workers' "
                 f"(patch 0002), without the hash (0001), at {rate / GB:.2f} GB/s: the lesser of "
                 f"one connection's measured {RPC_SEND_GBPS_PATCHED} GB/s ({LOAD_BASIS}) and one "
-                f"flow's {flow * 8 / GB:g} Gbit/s",
+                f"flow's {flow * 8 / GB:g} Gbit/s; each weight then {basis} on the worker "
+                "(patch 0005)",
             )
         )
     return phases
@@ -436,15 +443,16 @@ def _upstream_load(
     )
     flow = _flow_bytes_per_second(main)
     for index, share in enumerate(layout.shares[1:], start=1):
-        # One tensor after another: hash and copy it, then send it.
-        per_byte = 1 / (RPC_SEND_GBPS * GB) + 1 / flow
+        # One tensor after another: hash it, then copy it onto the wire.
+        per_byte = 1 / (HASH_GBPS * GB) + max(1 / (COPY_GBPS * GB), 1 / flow)
         phases.append(
             Phase(
                 f"load worker {index}",
                 phases[-1].end,
                 share.weight_bytes * per_byte,
-                f"{share.weight_bytes / GB:.1f} GB hashed and copied at {RPC_SEND_GBPS} GB/s "
-                f"({LOAD_BASIS}), sent on one flow at {flow * 8 / GB:g} Gbit/s",
+                f"{share.weight_bytes / GB:.1f} GB hashed at {HASH_GBPS} GB/s, then copied at "
+                f"{COPY_GBPS} GB/s ({LOAD_BASIS}) onto one flow of {flow * 8 / GB:g} Gbit/s, "
+                "whichever is slower",
             )
         )
     return phases

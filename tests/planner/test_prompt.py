@@ -92,7 +92,7 @@ def test_a_measured_node_reproduces_the_runs_it_was_measured_by() -> None:
                               kv_tokens=64, label="here")  # fmt: skip
     layout = perf.one_node(model, 256)
     one = perf.step(model, [node], layout, 64, 1)
-    prompt = perf.step(model, [node], layout, 128, 128)
+    prompt = perf.step(model, [node], layout, 128, 128, outputs=1)
     assert one is not None and prompt is not None
     assert one.seconds == pytest.approx(1 / 20.0)
     assert prompt.seconds == pytest.approx(128 / 150.0)
@@ -112,8 +112,8 @@ def test_a_prompt_is_computed_in_steps_of_a_ubatch() -> None:
     layout = placement.place(model, 4096, 1, [sizing.usable_memory_bytes(n) for n in nodes])
     rates = [r for r in map(perf.node_rates, nodes) if r is not None]
     found = perf.prompt(model, nodes, layout, 1000)
-    first = perf.step(model, rates, layout, 512, 512)
-    second = perf.step(model, rates, layout, 1000, 488)
+    first = perf.step(model, rates, layout, 512, 512, outputs=1)
+    second = perf.step(model, rates, layout, 1000, 488, outputs=1)
     assert found is not None and first is not None and second is not None
     assert found.seconds == pytest.approx(first.seconds + second.seconds)
     assert found.tps == pytest.approx(1000 / found.seconds)
@@ -190,3 +190,21 @@ def test_an_option_without_a_compute_rate_has_no_first_token() -> None:
     assert search.evaluate(custom, node, 1, 4096).prompt is None
     assert math.isfinite(search.evaluate(PRESETS["llama-3.1-8b-q4_0"], node, 1, 4096)
                          .prompt.seconds)  # type: ignore[union-attr]  # fmt: skip
+
+
+def test_a_tied_head_is_read_whole_by_the_node_that_computes_the_logits() -> None:
+    """With the output head tied to the embeddings (Gemma), one node's logits multiply the whole
+    embedding matrix each token, as the last worker's copy does in a split: the bytes a token
+    streams are the same either way (the main node's own copy serves one row)."""
+    tied = dataclasses.replace(PRESETS["llama-3.1-8b-q4_0"], tied_embeddings=True)
+    alone = perf.one_node(tied, 4096)
+    (share,) = alone.shares
+    assert perf.computed_weight_bytes(tied, share) == share.weight_bytes
+    room = [10 * tied.size_bytes] * 3
+    split = placement.split(tied, 4096, 1, [0, 16, 16], room)
+    streamed = sum(perf.computed_weight_bytes(tied, s) for s in split.shares)
+    assert streamed == share.weight_bytes
+    untied = PRESETS["llama-3.1-8b-q4_0"]
+    (plain,) = perf.one_node(untied, 4096).shares
+    assert perf.computed_weight_bytes(untied, plain) == plain.weight_bytes - untied.input_bytes
+    assert perf.token_flops(tied) > perf.token_flops(untied)  # type: ignore[operator]
