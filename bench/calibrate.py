@@ -14,13 +14,18 @@ Writes bench/results/calibration.json. Run it on a quiet machine: every figure i
    (every layer on the workers, as ``-ngl 99`` splits them: half each), which the calibration
    never saw: the decode, a ``--prompt``-token prompt's rate, a verify step of 4 and of 8 tokens
    (a prompt of that many), and a draft's speedup at ``--draft-max``.
-3. The same figures measured: llama-bench for the first four (every repetition kept), and
-   llama-server with and without the draft, the arms interleaved, for the speedup. The draft is
+3. The same figures measured: llama-bench for the first four, each test once a round beside the
+   machine's own three, the rounds in alternating order (ABBA), so that each round's prediction
+   is set beside the same round's measurement (this machine's speed drifts between runs by up to
+   a quarter); and llama-server with and without the draft, the arms interleaved, for the
+   speedup. Every run is kept. The draft is
    the model itself under another name (no smaller real model of Gemma 3's vocabulary is on
    PyPI, tests/local/test_draft_model.py): the acceptance llama-server reports (nearly every
    token) is an input of the prediction, so what is tested is the cost of drafting and checking.
 
-Each row says predicted, measured, their ratio and whether it is within 25 %.
+Each row says the predicted and measured medians over the rounds, the median of each round's
+own ratio (``ratio_rounds``), and whether it is within 25 %. The one-node decode is the machine's
+own: its ratio says only that the model reproduces the run it was measured by.
 """
 
 from __future__ import annotations
@@ -154,28 +159,6 @@ def predict(
     return found
 
 
-def compare(
-    predicted: dict[str, dict[str, float]], measured: dict[str, dict[str, float]]
-) -> list[dict[str, Any]]:
-    """Predicted and measured side by side, row by row."""
-    rows = []
-    for where, figures in predicted.items():
-        for what, value in figures.items():
-            seen = measured.get(where, {}).get(what)
-            ratio = None if not seen else value / seen
-            rows.append(
-                {
-                    "where": where,
-                    "what": what,
-                    "predicted": round(value, 4),
-                    "measured": None if seen is None else round(seen, 4),
-                    "ratio": None if ratio is None else round(ratio, 3),
-                    "within_25_percent": None if ratio is None else abs(ratio - 1) <= TOLERANCE,
-                }
-            )
-    return rows
-
-
 # Measuring
 
 
@@ -268,58 +251,96 @@ def bench(bin_dir: Path, model: Path, args: Sequence[str], repetitions: int) -> 
     return [float(x) for x in row["samples_ts"]]
 
 
-def measure_machine(
-    bin_dir: Path, model: Path, args: argparse.Namespace
-) -> tuple[Machine, dict[str, list[float]]]:
+def bench_tests(args: argparse.Namespace, rpc: str) -> dict[str, list[str]]:
+    """Each llama-bench test a round runs once: this machine's three (a decode and a
+    ``CALIBRATION_PROMPT``-token prompt with each kernel, one node) and the figures predicted
+    from them, on one node and through the workers at ``rpc``."""
     one = ["-t", str(args.threads), "-ngl", "0"]
-    runs = {
-        "decode": bench(
-            bin_dir, model, [*one, "-p", "0", "-n", str(args.generate)], args.repetitions
-        ),
-        "prompt_repacked": bench(
-            bin_dir,
-            model,
-            [*one, "-p", str(CALIBRATION_PROMPT), "-n", "0", "--repack", "1"],
-            args.repetitions,
-        ),
-        "prompt_plain": bench(
-            bin_dir,
-            model,
-            [*one, "-p", str(CALIBRATION_PROMPT), "-n", "0", "--repack", "0"],
-            args.repetitions,
-        ),
+    two = ["-t", str(args.threads), "--rpc", rpc, "-ngl", "99"]
+    decode = ["-p", "0", "-n", str(args.generate)]
+    prompt = ["-p", str(CALIBRATION_PROMPT), "-n", "0"]
+    tests = {
+        "machine decode": [*one, *decode],
+        "machine prompt repacked": [*one, *prompt, "--repack", "1"],
+        "machine prompt plain": [*one, *prompt, "--repack", "0"],
     }
-    machine = Machine(
-        decode_tps=statistics.median(runs["decode"]),
-        kv_tokens=args.generate // 2,
-        repacked_prompt_tps=statistics.median(runs["prompt_repacked"]),
-        plain_prompt_tps=statistics.median(runs["prompt_plain"]),
+    for where, flags in (("one node", one), ("two workers", two)):
+        if where == "two workers":
+            tests[f"{where} decode_tps"] = [*flags, *decode]
+        tests[f"{where} prompt_tps"] = [*flags, "-p", str(args.prompt), "-n", "0"]
+        for tokens in (4, 8):
+            tests[f"{where} verify_{tokens}"] = [*flags, "-p", str(tokens), "-n", "0"]
+    return tests
+
+
+def measure_rounds(
+    bin_dir: Path, model: Path, args: argparse.Namespace, rpc: str
+) -> dict[str, list[float]]:
+    """Every test once a round, each round in the reverse order of the one before (ABBA), so
+    that this machine's rates and the figures they predict are measured side by side: a round's
+    prediction is set beside the same round's measurement (the machine drifts between runs)."""
+    tests = bench_tests(args, rpc)
+    runs: dict[str, list[float]] = {name: [] for name in tests}
+    names = list(tests)
+    for repetition in range(args.repetitions):
+        for name in names if repetition % 2 == 0 else reversed(names):
+            (value,) = bench(bin_dir, model, tests[name], 1)
+            runs[name].append(value)
+    return runs
+
+
+def machine_of(runs: dict[str, list[float]], repetition: int, kv_tokens: int) -> Machine:
+    return Machine(
+        decode_tps=runs["machine decode"][repetition],
+        kv_tokens=kv_tokens,
+        repacked_prompt_tps=runs["machine prompt repacked"][repetition],
+        plain_prompt_tps=runs["machine prompt plain"][repetition],
     )
-    return machine, runs
 
 
-def measure_steps(
-    bin_dir: Path, model: Path, args: argparse.Namespace, rpc: str | None
-) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """Decode, prompt rate and verify steps of 4 and 8 tokens, on one node or through ``rpc``."""
-    where = ["-t", str(args.threads)] + (["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"])
-    runs = {
-        "decode_tps": bench(
-            bin_dir, model, [*where, "-p", "0", "-n", str(args.generate)], args.repetitions
-        ),
-        "prompt_tps": bench(
-            bin_dir, model, [*where, "-p", str(args.prompt), "-n", "0"], args.repetitions
-        ),
-        "verify_4": bench(bin_dir, model, [*where, "-p", "4", "-n", "0"], args.repetitions),
-        "verify_8": bench(bin_dir, model, [*where, "-p", "8", "-n", "0"], args.repetitions),
-    }
-    figures = {
-        "decode_tps": statistics.median(runs["decode_tps"]),
-        "prompt_tps": statistics.median(runs["prompt_tps"]),
-        "verify_4_seconds": 4 / statistics.median(runs["verify_4"]),
-        "verify_8_seconds": 8 / statistics.median(runs["verify_8"]),
-    }
-    return figures, runs
+def measured_of(runs: dict[str, list[float]], repetition: int) -> dict[str, dict[str, float]]:
+    """A round's measured figures per place (the one-node decode is the machine's own)."""
+    found: dict[str, dict[str, float]] = {}
+    for where in ("one node", "two workers"):
+        decode = "machine decode" if where == "one node" else f"{where} decode_tps"
+        found[where] = {
+            "decode_tps": runs[decode][repetition],
+            "prompt_tps": runs[f"{where} prompt_tps"][repetition],
+            "verify_4_seconds": 4 / runs[f"{where} verify_4"][repetition],
+            "verify_8_seconds": 8 / runs[f"{where} verify_8"][repetition],
+        }
+    return found
+
+
+def compare_rounds(
+    predicted: list[dict[str, dict[str, float]]], measured: list[dict[str, dict[str, float]]]
+) -> list[dict[str, Any]]:
+    """Each figure's predicted and measured medians over the rounds, and the median, least and
+    most of each round's own ratio."""
+    rows = []
+    for where, figures in predicted[0].items():
+        for what in figures:
+            pairs = [
+                (p[where][what], m[where][what])
+                for p, m in zip(predicted, measured, strict=True)
+                if what in m.get(where, {})
+            ]
+            if not pairs:
+                continue
+            ratios = [p / m for p, m in pairs]
+            ratio = statistics.median(ratios)
+            rows.append(
+                {
+                    "where": where,
+                    "what": what,
+                    "predicted": round(statistics.median(p for p, _ in pairs), 4),
+                    "measured": round(statistics.median(m for _, m in pairs), 4),
+                    "ratio": round(ratio, 3),
+                    "ratio_rounds": [round(r, 3) for r in ratios],
+                    "within_25_percent": abs(ratio - 1) <= TOLERANCE,
+                }
+            )
+    return rows
 
 
 @contextlib.contextmanager
@@ -449,39 +470,46 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         work = Path(tmp)
         bandwidth = stream_gbps()
-        machine, machine_runs = measure_machine(bin_dir, model_path, args)
-        measured: dict[str, dict[str, float]] = {}
-        runs: dict[str, Any] = {"machine": machine_runs}
+        with contextlib.ExitStack() as stack:
+            rpc = stack.enter_context(workers(bin_dir, args.threads, work, "a"))
+            runs: dict[str, Any] = {"rounds": measure_rounds(bin_dir, model_path, args, rpc)}
+            repacked = workers_repacked(work)
+        draft: dict[str, float] = {}
         acceptance: dict[str, float] = {}
-        repacked = False
         for where in ("one node", "two workers"):
             with contextlib.ExitStack() as stack:
                 pairs = None
                 if where == "two workers":
-                    pairs = tuple(
-                        stack.enter_context(workers(bin_dir, args.threads, work, tag))
-                        for tag in ("a", "b")
+                    pairs = (
+                        stack.enter_context(workers(bin_dir, args.threads, work, "b")),
+                        stack.enter_context(workers(bin_dir, args.threads, work, "c")),
                     )
-                rpc = None if pairs is None else pairs[0]
-                figures, runs[where] = measure_steps(bin_dir, model_path, args, rpc)
                 speedup, rate, runs[f"{where} draft"] = measure_draft(
-                    bin_dir, model_path, args, None if pairs is None else (pairs[0], pairs[1]), work
+                    bin_dir, model_path, args, pairs, work
                 )
-                repacked = repacked or (pairs is not None and workers_repacked(work))
-            figures["draft_speedup"] = speedup
-            measured[where] = figures
+            draft[where] = speedup
             acceptance[where] = engines.per_token_acceptance(rate, args.draft_max)
-    node = machine.node(model)
-    predicted = predict(
-        model,
-        node,
-        prompt=args.prompt,
-        generate=args.generate,
-        draft_max=args.draft_max,
-        acceptance=acceptance,
-        workers_repack=repacked,
+    rounds = runs["rounds"]
+    kv = args.generate // 2
+    predicted, measured = [], []
+    for repetition in range(args.repetitions):
+        node = machine_of(rounds, repetition, kv).node(model)
+        predicted.append(
+            predict(model, node, prompt=args.prompt, generate=args.generate,
+                    draft_max=args.draft_max, acceptance=acceptance, workers_repack=repacked)
+        )  # fmt: skip
+        found = measured_of(rounds, repetition)
+        for where, speedup in draft.items():
+            found[where]["draft_speedup"] = speedup
+        measured.append(found)
+    rows = compare_rounds(predicted, measured)
+    machine = Machine(
+        decode_tps=statistics.median(rounds["machine decode"]),
+        kv_tokens=kv,
+        repacked_prompt_tps=statistics.median(rounds["machine prompt repacked"]),
+        plain_prompt_tps=statistics.median(rounds["machine prompt plain"]),
     )
-    rows = compare(predicted, measured)
+    node = machine.node(model)
     document = {
         "what": "the planner's model (infra/core/perf.py, infra/planner/engines.py) fed this "
         "machine's rates as a local instance type, against llama.cpp here",

@@ -50,13 +50,49 @@ def test_the_local_machine_reproduces_the_runs_it_was_measured_by(calibrate: Mod
     assert nothing["one node"]["draft_speedup"] < 1
 
 
-def test_rows_set_predicted_beside_measured(calibrate: ModuleType) -> None:
-    rows = calibrate.compare(
+def test_rows_set_each_rounds_prediction_beside_its_measurement(calibrate: ModuleType) -> None:
+    """A row's ratio is the median of each round's own ratio, not a ratio of medians: a round
+    whose machine ran slow predicts slow and measures slow."""
+    predicted = [
         {"one node": {"decode_tps": 10.0, "prompt_tps": 100.0}},
+        {"one node": {"decode_tps": 5.0, "prompt_tps": 100.0}},
+        {"one node": {"decode_tps": 10.0, "prompt_tps": 100.0}},
+    ]
+    measured = [
         {"one node": {"decode_tps": 9.0, "prompt_tps": 50.0}},
-    )
+        {"one node": {"decode_tps": 4.5, "prompt_tps": 50.0}},
+        {"one node": {"decode_tps": 9.0}},
+    ]
+    rows = calibrate.compare_rounds(predicted, measured)
     assert [(r["what"], r["ratio"], r["within_25_percent"]) for r in rows] == [
         ("decode_tps", 1.111, True),
         ("prompt_tps", 2.0, False),
     ]
+    assert rows[0]["ratio_rounds"] == [1.111, 1.111, 1.111]
+    assert (rows[0]["predicted"], rows[0]["measured"]) == (10.0, 9.0)
+    assert len(rows[1]["ratio_rounds"]) == 2  # a round without the figure is left out
     assert calibrate.layouts(MODEL, 256)["two workers"].layers == (0, 16, 16)
+
+
+def test_a_round_reads_the_machine_and_the_figures_it_ran(calibrate: ModuleType) -> None:
+    runs = {
+        "machine decode": [30.0, 20.0],
+        "machine prompt repacked": [200.0, 150.0],
+        "machine prompt plain": [100.0, 90.0],
+        "one node prompt_tps": [180.0, 170.0],
+        "one node verify_4": [80.0, 40.0],
+        "one node verify_8": [100.0, 80.0],
+        "two workers decode_tps": [25.0, 24.0],
+        "two workers prompt_tps": [160.0, 150.0],
+        "two workers verify_4": [70.0, 60.0],
+        "two workers verify_8": [90.0, 85.0],
+    }
+    machine = calibrate.machine_of(runs, 1, 32)
+    assert (machine.decode_tps, machine.repacked_prompt_tps, machine.plain_prompt_tps) == (
+        20.0, 150.0, 90.0
+    )  # fmt: skip
+    found = calibrate.measured_of(runs, 1)
+    assert found["one node"] == {
+        "decode_tps": 20.0, "prompt_tps": 170.0, "verify_4_seconds": 0.1, "verify_8_seconds": 0.1
+    }  # fmt: skip
+    assert found["two workers"]["verify_4_seconds"] == pytest.approx(4 / 60)
