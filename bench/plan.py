@@ -9,6 +9,9 @@ Writes bench/results/plan.json:
 - anchors: each published decode figure against the prediction for its cluster: the two the
   model is fitted to, the checks (AFM-4.5B on Graviton4 and Axion; one of them sets Axion's
   bandwidth) and one reported only (Llama-2-7B Q4_0 on r7g.16xlarge, llama.cpp PR #5780, 2024).
+- prompt_anchors: each published step of several tokens against the model: Arm's 405B (sets the
+  plain kernels' rate) and 8B prompts, and every row of llama.cpp #13886's Neoverse-N2
+  batched-bench tables; with compute's overlap and plain_slowdown.
 - picks: each provider's recommendation for every preset.
 - targets: replicas sized for a target (``--streams``, ``--aggregate-tps``) on every provider:
   wall time (best of N), each provider's pick and the verdict between replicas and one group.
@@ -90,6 +93,25 @@ def anchors() -> list[dict[str, object]]:
     return rows
 
 
+def prompt_anchors() -> list[dict[str, object]]:
+    """Each published step of several tokens against the model's prediction: Arm's prompts
+    (seconds of one step) and llama.cpp #13886's batched decode (aggregate tok/s)."""
+    rows: list[dict[str, object]] = []
+    for run in perf.PROMPT_RUNS:
+        predicted = perf.prompt_run_seconds(run)
+        rows.append({"anchor": run.label, "published_seconds": run.seconds,
+                     "predicted_seconds": round(predicted, 4), "role": run.role,
+                     "error": round(predicted / run.seconds - 1, 3)})  # fmt: skip
+    for batched in perf.BATCHED_RUNS:
+        for sequences, published in batched.aggregate_tps:
+            predicted = perf.batched_prediction(batched, sequences)
+            rows.append({"anchor": f"{batched.label}, {sequences} sequences",
+                         "published_tps": published, "predicted_tps": round(predicted, 3),
+                         "role": "asserted",
+                         "error": round(predicted / published - 1, 3)})  # fmt: skip
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repetitions", type=int, default=5)
@@ -132,6 +154,7 @@ def main() -> int:
             "rpc_hop_ms": round(calibration.hop_seconds * 1e3, 3),
         },
         "anchors": anchors(),
+        "prompt_anchors": prompt_anchors(),
         "picks": picks,
         "plan_targets_seconds": round(min(target_timings), 4),
         "plan_targets_seconds_runs": [round(t, 4) for t in target_timings],
@@ -139,6 +162,8 @@ def main() -> int:
             "anchor": perf.AXION_PROMPT.label,
             "prompt_tps": perf.AXION_PROMPT.prompt_tps,
             "threads_scaling_exponent": round(perf.AXION_PROMPT.scaling_exponent, 4),
+            "overlap": perf.overlap(),
+            "plain_slowdown": round(perf.plain_slowdown(), 3),
             "basis": perf.COMPUTE_BASIS,
         },
         "targets": target_rows(targeted),
@@ -154,6 +179,7 @@ def main() -> int:
                     "plan_targets_seconds",
                     "calibration",
                     "anchors",
+                    "prompt_anchors",
                 )
             },
             indent=2,

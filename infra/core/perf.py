@@ -493,8 +493,14 @@ def _repacked_flops(instance: InstanceType, hidden: float | None = None) -> floa
     anchor = AXION_PROMPT
     if instance.cpu_family not in COMPUTE_BASIS or node_bandwidth_gbps(anchor.instance) is None:
         return None
-    flops = anchor.flops_at(overlap() if hidden is None else hidden)
+    flops = _anchor_flops(anchor, overlap() if hidden is None else hidden)
     return flops * math.pow(instance.vcpus / anchor.threads, anchor.scaling_exponent)
+
+
+@cache
+def _anchor_flops(anchor: PromptAnchor, hidden: float) -> float:
+    """``anchor.flops_at``, once per share: every plan row's step asks for it."""
+    return anchor.flops_at(hidden)
 
 
 @cache
@@ -570,7 +576,9 @@ def node_rates(instance: InstanceType) -> NodeRates | None:
 
 
 def _rates(nodes: Sequence[InstanceType]) -> list[NodeRates] | None:
-    found = [node_rates(n) for n in nodes]
+    # A cluster's nodes are mostly of one type: each type's rates once.
+    by_type = {node: node_rates(node) for node in dict.fromkeys(nodes)}
+    found = [by_type[node] for node in nodes]
     return None if any(r is None for r in found) else [r for r in found if r is not None]
 
 
