@@ -499,7 +499,9 @@ def _repacked_flops(instance: InstanceType, hidden: float | None = None) -> floa
 
 @cache
 def _anchor_flops(anchor: PromptAnchor, hidden: float) -> float:
-    """``anchor.flops_at``, once per share: every plan row's step asks for it."""
+    """``anchor.flops_at``, once per share: every plan row's step asks for it. It reads the
+    anchor's bandwidth through the catalog, which is one per process (a catalog without it gives
+    no rate, which ``_repacked_flops`` checks before asking)."""
     return anchor.flops_at(hidden)
 
 
