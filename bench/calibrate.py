@@ -3,17 +3,21 @@ model as a local instance type, its predictions beside what the local cluster me
 
     uv run python bench/calibrate.py [--repetitions 5] [--prompt 256] [--generate 64]
                                      [--draft-max 4] [--threads 1] [--model PATH] [--bin DIR]
+    uv run python bench/calibrate.py --again bench/results/calibration.json [--model PATH]
 
 Writes bench/results/calibration.json. Run it on a quiet machine: every figure is a timing.
+``--again`` predicts a file's recorded runs once more with the model as it is now (no timing).
 
 1. This machine (``perf.measured_node``): llama-bench on one node, ``--threads`` threads, of the
    model: a decode (its bandwidth as llama.cpp reaches it) and a 128-token prompt with the
    repacked kernels and with the plain ones (``--repack 0``: their compute rates), the way
    llama.cpp #13886's table gives the Neoverse-N2's. A numpy copy's GB/s is kept beside them.
+   Whether the repacked kernels' one-row passes read the weights again comes from the threads,
+   the model's largest layer matrix and this machine's level 2 cache (``perf.one_row_rereads``).
 2. The model's predictions with those rates, on one node and through two RPC workers on loopback
    (every layer on the workers, as ``-ngl 99`` splits them: half each), which the calibration
-   never saw: the decode, a ``--prompt``-token prompt's rate, a verify step of 4 and of 8 tokens
-   (a prompt of that many), and a draft's speedup at ``--draft-max``.
+   never saw: the decode, a ``--prompt``-token prompt's rate, a verify step of 4, 5 and 8 tokens
+   (a prompt of that many: 5 has a row on its own), and a draft's speedup at ``--draft-max``.
 3. The same figures measured: llama-bench for the first four, each test once a round beside the
    machine's own three, the rounds in alternating order (ABBA), so that each round's prediction
    is set beside the same round's measurement (this machine's speed drifts between runs by up to
@@ -62,6 +66,9 @@ from infra.planner import engines  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "calibration.json"
 TOLERANCE = 0.25
 CALIBRATION_PROMPT = 128  # tokens of the prompt that measures compute (as #13886's S_PP)
+# Verify steps: in fours (the repacked kernels' rows) and one past (a row on its own: a draft of
+# four is checked in five).
+VERIFY_TOKENS = (4, 5, 8)
 HEAVY = "pytest|llama-server|llama-bench|rpc-server|systemd-nspawn|cc1plus"
 PROMPT_TEXT = "The history of the printing press begins"
 
@@ -75,6 +82,8 @@ class Machine:
     repacked_prompt_tps: float
     plain_prompt_tps: float
     prompt_tokens: int = CALIBRATION_PROMPT
+    # The repacked kernels' one-row passes read the weights again (``perf.one_row_rereads``).
+    one_row_rereads: bool = False
 
     def node(self, model: Model) -> perf.NodeRates:
         """The local instance type: bandwidth and both kernels' compute rates."""
@@ -87,6 +96,7 @@ class Machine:
                 kv_tokens=self.kv_tokens,
                 label="this machine",
                 plain=plain,
+                one_row_rereads=self.one_row_rereads,
             )
             for plain in (False, True)
         }
@@ -95,6 +105,7 @@ class Machine:
             found[False].repacked_flops,
             found[True].plain_flops,
             "this machine",
+            self.one_row_rereads,
         )
 
 
@@ -152,8 +163,7 @@ def predict(
         found[where] = {
             "decode_tps": 1 / decode,
             "prompt_tps": rate.tps,
-            "verify_4_seconds": seconds(4, 4),
-            "verify_8_seconds": seconds(8, 8),
+            **{f"verify_{n}_seconds": seconds(n, n) for n in VERIFY_TOKENS},
             "draft_speedup": drafted.tps * decode,
         }
     return found
@@ -268,7 +278,7 @@ def bench_tests(args: argparse.Namespace, rpc: str) -> dict[str, list[str]]:
         if where == "two workers":
             tests[f"{where} decode_tps"] = [*flags, *decode]
         tests[f"{where} prompt_tps"] = [*flags, "-p", str(args.prompt), "-n", "0"]
-        for tokens in (4, 8):
+        for tokens in VERIFY_TOKENS:
             tests[f"{where} verify_{tokens}"] = [*flags, "-p", str(tokens), "-n", "0"]
     return tests
 
@@ -289,13 +299,33 @@ def measure_rounds(
     return runs
 
 
-def machine_of(runs: dict[str, list[float]], repetition: int, kv_tokens: int) -> Machine:
+def machine_of(
+    runs: dict[str, list[float]], repetition: int, kv_tokens: int, *, one_row_rereads: bool
+) -> Machine:
     return Machine(
         decode_tps=runs["machine decode"][repetition],
         kv_tokens=kv_tokens,
         repacked_prompt_tps=runs["machine prompt repacked"][repetition],
         plain_prompt_tps=runs["machine prompt plain"][repetition],
+        one_row_rereads=one_row_rereads,
     )
+
+
+def core_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """This machine's per-core (level 2) cache, as the kernel lists it (e.g. ``1024K``)."""
+    for index in sorted(cpu.glob("index*")):
+        if (index / "level").read_text().strip() == "2":
+            size = (index / "size").read_text().strip()
+            units = {"K": 2**10, "M": 2**20}
+            return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    raise SystemExit(f"no level 2 cache listed under {cpu}")
+
+
+def largest_matrix_bytes(model: Path) -> int:
+    """The largest weight matrix of the model's repeating layers (``blk.N.*.weight``)."""
+    sizes = gguf_header.tensor_bytes(model)
+    return max(size for name, size in sizes.items()
+               if name.startswith("blk.") and name.endswith(".weight"))  # fmt: skip
 
 
 def measured_of(runs: dict[str, list[float]], repetition: int) -> dict[str, dict[str, float]]:
@@ -306,9 +336,11 @@ def measured_of(runs: dict[str, list[float]], repetition: int) -> dict[str, dict
         found[where] = {
             "decode_tps": runs[decode][repetition],
             "prompt_tps": runs[f"{where} prompt_tps"][repetition],
-            "verify_4_seconds": 4 / runs[f"{where} verify_4"][repetition],
-            "verify_8_seconds": 8 / runs[f"{where} verify_8"][repetition],
         }
+        for tokens in VERIFY_TOKENS:  # a run recorded before a size was measured has none
+            if f"{where} verify_{tokens}" in runs:
+                rate = runs[f"{where} verify_{tokens}"][repetition]
+                found[where][f"verify_{tokens}_seconds"] = tokens / rate
     return found
 
 
@@ -451,21 +483,8 @@ def workers_repacked(logs: Path) -> bool:
     return any("weights repacked" in p.read_text(errors="replace") for p in logs.glob("worker-*"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
-    parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens for the rate")
-    parser.add_argument("--generate", type=int, default=64, help="tokens decoded per run")
-    parser.add_argument("--draft-max", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1, help="threads on each node")
-    parser.add_argument("--model", type=Path, help="a GGUF (default: Gemma 3 270M Q4_K_M)")
-    parser.add_argument("--bin", type=Path, help="the build's bin directory")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the JSON goes")
-    args = parser.parse_args(argv)
-    cache = cache_dir()
-    model_path = args.model or real_model(cache)
-    bin_dir = args.bin or build_prefix(cache) / LLAMA_CPP_COMMIT / "bin"
-    model = gguf_header.describe(str(model_path))
+def measure(model_path: Path, bin_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every run: the rounds of llama-bench tests, and each place's draft speedup."""
     busy_before = other_heavy_work()
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         work = Path(tmp)
@@ -489,11 +508,30 @@ def main(argv: list[str] | None = None) -> int:
                 )
             draft[where] = speedup
             acceptance[where] = engines.per_token_acceptance(rate, args.draft_max)
-    rounds = runs["rounds"]
+    recorded = {
+        "runs": runs,
+        "workers_repacked": repacked,
+        "draft_acceptance_per_token": acceptance,
+        "draft_speedup": draft,
+        "numpy_copy_gbps": bandwidth,
+        "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
+    }
+    return recorded
+
+
+def report(model_path: Path, args: argparse.Namespace, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The model's predictions from the ``recorded`` rounds' own machine, set beside what the
+    same rounds measured."""
+    model = gguf_header.describe(str(model_path))
+    runs, rounds = recorded["runs"], recorded["runs"]["rounds"]
+    acceptance, draft = recorded["draft_acceptance_per_token"], recorded["draft_speedup"]
+    repacked = recorded["workers_repacked"]
     kv = args.generate // 2
+    cache, matrix = core_cache_bytes(), largest_matrix_bytes(model_path)
+    rereads = perf.one_row_rereads(args.threads, matrix, cache)
     predicted, measured = [], []
     for repetition in range(args.repetitions):
-        node = machine_of(rounds, repetition, kv).node(model)
+        node = machine_of(rounds, repetition, kv, one_row_rereads=rereads).node(model)
         predicted.append(
             predict(model, node, prompt=args.prompt, generate=args.generate,
                     draft_max=args.draft_max, acceptance=acceptance, workers_repack=repacked)
@@ -508,32 +546,85 @@ def main(argv: list[str] | None = None) -> int:
         kv_tokens=kv,
         repacked_prompt_tps=statistics.median(rounds["machine prompt repacked"]),
         plain_prompt_tps=statistics.median(rounds["machine prompt plain"]),
+        one_row_rereads=rereads,
     )
     node = machine.node(model)
-    document = {
+    return {
         "what": "the planner's model (infra/core/perf.py, infra/planner/engines.py) fed this "
         "machine's rates as a local instance type, against llama.cpp here",
         "model": model_path.name,
         "llama_cpp_commit": LLAMA_CPP_COMMIT,
-        "host": {"cpus": os.cpu_count(), "arch": platform.machine()},
+        "host": {"cpus": os.cpu_count(), "arch": platform.machine(), "core_cache_bytes": cache},
         "settings": {
             k: getattr(args, k)
             for k in ("repetitions", "prompt", "generate", "draft_max", "threads")
         },
         "machine": {
-            "numpy_copy_gbps": round(bandwidth, 2),
+            "numpy_copy_gbps": round(recorded["numpy_copy_gbps"], 2),
             "llama_bandwidth_gbps": round(node.bandwidth_gbps, 2),
             "repacked_gflops": round((node.repacked_flops or 0) / 1e9, 2),
             "plain_gflops": round((node.plain_flops or 0) / 1e9, 2),
+            "largest_matrix_bytes": matrix,
             "from": machine.__dict__,
         },
         "workers_repacked": repacked,
         "draft_acceptance_per_token": {k: round(v, 3) for k, v in acceptance.items()},
+        "draft_speedup": draft,
         "rows": rows,
         "within_25_percent": all(r["within_25_percent"] for r in rows),
         "runs": runs,
-        "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
+        "other_heavy_work": recorded["other_heavy_work"],
+        **{k: recorded[k] for k in ("predicted_again",) if k in recorded},
     }
+
+
+def recorded_from(path: Path) -> dict[str, Any]:
+    """A calibration file's own measurements, to predict them again with the model as it is now
+    (its speedups from its runs; files written before they were kept whole)."""
+    document = json.loads(path.read_text())
+    runs = document["runs"]
+    draft = document.get("draft_speedup") or {
+        where: statistics.median(
+            w / o for w, o in zip(runs[f"{where} draft"]["with"], runs[f"{where} draft"]["without"],
+                                  strict=True)
+        )
+        for where in ("one node", "two workers")
+    }  # fmt: skip
+    return {
+        "runs": runs,
+        "workers_repacked": document["workers_repacked"],
+        "draft_acceptance_per_token": document["draft_acceptance_per_token"],
+        "draft_speedup": draft,
+        "numpy_copy_gbps": document["machine"]["numpy_copy_gbps"],
+        "other_heavy_work": document["other_heavy_work"],
+        "predicted_again": "measured earlier, predicted again by the model as it is now",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens for the rate")
+    parser.add_argument("--generate", type=int, default=64, help="tokens decoded per run")
+    parser.add_argument("--draft-max", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="threads on each node")
+    parser.add_argument("--model", type=Path, help="a GGUF (default: Gemma 3 270M Q4_K_M)")
+    parser.add_argument("--bin", type=Path, help="the build's bin directory")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where the JSON goes")
+    parser.add_argument("--again", type=Path, help="predict a calibration file's runs again")
+    args = parser.parse_args(argv)
+    cache = cache_dir()
+    model_path = args.model or real_model(cache)
+    if args.again:
+        recorded = recorded_from(args.again)
+        settings = json.loads(args.again.read_text())["settings"]
+        for key, value in settings.items():
+            setattr(args, key, value)
+    else:
+        bin_dir = args.bin or build_prefix(cache) / LLAMA_CPP_COMMIT / "bin"
+        recorded = measure(model_path, bin_dir, args)
+    document = report(model_path, args, recorded)
+    rows = document["rows"]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2) + "\n")
     for row in rows:

@@ -26,6 +26,7 @@ Where no compute figure exists, no gain from batching and no prompt rate are ass
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -478,10 +479,16 @@ def head_flops(model: Model, share: NodeShare) -> float:
     """The output head's part of ``share_flops``: nothing unless this node computes the logits
     (it holds the last layer). A prompt's step computes them for its last token alone; a draft's
     check, and a step of several streams, for every token (llama.cpp's ``n_outputs``)."""
-    if share.layers == 0 or share.first_layer + share.layers != model.layers:
-        return 0.0
     computed = computed_weight_bytes(model, share)
-    return share_flops(model, share) * min(1.0, model.output_bytes / computed) if computed else 0.0
+    return share_flops(model, share) * head_bytes(model, share) / computed if computed else 0.0
+
+
+def head_bytes(model: Model, share: NodeShare) -> int:
+    """The output head's part of ``computed_weight_bytes``: none unless this node computes the
+    logits (it holds the last layer)."""
+    if share.layers == 0 or share.first_layer + share.layers != model.layers:
+        return 0
+    return min(computed_weight_bytes(model, share), model.output_bytes)
 
 
 def prompt_flops(model: Model, share: NodeShare) -> float:
@@ -560,12 +567,26 @@ class NodeRates:
     repacked_flops: float | None
     plain_flops: float | None
     label: str = ""
+    # Each one-row pass of the repacked kernels (``one_row_passes``) reads the weights again
+    # from memory: its threads' chunks of a matrix outgrow their cores' cache
+    # (``one_row_rereads``). A catalog type's are a 4 x vCPUs-th of a matrix, taken to fit
+    # (Graviton4 has 2 MB of L2 a core, The Next Platform, 2024-07-09; the 405B's largest matrix
+    # over 64 vCPUs is 1.9 MiB a chunk).
+    one_row_rereads: bool = False
 
     def flops(self, kernel: str) -> float | None:
         return self.repacked_flops if kernel == REPACKED else self.plain_flops
 
 
 def node_rates(instance: InstanceType) -> NodeRates | None:
+    """A catalog type's rates, worked out once per type and catalog: a plan asks for them for
+    every candidate cluster and every batch size."""
+    return _node_rates(instance, os.environ.get(catalog.DIRECTORY_VARIABLE, ""))
+
+
+@cache
+def _node_rates(instance: InstanceType, directory: str) -> NodeRates | None:
+    del directory  # the catalog the rates were read from: a key only
     bandwidth = node_bandwidth_gbps(instance)
     if bandwidth is None:
         return None
@@ -593,6 +614,44 @@ def _read_seconds(
     active = model.weight_bytes_per_token / model.size_bytes
     read = min(weights, tokens * weights * active) + sequences * kv_bytes_read(model, share, kv)
     return read / (calibration().eta * bandwidth_gbps * 1e9)
+
+
+# The repacked kernels multiply a chunk of a matrix by a step's rows four at a time and by the
+# rest one at a time, each such row a pass over the whole chunk (ggml-cpu/repack.cpp,
+# forward_mul_mat_one_chunk: gemm for the rows in fours, gemv for each of the others). A thread's
+# chunk is the whole matrix at one thread, a 4 x threads-th of it otherwise (forward_mul_mat).
+ROW_GROUP = 4
+CHUNKS_PER_THREAD = 4
+
+
+def one_row_passes(rows: int) -> int:
+    """Passes over a matrix, beyond the first, that the repacked kernels make for ``rows`` rows:
+    one for each row past the last four (every row but one below four)."""
+    if rows < 1:
+        raise ValueError(f"a step has at least one row, not {rows}")
+    return rows - 1 if rows < ROW_GROUP else rows % ROW_GROUP
+
+
+def one_row_rereads(threads: int, matrix_bytes: int, cache_bytes: int) -> bool:
+    """Whether a one-row pass reads the weights again from memory: a thread's chunk of its
+    largest matrix (``matrix_bytes``) is larger than a core's ``cache_bytes``."""
+    if threads < 1 or matrix_bytes < 1 or cache_bytes < 1:
+        raise ValueError(f"threads {threads}, matrix {matrix_bytes} B, cache {cache_bytes} B")
+    chunks = 1 if threads == 1 else CHUNKS_PER_THREAD * threads
+    return matrix_bytes / chunks > cache_bytes
+
+
+def _reread_seconds(
+    model: Model, share: NodeShare, bandwidth_gbps: float, tokens: int, outputs: int
+) -> float:
+    """A step's further reads of a dense node's weights by its one-row passes: its layers' for
+    the step's rows, the output head's for the rows whose logits it computes."""
+    computed = computed_weight_bytes(model, share)
+    if model.is_moe or tokens < 2 or not computed:
+        return 0.0
+    head = head_bytes(model, share)
+    passes = one_row_passes(tokens) * (computed - head) + one_row_passes(outputs) * head
+    return passes / (calibration().eta * bandwidth_gbps * 1e9)
 
 
 def node_seconds(read: float, extra: float, hidden: float) -> float:
@@ -630,7 +689,8 @@ def step(
 ) -> Step | None:
     """A step of ``tokens`` tokens on nodes that run one after another (the main node first): on
     each, its reads, then the arithmetic of every token beyond the first at its kernel's rate
-    (the main node's repacked; a worker's repacked only with ``workers_repack``); the fixed
+    (the main node's repacked; a worker's repacked only with ``workers_repack``), and the
+    repacked kernels' one-row passes where they read the weights again; the fixed
     per-layer and per-hop costs once. ``outputs``: the tokens whose logits it computes (every
     one unless said; a prompt's step, its last). At one token this is ``decode_tps``'s step. None
     when a compute rate or the parameter count a step of several tokens needs is unknown."""
@@ -651,11 +711,14 @@ def step(
         )
         extra = 0.0
         if tokens > 1:
-            flops = node.flops(REPACKED if index == 0 or workers_repack else PLAIN)
+            kernel = REPACKED if index == 0 or workers_repack else PLAIN
+            flops = node.flops(kernel)
             if flops is None:
                 return None
             extra = (tokens - 1) * prompt_flops(model, share) / flops
             extra += (outputs - 1) * head_flops(model, share) / flops
+            if kernel == REPACKED and node.one_row_rereads:
+                read += _reread_seconds(model, share, node.bandwidth_gbps, tokens, outputs)
         memory, compute = memory + read, compute + extra
         seconds += node_seconds(read, extra, hidden)
     fixed = model.layers * cal.layer_overhead_seconds + (len(nodes) - 1) * cal.hop_seconds
@@ -782,10 +845,12 @@ def measured_node(
     label: str,
     plain: bool = False,
     hidden: float | None = None,
+    one_row_rereads: bool = False,
 ) -> NodeRates:
     """A machine known by its own runs of ``model`` on one node: the bandwidth that makes the
     model predict its decode (at ``kv_tokens``), and the compute rate that makes it predict its
-    prompt of ``prompt_tokens`` (one step), with the kernel it ran (``plain`` or repacked)."""
+    prompt of ``prompt_tokens`` (one step), with the kernel it ran (``plain`` or repacked), and
+    whether its repacked one-row passes read the weights again (``one_row_rereads``)."""
     if not 1 < prompt_tokens <= UBATCH_TOKENS:
         raise ValueError(f"a measured prompt is one step of 2-{UBATCH_TOKENS} tokens")
     layout = one_node(model, 2 * max(kv_tokens, prompt_tokens))
@@ -797,13 +862,17 @@ def measured_node(
         raise ValueError(f"{label}: the per-layer overhead alone is slower than measured")
     bandwidth = streamed_bytes(model, share, kv_tokens) / (cal.eta * left) / 1e9
     memory = _read_seconds(model, share, bandwidth, prompt_tokens, sequences=1, kv=prompt_tokens)
+    if one_row_rereads and not plain:
+        memory += _reread_seconds(model, share, bandwidth, prompt_tokens, 1)
     # The arithmetic of a prompt outlasts its one read of the weights: it hides ``hidden`` of it.
     hidden = overlap() if hidden is None else hidden
     arithmetic = prompt_tokens / prompt_tps - fixed - (1 - hidden) * memory
     if arithmetic <= memory:
         raise ValueError(f"{label}: its prompt is faster than reading its weights")
     flops = (prompt_tokens - 1) * prompt_flops(model, share) / arithmetic
-    return NodeRates(bandwidth, None if plain else flops, flops if plain else None, label)
+    return NodeRates(
+        bandwidth, None if plain else flops, flops if plain else None, label, one_row_rereads
+    )
 
 
 def batched_prediction(run: BatchedRun, sequences: int) -> float:

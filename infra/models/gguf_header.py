@@ -341,6 +341,13 @@ def header_fields(path: Path) -> dict[str, Any]:
     return _read_part(path).fields
 
 
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """The bytes of each tensor of a local GGUF file (of every part of a split model), by name."""
+    with _errors(path):
+        parts = _local_parts(path)
+    return {name: size for part in parts for name, size in part.tensor_bytes.items()}
+
+
 def describe(path: str | Path) -> Model:
     """A ``Model`` from a GGUF file (the first part, for a split model): a local path, or an
     http(s) URL whose headers are read with range requests."""

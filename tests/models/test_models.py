@@ -141,6 +141,13 @@ def test_gguf_header_gives_size_layers_and_kv(tmp_path: Path) -> None:
     assert not m.is_moe
 
 
+def test_a_ggufs_tensors_are_listed_with_their_bytes(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", layers=2, heads=8, kv_heads=2, embedding=64)
+    assert gguf_header.tensor_bytes(path) == {f"blk.{i}.attn_q.weight": 64 * 64 * 2 for i in (0, 1)}
+    with pytest.raises(ModelError, match="does not exist"):
+        gguf_header.tensor_bytes(tmp_path / "missing.gguf")
+
+
 def test_gguf_moe_counts_only_the_experts_in_use(tmp_path: Path) -> None:
     tensors = {
         "blk.0.attn_q.weight": np.zeros((16, 16), np.float32),  # 1 KiB, always read

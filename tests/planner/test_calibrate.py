@@ -87,12 +87,28 @@ def test_a_round_reads_the_machine_and_the_figures_it_ran(calibrate: ModuleType)
         "two workers verify_4": [70.0, 60.0],
         "two workers verify_8": [90.0, 85.0],
     }
-    machine = calibrate.machine_of(runs, 1, 32)
+    machine = calibrate.machine_of(runs, 1, 32, one_row_rereads=True)
     assert (machine.decode_tps, machine.repacked_prompt_tps, machine.plain_prompt_tps) == (
         20.0, 150.0, 90.0
     )  # fmt: skip
+    assert machine.node(MODEL).one_row_rereads
+    # A file recorded before the five-token step was measured has no such row.
     found = calibrate.measured_of(runs, 1)
     assert found["one node"] == {
         "decode_tps": 20.0, "prompt_tps": 170.0, "verify_4_seconds": 0.1, "verify_8_seconds": 0.1
     }  # fmt: skip
     assert found["two workers"]["verify_4_seconds"] == pytest.approx(4 / 60)
+    runs["one node verify_5"] = [50.0, 25.0]
+    assert calibrate.measured_of(runs, 1)["one node"]["verify_5_seconds"] == pytest.approx(0.2)
+
+
+def test_the_core_cache_is_read_as_the_kernel_lists_it(calibrate: ModuleType, tmp_path) -> None:
+    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"),
+                               ("index3", "3", "32768K")):  # fmt: skip
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert calibrate.core_cache_bytes(tmp_path) == 2 * 2**20
+    (tmp_path / "index2" / "level").write_text("4\n")
+    with pytest.raises(SystemExit, match="no level 2 cache"):
+        calibrate.core_cache_bytes(tmp_path)
