@@ -23,6 +23,8 @@ SCRIPTS = Path(__file__).parent / "channel_scripts"
 NAME = "llama-rpc-metrics"
 SCRIPT = SCRIPTS / NAME
 BENCH = "llama-rpc-bench"
+# llama-rpc-bench's --prompt-words by default: llama-bench's prompt, in tokens.
+BENCH_PROMPT_TOKENS = 128
 
 
 @functools.cache

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from infra.boot import metrics_command
 from infra.catalog import InstanceType
 from infra.costrun.channel_probe import ChannelProbe
 from infra.costrun.rpc_bytes import ActivationShape
@@ -82,7 +83,7 @@ class PulumiTarget:
             perf,
             sizing,
         )
-        from infra.planner import serve  # noqa: PLC0415
+        from infra.planner import search, serve  # noqa: PLC0415
 
         c = self.config
         cost = c.hourly_cost
@@ -100,6 +101,8 @@ class PulumiTarget:
         )
         kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
         decode_tps = perf.decode_tps(c.model, nodes, c.placement, kv_tokens)
+        prompt = perf.prompt(c.model, nodes, c.placement, metrics_command.BENCH_PROMPT_TOKENS,
+                             workers_repack=search.workers_repack())  # fmt: skip
         acceptance, draft_basis = None, ""
         if c.draft is not None:
             decode_tps, acceptance, draft_basis = self._with_draft(
@@ -117,6 +120,8 @@ class PulumiTarget:
                 "total": round(timeline.total_seconds, 1),
             },
             decode_tps=decode_tps,
+            prompt_tokens=metrics_command.BENCH_PROMPT_TOKENS,
+            prompt_tps=None if prompt is None else round(prompt.tps, 2),
             draft_acceptance=acceptance,
             draft_basis=draft_basis,
             # Each group's main node downloads the model through the NAT, unless it is staged.
@@ -134,7 +139,7 @@ class PulumiTarget:
         """Decode with the stack's draft model, at the acceptance published for its pair (the
         planner's, ``lrc plan --engines``): the figure, the acceptance, and its basis. A draft
         with no published figure leaves decode predicted without it, and says so."""
-        from infra.planner import engines  # noqa: PLC0415
+        from infra.planner import engines, search  # noqa: PLC0415
 
         c = self.config
         pair = engines.draft_pair(c.model)
@@ -150,6 +155,7 @@ class PulumiTarget:
         found = engines.speculative(
             c.model, nodes, c.placement, kv_tokens,
             draft=draft, acceptance=pair.per_token, draft_max=c.draft_max,
+            workers_repack=search.workers_repack(),
         )  # fmt: skip
         if found is None:
             return plain_tps, None, "a bandwidth is unknown: decode is predicted without the draft"

@@ -55,6 +55,9 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         "measured": {
             "serve_seconds": measured_serve,
             "prompt_tps": llama_bench.get("prompt_tps"),
+            "prompt_tokens": llama_bench.get("prompt_tokens"),
+            # What a user waits for: the requests' prompt, as llama-server timed it.
+            "first_token_seconds": _first_token(requests),
             "decode_tps": decode_tps,
             "decode_measured_by": decode_by,
             "decode_tps_without_draft": llama_bench.get("decode_tps") if draft else None,
@@ -79,6 +82,19 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _first_token(requests: dict[str, Any]) -> float | None:
+    rate = requests.get("prompt_tps")
+    if not requests.get("prompt_tokens") or not rate or not rate.get("mean"):
+        return None
+    return round(float(requests["prompt_tokens"]) / float(rate["mean"]), 3)
+
+
+def _prompt_predicted(measured: dict[str, Any], predicted: dict[str, Any]) -> Any:
+    """The predicted prompt rate, where it is for the prompt llama-bench measured."""
+    tokens = predicted.get("prompt_tokens")
+    return predicted.get("prompt_tps") if tokens and tokens == measured["prompt_tokens"] else None
+
+
 def _payload(event: dict[str, Any] | None) -> dict[str, Any] | None:
     """An event's figures, without its name and time."""
     if event is None:
@@ -98,6 +114,21 @@ def build(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def first_token_lines(stack: dict[str, Any]) -> list[str]:
+    """The time to the first token: the requests' as measured, the planner's for its prompt."""
+    measured, predicted = stack["measured"], stack["predicted"]
+    found = []
+    if measured.get("first_token_seconds") is not None:
+        tokens = measured["requests"]["prompt_tokens"]
+        found.append(f"measured {measured['first_token_seconds']:.2f} s after {tokens} tokens")
+    if predicted.get("first_token_seconds") is not None:
+        found.append(
+            f"predicted {predicted['first_token_seconds']:.2f} s after "
+            f"{predicted['prompt_tokens']} tokens"
+        )
+    return [f"- first token: {'; '.join(found)}"] if found else []
+
+
 def _figure(value: Any, digits: int = 1, unit: str = "") -> str:
     if value is None:
         return "n/a"
@@ -114,7 +145,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Stacks: {', '.join(s['stack'] for s in report['stacks'])}. Generated "
         f"{report['generated_at']} (report schema {report['schema_version']}).",
         "",
-        "| stack | nodes | time to serve (s): measured / predicted | prompt tok/s | decode tok/s: "
+        "| stack | nodes | time to serve (s): measured / predicted | prompt tok/s: measured / "
+        "predicted | decode tok/s: "
         "measured / predicted | main<->workers per token | $/h | $ spent | $/Mtok | left behind "
         "| result |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -127,7 +159,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {s['stack']} | {_nodes(s)} "
             f"| {_figure(measured['serve_seconds']['total'])} / "
             f"{_figure(predicted.get('serve_seconds', {}).get('total'))} "
-            f"| {_figure(measured['prompt_tps'])} "
+            f"| {_figure(measured['prompt_tps'])} / "
+            f"{_figure(_prompt_predicted(measured, predicted))} "
             f"| {_figure(measured['decode_tps'])} / {_figure(predicted.get('decode_tps'))} "
             f"| {_per_token(s.get('rpc_bytes'))} "
             f"| {_figure(s['hourly_usd'], 4)} | {_figure(s['spent_usd'], 4)} "
@@ -167,6 +200,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{requests['predicted_tokens']} generated tokens: prompt "
                 f"{_figure(requests['prompt_tps'])}, decode {_figure(requests['decode_tps'])} tok/s"
             )
+        lines += first_token_lines(s)
         lines += draft_lines(s)
         if predicted.get("price_source"):
             lines.append(f"- prices: {predicted['price_source']}")

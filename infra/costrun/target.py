@@ -34,10 +34,20 @@ class Prediction:
     # where that figure comes from (or why decode is predicted without the draft).
     draft_acceptance: float | None = None
     draft_basis: str = ""
+    # A prompt of ``prompt_tokens`` through the cluster (llama-rpc-bench's llama-bench prompt):
+    # its rate, and so the seconds to its first generated token.
+    prompt_tokens: int | None = None
+    prompt_tps: float | None = None
     one_off_usd: float = 0.0  # e.g. the model's download through a NAT gateway
     price_source: str = ""
     unpriced: tuple[str, ...] = ()
     note: str = ""
+
+    @property
+    def first_token_seconds(self) -> float | None:
+        if self.prompt_tokens is None or not self.prompt_tps:
+            return None
+        return round(self.prompt_tokens / self.prompt_tps, 3)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +56,9 @@ class Prediction:
             "decode_tps": self.decode_tps,
             "draft_acceptance": self.draft_acceptance,
             "draft_basis": self.draft_basis,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tps": self.prompt_tps,
+            "first_token_seconds": self.first_token_seconds,
             "one_off_usd": self.one_off_usd,
             "price_source": self.price_source,
             "unpriced": list(self.unpriced),

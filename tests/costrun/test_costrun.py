@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from botocore.stub import ANY
 
+from infra.boot import metrics_command
 from infra.cli import costrun as cli
 from infra.core import outputs, perf
 from infra.core.units import money
@@ -28,7 +29,7 @@ from infra.live.aws import SsmChannel
 from infra.models import PRESETS
 from infra.observe.status import STATUS_COMMAND
 from infra.observe.usage import UsageUnavailable
-from infra.planner import engines
+from infra.planner import engines, search
 from infra.stack.files import config_of, stack_config, stack_values
 from tests.conftest import REPO
 from tests.live.test_channels import COMMAND_ID, aws_clients, recorded
@@ -61,6 +62,7 @@ class FakeTarget:
         self.destroyed = False
         self.cluster = SimulatedCluster(workers=2, hidden_bytes=2560, vocab=262144)
         self.cluster_traffic_at_bench: int | None = None
+        self.prompt_tokens = 128  # what llama-bench's prompt is in BENCH
 
     def _step(self, name: str) -> None:
         self.calls.append(name)
@@ -75,6 +77,7 @@ class FakeTarget:
     def predict(self) -> Prediction:
         return Prediction(
             hourly_usd=self.hourly, serve_seconds={"total": 600.0}, decode_tps=12.0,
+            prompt_tokens=self.prompt_tokens, prompt_tps=80.0,
             one_off_usd=1.0, price_source="test prices, 2026-01-01",
         )  # fmt: skip
 
@@ -264,6 +267,34 @@ def test_the_benchmark_reads_every_node_and_measures_bytes_per_token_first(
     assert "crosses 4 times, and its logits, 1.00 MiB of 262144 x f32, once" in markdown
 
 
+def test_the_prompt_and_first_token_are_measured_beside_their_prediction(
+    tmp_path: Path,
+) -> None:
+    target = FakeTarget()
+    ok, events = run(target, tmp_path)
+    assert ok
+    stack = report.stack_report("fake", events)
+    measured, predicted = stack["measured"], stack["predicted"]
+    # The requests' 100 tokens at 90 tok/s; the planner's 128 at 80.
+    assert measured["first_token_seconds"] == pytest.approx(100 / 90, abs=1e-3)
+    assert predicted["first_token_seconds"] == pytest.approx(128 / 80, abs=1e-3)
+    markdown = report.markdown({**report.build(tmp_path), "stacks": [stack]})
+    assert "| 100.0 ± 2.0 / 80.0 |" in markdown  # llama-bench's 128 tokens, predicted for 128
+    assert (
+        "- first token: measured 1.11 s after 100 tokens; predicted 1.60 s after 128 tokens"
+        in markdown
+    )
+    # A prediction for another prompt than llama-bench ran is not set beside it.
+    other = FakeTarget("other")
+    other.prompt_tokens = 512
+    ok, events = run(other, tmp_path)
+    assert ok
+    markdown = report.markdown(
+        {**report.build(tmp_path), "stacks": [report.stack_report("other", events)]}
+    )
+    assert "| 100.0 ± 2.0 / n/a |" in markdown
+
+
 @pytest.mark.parametrize(
     ("fail", "reason"),
     [
@@ -377,12 +408,17 @@ def test_a_stacks_draft_is_predicted_at_its_pairs_published_acceptance(
     assert "devquasar.com" in prediction.draft_basis
     nodes = [c.main_instance_type] + [c.instance_type] * c.worker_count
     kv_tokens = int(c.context_size * perf.KV_FILL_FRACTION)
+    # The workers compute as the build's patch set says (as `lrc plan` predicts them).
     found = engines.speculative(
         c.model, nodes, c.placement, kv_tokens, draft=PRESETS[draft],
         acceptance=engines.LLAMA_8B_DRAFT.per_token, draft_max=8,
+        workers_repack=search.workers_repack(),
     )  # fmt: skip
     assert found is not None and prediction.decode_tps == found.tps
     assert found.draft_max == 8  # the stack's draftMax, not the best draft length
+    prompt = perf.prompt(c.model, nodes, c.placement, 128, workers_repack=search.workers_repack())
+    assert prompt is not None and prediction.prompt_tokens == 128
+    assert prediction.prompt_tps == round(prompt.tps, 2)
 
 
 def test_the_predicted_cost_counts_serve_bench_destroy_and_one_off() -> None:
@@ -688,3 +724,9 @@ def test_a_nodes_status_text_is_shown_without_its_control_characters() -> None:
     assert status == {"phase": "serving\\x1b[2J", "last_error": "ok\\x0d\\u202efake", "n": 1}
     with pytest.raises(StepError, match=r"not JSON yet: '\\\\x1b\]0;owned"):
         parse_status("\x1b]0;owned\x07")
+
+
+def test_the_prompt_predicted_is_the_one_the_benchmark_runs() -> None:
+    script = (metrics_command.SCRIPTS / metrics_command.BENCH).read_text()
+    found = re.search(r'"--prompt-words", type=int, default=(\d+)', script)
+    assert found is not None and int(found[1]) == metrics_command.BENCH_PROMPT_TOKENS
