@@ -46,6 +46,10 @@ class ModelShape:
     n_ff: int = 704
     context: int = 4096
     dtype: str = "f32"  # f32, f16, or q4_0 (the quantisation large models ship in)
+    # A mixture of experts (Mixtral's tensors in llama's architecture): each layer's feed-forward
+    # is ``n_expert`` experts of ``n_ff``, ``n_expert_used`` of them chosen per token.
+    n_expert: int = 0
+    n_expert_used: int = 0
 
     def key(self, seed: int) -> str:
         text = repr(sorted(asdict(self).items())) + f"seed={seed}"
@@ -58,6 +62,10 @@ BENCH = ModelShape(n_embd=2048, n_layer=4, n_head=16, n_head_kv=8, n_ff=5632, dt
 # Llama-2-7B's layer shape at Q4_0 (100 MB a layer, tensors over llama.cpp's 10 MiB RPC hashing
 # threshold): the load benchmark's model, at two depths.
 LOAD = ModelShape(n_embd=4096, n_layer=2, n_head=32, n_head_kv=8, n_ff=11008, dtype="q4_0")
+# A mixture of experts at Q4_0 (every expert tensor repacked, as large MoE models run on Arm):
+# eight experts of which two answer each token.
+MOE = ModelShape(n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=256, dtype="q4_0",
+                 n_expert=8, n_expert_used=2)  # fmt: skip
 
 
 def cached_model(source_tree: Path, cache: Path, shape: ModelShape = TINY, seed: int = 0) -> Path:
@@ -75,6 +83,10 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
 
     if shape.n_embd % shape.n_head or shape.n_head % shape.n_head_kv:
         raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+    if not 0 <= shape.n_expert_used <= shape.n_expert or (shape.n_expert > 0) != (
+        shape.n_expert_used > 0
+    ):
+        raise ValueError("a mixture of experts uses 1 to n_expert experts a token")
     vocab = gguf.GGUFReader(vocab_path)
     tokens: list[Any] = vocab.fields["tokenizer.ggml.tokens"].contents()
     n_vocab = len(tokens)
@@ -83,16 +95,17 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
     rng = np.random.default_rng(seed)
     quantized = shape.dtype == "q4_0"
 
-    def matrix(rows: int, cols: int) -> Any:
+    def matrix(rows: int, cols: int, experts: int = 0) -> Any:
         # Scaled like an initialised network, so activations stay finite through the layers.
-        values = rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)
+        shape_ = (experts, rows, cols) if experts else (rows, cols)
+        values = rng.standard_normal(shape_, dtype=np.float32) / np.sqrt(cols)
         if quantized:
             return gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_0)
         return values.astype(dtype)
 
-    def add_matrix(name: str, rows: int, cols: int) -> None:
+    def add_matrix(name: str, rows: int, cols: int, experts: int = 0) -> None:
         raw = gguf.GGMLQuantizationType.Q4_0 if quantized else None
-        writer.add_tensor(name, matrix(rows, cols), raw_dtype=raw)
+        writer.add_tensor(name, matrix(rows, cols, experts), raw_dtype=raw)
 
     def ones(n: int) -> Any:
         return np.ones(n, dtype=np.float32)
@@ -110,6 +123,9 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(n_vocab)
+    if shape.n_expert:
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
     file_types = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
     writer.add_file_type(file_types.get(shape.dtype, gguf.LlamaFileType.ALL_F32))
     writer.add_tokenizer_model("llama")
@@ -133,6 +149,16 @@ def write_model(path: Path, vocab_path: Path, shape: ModelShape, seed: int) -> P
         add_matrix(f"{block}.attn_v.weight", kv_dim, shape.n_embd)
         add_matrix(f"{block}.attn_output.weight", shape.n_embd, shape.n_embd)
         writer.add_tensor(f"{block}.ffn_norm.weight", ones(shape.n_embd))
+        if shape.n_expert:  # the router (kept f32, as converters keep it) and the experts
+            router = rng.standard_normal((shape.n_expert, shape.n_embd), dtype=np.float32)
+            writer.add_tensor(
+                f"{block}.ffn_gate_inp.weight", router / np.float32(shape.n_embd) ** 0.5
+            )
+            for part, rows, cols in (("gate", shape.n_ff, shape.n_embd),
+                                     ("up", shape.n_ff, shape.n_embd),
+                                     ("down", shape.n_embd, shape.n_ff)):  # fmt: skip
+                add_matrix(f"{block}.ffn_{part}_exps.weight", rows, cols, shape.n_expert)
+            continue
         add_matrix(f"{block}.ffn_gate.weight", shape.n_ff, shape.n_embd)
         add_matrix(f"{block}.ffn_up.weight", shape.n_ff, shape.n_embd)
         add_matrix(f"{block}.ffn_down.weight", shape.n_embd, shape.n_ff)
