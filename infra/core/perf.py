@@ -11,7 +11,9 @@ split runs the nodes one after another, so a token costs
 cost). The per-hop cost is measured by ``bench/boot.py``: its weight in the 405B anchor is
 under 0.5 %, too small to solve for from it. ``CHECKS`` are further published runs: the
 Graviton ones test the model, and one Axion run gives Axion's effective bandwidth
-(``derived_socket_bandwidth_gbps``), which ``cpus.csv`` carries with that source.
+(``derived_socket_bandwidth_gbps``), which ``cpus.csv`` carries with that source. A MoE reads
+only the experts its tokens chose, but decodes below its bandwidth: Arm's DeepSeek-R1 run sets
+what a MoE layer costs a step beyond its reads (``moe_layer_seconds``).
 
 A step of several tokens (``step``: a prompt, the check of a draft model's tokens, several
 streams at once) reads each node's weights once and each sequence's KV cache, and adds the
@@ -26,7 +28,6 @@ Where no compute figure exists, no gain from batching and no prompt rate are ass
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -115,6 +116,30 @@ AXION_ANCHOR = Anchor(
     role="derives",
     note="sets Axion's effective bandwidth",
 )
+_DEEPSEEK_ARM = (
+    "Arm learning path: DeepSeek-R1 on Arm servers, llama-cli build 4963, 64 threads, bartowski's "
+    "Q4_0 (github.com/ArmDeveloperEcosystem/arm-learning-paths, content/learning-paths/"
+    "servers-and-cloud-computing/deepseek-cpu/deepseek-chatbot.md)"
+)
+# A MoE layer costs more than its reads: the router, the choice of experts and each chosen
+# expert's product run as steps of their own (ggml-cpu's MUL_MAT_ID sorts a step's rows by expert
+# and multiplies one expert after another), so a MoE decodes well below its memory bandwidth
+# (llama.cpp #25976: GLM-5.2 on a 96-core Neoverse-N2 at 30-63 % of STREAM, its cycles in the
+# kernels; ik_llama.cpp #1752: DeepSeek V4 Flash with "the bus ~60% idle"). The model counts it
+# as a fixed cost a layer a step, solved from Arm's DeepSeek-R1 decode.
+MOE_ANCHOR = Anchor(
+    "DeepSeek-R1 Q4_0 on 1 x r8g.24xlarge (64 threads)",
+    "deepseek-r1-q4_0",
+    "r8g.24xlarge",
+    1,
+    12.24,
+    _DEEPSEEK_ARM + ": eval 81.72 ms per token over 511 runs after a 20-token prompt",
+    kv_tokens=20 + 511 // 2,
+    role="derives",
+    note="sets a MoE layer's own cost a step",
+)
+
+
 CHECKS = (
     Anchor("AFM-4.5B Q4_0 on 1 x c8g.4xlarge", "afm-4.5b-q4_0", "c8g.4xlarge", 1, 40.72,
            _AFM_AWS + ": llama-server, 111 tokens"),
@@ -124,6 +149,7 @@ CHECKS = (
     Anchor("AFM-4.5B Q8_0 on 1 x c4a-standard-16", "afm-4.5b-q8_0", "c4a-standard-16", 1,
            37.89, _AFM_GCP + ": llama-cli, 352 tokens", provider="gcp", region="us-central1",
            kv_tokens=375),
+    MOE_ANCHOR,
     Anchor("Llama-2-7B Q4_0 on 1 x r7g.16xlarge", "llama-2-7b-q4_0", "r7g.16xlarge", 1, 31.6,
            "llama.cpp PR #5780 (2024-03, `main -t 64`)", role="reported",
            note="2024 code, before the Arm Q4_0 repacking that the other runs use"),
@@ -260,9 +286,30 @@ def decode_tps(
     terms = _terms(model, nodes, layout, kv_tokens)
     if terms is None:
         return None
+    seconds, _, hops = terms
+    return 1 / (seconds / calibration().eta + fixed_seconds(model, hops))
+
+
+def fixed_seconds(model: Model, hops: int) -> float:
+    """A step's costs that do not grow with its tokens: each layer's, a MoE layer's own
+    (``moe_layer_seconds``), and each RPC hop's."""
     cal = calibration()
-    seconds, layers, hops = terms
-    return 1 / (seconds / cal.eta + layers * cal.layer_overhead_seconds + hops * cal.hop_seconds)
+    moe = moe_layer_seconds() if model.is_moe else 0.0
+    return model.layers * (cal.layer_overhead_seconds + moe) + hops * cal.hop_seconds
+
+
+@cache
+def moe_layer_seconds() -> float:
+    """A MoE layer's cost a step beyond its reads, solved so that ``MOE_ANCHOR`` is predicted
+    exactly."""
+    anchor = MOE_ANCHOR
+    seconds, layers, hops = anchor_terms(anchor)
+    cal = calibration()
+    dense = seconds / cal.eta + layers * cal.layer_overhead_seconds + hops * cal.hop_seconds
+    left = 1 / anchor.decode_tps - dense
+    if left < 0:
+        raise ValueError(f"{anchor.label}: decodes faster than its reads alone")
+    return left / layers
 
 
 # Steps of several tokens: a prompt, the check of a draft, several streams at once.
@@ -327,7 +374,7 @@ class PromptAnchor:
         if one is None:
             raise ValueError(f"{self.label}: no memory bandwidth for {instance.cpu_family}")
         # The prompt less one decode step, plus the share of its reads its arithmetic hid.
-        fixed = model.layers * calibration().layer_overhead_seconds
+        fixed = fixed_seconds(model, 0)
         arithmetic = self.prompt_tokens / self.prompt_tps - 1 / one + hidden * (1 / one - fixed)
         return (self.prompt_tokens - 1) * flops / arithmetic
 
@@ -407,7 +454,19 @@ SINGLE_NODE_PROMPT = PromptRun(
     + _published("servers-and-cloud-computing/llama-cpu/llama-chatbot.md")
     + ")",
 )
-PROMPT_RUNS = (RPC_PROMPT, SINGLE_NODE_PROMPT)
+# A MoE's short prompt reads the experts its tokens chose, each mostly by one of them: nearly a
+# read of those experts and little more (``Model.read_share``, ``Model.reuse_share``). Run on
+# 64 of the node's 96 cores; the model gives it all 96 (its reads bind, not its arithmetic).
+MOE_PROMPT = PromptRun(
+    "DeepSeek-R1 Q4_0 20-token prompt on 1 x r8g.24xlarge (64 threads, repacked)",
+    "deepseek-r1-q4_0",
+    "r8g.24xlarge",
+    1,
+    20,
+    0.47765,
+    _DEEPSEEK_ARM + ": prompt eval time = 477.65 ms / 20 tokens",
+)
+PROMPT_RUNS = (RPC_PROMPT, SINGLE_NODE_PROMPT, MOE_PROMPT)
 PROMPT_TOLERANCE = 0.2
 
 
@@ -526,12 +585,12 @@ def plain_slowdown() -> float:
     bandwidth = node_bandwidth_gbps(instance)
     if repacked is None or bandwidth is None:
         raise ValueError(f"{run.label}: no compute rate or bandwidth for {instance.cpu_family}")
-    cal, hidden = calibration(), overlap()
+    hidden = overlap()
     reads = [
         _read_seconds(model, s, bandwidth, run.tokens, sequences=1, kv=run.tokens)
         for s in layout.shares
     ]
-    fixed = model.layers * cal.layer_overhead_seconds + (run.nodes - 1) * cal.hop_seconds
+    fixed = fixed_seconds(model, run.nodes - 1)
     main, *workers = layout.shares
     main_extra = (run.tokens - 1) * prompt_flops(model, main) / repacked
     # The workers' arithmetic is longer than their reads (checked below), so each hides a
@@ -579,14 +638,6 @@ class NodeRates:
 
 
 def node_rates(instance: InstanceType) -> NodeRates | None:
-    """A catalog type's rates, worked out once per type and catalog: a plan asks for them for
-    every candidate cluster and every batch size."""
-    return _node_rates(instance, os.environ.get(catalog.DIRECTORY_VARIABLE, ""))
-
-
-@cache
-def _node_rates(instance: InstanceType, directory: str) -> NodeRates | None:
-    del directory  # the catalog the rates were read from: a key only
     bandwidth = node_bandwidth_gbps(instance)
     if bandwidth is None:
         return None
@@ -608,11 +659,10 @@ def _rates(nodes: Sequence[InstanceType]) -> list[NodeRates] | None:
 def _read_seconds(
     model: Model, share: NodeShare, bandwidth_gbps: float, tokens: int, *, sequences: int, kv: int
 ) -> float:
-    """A step's reads on one node: its weights once (a MoE's active experts for each token, at
-    most all of them; none is assumed shared) and each sequence's KV cache."""
+    """A step's reads on one node: its weights once (of a MoE, the experts some token of the step
+    chose: ``Model.read_share``) and each sequence's KV cache."""
     weights = computed_weight_bytes(model, share)
-    active = model.weight_bytes_per_token / model.size_bytes
-    read = min(weights, tokens * weights * active) + sequences * kv_bytes_read(model, share, kv)
+    read = weights * model.read_share(tokens) + sequences * kv_bytes_read(model, share, kv)
     return read / (calibration().eta * bandwidth_gbps * 1e9)
 
 
@@ -652,6 +702,14 @@ def _reread_seconds(
     head = head_bytes(model, share)
     passes = one_row_passes(tokens) * (computed - head) + one_row_passes(outputs) * head
     return passes / (calibration().eta * bandwidth_gbps * 1e9)
+
+
+def _beyond_first(model: Model, tokens: int) -> float:
+    """A step's arithmetic beyond one pass over its reads, in tokens' worth: ``tokens - 1`` for
+    a dense model; fewer for a MoE, whose routed experts are mostly chosen by one token of a
+    short step (``Model.reuse_share``)."""
+    active = model.weight_bytes_per_token / model.size_bytes
+    return model.reuse_share(tokens) / active if model.is_moe else float(tokens - 1)
 
 
 def node_seconds(read: float, extra: float, hidden: float) -> float:
@@ -699,7 +757,6 @@ def step(
         raise ValueError(f"a step of {tokens} tokens in {sequences} sequences, {outputs} out")
     if tokens > 1 and parameters_per_byte(model) is None:
         return None
-    cal = calibration()
     if tokens == 1:
         hidden = 0.0
     elif hidden is None:
@@ -715,14 +772,13 @@ def step(
             flops = node.flops(kernel)
             if flops is None:
                 return None
-            extra = (tokens - 1) * prompt_flops(model, share) / flops
+            extra = _beyond_first(model, tokens) * prompt_flops(model, share) / flops
             extra += (outputs - 1) * head_flops(model, share) / flops
             if kernel == REPACKED and node.one_row_rereads:
                 read += _reread_seconds(model, share, node.bandwidth_gbps, tokens, outputs)
         memory, compute = memory + read, compute + extra
         seconds += node_seconds(read, extra, hidden)
-    fixed = model.layers * cal.layer_overhead_seconds + (len(nodes) - 1) * cal.hop_seconds
-    return Step(tokens, seconds + fixed, memory, compute)
+    return Step(tokens, seconds + fixed_seconds(model, len(nodes) - 1), memory, compute)
 
 
 def no_compute_reason(model: Model, nodes: Sequence[InstanceType]) -> str | None:
@@ -856,7 +912,7 @@ def measured_node(
     layout = one_node(model, 2 * max(kv_tokens, prompt_tokens))
     (share,) = layout.shares
     cal = calibration()
-    fixed = model.layers * cal.layer_overhead_seconds
+    fixed = fixed_seconds(model, 0)
     left = 1 / decode_tps - fixed
     if left <= 0:
         raise ValueError(f"{label}: the per-layer overhead alone is slower than measured")
@@ -869,7 +925,7 @@ def measured_node(
     arithmetic = prompt_tokens / prompt_tps - fixed - (1 - hidden) * memory
     if arithmetic <= memory:
         raise ValueError(f"{label}: its prompt is faster than reading its weights")
-    flops = (prompt_tokens - 1) * prompt_flops(model, share) / arithmetic
+    flops = _beyond_first(model, prompt_tokens) * prompt_flops(model, share) / arithmetic
     return NodeRates(
         bandwidth, None if plain else flops, flops if plain else None, label, one_row_rereads
     )

@@ -287,10 +287,14 @@ def _kv_per_layer(fields: dict[str, Any], arch: str, layers: int) -> tuple[int, 
     def get(key: str) -> Any:
         return fields.get(f"{arch}.{key}")
 
-    rank = get("attention.kv_lora_rank")
-    if rank:  # Multi-head latent attention caches the compressed latent and the rope part.
-        rope = int(get("rope.dimension_count") or 0)
-        return (2 * (int(rank) + rope) * KV_ELEMENT_BYTES,) * layers
+    if get("attention.key_length_mla") and get("attention.value_length_mla"):
+        # Multi-head latent attention, as converters write it since llama.cpp PR #12801: one K
+        # row of the compressed latent and the rope part (key_length, 512 + 64 for DeepSeek V3),
+        # no V (llama_hparams::is_mla; llama-kv-cache.cpp: has_v = !is_mla, PR #19067). A file
+        # converted before it has no *_mla keys and caches every head's K and V (below).
+        rank, rope = get("attention.kv_lora_rank"), get("rope.dimension_count")
+        row = get("attention.key_length") or int(rank or 0) + int(rope or 0)
+        return (int(row) * KV_ELEMENT_BYTES,) * layers
     heads = get("attention.head_count")
     kv_heads = get("attention.head_count_kv") or heads
     embedding = get("embedding_length")
@@ -401,6 +405,8 @@ def _model(where: str, file_name: str, parts: list[_Part]) -> Model:
         input_bytes=input_bytes,
         output_bytes=output_bytes,
         tied_embeddings="output.weight" not in tensor_bytes,
+        experts=experts if active_bytes is not None else 0,
+        experts_used=used if active_bytes is not None else 0,
         layer_weight_bytes=layer_bytes,
         layer_kv_bytes_per_token=kv_per_layer,
         sliding_window=int(window) if window else None,

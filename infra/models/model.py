@@ -48,6 +48,9 @@ class Model:
     sliding_layers: frozenset[int] = frozenset()
     # The hidden width (n_embd): what a tensor-parallel engine exchanges per layer. None: unknown.
     embedding: int | None = None
+    # A MoE's routed experts per layer and how many answer each token (0: not known).
+    experts: int = 0
+    experts_used: int = 0
 
     def __post_init__(self) -> None:
         for setting, value in (
@@ -61,6 +64,8 @@ class Model:
             raise ModelError("context length", f"must be positive, got {self.context_length}")
         if not self.layer_weight_bytes and self.input_bytes + self.output_bytes >= self.size_bytes:
             raise ModelError("size", "the embeddings and output head leave nothing for the layers")
+        if self.experts_used > self.experts or (self.experts_used > 0) != (self.experts > 0):
+            raise ModelError("experts", f"{self.experts_used} of {self.experts} used a token")
         for name, values in (
             ("layer weights", self.layer_weight_bytes),
             ("layer KV bytes", self.layer_kv_bytes_per_token),
@@ -80,6 +85,43 @@ class Model:
     @property
     def is_moe(self) -> bool:
         return self.active_bytes is not None
+
+    def read_share(self, tokens: int) -> float:
+        """The share of the weights a step of ``tokens`` tokens reads: all of a dense model's; of
+        a MoE's, the weights every token uses (attention, shared experts, routers) and the routed
+        experts some token of the step chose, each expert chosen independently and uniformly
+        (of E experts, k a token, n tokens leave (1 - k/E)^n of them unread). Without the
+        expert counts, every token's experts are taken to be its own."""
+        if tokens < 1:
+            raise ValueError(f"a step has at least one token, not {tokens}")
+        active = self.weight_bytes_per_token / self.size_bytes
+        if not self.is_moe:
+            return 1.0
+        if not 0 < self.experts_used < self.experts:
+            return min(1.0, tokens * active)
+        always, chosen = self._always_and_chosen()
+        return always + (1 - always) * (1 - (1 - chosen) ** tokens)
+
+    def reuse_share(self, tokens: int) -> float:
+        """The arithmetic of a step of ``tokens`` tokens beyond one pass over what it reads, in
+        shares of the weights: ``tokens - 1`` of a dense model's; a MoE's every-token weights
+        ``tokens - 1`` times, its routed experts as often as tokens chose them beyond the first
+        (``tokens`` x k/E choices over ``read_share``'s distinct ones)."""
+        if not self.is_moe:
+            return float(tokens - 1)
+        active = self.weight_bytes_per_token / self.size_bytes
+        if not 0 < self.experts_used < self.experts:
+            return (tokens - 1) * active
+        always, chosen = self._always_and_chosen()
+        distinct = 1 - (1 - chosen) ** tokens
+        return always * (tokens - 1) + (1 - always) * (tokens * chosen - distinct)
+
+    def _always_and_chosen(self) -> tuple[float, float]:
+        """A MoE's share of weights every token uses, and the share of routed experts a token
+        chooses (k/E): together they make its active share."""
+        active = self.weight_bytes_per_token / self.size_bytes
+        chosen = self.experts_used / self.experts
+        return max(0.0, (active - chosen) / (1 - chosen)), chosen
 
     @cached_property
     def weights_per_layer(self) -> tuple[int, ...]:

@@ -21,14 +21,20 @@ class _Family:
     embedding: int
     context_length: int = 131072
     active_parameters: float | None = None
+    experts: int = 0  # a MoE's routed experts per layer
+    experts_used: int = 0  # and how many answer each token
 
 
 LLAMA_3_1_8B = _Family(8.03e9, 32, 128, 128256, 4096)
 LLAMA_3_1_70B = _Family(70.6e9, 80, 320, 128256, 8192)
 LLAMA_3_1_405B = _Family(405.9e9, 126, 504, 128256, 16384)
 QWEN_2_5_72B = _Family(72.7e9, 80, 320, 152064, 8192, context_length=32768)
-# 37B of 671B parameters are active per token; the weights read scale the same way.
-DEEPSEEK_R1 = _Family(671e9, 61, 130, 129280, 7168, context_length=163840, active_parameters=37e9)
+# 37B of 671B parameters are active per token (8 of 256 routed experts and a shared one); the
+# weights read scale the same way. The published R1 GGUFs (January 2025) predate llama.cpp's
+# latent-attention layout (PR #12801): they cache every head's K (192) and V (128), 128 heads a
+# layer, 4,880 KiB a token (Arm's DeepSeek-R1 run: 19,520 MiB for 4,096 tokens).
+DEEPSEEK_R1 = _Family(671e9, 61, 4880, 129280, 7168, context_length=163840,
+                      active_parameters=37e9, experts=256, experts_used=8)  # fmt: skip
 # Arcee AFM-4.5B, a decode anchor on Graviton4 and Axion: 4.62 B parameters as llama-bench prints
 # them (Arm's Axion learning path). Its layers, KV heads and vocabulary were not found published:
 # 36 layers of width 2560 with 8 KV heads of 80 and a 128k vocabulary add up to 4.62 B.
@@ -54,6 +60,8 @@ def _preset(name: str, family: _Family, size_gb: float) -> Model:
         input_bytes=matrix,
         output_bytes=matrix,
         embedding=family.embedding,
+        experts=family.experts,
+        experts_used=family.experts_used,
     )
 
 
@@ -71,6 +79,8 @@ PRESETS: dict[str, Model] = {
         _preset("llama-3.1-405b-q8_0", LLAMA_3_1_405B, 431.0),
         _preset("qwen2.5-72b-q4_k_m", QWEN_2_5_72B, 47.4),
         _preset("deepseek-r1-q4_k_m", DEEPSEEK_R1, 404.3),
+        # bartowski's, which Arm's Graviton4 run used: 353.00 GiB in 10 parts.
+        _preset("deepseek-r1-q4_0", DEEPSEEK_R1, 379.03),
         # llama-bench: 2.50 GiB; Q8_0 stores 34 bytes per 32 weights.
         _preset("afm-4.5b-q4_0", AFM_4_5B, 2.684),
         _preset("afm-4.5b-q8_0", AFM_4_5B, 4.909),

@@ -25,6 +25,7 @@ def write_gguf(
     split: tuple[int, int] | None = None,
     tensors: dict[str, np.ndarray] | None = None,
     vocab: list[str] | None = None,
+    fields: dict[str, int] | None = None,
 ) -> Path:
     import gguf
 
@@ -43,6 +44,8 @@ def write_gguf(
         writer.add_uint16("split.count", split[1])
     if vocab:  # a vocabulary is most of a real model's header
         writer.add_token_list(vocab)
+    for key, value in (fields or {}).items():
+        writer.add_uint32(key, value)
     if tensors is None:
         tensors = {f"blk.{i}.attn_q.weight": np.zeros((embedding, embedding), np.float16)
                    for i in range(layers)}  # fmt: skip
@@ -88,9 +91,9 @@ def test_an_unknown_model_suggests_the_closest(name: str, suggestion: str) -> No
         ("llama 3.1 70b q4_k_m", "llama-3.1-70b-q4_k_m"),
         (" LLAMA-3.1-405B-Q8_0.gguf ", "llama-3.1-405b-q8_0"),
         ("Qwen2.5-72B-Instruct-Q4_K_M", None),  # another model's name: not guessed
-        ("deepseek-r1", "deepseek-r1-q4_k_m"),  # the one quantisation there is
-        ("DeepSeek_R1.gguf", "deepseek-r1-q4_k_m"),
-        ("qwen2.5-72b", "qwen2.5-72b-q4_k_m"),
+        ("DeepSeek_R1_Q4_K_M.gguf", "deepseek-r1-q4_k_m"),
+        ("deepseek-r1-Q4_0", "deepseek-r1-q4_0"),
+        ("qwen2.5-72b", "qwen2.5-72b-q4_k_m"),  # the one quantisation there is
     ],
 )
 def test_a_preset_is_found_by_any_obvious_spelling(name: str, meant: str | None) -> None:
@@ -160,6 +163,34 @@ def test_gguf_moe_counts_only_the_experts_in_use(tmp_path: Path) -> None:
     assert m.active_bytes == 1024 + 8192 * 2 // 8
     assert m.active_parameters == 256 + 2048 * 2 // 8
     assert m.weight_bytes_per_token == m.active_bytes
+    assert (m.experts, m.experts_used) == (8, 2)
+    # A step reads the attention once and the experts some token chose: 2 of 8 each, so two
+    # tokens leave (6/8)^2 of the experts unread.
+    assert m.read_share(1) == pytest.approx(m.active_bytes / m.size_bytes)
+    assert m.read_share(2) == pytest.approx((1024 + 8192 * (1 - 0.75**2)) / (1024 + 8192))
+    assert m.read_share(64) == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fields", "kv_heads", "per_layer"),
+    [
+        # As llama.cpp's converter writes DeepSeek V3 since PR #12801: the latent and the rope
+        # part as one K row of 576, no V, at the pin.
+        ({"kv_lora_rank": 512, "rope.dimension_count": 64, "attention.key_length": 576,
+          "attention.value_length": 512, "attention.key_length_mla": 192,
+          "attention.value_length_mla": 128}, 1, 576 * 2),
+        # Converted before it (Arm's DeepSeek-R1 Q4_0 run: 19,520 MiB for 4,096 tokens): every
+        # head's K of 192 and V of 128.
+        ({"kv_lora_rank": 512, "rope.dimension_count": 64, "attention.key_length": 192,
+          "attention.value_length": 128}, 128, 128 * 320 * 2),
+    ],
+)  # fmt: skip
+def test_latent_attention_caches_as_llama_cpp_does_at_the_pin(
+    tmp_path: Path, fields: dict[str, int], kv_heads: int, per_layer: int
+) -> None:
+    path = write_gguf(tmp_path / "mla.gguf", layers=2, heads=128, kv_heads=kv_heads, embedding=128,
+                      fields={f"llama.{k}": v for k, v in fields.items()})  # fmt: skip
+    assert gguf_header.describe(path).layer_kv_bytes_per_token == (per_layer, per_layer)
 
 
 def test_a_split_gguf_is_described_from_its_first_part(tmp_path: Path) -> None:

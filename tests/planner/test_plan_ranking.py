@@ -323,7 +323,7 @@ def test_every_shipped_stack_is_swept() -> None:
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [("Llama-3.1-70B-Q4_0", "llama-3.1-70b-q4_0"), ("deepseek-r1", "deepseek-r1-q4_k_m")],
+    [("Llama-3.1-70B-Q4_0", "llama-3.1-70b-q4_0"), ("qwen2.5-72b", "qwen2.5-72b-q4_k_m")],
 )
 def test_a_stacks_preset_takes_the_names_the_planner_takes(given: str, expected: str) -> None:
     model = {"preset": given, "urls": ["https://example.invalid/m.gguf"], "sha256": ["0" * 64]}
