@@ -376,6 +376,30 @@ def plan_update(
     return actions
 
 
+def refused_replacements(
+    before: Deployment, after: Deployment, actions: dict[str, str]
+) -> dict[str, str]:
+    """The replacements of ``actions`` (``plan_update``) the cloud refuses, by key, and why: made
+    create-first while the old resource still holds a value the new one asks for
+    (``ResourceRules.held``, such as a fixed private address)."""
+    old = {rules.key_of(r.typ, r.name): r for r in before.resources}
+    found = {}
+    for r in after.resources:
+        key = rules.key_of(r.typ, r.name)
+        if actions.get(key) != "replace":
+            continue
+        options = after.options.get((r.typ, r.name))
+        why = rules.create_first_clash(
+            RESOURCE_RULES[r.typ],
+            dict(old[key].inputs),
+            dict(r.inputs),
+            delete_before_replace=bool(options and options.delete_before_replace),
+        )
+        if why:
+            found[key] = why
+    return found
+
+
 def _texts(value: Any) -> list[str]:
     """Every string in an input tree."""
     if isinstance(value, str):

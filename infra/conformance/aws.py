@@ -463,6 +463,11 @@ RULES = by_type(
             "userDataBase64",
         ),
         source=f"{TF}ec2/ec2_instance.go",
+        held=("privateIp",),
+        held_source=(
+            "InvalidIPAddress.InUse, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/"
+            "errors-overview.html; pulumi/pulumi#10923"
+        ),
     ),
     ResourceRules(
         "aws:ebs/volume:Volume",
