@@ -194,6 +194,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
         if args.typ == "azure-native:network:ApplicationSecurityGroup":
             return azure_asg_id(args.inputs["resourceGroupName"], args.name), state
+        if args.typ == "azure-native:keyvault:Secret":
+            # A secret's id is its vault's, then /secrets/ and its name.
+            group, vault = args.inputs["resourceGroupName"], args.inputs["vaultName"]
+            vaults = f"/subscriptions/s/resourceGroups/{group}/providers/Microsoft.KeyVault/vaults"
+            return f"{vaults}/{vault}/secrets/{args.inputs['secretName']}", state
         if args.typ == "azure-native:network:LoadBalancer":
             # Its id as Azure makes it, under its group's (here "<group>-id"): its parts name
             # each other by id.
