@@ -990,5 +990,18 @@ def _platform(config: ClusterConfig) -> None:
             "--stack STACK --image IMAGE --out DIR` (DIR/image), push it to a registry the "
             "nodes pull from, and `pulumi config set kubernetesImage IMAGE`",
         )
+    if not any(not network_rules.is_internal(c) for c in config.kubernetes_api_cidrs):
+        given = ", ".join(config.kubernetes_api_cidrs)
+        raise ConfigError(
+            "kubernetesApiCidrs",
+            (f"{given} are private ranges only" if given else "is empty")
+            + "; `pulumi up` applies the Kubernetes objects through the EKS API endpoint from "
+            "where it runs, and a private endpoint is reachable only from inside the VPC this "
+            "same `up` creates (no VPN or peering reaches it yet): give the public address "
+            "`pulumi up` and kubectl run from, e.g. `pulumi config set --json "
+            "kubernetesApiCidrs '[\"<your address>/32\"]'` (`curl "
+            "https://checkip.amazonaws.com` says it); EKS's public endpoint then admits those "
+            "ranges alone",
+        )
     for key, why in kubernetes_refusals(config):
         raise ConfigError(key, why)

@@ -443,8 +443,10 @@ SETTINGS: tuple[Setting, ...] = (
         "kubernetesApiCidrs",
         "array",
         "with platform kubernetes: IPv4 ranges outside the VPC that may reach the EKS API "
-        "endpoint (where `pulumi up` and kubectl run; public ones no wider than /24); empty: "
-        "the endpoint is private, reached from inside the VPC only",
+        "endpoint (where `pulumi up` and kubectl run; public ones no wider than /24); at least "
+        "one public range, since `pulumi up` applies the Kubernetes objects through the "
+        "endpoint of the cluster it has just made (private ranges reach it through a VPN or "
+        "peering into the VPC)",
         default=[],
     ),
     Setting(
