@@ -62,6 +62,12 @@ def vcpu_quota(instance_type: str) -> VcpuQuota:
     return VcpuQuota(f"{family}_CPUS", f"{family} CPUs")
 
 
+# The project's CPUs in every region together (``projects.get``'s quotas), which caps every
+# family: small on new projects (a trial project's is 12), and a stack must fit it as well
+# (https://cloud.google.com/compute/resource-usage#cpu_quota).
+ALL_REGIONS_CPUS = VcpuQuota("CPUS_ALL_REGIONS", "CPUs in all regions")
+
+
 def label_value(text: str) -> str:
     """A text the program sets as a label value (the stack's name), made valid: Pulumi stack
     names may hold capitals and '.', label values may not. A text that had to change gets a

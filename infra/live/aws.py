@@ -1,8 +1,9 @@
 """AWS, live, with the user's own credentials through boto3 (imported by the call that needs it):
 
-- the preflight's reads: the region's availability zones that need no opt-in and which of them
-  offer the instance types (EC2), the On-Demand vCPU quotas (Service Quotas), and the vCPUs of
-  the instances running in the region, the stack's own told apart by its tags (EC2);
+- the preflight's reads: the region's availability zones that need no opt-in, their zone ids,
+  and which of them offer the instance types (EC2), the On-Demand vCPU quotas (Service
+  Quotas), and the vCPUs of the instances running in the region, the stack's own told apart by
+  its tags (EC2);
 - the command channel: SSM ``send_command``, as root;
 - power: EC2 StartInstances and DescribeInstances;
 - the cost run's audit: everything tagged with the stack (Resource Groups Tagging API);
@@ -90,16 +91,17 @@ def _why(error: Exception) -> str:
     return str(error)
 
 
-def _zones(ec2: Any, types: tuple[str, ...]) -> dict[str, frozenset[str]]:
+def _zones(ec2: Any, types: tuple[str, ...]) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
     """Zones that need no opt-in (no Local or Wavelength Zone) and are available, with the
-    types each offers."""
+    types each offers; and each one's zone id."""
     listed = ec2.describe_availability_zones(
         Filters=[
             {"Name": "opt-in-status", "Values": ["opt-in-not-required"]},
             {"Name": "zone-type", "Values": ["availability-zone"]},
         ]
     )["AvailabilityZones"]
-    zones = {z["ZoneName"] for z in listed if z.get("State") == "available"}
+    ids = {z["ZoneName"]: z["ZoneId"] for z in listed if z.get("State") == "available"}
+    zones = set(ids)
     offers: dict[str, set[str]] = {zone: set() for zone in zones}
     arguments: dict[str, Any] = {
         "LocationType": "availability-zone",
@@ -111,7 +113,7 @@ def _zones(ec2: Any, types: tuple[str, ...]) -> dict[str, frozenset[str]]:
             if offer["Location"] in offers:
                 offers[offer["Location"]].add(offer["InstanceType"])
         if not page.get("NextToken"):
-            return {zone: frozenset(found) for zone, found in offers.items()}
+            return {zone: frozenset(found) for zone, found in offers.items()}, ids
         arguments["NextToken"] = page["NextToken"]
 
 
@@ -149,8 +151,9 @@ def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
 
     unread: list[Unread] = []
     zone_offers = None
+    zone_ids: dict[str, str] = {}
     try:
-        zone_offers = _zones(ec2, needs.types)
+        zone_offers, zone_ids = _zones(ec2, needs.types)
     except (ClientError, BotoCoreError) as error:
         unread.append(Unread("which zones offer the instance types", _why(error)))
     used: dict[VcpuQuota, float] | None = None
@@ -177,7 +180,12 @@ def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
             )
         )
     return Account(
-        "aws", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
+        "aws",
+        needs.region,
+        zone_offers=zone_offers,
+        zone_ids=zone_ids,
+        quotas=tuple(readings),
+        unread=tuple(unread),
     )
 
 

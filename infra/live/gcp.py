@@ -4,8 +4,8 @@ Cloud Storage):
 - which project: the stack file's ``gcp:project``, then ``GOOGLE_CLOUD_PROJECT``, then gcloud's
   own (``gcloud config get-value project``): one rule for every command;
 - the preflight's reads (Compute Engine API): the region's zones that are up and which of them
-  offer the machine types, the region's CPU quotas (limit and use), and the vCPUs of the
-  stack's own running VMs, told apart by their labels;
+  offer the machine types, the region's CPU quotas and the project's CPUs in all regions (limit
+  and use), and the vCPUs of the stack's own running VMs, told apart by their labels;
 - the command channel: SSH through Identity-Aware Proxy, the command run with sudo;
 - power: ``gcloud compute instances start`` and ``describe``;
 - the cost run's audit: instances, disks and addresses labelled with the stack;
@@ -63,6 +63,10 @@ IDLE_STATES = {"STOPPED", "STOPPING", "TERMINATED", "SUSPENDED", "SUSPENDING"}
 INCREASE = (
     "the Quotas page, https://console.cloud.google.com/iam-admin/quotas?project={project}, "
     "{metric} in {region}, to {{value}}"
+)
+INCREASE_ALL_REGIONS = (
+    "the Quotas page, https://console.cloud.google.com/iam-admin/quotas?project={project}, "
+    "CPUS_ALL_REGIONS (global), to {{value}}"
 )
 STAGING = ".staging"
 COMPOSE_LIMIT = 32  # Cloud Storage composes at most 32 objects in one request
@@ -185,6 +189,26 @@ def read_account(needs: Needs, api: JsonApi, project: str) -> Account:
                 INCREASE.format(project=project, metric=quota.id, region=needs.region),
             )
         )
+    try:
+        whole = api.get(f"projects/{project}")
+        found = {q["metric"]: q for q in whole.get("quotas", [])}
+        total = found.get(gcp_facts.ALL_REGIONS_CPUS.id)
+        if total is None:
+            unread.append(
+                Unread(f"the quota {gcp_facts.ALL_REGIONS_CPUS.id}", "the project reports none")
+            )
+        else:
+            readings.append(
+                QuotaReading(
+                    gcp_facts.ALL_REGIONS_CPUS,
+                    total.get("limit", 0.0),
+                    total.get("usage", 0.0),
+                    sum(own.values()),
+                    INCREASE_ALL_REGIONS.format(project=project),
+                )
+            )
+    except ApiError as error:
+        unread.append(Unread("the project's CPU quota in all regions", str(error)))
     return Account(
         "gcp", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
     )

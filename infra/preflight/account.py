@@ -37,6 +37,8 @@ class Account:
     # Zone -> the needed instance types it offers (AWS and GCP: zones that need no opt-in and
     # are up); None: not read.
     zone_offers: Mapping[str, frozenset[str]] | None = None
+    # AWS: each zone's id (use1-az3), the same place in every account, as zone names are not.
+    zone_ids: Mapping[str, str] = field(default_factory=dict)
     # Azure: instance type -> why the subscription cannot have it in the region (not offered,
     # or restricted); a type absent here is available.
     unavailable: Mapping[str, str] = field(default_factory=dict)
@@ -47,7 +49,14 @@ class Account:
     key_vault_registered: bool | None = None  # Microsoft.KeyVault, with an API key
     unread: tuple[Unread, ...] = ()
 
-    def zones_offering(self, types: tuple[str, ...]) -> list[str]:
-        """The zones, by name, that offer every type."""
+    def zones_offering(
+        self, types: tuple[str, ...], refused_ids: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """The zones, by name, that offer every type (and whose id is not one of
+        ``refused_ids``)."""
         offers = self.zone_offers or {}
-        return sorted(zone for zone, found in offers.items() if set(types) <= found)
+        return sorted(
+            zone
+            for zone, found in offers.items()
+            if set(types) <= found and self.zone_ids.get(zone) not in refused_ids
+        )

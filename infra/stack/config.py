@@ -209,7 +209,11 @@ class ClusterConfig:
         counts: Counter[str] = Counter()
         vcpus: dict[str, int] = {}
         roles = [self.main_instance_type] + [self.instance_type] * self.worker_count
-        for instance in roles * self.replicas:
+        nodes = roles * self.replicas
+        balancer = self.balancer_node_type
+        if balancer is not None:
+            nodes.append(balancer)
+        for instance in nodes:
             counts[instance.name] += 1
             vcpus[instance.name] = instance.vcpus
         return Needs(
@@ -221,8 +225,28 @@ class ClusterConfig:
             zone=self.zone,
             network_watcher=self.network_watcher if self.flow_logs else None,
             key_vault=self.cloud == "azure" and self.api_key != "none",
+            balancer=balancer.name if balancer is not None else None,
+            refused_zone_ids=(
+                frozenset(aws_facts.EKS_UNSUPPORTED_ZONE_IDS) if self.kubernetes else frozenset()
+            ),
             tags={"project": PROJECT, "stack": FACTS[self.cloud].tag_value(stack)},
         )
+
+    @property
+    def balancer_node_type(self) -> InstanceType | None:
+        """The balancer node's type, on a stack that has one (VMs with replicas; on Kubernetes
+        HAProxy runs as pods)."""
+        if self.balancer_boot is None or self.kubernetes:
+            return None
+        name = FACTS[self.cloud].balancer_instance_type
+        found = catalog.find(self.cloud, self.region, name)
+        if found is None:
+            raise ConfigError(
+                "replicas",
+                f"the balancer node's type {name} is not in the instance catalog for "
+                f"{self.cloud} {self.region}; choose another region, or one group",
+            )
+        return found
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:

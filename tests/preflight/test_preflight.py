@@ -39,14 +39,14 @@ def needs(stack: str, overrides: dict[str, Any] | None = None) -> preflight.Need
 # --- AWS, through botocore's Stubber ------------------------------------------------------------
 
 
-def aws_zone(name: str, opt_in: str = "opt-in-not-required") -> dict[str, Any]:
+def aws_zone(name: str, opt_in: str = "opt-in-not-required", zone_id: str = "") -> dict[str, Any]:
     return {
         "State": "available",
         "OptInStatus": opt_in,
         "Messages": [],
         "RegionName": "us-east-1",
         "ZoneName": name,
-        "ZoneId": f"use1-{name[-1]}",
+        "ZoneId": zone_id or f"use1-{name[-1]}",
         "GroupName": "us-east-1-zg-1",
         "NetworkBorderGroup": "us-east-1",
         "ZoneType": "availability-zone",
@@ -75,12 +75,22 @@ class AwsAccount:
         self.quotas = session.client("service-quotas")
         self.ec2_stub, self.quota_stub = Stubber(self.ec2), Stubber(self.quotas)
 
-    def zones(self, offers: Mapping[str, list[str]], types: list[str]) -> None:
-        """The region's zones that need no opt-in, and what each offers; a Local Zone that
-        offers everything is listed among the offers only (it needs an opt-in)."""
+    def zones(
+        self,
+        offers: Mapping[str, list[str]],
+        types: list[str],
+        ids: Mapping[str, str] | None = None,
+    ) -> None:
+        """The region's zones that need no opt-in (with their ``ids``, where given), and what
+        each offers; a Local Zone that offers everything is listed among the offers only (it
+        needs an opt-in)."""
         self.ec2_stub.add_response(
             "describe_availability_zones",
-            {"AvailabilityZones": [aws_zone(z) for z in sorted(offers)]},
+            {
+                "AvailabilityZones": [
+                    aws_zone(z, zone_id=(ids or {}).get(z, "")) for z in sorted(offers)
+                ]
+            },
             {
                 "Filters": [
                     {"Name": "opt-in-status", "Values": ["opt-in-not-required"]},
@@ -186,10 +196,32 @@ def test_aws_a_new_accounts_quota_is_refused_with_the_request_to_send() -> None:
 
 def test_aws_every_replica_counts_and_other_instances_take_their_share() -> None:
     wanted = needs("aws-c8g", {f"{P}replicas": 2})
-    others = aws_instance("m7g.16xlarge", 64, OTHER)
-    [problem] = preflight.problems(wanted, aws_account(400.0, others).read(wanted))
-    assert "is 400 vCPUs and other instances use 66; the stack needs 384 vCPUs" in str(problem)
-    assert "--desired-value 450" in str(problem)
+    # The balancer node (c8g.large) is asked for, and counted, with the groups.
+    assert wanted.types == ("c8g.16xlarge", "c8g.large") and wanted.balancer == "c8g.large"
+    both = list(wanted.types)
+    account = AwsAccount()
+    account.zones({"us-east-1a": both, "us-east-1b": both, "us-east-1c": []}, both)
+    account.running(aws_instance("t4g.small", 2, OTHER), aws_instance("m7g.16xlarge", 64, OTHER))
+    account.quota(400.0)
+    [problem] = preflight.problems(wanted, account.read(wanted))
+    assert "is 400 vCPUs and other instances use 66; the stack needs 386 vCPUs" in str(problem)
+    assert "6 x c8g.16xlarge + 1 x c8g.large" in str(problem)
+    assert "--desired-value 452" in str(problem)
+
+
+def test_aws_the_balancer_nodes_type_must_be_offered_in_the_zone_too() -> None:
+    wanted = needs("aws-c8g", {f"{P}replicas": 2})
+    both = list(wanted.types)
+    account = AwsAccount()
+    account.zones({"us-east-1a": ["c8g.16xlarge"], "us-east-1b": both}, both)
+    account.running(aws_instance("t4g.small", 2, OTHER))
+    account.quota(512.0)
+    read = account.read(wanted)
+    assert preflight.problems(wanted, read) == []
+    assert preflight.zone_for(wanted, read) == "us-east-1b"  # a lacks the balancer's type
+    zoned = needs("aws-c8g", {f"{P}replicas": 2, f"{P}zone": "us-east-1a"})
+    [problem] = preflight.problems(zoned, read)
+    assert str(problem).startswith("zone: us-east-1a does not offer c8g.large")
 
 
 def test_aws_a_second_up_does_not_count_the_stacks_own_nodes_twice() -> None:
@@ -219,6 +251,42 @@ def test_aws_no_zone_offering_both_types_is_refused() -> None:
     [problem] = preflight.problems(wanted, account.read(wanted))
     assert str(problem).startswith("instanceType: no zone of us-east-1 offers")
     assert "r8g.4xlarge in us-east-1b; r8g.8xlarge in us-east-1a" in str(problem)
+
+
+def eks_account(offers: Mapping[str, list[str]]) -> AwsAccount:
+    """us-east-1a is use1-az3 in this account, a zone where EKS refuses a cluster's subnets."""
+    account = AwsAccount()
+    account.zones(offers, C8G, ids={"us-east-1a": "use1-az3"})
+    account.running(aws_instance("t4g.small", 2, OTHER))
+    account.quota(512.0)
+    return account
+
+
+def test_aws_eks_never_chooses_a_zone_eks_refuses_and_names_one_set() -> None:
+    """The nodes' subnet is also one of the control plane's: its zone must be one EKS takes,
+    told by zone id (names differ between accounts)."""
+    wanted = needs("aws-eks")
+    assert "use1-az3" in wanted.refused_zone_ids
+    offers = {"us-east-1a": C8G, "us-east-1b": C8G}
+    read = eks_account(offers).read(wanted)
+    assert read.zone_ids == {"us-east-1a": "use1-az3", "us-east-1b": "use1-b"}
+    assert preflight.problems(wanted, read) == []
+    assert preflight.zone_for(wanted, read) == "us-east-1b"
+    # VMs take any zone.
+    vms = needs("aws-c8g")
+    assert preflight.zone_for(vms, eks_account(offers).read(vms)) == "us-east-1a"
+    zoned = needs("aws-eks", {f"{P}zone": "us-east-1a"})
+    [problem] = preflight.problems(zoned, eks_account(offers).read(zoned))
+    assert str(problem).startswith(
+        "zone: us-east-1a is use1-az3 in this account, where EKS refuses a cluster's subnets"
+    )
+    assert "(us-east-1b offer the types)" in str(problem)
+    only = eks_account({"us-east-1a": C8G, "us-east-1b": []}).read(wanted)
+    [problem] = preflight.problems(wanted, only)
+    assert str(problem).startswith(
+        "instanceType: the zones of us-east-1 that offer c8g.16xlarge are use1-az3, where EKS"
+    )
+    assert preflight.zone_for(wanted, only) is None
 
 
 def test_aws_a_quota_it_may_not_read_is_said_not_checked_and_passes() -> None:
@@ -265,6 +333,7 @@ def gcp_answers() -> dict[str, Any]:
         f"{GCP}/aggregated/machineTypes?filter={GCP_TYPES}": fixture("gcp-machine-types.json"),
         f"{GCP}/regions/us-central1": fixture("gcp-region.json"),
         f"{GCP}/aggregated/instances?filter={GCP_OWN}": fixture("gcp-instances.json"),
+        GCP: fixture("gcp-project.json"),
     }
 
 
@@ -296,6 +365,45 @@ def test_gcp_a_short_c4a_quota_is_refused_naming_the_quota_page() -> None:
     assert "C4A CPUs (C4A_CPUS) in us-central1 is 24 vCPUs; the stack needs 176 vCPUs" in text
     assert "https://console.cloud.google.com/iam-admin/quotas?project=my-project" in text
     assert text.endswith("C4A_CPUS in us-central1, to 176")
+
+
+def all_regions_quota(answers: dict[str, Any], limit: float, usage: float) -> None:
+    [entry] = [q for q in answers[GCP]["quotas"] if q["metric"] == "CPUS_ALL_REGIONS"]
+    entry.update(limit=limit, usage=usage)
+
+
+def test_gcp_a_new_projects_cpus_in_all_regions_are_refused_as_well() -> None:
+    """CPUS_ALL_REGIONS caps every family in every region: a trial project's 12 stop the stack
+    after its network exists, whatever its region's C4A_CPUS says."""
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    all_regions_quota(answers, 12.0, 0.0)
+    account = gcp_read(wanted, answers)
+    assert [r.quota.id for r in account.quotas] == ["C4A_CPUS", "CPUS_ALL_REGIONS"]
+    [problem] = preflight.problems(wanted, account)
+    text = str(problem)
+    assert text.startswith("quota: CPUs in all regions (CPUS_ALL_REGIONS) is 12 vCPUs; the ")
+    assert (
+        "the stack needs 176 vCPUs" in text
+        and "in us-central1" not in text.split(".", maxsplit=1)[0]
+    )
+    assert text.endswith("CPUS_ALL_REGIONS (global), to 176")
+    # Another region's VMs take their share of it too.
+    all_regions_quota(answers, 200.0, 40.0)
+    [problem] = preflight.problems(wanted, gcp_read(wanted, answers))
+    assert "is 200 vCPUs and other instances use 40; the stack needs 176" in str(problem)
+    all_regions_quota(answers, 400.0, 4.0)
+    assert preflight.problems(wanted, gcp_read(wanted, answers)) == []
+
+
+def test_gcp_a_project_quota_it_may_not_read_is_said_not_checked() -> None:
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    answers[GCP] = (403, {"error": {"code": 403, "message": "Required 'compute.projects.get'"}})
+    account = gcp_read(wanted, answers)
+    assert preflight.problems(wanted, account) == []
+    [unread] = account.unread
+    assert str(unread).startswith("the project's CPU quota in all regions was not checked: ")
 
 
 def test_gcp_a_second_up_counts_its_own_running_nodes_once() -> None:
@@ -383,7 +491,7 @@ def test_azure_a_ready_subscription_passes() -> None:
 
 
 def test_azure_a_short_family_quota_and_the_regional_total_are_refused() -> None:
-    wanted = needs("azure-cobalt", {f"{P}replicas": 2})  # 320 vCPUs of Dpsv6
+    wanted = needs("azure-cobalt", {f"{P}replicas": 2})  # 320 vCPUs of Dpsv6, 2 of Dplsv6
     answers = azure_answers()
     [cores] = [u for u in answers[AZURE_PATHS["usages"]]["value"] if u["name"]["value"] == "cores"]
     cores["currentValue"] = 40
@@ -392,11 +500,42 @@ def test_azure_a_short_family_quota_and_the_regional_total_are_refused() -> None
     assert (
         "Standard DPSv6 Family vCPUs (standardDpsv6Family) in eastus is 200 vCPUs; the " in found[0]
     )
-    assert "the stack needs 320 vCPUs: 2 x Standard_D32ps_v6 + 4 x Standard_D64ps_v6" in found[0]
+    # A family's quota counts its own sizes; the region's total, every node.
+    assert "the stack needs 320 vCPUs: 2 x Standard_D32ps_v6 + 4 x Standard_D64ps_v6." in found[0]
     assert (
-        "Total Regional vCPUs (cores) in eastus is 350 vCPUs and other instances use 40" in found[1]
+        "Total Regional vCPUs (cores) in eastus is 350 vCPUs and other instances use 40; the "
+        "stack needs 322 vCPUs: 1 x Standard_D2pls_v6 + 2 x Standard_D32ps_v6 + 4 x "
+        "Standard_D64ps_v6." in found[1]
     )
     assert "portal.azure.com" in found[0] and "az vm list-usage --location eastus" in found[0]
+
+
+def test_azure_the_balancer_nodes_own_family_quota_and_size_are_read() -> None:
+    """The balancer node (Standard_D2pls_v6) draws on the Dplsv6 family, a quota of its own
+    that new subscriptions may hold at 0."""
+    wanted = needs("azure-cobalt", {f"{P}replicas": 2})
+    answers = azure_answers()
+    usages = {u["name"]["value"]: u for u in answers[AZURE_PATHS["usages"]]["value"]}
+    usages["standardDPSv6Family"]["limit"] = 400  # room for the groups
+    family = usages["standardDPLSv6Family"]
+    family["limit"] = 0
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem).startswith(
+        "quota: Standard DPLSv6 Family vCPUs (standardDplsv6Family) in eastus is 0 vCPUs; the "
+        "stack needs 2 vCPUs: 1 x Standard_D2pls_v6."
+    )
+    family["limit"] = 10
+    [sku] = [s for s in answers[AZURE_PATHS["skus"]]["value"] if s["name"] == "Standard_D2pls_v6"]
+    sku["restrictions"] = [
+        {"type": "Location", "values": ["eastus"], "reasonCode": "NotAvailableForSubscription"}
+    ]
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem) == (
+        "replicas: Standard_D2pls_v6, the balancer node's size (with replicas above 1): not "
+        "available to this subscription in eastus (NotAvailableForSubscription); choose another "
+        "region, or one serving group"
+    )
+    assert needs("azure-cobalt").balancer is None  # one group: no balancer node
 
 
 def test_azure_a_size_the_subscription_may_not_have_is_refused() -> None:
