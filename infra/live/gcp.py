@@ -5,7 +5,8 @@ Cloud Storage):
   own (``gcloud config get-value project``): one rule for every command;
 - the preflight's reads (Compute Engine API): the region's zones that are up and which of them
   offer the machine types, the region's CPU quotas and the project's CPUs in all regions (limit
-  and use), and the vCPUs of the stack's own running VMs, told apart by their labels;
+  and use), the vCPUs of the stack's own running VMs, told apart by their labels, and the
+  caller's own permissions on the project (Resource Manager's testIamPermissions);
 - the command channel: SSH through Identity-Aware Proxy, the command run with sudo;
 - power: ``gcloud compute instances start`` and ``describe``;
 - the cost run's audit: instances, disks and addresses labelled with the stack;
@@ -52,6 +53,7 @@ from infra.preflight.api import ApiError, JsonApi
 from infra.preflight.needs import Needs
 
 BASE = "https://compute.googleapis.com/compute/v1/"
+RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com/v1/"
 INSTALL = "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install)"
 LOGIN = "no gcloud login: run `gcloud auth login`"
 NO_PROJECT = (
@@ -153,6 +155,24 @@ def _own_vcpus(api: JsonApi, project: str, needs: Needs) -> dict[VcpuQuota, floa
     return own
 
 
+def _lacking(
+    api: JsonApi, project: str, needs: Needs, unread: list[Unread]
+) -> frozenset[str] | None:
+    """The needs' rights the caller lacks on the project (Resource Manager's
+    testIamPermissions answers with those it holds)."""
+    if not needs.rights:
+        return None
+    asked = sorted({right.action for right in needs.rights})
+    try:
+        held = api.post(
+            f"{RESOURCE_MANAGER}projects/{project}:testIamPermissions", {"permissions": asked}
+        ).get("permissions", [])
+    except ApiError as error:
+        unread.append(Unread("your permissions", str(error)))
+        return None
+    return frozenset(asked) - set(held)
+
+
 def read_account(needs: Needs, api: JsonApi, project: str) -> Account:
     unread: list[Unread] = []
     zone_offers = None
@@ -209,8 +229,14 @@ def read_account(needs: Needs, api: JsonApi, project: str) -> Account:
             )
     except ApiError as error:
         unread.append(Unread("the project's CPU quota in all regions", str(error)))
+    lacking = _lacking(api, project, needs, unread)
     return Account(
-        "gcp", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
+        "gcp",
+        needs.region,
+        zone_offers=zone_offers,
+        quotas=tuple(readings),
+        lacking=lacking,
+        unread=tuple(unread),
     )
 
 

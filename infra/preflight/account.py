@@ -47,6 +47,8 @@ class Account:
     network_watcher: NetworkWatcher | None = None
     insights_registered: bool | None = None
     key_vault_registered: bool | None = None  # Microsoft.KeyVault, with an API key
+    # The needs' rights (their actions) the deployer lacks; None: not read.
+    lacking: frozenset[str] | None = None
     unread: tuple[Unread, ...] = ()
 
     def zones_offering(

@@ -225,9 +225,29 @@ def _azure(needs: Needs, account: Account) -> list[Problem]:
     return found
 
 
+def _rights(needs: Needs, account: Account) -> list[Problem]:
+    """Rights the deployer lacks, read from the cloud's own permission check: without them the
+    stack would stop half-way, after its nodes exist."""
+    lacking = account.lacking or frozenset()
+    return [
+        Problem(
+            right.setting,
+            f"your identity may not {right.action}, which {right.what} needs: ask for "
+            f"{right.roles}, or {right.way_out}",
+        )
+        for right in needs.rights
+        if right.action in lacking
+    ]
+
+
 def problems(needs: Needs, account: Account) -> list[Problem]:
     """Everything the account lacks for the stack; empty when it has all it was asked for."""
-    return [*_offered(needs, account), *_quotas(needs, account), *_azure(needs, account)]
+    return [
+        *_offered(needs, account),
+        *_quotas(needs, account),
+        *_azure(needs, account),
+        *_rights(needs, account),
+    ]
 
 
 def zone_for(needs: Needs, account: Account) -> str | None:

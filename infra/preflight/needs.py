@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from infra.clouds import FACTS
 from infra.clouds.azure import NetworkWatcher
-from infra.clouds.base import VcpuQuota
+from infra.clouds.base import Right, VcpuQuota
 from infra.core.layout import PROJECT
 
 
@@ -29,6 +29,9 @@ class Needs:
     # plane's, which the nodes' subnet is too): never chosen, and a ``zone`` setting there is
     # refused.
     refused_zone_ids: frozenset[str] = frozenset()
+    # What the deployer must be allowed beyond making resources (granting roles), each with the
+    # setting that asks for it.
+    rights: tuple[Right, ...] = ()
     project: str = PROJECT
     # The tags (labels) every node of the stack carries, to tell its own nodes from others.
     tags: Mapping[str, str] = field(default_factory=dict)

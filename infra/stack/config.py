@@ -36,6 +36,8 @@ from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
+from infra.clouds import gcp as gcp_facts
+from infra.clouds.base import Right
 from infra.core import costs, layout, network_rules, perf, placement, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
@@ -226,11 +228,32 @@ class ClusterConfig:
             network_watcher=self.network_watcher if self.flow_logs else None,
             key_vault=self.cloud == "azure" and self.api_key != "none",
             balancer=balancer.name if balancer is not None else None,
+            rights=self.deployer_rights,
             refused_zone_ids=(
                 frozenset(aws_facts.EKS_UNSUPPORTED_ZONE_IDS) if self.kubernetes else frozenset()
             ),
             tags={"project": PROJECT, "stack": FACTS[self.cloud].tag_value(stack)},
         )
+
+    @property
+    def deployer_rights(self) -> tuple[Right, ...]:
+        """What the deployer must be allowed beyond making resources (granting roles)."""
+        keyed = self.api_key != "none"
+        if self.cloud == "azure":
+            return azure_facts.deployer_rights(
+                api_key=keyed,
+                staged=any(stores.blob_object(url) for url in self.fetched_urls),
+                guard=(
+                    "stopAfterIdleMinutes"
+                    if self.stop_after_idle_minutes
+                    else "stopAfterHours"
+                    if self.stop_after_hours
+                    else None
+                ),
+            )
+        if self.cloud == "gcp":
+            return gcp_facts.deployer_rights(api_key=keyed)
+        return ()
 
     @property
     def balancer_node_type(self) -> InstanceType | None:

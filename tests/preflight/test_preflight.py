@@ -18,6 +18,7 @@ from botocore.stub import Stubber
 
 from infra import preflight
 from infra.cli.check import main
+from infra.clouds import azure as azure_facts
 from infra.live import Access, LiveError, Reader, aws, azure, gcp, live_cloud
 from infra.preflight.api import JsonApi
 from tests.conftest import REPO
@@ -308,11 +309,15 @@ class Recorded:
         self.answers = dict(answers)
         self.asked: list[str] = []
 
-    def __call__(self, url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+    def __call__(
+        self, url: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> tuple[int, bytes]:
         assert headers["Authorization"] == "Bearer token"
         parts = urllib.parse.urlsplit(url)
         query = urllib.parse.parse_qsl(parts.query)
         key = parts.path + ("?" + "&".join(f"{k}={v}" for k, v in sorted(query)) if query else "")
+        if body is not None:  # a POST: the body is part of the question
+            key = f"POST {key} {json.dumps(json.loads(body), sort_keys=True)}"
         self.asked.append(key)
         assert key in self.answers, f"unexpected request {key}"
         answer = self.answers[key]
@@ -324,6 +329,10 @@ class Recorded:
 
 GCP = "/compute/v1/projects/my-project"
 GCP_TYPES = 'name eq "(c4a-highcpu-72|c4a-standard-32)"'
+GCP_PERMISSIONS = (
+    "POST /v1/projects/my-project:testIamPermissions "
+    '{"permissions": ["secretmanager.secrets.setIamPolicy"]}'
+)
 GCP_OWN = '(labels.project = "llama-rpc-cluster") AND (labels.stack = "gcp-c4a")'
 
 
@@ -334,6 +343,7 @@ def gcp_answers() -> dict[str, Any]:
         f"{GCP}/regions/us-central1": fixture("gcp-region.json"),
         f"{GCP}/aggregated/instances?filter={GCP_OWN}": fixture("gcp-instances.json"),
         GCP: fixture("gcp-project.json"),
+        GCP_PERMISSIONS: {"permissions": ["secretmanager.secrets.setIamPolicy"]},
     }
 
 
@@ -470,6 +480,9 @@ AZURE_PATHS = {
     "watchers": f"{AZURE}/Microsoft.Network/networkWatchers?api-version=2024-05-01",
     "insights": f"{AZURE}/Microsoft.Insights?api-version=2021-04-01",
     "keyvault": f"{AZURE}/Microsoft.KeyVault?api-version=2021-04-01",
+    "groups": f"/subscriptions/{SUBSCRIPTION}/resourcegroups?$top=1&api-version=2021-04-01",
+    "permissions": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/NetworkWatcherRG/providers/"
+    "Microsoft.Authorization/permissions?api-version=2022-04-01",
 }
 
 
@@ -711,3 +724,84 @@ def test_a_cloud_without_a_reader_is_refused_not_read_as_another(
         live_cloud("oci")
     assert main(["--stack", "gcp-c4a"], reader_for=lambda cloud, access: live_cloud("oci")) == 2
     assert "preflight: no live operations for cloud 'oci'" in capsys.readouterr().err
+
+
+# --- the deployer's own permissions, through each cloud's permission check ----------------------
+
+
+def test_gcp_an_editor_who_may_not_bind_the_secret_is_refused_naming_the_role() -> None:
+    """The API key's secret is bound to the main nodes' account with setIamPolicy, which the
+    basic Editor role lacks: without it the stack stops after its nodes exist."""
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    assert preflight.problems(wanted, gcp_read(wanted, answers)) == []
+    answers[GCP_PERMISSIONS] = {}  # Google leaves out what the caller does not hold
+    [problem] = preflight.problems(wanted, gcp_read(wanted, answers))
+    assert str(problem) == (
+        "apiKey: your identity may not secretmanager.secrets.setIamPolicy, which the main "
+        "nodes' read of the API key's secret needs: ask for Secret Manager Admin "
+        "(roles/secretmanager.admin) or Owner on the project (Editor cannot set IAM "
+        "policies), or set apiKey to none"
+    )
+    keyless = needs("gcp-c4a", {f"{P}apiKey": "none"})
+    answers.pop(GCP_PERMISSIONS)  # not even asked
+    assert preflight.problems(keyless, gcp_read(keyless, answers)) == []
+
+
+def test_gcp_permissions_it_may_not_test_are_said_not_checked() -> None:
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    answers[GCP_PERMISSIONS] = (403, {"error": {"code": 403, "message": "recorded"}})
+    account = gcp_read(wanted, answers)
+    assert preflight.problems(wanted, account) == []
+    assert [str(u) for u in account.unread] == [
+        "your permissions was not checked: /v1/projects/my-project:testIamPermissions: HTTP 403 "
+        "403: recorded"
+    ]
+
+
+def contributor_only(answers: dict[str, Any]) -> None:
+    """The caller holds Contributor alone: everything but Microsoft.Authorization's writes."""
+    sets = answers[AZURE_PATHS["permissions"]]["value"]
+    answers[AZURE_PATHS["permissions"]]["value"] = [s for s in sets if s["actions"] == ["*"]]
+
+
+def test_azure_a_contributor_who_may_not_assign_roles_is_refused_before_anything() -> None:
+    """Every keyed stack grants its main nodes the secret's read: a Contributor-only deployer
+    failed half-way (AuthorizationFailed on roleAssignments/write), after the VMs existed."""
+    wanted = needs("azure-cobalt")
+    answers = azure_answers()
+    assert preflight.problems(wanted, azure_read(wanted, answers)) == []
+    contributor_only(answers)
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem) == (
+        "apiKey: your identity may not Microsoft.Authorization/roleAssignments/write, which the "
+        "main node's read of the API key's secret needs: ask for Role Based Access Control "
+        "Administrator, User Access Administrator or Owner on the subscription (Contributor "
+        "cannot assign roles), or set apiKey to none"
+    )
+    keyless = needs("azure-cobalt", {f"{P}apiKey": "none"})
+    assert keyless.rights == ()
+    answers.pop(AZURE_PATHS["groups"]), answers.pop(AZURE_PATHS["permissions"])  # not asked
+    assert preflight.problems(keyless, azure_read(keyless, answers)) == []
+
+
+def test_azure_a_spend_guards_custom_role_needs_more_than_assigning_roles() -> None:
+    wanted = needs("azure-cobalt", {f"{P}stopAfterHours": 8})
+    found = [str(p) for p in preflight.problems(wanted, azure_read(wanted, azure_answers()))]
+    assert found == [
+        "stopAfterHours: your identity may not Microsoft.Authorization/roleDefinitions/write, "
+        "which the spend guard's custom role needs: ask for User Access Administrator or Owner "
+        "on the subscription, or remove the spend guard"
+    ]
+
+
+def test_azure_wildcards_match_as_rbac_matches_them() -> None:
+    owner = [(["*"], [])]
+    contributor = [(["*"], ["Microsoft.Authorization/*/Write"])]
+    assert azure_facts.permits(owner, azure_facts.ROLE_ASSIGNMENT_WRITE)
+    assert not azure_facts.permits(contributor, azure_facts.ROLE_ASSIGNMENT_WRITE)
+    assert azure_facts.permits(
+        [*contributor, (["microsoft.authorization/roleassignments/*"], [])],
+        azure_facts.ROLE_ASSIGNMENT_WRITE,
+    )
