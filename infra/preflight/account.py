@@ -49,6 +49,9 @@ class Account:
     key_vault_registered: bool | None = None  # Microsoft.KeyVault, with an API key
     # The needs' rights (their actions) the deployer lacks; None: not read.
     lacking: frozenset[str] | None = None
+    # AWS: the stack's model volumes a new throughput would modify while their last change is
+    # not completed: volume id -> (its state, its throughput now, when the change started).
+    busy_volumes: Mapping[str, tuple[str, int, str]] = field(default_factory=dict)
     unread: tuple[Unread, ...] = ()
 
     def zones_offering(

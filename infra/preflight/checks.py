@@ -240,6 +240,20 @@ def _rights(needs: Needs, account: Account) -> list[Problem]:
     ]
 
 
+def _volumes(account: Account) -> list[Problem]:
+    """A new throughput for a model volume whose last change EC2 is still making."""
+    return [
+        Problem(
+            "diskThroughputMibps",
+            f"the model volume {volume} is still {state} from a change started {started}, and "
+            "EC2 takes another change of a volume only once the last is completed (at most four "
+            "a day): wait for it (`aws ec2 describe-volumes-modifications --volume-ids "
+            f"{volume}`), or keep diskThroughputMibps at {now} until then",
+        )
+        for volume, (state, now, started) in sorted(account.busy_volumes.items())
+    ]
+
+
 def problems(needs: Needs, account: Account) -> list[Problem]:
     """Everything the account lacks for the stack; empty when it has all it was asked for."""
     return [
@@ -247,6 +261,7 @@ def problems(needs: Needs, account: Account) -> list[Problem]:
         *_quotas(needs, account),
         *_azure(needs, account),
         *_rights(needs, account),
+        *_volumes(account),
     ]
 
 

@@ -32,6 +32,9 @@ class Needs:
     # What the deployer must be allowed beyond making resources (granting roles), each with the
     # setting that asks for it.
     rights: tuple[Right, ...] = ()
+    # AWS VMs: the main nodes' model volumes' throughput (MiB/s): a change is a ModifyVolume,
+    # which EC2 refuses while the volume's last change is not completed.
+    model_disk_throughput: int | None = None
     project: str = PROJECT
     # The tags (labels) every node of the stack carries, to tell its own nodes from others.
     tags: Mapping[str, str] = field(default_factory=dict)

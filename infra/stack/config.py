@@ -229,6 +229,11 @@ class ClusterConfig:
             key_vault=self.cloud == "azure" and self.api_key != "none",
             balancer=balancer.name if balancer is not None else None,
             rights=self.deployer_rights,
+            model_disk_throughput=(
+                FACTS[self.cloud].disk.provision(self.disk_throughput_mibps).throughput_mibps
+                if FACTS[self.cloud].model_disk is not None and not self.kubernetes
+                else None
+            ),
             refused_zone_ids=(
                 frozenset(aws_facts.EKS_UNSUPPORTED_ZONE_IDS) if self.kubernetes else frozenset()
             ),

@@ -342,7 +342,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "diskThroughputMibps",
         "integer",
-        "provisioned throughput of the main node's model disk, which the model loads from",
+        "provisioned throughput of the main node's model disk, which the model loads from; "
+        "on AWS a change modifies the volume in place, and EC2 takes the next change only once "
+        "that one has completed (hours for a large volume) and four a day: the preflight says "
+        "when a change is still under way",
         default_text=(
             f"{sizing.DEFAULT_DISK_THROUGHPUT_MIBPS}; for a model the main node's memory cannot "
             "hold, what the node can use of its disks (up to 2000 on AWS), within the cloud's range"

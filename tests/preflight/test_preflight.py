@@ -6,6 +6,7 @@ refused, naming the fix, before the program registers anything."""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -148,7 +149,27 @@ class AwsAccount:
             {"ServiceCode": "ec2", "QuotaCode": STANDARD},
         )  # fmt: skip
 
+    volumes: list[dict[str, Any]] | None = None  # the stack's model volumes, as EC2 lists them
+    modifications: list[dict[str, Any]] | None = None  # their last changes, when asked
+
+    def model_volumes(self, wanted: preflight.Needs) -> None:
+        """EC2's answers about the stack's model volumes (none: a first `up`)."""
+        filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in wanted.tags.items()]
+        filters.append({"Name": "tag:role", "Values": ["main"]})
+        self.ec2_stub.add_response(
+            "describe_volumes", {"Volumes": self.volumes or []}, {"Filters": filters}
+        )
+        if self.modifications is not None:
+            ids = sorted(v["VolumeId"] for v in self.volumes or [])
+            self.ec2_stub.add_response(
+                "describe_volumes_modifications",
+                {"VolumesModifications": self.modifications},
+                {"VolumeIds": ids},
+            )
+
     def read(self, wanted: preflight.Needs) -> preflight.Account:
+        if wanted.model_disk_throughput is not None:
+            self.model_volumes(wanted)
         with self.ec2_stub, self.quota_stub:
             account = aws.read_account(wanted, self.ec2, self.quotas)
             self.ec2_stub.assert_no_pending_responses()
@@ -288,6 +309,62 @@ def test_aws_eks_never_chooses_a_zone_eks_refuses_and_names_one_set() -> None:
         "instanceType: the zones of us-east-1 that offer c8g.16xlarge are use1-az3, where EKS"
     )
     assert preflight.zone_for(wanted, only) is None
+
+
+def model_volume(throughput: int, tags: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "VolumeId": "vol-0123456789abcdef0",
+        "Size": 311,
+        "AvailabilityZone": "us-east-1a",
+        "State": "in-use",
+        "VolumeType": "gp3",
+        "Iops": throughput * 4,
+        "Throughput": throughput,
+        "Encrypted": True,
+        "Tags": [
+            *({"Key": k, "Value": v} for k, v in tags.items()),
+            {"Key": "role", "Value": "main"},
+            {"Key": "Name", "Value": "llama-rpc-cluster-main-model"},
+        ],
+    }
+
+
+@pytest.mark.parametrize("state", ["optimizing", "completed"])
+def test_aws_a_new_throughput_waits_for_the_volumes_last_change_to_complete(state: str) -> None:
+    """A throughput change is a ModifyVolume, which EC2 refuses until the volume's last one is
+    completed (a 311 GiB volume may optimize for hours): two quick edits would stop `up`."""
+    wanted = needs("aws-c8g", {f"{P}diskThroughputMibps": 1500})
+    assert wanted.model_disk_throughput == 1500
+    account = aws_account(256.0)
+    account.volumes = [model_volume(2000, wanted.tags)]
+    account.modifications = [
+        {
+            "VolumeId": "vol-0123456789abcdef0",
+            "ModificationState": state,
+            "TargetThroughput": 2000,
+            "OriginalThroughput": 1000,
+            "Progress": 40,
+            "StartTime": datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC),
+        }
+    ]
+    found = [str(p) for p in preflight.problems(wanted, account.read(wanted))]
+    if state == "completed":
+        assert found == []
+        return
+    [problem] = found
+    assert problem.startswith(
+        "diskThroughputMibps: the model volume vol-0123456789abcdef0 is still optimizing from a "
+        "change started 2026-11-28 12:00 UTC, and EC2 takes another change of a volume only "
+        "once the last is completed"
+    )
+    assert "keep diskThroughputMibps at 2000 until then" in problem
+
+
+def test_aws_an_unchanged_throughput_asks_nothing_of_the_volumes_changes() -> None:
+    wanted = needs("aws-c8g")
+    account = aws_account(256.0)
+    account.volumes = [model_volume(wanted.model_disk_throughput or 0, wanted.tags)]
+    assert preflight.problems(wanted, account.read(wanted)) == []  # no modification asked
 
 
 def test_aws_a_quota_it_may_not_read_is_said_not_checked_and_passes() -> None:

@@ -857,8 +857,8 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         parent: pulumi.Resource,
         model_disk: ModelDisk,
     ) -> None:
-        """The main node's model volume: made by CreateVolume, which takes up to 2,000 MiB/s of
-        gp3 (a root volume 1,000), and attached once the node runs; the node waits for it and
+        """The main node's model volume: made by CreateVolume (gp3, up to 2,000 MiB/s), and
+        attached once the node runs; the node waits for it and
         mounts it (model-disk.sh). It outlives a replaced main node, which keeps its verified
         model, but not a new size; ``pulumi destroy`` deletes it."""
         disk = self.facts.disk.provision(spec.disk_throughput_mibps)
