@@ -194,6 +194,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["id"] = f"/subscriptions/s/resourceGroups/{args.name}"
         if args.typ == "azure-native:network:ApplicationSecurityGroup":
             return azure_asg_id(args.inputs["resourceGroupName"], args.name), state
+        if args.typ == "azure-native:keyvault:Secret":
+            # A secret's id is its vault's, then /secrets/ and its name.
+            group, vault = args.inputs["resourceGroupName"], args.inputs["vaultName"]
+            vaults = f"/subscriptions/s/resourceGroups/{group}/providers/Microsoft.KeyVault/vaults"
+            return f"{vaults}/{vault}/secrets/{args.inputs['secretName']}", state
         if args.typ == "azure-native:network:LoadBalancer":
             # Its id as Azure makes it, under its group's (here "<group>-id"): its parts name
             # each other by id.
@@ -374,6 +379,30 @@ def plan_update(
         else:
             actions[key] = "update" if changed.get(key) else "same"
     return actions
+
+
+def refused_replacements(
+    before: Deployment, after: Deployment, actions: dict[str, str]
+) -> dict[str, str]:
+    """The replacements of ``actions`` (``plan_update``) the cloud refuses, by key, and why: made
+    create-first while the old resource still holds a value the new one asks for
+    (``ResourceRules.held``, such as a fixed private address)."""
+    old = {rules.key_of(r.typ, r.name): r for r in before.resources}
+    found = {}
+    for r in after.resources:
+        key = rules.key_of(r.typ, r.name)
+        if actions.get(key) != "replace":
+            continue
+        options = after.options.get((r.typ, r.name))
+        why = rules.create_first_clash(
+            RESOURCE_RULES[r.typ],
+            dict(old[key].inputs),
+            dict(r.inputs),
+            delete_before_replace=bool(options and options.delete_before_replace),
+        )
+        if why:
+            found[key] = why
+    return found
 
 
 def _texts(value: Any) -> list[str]:

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.boot.cloud_yaml import dump
-from infra.boot.render import APT_CONF, metadata_ruleset
+from infra.boot.installed import installed_text
+from infra.boot.node import VM_PATHS
+from infra.boot.render import APT_CONF, SCRIPTS_DIR, metadata_ruleset
 from infra.core import layout
 
 # The response header naming the group that answered (HAProxy's server name, "group1", …).
@@ -33,14 +35,26 @@ CHECK_TIMEOUT = "2s"
 CHECKS_TO_FALL = 2
 CHECKS_TO_RISE = 2
 HAPROXY_PACKAGES = ("haproxy", "nftables")
-# Where a balancer node keeps the configuration: the package's own path, written after the
-# package is installed (``defer``), so the package never offers its own in its place.
+# The nodes' own installer, which retries apt with a growing delay: the balancer node may boot
+# before its NAT route carries traffic, and cloud-init's `packages` runs once.
+INSTALLER_SCRIPTS = ("lib.sh", "install-packages.sh")
+INSTALLER = f"{VM_PATHS.bin_dir}/install-packages.sh"
+# About 35 minutes of attempts (10, 20, ... s, at most 300 between two).
+INSTALL_ATTEMPTS = 10
+# Where a balancer node keeps the configuration: the packages' own paths, copied there from
+# STAGED_DIR once the packages are in, so a package never offers its own in their place.
 HAPROXY_CONFIG_PATH = "/etc/haproxy/haproxy.cfg"
 HAPROXY_UNIT = "haproxy.service"
 # The metadata service is root's alone here too, as on every node: nftables' own unit loads its
 # file on every boot.
 NFTABLES_CONFIG_PATH = "/etc/nftables.conf"
 NFTABLES_UNIT = "nftables.service"
+STAGED_DIR = "/etc/llama-rpc/balancer"
+
+
+def staged_path(path: str) -> str:
+    """Where the boot writes a configuration file before its package is installed."""
+    return f"{STAGED_DIR}/{path.rsplit('/', 1)[1]}"
 
 
 def group_server_name(group: int) -> str:
@@ -171,30 +185,47 @@ backend {BACKEND}
 
 def cloud_config(balancer: BalancerBoot) -> dict[str, Any]:
     """A balancer node's cloud-config as data (validated by ``cloud-init schema`` in the
-    tests): Debian's HAProxy under its own unit, this configuration checked before it starts,
-    and the metadata service root's alone, as on every node."""
+    tests): Debian's HAProxy under its own unit, installed by the nodes' retrying installer,
+    this configuration checked before it starts, and the metadata service root's alone, as on
+    every node."""
+    configs = {
+        HAPROXY_CONFIG_PATH: haproxy_config(balancer, run_as="haproxy"),
+        NFTABLES_CONFIG_PATH: metadata_ruleset(),
+    }
+    scripts = [
+        {
+            "path": f"{VM_PATHS.bin_dir}/{script}",
+            "owner": "root:root",
+            "permissions": "0755" if script == "install-packages.sh" else "0644",
+            "content": installed_text(SCRIPTS_DIR / script),
+        }
+        for script in INSTALLER_SCRIPTS
+    ]
+    staged = [
+        {
+            "path": staged_path(path),
+            "owner": "root:root",
+            "permissions": "0644",
+            "content": content,
+        }
+        for path, content in configs.items()
+    ]
     return {
-        "package_update": True,
-        "packages": list(HAPROXY_PACKAGES),
         "apt": {"conf": APT_CONF},
-        "write_files": [
-            {
-                "path": HAPROXY_CONFIG_PATH,
-                "owner": "root:root",
-                "permissions": "0644",
-                "content": haproxy_config(balancer, run_as="haproxy"),
-                "defer": True,
-            },
-            {
-                "path": NFTABLES_CONFIG_PATH,
-                "owner": "root:root",
-                "permissions": "0644",
-                "content": metadata_ruleset(),
-                "defer": True,
-            },
-        ],
-        # The metadata rules first: HAProxy never needs the node's credentials.
+        "write_files": scripts + staged,
+        # The packages, then their configuration; the metadata rules first: HAProxy never
+        # needs the node's credentials.
         "runcmd": [
+            [
+                "env",
+                f"LLAMA_PACKAGES={' '.join(HAPROXY_PACKAGES)}",
+                f"PACKAGE_ATTEMPTS={INSTALL_ATTEMPTS}",
+                INSTALLER,
+            ],
+            *(
+                ["install", "-m", "0644", "-o", "root", "-g", "root", staged_path(path), path]
+                for path in configs
+            ),
             ["systemctl", "enable", NFTABLES_UNIT],
             ["systemctl", "restart", NFTABLES_UNIT],
             ["haproxy", "-c", "-f", HAPROXY_CONFIG_PATH],

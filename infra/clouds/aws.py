@@ -33,12 +33,13 @@ SSM_ADVANCED_VALUE_CHARS = 8192
 _TAG_PUNCTUATION = set("_.:/=+-@ ")
 # gp3 (https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html): 125-2,000 MiB/s
 # and 3,000-80,000 IOPS for a volume of CreateVolume (the EC2 API reference's CreateVolume and
-# ModifyVolume); a volume made with an instance (RunInstances' EbsBlockDevice) takes 125-1,000
-# MiB/s and 16,000 IOPS.
+# ModifyVolume), and the same for one made with an instance or a launch template (the EC2
+# model's EbsBlockDevice and LaunchTemplateEbsBlockDeviceRequest, botocore 1.44.5; the Terraform
+# provider's launch template validation followed in hashicorp/terraform-provider-aws#44604).
 GP3_VOLUME_MAX_MIBPS = 2000
 GP3_VOLUME_MAX_IOPS = 80_000
-GP3_LAUNCH_MAX_MIBPS = 1000
-GP3_LAUNCH_MAX_IOPS = 16_000
+GP3_LAUNCH_MAX_MIBPS = 2000
+GP3_LAUNCH_MAX_IOPS = 80_000
 # An EBS volume on a Nitro instance is an NVMe disk whose model is this, whatever device name
 # the attachment gives (https://docs.aws.amazon.com/ebs/latest/userguide/nvme-ebs-volumes.html);
 # /dev/sdf is the first name the EC2 guide recommends for a volume attached to a running node.
@@ -162,9 +163,8 @@ FACTS = CloudFacts(
     # P6e-GB200: sold as UltraServer capacity blocks (a Grace per two B200s).
     grace_pattern=re.compile(r"p6e-gb200\.[a-z0-9]+"),
     # gp3: https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html (64 TiB since
-    # 2025). A volume made by CreateVolume or raised by ModifyVolume takes up to 2,000 MiB/s,
-    # but a root volume is made by RunInstances, whose block device takes 125-1000 (the EC2
-    # API's EbsBlockDevice): so the main node's model has a volume of its own (MODEL_DISK).
+    # 2025), up to 2,000 MiB/s whether CreateVolume or RunInstances makes it. The main node's
+    # model has a volume of its own (MODEL_DISK), which outlives a replaced node.
     # A root volume is at least its AMI's snapshot: 8 GiB for Canonical's Ubuntu 24.04 AMIs.
     boot_disk_gb=Range(8, 65_536),
     disk_throughput_mibps=Range(125, GP3_VOLUME_MAX_MIBPS),

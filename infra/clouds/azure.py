@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from infra.clouds.base import (
@@ -14,6 +15,7 @@ from infra.clouds.base import (
     DiskModel,
     NatModel,
     Range,
+    Right,
     UserDataChannel,
     VcpuQuota,
     reserved_tag_problem,
@@ -124,6 +126,67 @@ def ssh_public_key_problem(text: str) -> str | None:
         if modulus.bit_length() < MIN_RSA_BITS:
             return f"an RSA key of {modulus.bit_length()} bits; Azure takes {MIN_RSA_BITS} or more"
     return None
+
+
+# What the deployer needs beyond making resources: role assignments (the main node's read of
+# the API key, a staged model's blobs, each node's spend guard) and the guard's custom role.
+# Contributor holds neither (its NotActions exclude Microsoft.Authorization/*/Write).
+ROLES_SOURCE = (
+    "https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/privileged"
+    " (Contributor, Role Based Access Control Administrator)"
+)
+ASSIGN_ROLES = (
+    "Role Based Access Control Administrator, User Access Administrator or Owner on the "
+    "subscription (Contributor cannot assign roles)"
+)
+ROLE_ASSIGNMENT_WRITE = "Microsoft.Authorization/roleAssignments/write"
+ROLE_DEFINITION_WRITE = "Microsoft.Authorization/roleDefinitions/write"
+
+
+def deployer_rights(*, api_key: bool, staged: bool, guard: str | None) -> tuple[Right, ...]:
+    """The permissions a stack with these features needs of its deployer, beyond Contributor's
+    (``guard``: the spend guard's setting, if one is set)."""
+    found = []
+    if api_key:
+        found.append(
+            Right(
+                ROLE_ASSIGNMENT_WRITE, "apiKey", "the main node's read of the API key's secret",
+                ASSIGN_ROLES, "set apiKey to none", ROLES_SOURCE,
+            )
+        )  # fmt: skip
+    if staged:
+        found.append(
+            Right(
+                ROLE_ASSIGNMENT_WRITE, "model.urls", "the main node's read of the az:// blobs",
+                ASSIGN_ROLES, "list https URLs", ROLES_SOURCE,
+            )
+        )  # fmt: skip
+    if guard:
+        found += [
+            Right(
+                ROLE_ASSIGNMENT_WRITE, guard, "each node's right to deallocate itself",
+                ASSIGN_ROLES, "remove the spend guard", ROLES_SOURCE,
+            ),
+            Right(
+                ROLE_DEFINITION_WRITE, guard, "the spend guard's custom role",
+                "User Access Administrator or Owner on the subscription", "remove the spend guard",
+                ROLES_SOURCE,
+            ),
+        ]  # fmt: skip
+    return tuple(found)
+
+
+def permits(granted: Sequence[tuple[Sequence[str], Sequence[str]]], action: str) -> bool:
+    """Whether any of the caller's permission sets (actions, notActions; ``*`` a wildcard,
+    case-insensitive, as Azure RBAC matches them) allows ``action``."""
+
+    def matches(pattern: str) -> bool:
+        return fnmatch.fnmatchcase(action.lower(), pattern.lower())
+
+    return any(
+        any(matches(a) for a in actions) and not any(matches(n) for n in not_actions)
+        for actions, not_actions in granted
+    )
 
 
 # The region's total of every family, which a stack must fit as well.

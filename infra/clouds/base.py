@@ -147,6 +147,19 @@ class VcpuQuota:
 
 
 @dataclass(frozen=True)
+class Right:
+    """A permission the deployer needs for what a setting makes, as the cloud's permission check
+    names it, with the roles that hold it and the way out without it."""
+
+    action: str
+    setting: str  # the setting that asks for it
+    what: str  # what the program makes with it
+    roles: str  # roles that hold it (and the common one that does not)
+    way_out: str  # the setting change that needs it no more
+    source: str
+
+
+@dataclass(frozen=True)
 class CloudFacts:
     name: str
     region_key: str  # the provider's own config key for the region

@@ -11,6 +11,7 @@ from infra.clouds.base import (
     DiskModel,
     NatModel,
     Range,
+    Right,
     UserDataChannel,
     VcpuQuota,
     reserved_tag_problem,
@@ -60,6 +61,39 @@ def vcpu_quota(instance_type: str) -> VcpuQuota:
     c4a-standard-32 (https://cloud.google.com/compute/resource-usage#cpu_quota)."""
     family = instance_type.split("-", 1)[0].upper()
     return VcpuQuota(f"{family}_CPUS", f"{family} CPUs")
+
+
+# The project's CPUs in every region together (``projects.get``'s quotas), which caps every
+# family: small on new projects (a trial project's is 12), and a stack must fit it as well
+# (https://cloud.google.com/compute/resource-usage#cpu_quota).
+ALL_REGIONS_CPUS = VcpuQuota("CPUS_ALL_REGIONS", "CPUs in all regions")
+
+
+# What the deployer needs beyond making resources: the binding of the API key's secret to the
+# main nodes' service account (SecretIamMember, a setIamPolicy), which the basic Editor role
+# lacks (it holds no *.setIamPolicy). Asked of projects.testIamPermissions.
+SECRET_SET_IAM = "secretmanager.secrets.setIamPolicy"  # noqa: S105 (a permission)
+IAM_SOURCE = (
+    "https://cloud.google.com/iam/docs/roles-overview#basic (Editor: no setIamPolicy); "
+    "https://cloud.google.com/secret-manager/docs/access-control"
+)
+
+
+def deployer_rights(*, api_key: bool) -> tuple[Right, ...]:
+    """The permissions a stack with these features needs of its deployer, beyond Editor's."""
+    if not api_key:
+        return ()
+    return (
+        Right(
+            SECRET_SET_IAM,
+            "apiKey",
+            "the main nodes' read of the API key's secret",
+            "Secret Manager Admin (roles/secretmanager.admin) or Owner on the project (Editor "
+            "cannot set IAM policies)",
+            "set apiKey to none",
+            IAM_SOURCE,
+        ),
+    )
 
 
 def label_value(text: str) -> str:

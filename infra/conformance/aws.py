@@ -55,6 +55,26 @@ GP3_MIBPS_PER_IOPS = 0.25
 GP3_IOPS_PER_GIB = 500
 
 
+# IAM: a role's inline policies hold 10,240 characters together, white space not counted.
+ROLE_INLINE_POLICY_CHARS = 10_240
+
+
+def _policy_chars(r: Registered) -> int:
+    return sum(not c.isspace() for c in str(r.inputs.get("policy", "")))
+
+
+def _role_inline_policies(r: Registered, stack: Stack) -> str | None:
+    role = r.inputs.get("role")
+    policies = [o for o in stack.resources if o.type == r.type and o.inputs.get("role") == role]
+    total = sum(_policy_chars(o) for o in policies)
+    if total <= ROLE_INLINE_POLICY_CHARS:
+        return None
+    return (
+        f"the role's {len(policies)} inline policies hold {total:,} characters without white "
+        f"space; IAM takes {ROLE_INLINE_POLICY_CHARS:,} for all of a role's together"
+    )
+
+
 SSM_PARAMETER_API = (
     "https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_PutParameter.html"
 )
@@ -301,13 +321,10 @@ RULES = by_type(
                 "https://docs.aws.amazon.com/IAM/latest/APIReference/API_PutRolePolicy.html",
             ),
             Requires(
-                lambda r, _: (
-                    f"an inline policy of {len(r.inputs.get('policy', ''))} characters; IAM "
-                    "takes 10,240 per role"
-                    if len(r.inputs.get("policy", "")) > 10_240
-                    else None
-                ),
-                "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html",
+                _role_inline_policies,
+                "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html "
+                "(Role policy size: all inline policies of a role together; white space is not "
+                "counted)",
             ),
         ),
         replaced_on=("name", "role"),
@@ -317,16 +334,22 @@ RULES = by_type(
         "aws:ssm/parameter:Parameter",
         (
             tags(),
-            # A fully qualified name: '/' and its path, none starting with aws or ssm.
+            # A name, or a fully qualified one ('/' and its path), not starting with aws or ssm.
             Name(
                 "name",
-                re.compile(r"/(?!(?i:aws|ssm))[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+){0,14}"),
+                re.compile(
+                    r"(?!(?i:aws|ssm))[A-Za-z0-9_.\-]+"
+                    r"|/(?!(?i:aws|ssm))[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+){0,14}"
+                ),
                 1,
                 1011,
-                "a path of at most 15 levels of letters, digits, '_', '.' and '-', its first not "
-                "starting with aws or ssm",
+                "a name, or a path of at most 15 levels, of letters, digits, '_', '.' and '-', "
+                "not starting with aws or ssm",
                 SSM_PARAMETER_NAMES,
-                autoname=None,
+                # pulumi-aws names a parameter when the program does not (its name input is
+                # optional); the program always gives a path, so the bridge replaces one
+                # delete-first.
+                AutoName(),
             ),
             Text("description", 1024, SSM_PARAMETER_API),
             OneOf("type", ("String", "StringList", "SecureString"), SSM_PARAMETER_API),
@@ -463,6 +486,11 @@ RULES = by_type(
             "userDataBase64",
         ),
         source=f"{TF}ec2/ec2_instance.go",
+        held=("privateIp",),
+        held_source=(
+            "InvalidIPAddress.InUse, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/"
+            "errors-overview.html; pulumi/pulumi#10923"
+        ),
     ),
     ResourceRules(
         "aws:ebs/volume:Volume",

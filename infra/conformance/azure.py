@@ -275,6 +275,11 @@ RULES = by_type(
         (tags(), network_name("networkInterfaceName")),
         replaced_on=(*PARENT, "networkInterfaceName"),
         source=REPLACEMENT,
+        held=("ipConfigurations.*.privateIPAddress",),
+        held_source=(
+            'PrivateIPAddressIsAllocated ("is using the private IP address ... which is '
+            'already allocated to resource", F5Networks/terraform-azure-bigip-module#63)'
+        ),
     ),
     ResourceRules(
         "azure-native:compute:VirtualMachine",

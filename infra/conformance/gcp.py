@@ -278,6 +278,11 @@ RULES = by_type(
             "networkInterfaces.*.nicType",
         ),
         source="GoogleCloudPlatform/magic-modules resource_compute_instance.go.tmpl",
+        held=("networkInterfaces.*.networkIp",),
+        held_source=(
+            'IP_IN_USE_BY_ANOTHER_RESOURCE ("IP ... is already being used by another '
+            'resource", hashicorp/terraform#18998)'
+        ),
     ),
     ResourceRules(
         "gcp:compute/instanceGroup:InstanceGroup",

@@ -354,6 +354,35 @@ class ResourceRules:
     # rather than update it; a path covers everything under it.
     replaced_on: tuple[str, ...] = ()
     source: str = ""  # where the replacement behaviour comes from
+    # Input paths whose value one live resource alone may hold (a fixed private address): a
+    # replacement that keeps the value must delete the old resource first, or the cloud refuses
+    # the new one.
+    held: tuple[str, ...] = ()
+    held_source: str = ""
+
+
+def create_first_clash(
+    entry: ResourceRules,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    *,
+    delete_before_replace: bool,
+) -> str | None:
+    """Why the cloud refuses this replacement, made create-first (Pulumi's default): the new
+    resource asks for a value the old one still holds. None when it deletes first, or keeps
+    none."""
+    if delete_before_replace:
+        return None
+    for path in entry.held:
+        old = dict(values_at(before, path))
+        kept = {where: value for where, value in values_at(after, path) if old.get(where) == value}
+        if kept:
+            where, value = sorted(kept.items())[0]
+            return (
+                f"{where} {value!r} is still held by the resource it replaces, and the "
+                f"replacement is made first [{entry.held_source}]"
+            )
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """AWS, live, with the user's own credentials through boto3 (imported by the call that needs it):
 
-- the preflight's reads: the region's availability zones that need no opt-in and which of them
-  offer the instance types (EC2), the On-Demand vCPU quotas (Service Quotas), and the vCPUs of
-  the instances running in the region, the stack's own told apart by its tags (EC2);
+- the preflight's reads: the region's availability zones that need no opt-in, their zone ids,
+  and which of them offer the instance types (EC2), the On-Demand vCPU quotas (Service
+  Quotas), the vCPUs of the instances running in the region, the stack's own told apart by
+  its tags, and whether a model volume whose throughput changes is still being modified (EC2);
 - the command channel: SSM ``send_command``, as root;
 - power: EC2 StartInstances and DescribeInstances;
 - the cost run's audit: everything tagged with the stack (Resource Groups Tagging API);
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import datetime
 import shlex
 import threading
 import time
@@ -90,16 +92,17 @@ def _why(error: Exception) -> str:
     return str(error)
 
 
-def _zones(ec2: Any, types: tuple[str, ...]) -> dict[str, frozenset[str]]:
+def _zones(ec2: Any, types: tuple[str, ...]) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
     """Zones that need no opt-in (no Local or Wavelength Zone) and are available, with the
-    types each offers."""
+    types each offers; and each one's zone id."""
     listed = ec2.describe_availability_zones(
         Filters=[
             {"Name": "opt-in-status", "Values": ["opt-in-not-required"]},
             {"Name": "zone-type", "Values": ["availability-zone"]},
         ]
     )["AvailabilityZones"]
-    zones = {z["ZoneName"] for z in listed if z.get("State") == "available"}
+    ids = {z["ZoneName"]: z["ZoneId"] for z in listed if z.get("State") == "available"}
+    zones = set(ids)
     offers: dict[str, set[str]] = {zone: set() for zone in zones}
     arguments: dict[str, Any] = {
         "LocationType": "availability-zone",
@@ -111,7 +114,7 @@ def _zones(ec2: Any, types: tuple[str, ...]) -> dict[str, frozenset[str]]:
             if offer["Location"] in offers:
                 offers[offer["Location"]].add(offer["InstanceType"])
         if not page.get("NextToken"):
-            return {zone: frozenset(found) for zone, found in offers.items()}
+            return {zone: frozenset(found) for zone, found in offers.items()}, ids
         arguments["NextToken"] = page["NextToken"]
 
 
@@ -143,14 +146,57 @@ def _running(
         arguments["NextToken"] = page["NextToken"]
 
 
+# A volume modification EC2 is still making: another one is refused until it completes.
+UNFINISHED_MODIFICATIONS = {"modifying", "optimizing"}
+
+
+def _busy_volumes(ec2: Any, needs: Needs) -> dict[str, tuple[str, int, str]]:
+    """The stack's model volumes whose throughput the stack changes while their last
+    modification is not completed (EC2's ModifyVolume: "you must wait for that modification to
+    reach the completed state before you can initiate another")."""
+    filters = [{"Name": f"tag:{key}", "Values": [value]} for key, value in needs.tags.items()]
+    filters.append({"Name": "tag:role", "Values": ["main"]})
+    changing: dict[str, int] = {}
+    arguments: dict[str, Any] = {"Filters": filters}
+    while True:
+        page = ec2.describe_volumes(**arguments)
+        for volume in page["Volumes"]:
+            tags = {t["Key"]: t["Value"] for t in volume.get("Tags", [])}
+            throughput = int(volume.get("Throughput", 0))
+            if (
+                tags.get("Name", "").endswith("-model")
+                and throughput != needs.model_disk_throughput
+            ):
+                changing[volume["VolumeId"]] = throughput
+        if not page.get("NextToken"):
+            break
+        arguments["NextToken"] = page["NextToken"]
+    if not changing:
+        return {}
+    found = ec2.describe_volumes_modifications(VolumeIds=sorted(changing))
+    return {
+        m["VolumeId"]: (m["ModificationState"], changing[m["VolumeId"]], _when(m.get("StartTime")))
+        for m in found["VolumesModifications"]
+        if m.get("ModificationState") in UNFINISHED_MODIFICATIONS
+    }
+
+
+def _when(started: Any) -> str:
+    """A modification's start as botocore gives it (a datetime), in UTC to the minute."""
+    if isinstance(started, datetime.datetime):
+        return started.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return str(started)
+
+
 def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
     """Read the account with an EC2 and a Service Quotas client of the stack's region."""
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
     unread: list[Unread] = []
     zone_offers = None
+    zone_ids: dict[str, str] = {}
     try:
-        zone_offers = _zones(ec2, needs.types)
+        zone_offers, zone_ids = _zones(ec2, needs.types)
     except (ClientError, BotoCoreError) as error:
         unread.append(Unread("which zones offer the instance types", _why(error)))
     used: dict[VcpuQuota, float] | None = None
@@ -176,8 +222,20 @@ def read_account(needs: Needs, ec2: Any, service_quotas: Any) -> Account:
                 INCREASE.format(region=needs.region, code=quota.id),
             )
         )
+    busy: dict[str, tuple[str, int, str]] = {}
+    if needs.model_disk_throughput is not None:
+        try:
+            busy = _busy_volumes(ec2, needs)
+        except (ClientError, BotoCoreError) as error:
+            unread.append(Unread("the model volumes' last changes", _why(error)))
     return Account(
-        "aws", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
+        "aws",
+        needs.region,
+        zone_offers=zone_offers,
+        zone_ids=zone_ids,
+        busy_volumes=busy,
+        quotas=tuple(readings),
+        unread=tuple(unread),
     )
 
 

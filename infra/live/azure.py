@@ -2,8 +2,9 @@
 
 - the preflight's reads (Resource Manager): whether the subscription can have each size in the
   region (resource SKUs and their restrictions), the family and regional vCPU quotas (limit and
-  use), the stack's own VMs, told apart by their tags, and, for the flow log, the region's
-  Network Watcher and Microsoft.Insights' registration;
+  use), the stack's own VMs, told apart by their tags, for the flow log, the region's
+  Network Watcher and Microsoft.Insights' registration, and the caller's own permissions (the
+  role assignments a key, a staged model or a spend guard makes);
 - the command channel: Run Command (``RunShellScript``, as root);
 - power: ``az vm start`` and the VMs' power states;
 - the cost run's audit: resource groups and resources tagged with the stack;
@@ -55,6 +56,7 @@ SKUS_API = "2021-07-01"
 COMPUTE_API = "2024-11-01"
 NETWORK_API = "2024-05-01"
 RESOURCES_API = "2021-04-01"
+AUTHORIZATION_API = "2022-04-01"
 INSTALL = "install the Azure CLI (https://learn.microsoft.com/cli/azure/install-azure-cli)"
 LOGIN = "no Azure login: run `az login` (and `az account set --subscription ...`)"
 INCREASE = (
@@ -170,6 +172,39 @@ def _registered(
     return bool(provider.get("registrationState") == "Registered")
 
 
+def _lacking(
+    api: JsonApi, subscription: str, needs: Needs, unread: list[Unread]
+) -> frozenset[str] | None:
+    """The needs' rights the caller lacks, from Resource Manager's list of the caller's own
+    permissions. It answers per resource group, and the stack's does not exist before its first
+    `up`: the subscription's first group shows what the caller holds there, the subscription's
+    grants included."""
+    if not needs.rights:
+        return None
+    try:
+        groups = api.get(
+            f"subscriptions/{subscription}/resourcegroups",
+            {"api-version": RESOURCES_API, "$top": "1"},
+        ).get("value", [])
+        if not groups:
+            unread.append(Unread("your permissions", "the subscription has no resource group"))
+            return None
+        granted = [
+            (p.get("actions", []), p.get("notActions", []))
+            for page in api.pages(
+                f"subscriptions/{subscription}/resourceGroups/{groups[0]['name']}/providers/"
+                "Microsoft.Authorization/permissions",
+                {"api-version": AUTHORIZATION_API},
+            )
+            for p in page.get("value", [])
+        ]
+    except ApiError as error:
+        unread.append(Unread("your permissions", str(error)))
+        return None
+    actions = {right.action for right in needs.rights}
+    return frozenset(a for a in actions if not azure_facts.permits(granted, a))
+
+
 def read_account(needs: Needs, api: JsonApi, subscription: str) -> Account:
     unread: list[Unread] = []
     unavailable: dict[str, str] = {}
@@ -203,6 +238,7 @@ def read_account(needs: Needs, api: JsonApi, subscription: str) -> Account:
         registered = _registered(api, subscription, "Microsoft.Insights", unread)
     if needs.key_vault:
         vaults = _registered(api, subscription, "Microsoft.KeyVault", unread)
+    lacking = _lacking(api, subscription, needs, unread)
     return Account(
         "azure",
         needs.region,
@@ -211,6 +247,7 @@ def read_account(needs: Needs, api: JsonApi, subscription: str) -> Account:
         network_watcher=watcher,
         insights_registered=registered,
         key_vault_registered=vaults,
+        lacking=lacking,
         unread=tuple(unread),
     )
 

@@ -4,8 +4,9 @@ Cloud Storage):
 - which project: the stack file's ``gcp:project``, then ``GOOGLE_CLOUD_PROJECT``, then gcloud's
   own (``gcloud config get-value project``): one rule for every command;
 - the preflight's reads (Compute Engine API): the region's zones that are up and which of them
-  offer the machine types, the region's CPU quotas (limit and use), and the vCPUs of the
-  stack's own running VMs, told apart by their labels;
+  offer the machine types, the region's CPU quotas and the project's CPUs in all regions (limit
+  and use), the vCPUs of the stack's own running VMs, told apart by their labels, and the
+  caller's own permissions on the project (Resource Manager's testIamPermissions);
 - the command channel: SSH through Identity-Aware Proxy, the command run with sudo;
 - power: ``gcloud compute instances start`` and ``describe``;
 - the cost run's audit: instances, disks and addresses labelled with the stack;
@@ -52,6 +53,7 @@ from infra.preflight.api import ApiError, JsonApi
 from infra.preflight.needs import Needs
 
 BASE = "https://compute.googleapis.com/compute/v1/"
+RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com/v1/"
 INSTALL = "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install)"
 LOGIN = "no gcloud login: run `gcloud auth login`"
 NO_PROJECT = (
@@ -63,6 +65,10 @@ IDLE_STATES = {"STOPPED", "STOPPING", "TERMINATED", "SUSPENDED", "SUSPENDING"}
 INCREASE = (
     "the Quotas page, https://console.cloud.google.com/iam-admin/quotas?project={project}, "
     "{metric} in {region}, to {{value}}"
+)
+INCREASE_ALL_REGIONS = (
+    "the Quotas page, https://console.cloud.google.com/iam-admin/quotas?project={project}, "
+    "CPUS_ALL_REGIONS (global), to {{value}}"
 )
 STAGING = ".staging"
 COMPOSE_LIMIT = 32  # Cloud Storage composes at most 32 objects in one request
@@ -149,6 +155,24 @@ def _own_vcpus(api: JsonApi, project: str, needs: Needs) -> dict[VcpuQuota, floa
     return own
 
 
+def _lacking(
+    api: JsonApi, project: str, needs: Needs, unread: list[Unread]
+) -> frozenset[str] | None:
+    """The needs' rights the caller lacks on the project (Resource Manager's
+    testIamPermissions answers with those it holds)."""
+    if not needs.rights:
+        return None
+    asked = sorted({right.action for right in needs.rights})
+    try:
+        held = api.post(
+            f"{RESOURCE_MANAGER}projects/{project}:testIamPermissions", {"permissions": asked}
+        ).get("permissions", [])
+    except ApiError as error:
+        unread.append(Unread("your permissions", str(error)))
+        return None
+    return frozenset(asked) - set(held)
+
+
 def read_account(needs: Needs, api: JsonApi, project: str) -> Account:
     unread: list[Unread] = []
     zone_offers = None
@@ -185,8 +209,34 @@ def read_account(needs: Needs, api: JsonApi, project: str) -> Account:
                 INCREASE.format(project=project, metric=quota.id, region=needs.region),
             )
         )
+    try:
+        whole = api.get(f"projects/{project}")
+        found = {q["metric"]: q for q in whole.get("quotas", [])}
+        total = found.get(gcp_facts.ALL_REGIONS_CPUS.id)
+        if total is None:
+            unread.append(
+                Unread(f"the quota {gcp_facts.ALL_REGIONS_CPUS.id}", "the project reports none")
+            )
+        else:
+            readings.append(
+                QuotaReading(
+                    gcp_facts.ALL_REGIONS_CPUS,
+                    total.get("limit", 0.0),
+                    total.get("usage", 0.0),
+                    sum(own.values()),
+                    INCREASE_ALL_REGIONS.format(project=project),
+                )
+            )
+    except ApiError as error:
+        unread.append(Unread("the project's CPU quota in all regions", str(error)))
+    lacking = _lacking(api, project, needs, unread)
     return Account(
-        "gcp", needs.region, zone_offers=zone_offers, quotas=tuple(readings), unread=tuple(unread)
+        "gcp",
+        needs.region,
+        zone_offers=zone_offers,
+        quotas=tuple(readings),
+        lacking=lacking,
+        unread=tuple(unread),
     )
 
 

@@ -37,6 +37,8 @@ class Account:
     # Zone -> the needed instance types it offers (AWS and GCP: zones that need no opt-in and
     # are up); None: not read.
     zone_offers: Mapping[str, frozenset[str]] | None = None
+    # AWS: each zone's id (use1-az3), the same place in every account, as zone names are not.
+    zone_ids: Mapping[str, str] = field(default_factory=dict)
     # Azure: instance type -> why the subscription cannot have it in the region (not offered,
     # or restricted); a type absent here is available.
     unavailable: Mapping[str, str] = field(default_factory=dict)
@@ -45,9 +47,21 @@ class Account:
     network_watcher: NetworkWatcher | None = None
     insights_registered: bool | None = None
     key_vault_registered: bool | None = None  # Microsoft.KeyVault, with an API key
+    # The needs' rights (their actions) the deployer lacks; None: not read.
+    lacking: frozenset[str] | None = None
+    # AWS: the stack's model volumes a new throughput would modify while their last change is
+    # not completed: volume id -> (its state, its throughput now, when the change started).
+    busy_volumes: Mapping[str, tuple[str, int, str]] = field(default_factory=dict)
     unread: tuple[Unread, ...] = ()
 
-    def zones_offering(self, types: tuple[str, ...]) -> list[str]:
-        """The zones, by name, that offer every type."""
+    def zones_offering(
+        self, types: tuple[str, ...], refused_ids: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """The zones, by name, that offer every type (and whose id is not one of
+        ``refused_ids``)."""
         offers = self.zone_offers or {}
-        return sorted(zone for zone, found in offers.items() if set(types) <= found)
+        return sorted(
+            zone
+            for zone, found in offers.items()
+            if set(types) <= found and self.zone_ids.get(zone) not in refused_ids
+        )

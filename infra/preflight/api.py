@@ -1,5 +1,6 @@
-"""A small read-only JSON client for the clouds' REST APIs (Compute Engine, Azure Resource
-Manager), with the transport apart so tests replay recorded responses."""
+"""A small read-only JSON client for the clouds' REST APIs (Compute Engine, Resource Manager's
+permission checks, Azure Resource Manager), with the transport apart so tests replay recorded
+responses."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
-# (url, headers) -> (HTTP status, body)
-Transport = Callable[[str, Mapping[str, str]], tuple[int, bytes]]
 TIMEOUT_SECONDS = 30
+
+
+class Transport(Protocol):
+    """(url, headers, a POST's JSON body or None for a GET) -> (HTTP status, body)."""
+
+    def __call__(
+        self, url: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> tuple[int, bytes]: ...
 
 
 class ApiError(RuntimeError):
@@ -22,10 +29,13 @@ class ApiError(RuntimeError):
         super().__init__(f"{where}: HTTP {status} {code}: {message}".strip())
 
 
-def urllib_transport(url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+def urllib_transport(
+    url: str, headers: Mapping[str, str], body: bytes | None = None
+) -> tuple[int, bytes]:
     if not url.startswith("https://"):
         raise ValueError(f"not an https URL: {url}")
-    request = urllib.request.Request(url, headers=dict(headers))  # noqa: S310 (https only)
+    sent = dict(headers) | ({"Content-Type": "application/json"} if body is not None else {})
+    request = urllib.request.Request(url, data=body, headers=sent)  # noqa: S310 (https only)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
             return response.status, response.read()
@@ -64,6 +74,16 @@ class JsonApi:
         if status != 200:
             raise _error(url, status, body)
         found: dict[str, Any] = json.loads(body)
+        return found
+
+    def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A read-only question asked with a body (Google's testIamPermissions)."""
+        url = self.url(path)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        status, answer = self.transport(url, headers, json.dumps(body).encode())
+        if status != 200:
+            raise _error(url, status, answer)
+        found: dict[str, Any] = json.loads(answer)
         return found
 
     def pages(self, path: str, query: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:

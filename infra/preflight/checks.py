@@ -6,8 +6,14 @@ from dataclasses import dataclass
 
 from infra.clouds import FACTS
 from infra.clouds.azure import REGIONAL_CORES
+from infra.clouds.gcp import ALL_REGIONS_CPUS
 from infra.preflight.account import Account, QuotaReading
 from infra.preflight.needs import Needs
+
+# Quotas that count every vCPU of the stack, whatever its family.
+TOTALS = frozenset({REGIONAL_CORES, ALL_REGIONS_CPUS})
+# Quotas of the whole account, not of the stack's region.
+PROJECT_WIDE = frozenset({ALL_REGIONS_CPUS})
 
 
 @dataclass(frozen=True)
@@ -17,6 +23,26 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.what}: {self.message}"
+
+
+EKS_REFUSES = (
+    "where EKS refuses a cluster's subnets (docs.aws.amazon.com/eks/latest/userguide/"
+    "network-reqs.html)"
+)
+
+
+def _refused_zone(needs: Needs, account: Account) -> Problem | None:
+    """A ``zone`` setting whose zone id the platform refuses (EKS's, by id)."""
+    zone_id = account.zone_ids.get(needs.zone or "")
+    if zone_id is None or zone_id not in needs.refused_zone_ids:
+        return None
+    usable = account.zones_offering(needs.types, needs.refused_zone_ids)
+    return Problem(
+        "zone",
+        f"{needs.zone} is {zone_id} in this account, {EKS_REFUSES}; choose another zone"
+        + (f" ({', '.join(usable)} offer the types)" if usable else "")
+        + ", or remove the setting to let the program choose",
+    )
 
 
 def _offered(needs: Needs, account: Account) -> list[Problem]:
@@ -31,29 +57,49 @@ def _offered(needs: Needs, account: Account) -> list[Problem]:
                 f"{', '.join(needs.types)} ({why}); set zone to one that does",
             )
         ]
-    types = needs.types
     if needs.zone is not None:
-        offered = account.zone_offers.get(needs.zone, frozenset())
-        missing = [t for t in types if t not in offered]
-        if not missing:
-            return []
-        elsewhere = account.zones_offering(types)
-        hint = (
-            f"zones that offer them: {', '.join(elsewhere)}"
-            if elsewhere
-            else "no zone of the region offers them all"
-        )
+        found = _refused_zone(needs, account) or _zone_lacks(needs, account)
+        return [found] if found else []
+    return _no_zone(needs, account)
+
+
+def _zone_lacks(needs: Needs, account: Account) -> Problem | None:
+    """The ``zone`` setting's zone lacks one of the types."""
+    offered = (account.zone_offers or {}).get(needs.zone or "", frozenset())
+    missing = [t for t in needs.types if t not in offered]
+    if not missing:
+        return None
+    elsewhere = account.zones_offering(needs.types)
+    hint = (
+        f"zones that offer them: {', '.join(elsewhere)}"
+        if elsewhere
+        else "no zone of the region offers them all"
+    )
+    return Problem(
+        "zone",
+        f"{needs.zone} does not offer {', '.join(missing)} ({hint}); choose another "
+        "zone, or remove the setting to let the program choose",
+    )
+
+
+def _no_zone(needs: Needs, account: Account) -> list[Problem]:
+    """No zone the program may choose offers every type."""
+    types = needs.types
+    if account.zones_offering(types, needs.refused_zone_ids):
+        return []
+    if account.zones_offering(types):  # in refused zones alone
+        ids = sorted({account.zone_ids[z] for z in account.zones_offering(types)})
         return [
             Problem(
-                "zone",
-                f"{needs.zone} does not offer {', '.join(missing)} ({hint}); choose another "
-                "zone, or remove the setting to let the program choose",
+                "instanceType",
+                f"the zones of {needs.region} that offer {' and '.join(types)} are "
+                f"{', '.join(ids)}, {EKS_REFUSES}; choose types offered in another zone, or "
+                "another region",
             )
         ]
-    if account.zones_offering(types):
-        return []
+    offers = account.zone_offers or {}
     where = "; ".join(
-        f"{t} in {', '.join(sorted(z for z, f in account.zone_offers.items() if t in f)) or 'none'}"
+        f"{t} in {', '.join(sorted(z for z, f in offers.items() if t in f)) or 'none'}"
         for t in types
     )
     return [
@@ -71,23 +117,30 @@ def _quota(needs: Needs, reading: QuotaReading, need: int) -> Problem | None:
     quota = reading.quota
     name = f"{quota.name} ({quota.id})"
     others = max(0.0, (reading.used or 0.0) - reading.own)
+    # The nodes it counts: every node for a total, a family's own for a family's quota.
+    counted = sorted(
+        (name, count)
+        for name, count in needs.nodes.items()
+        if quota in TOTALS or FACTS[needs.cloud].vcpu_quota(name) == quota
+    )
     shape = (
-        f"{need} vCPUs: {' + '.join(f'{n} x {t}' for t, n in sorted(needs.nodes.items()))}"
-        if needs.nodes
+        f"{need} vCPUs: {' + '.join(f'{n} x {t}' for t, n in counted)}"
+        if counted
         else f"{need} vCPUs"
     )
     ask = int(others + need)
     how = reading.increase.format(value=ask)
+    where = "" if reading.quota in PROJECT_WIDE else f" in {needs.region}"
     if need > reading.limit:
         return Problem(
             "quota",
-            f"{name} in {needs.region} is {reading.limit:g} vCPUs; the stack needs {shape}. "
+            f"{name}{where} is {reading.limit:g} vCPUs; the stack needs {shape}. "
             f"Ask for {ask}: {how}",
         )
     if need > reading.limit - others:
         return Problem(
             "quota",
-            f"{name} in {needs.region} is {reading.limit:g} vCPUs and other instances use "
+            f"{name}{where} is {reading.limit:g} vCPUs and other instances use "
             f"{others:g}; the stack needs {shape}. Stop some, or ask for {ask}: {how}",
         )
     return None
@@ -97,8 +150,9 @@ def _quotas(needs: Needs, account: Account) -> list[Problem]:
     wanted = needs.quota_needs()
     found = []
     for reading in account.quotas:
-        # A family's quota, or Azure's total over every family of the region.
-        if reading.quota == REGIONAL_CORES:
+        # A family's quota, or a total over every family (Azure's of the region, Google
+        # Cloud's of the project).
+        if reading.quota in TOTALS:
             need = needs.total_vcpus
         elif reading.quota in wanted:
             need = wanted[reading.quota]
@@ -113,6 +167,12 @@ def _quotas(needs: Needs, account: Account) -> list[Problem]:
 def _azure(needs: Needs, account: Account) -> list[Problem]:
     found = [
         Problem(
+            "replicas",
+            f"{name}, the balancer node's size (with replicas above 1): {why}; choose another "
+            "region, or one serving group",
+        )
+        if name == needs.balancer
+        else Problem(
             "instanceType" if name in needs.types else "mainInstanceType",
             f"{name}: {why}; choose another size or region",
         )
@@ -165,16 +225,51 @@ def _azure(needs: Needs, account: Account) -> list[Problem]:
     return found
 
 
+def _rights(needs: Needs, account: Account) -> list[Problem]:
+    """Rights the deployer lacks, read from the cloud's own permission check: without them the
+    stack would stop half-way, after its nodes exist."""
+    lacking = account.lacking or frozenset()
+    return [
+        Problem(
+            right.setting,
+            f"your identity may not {right.action}, which {right.what} needs: ask for "
+            f"{right.roles}, or {right.way_out}",
+        )
+        for right in needs.rights
+        if right.action in lacking
+    ]
+
+
+def _volumes(account: Account) -> list[Problem]:
+    """A new throughput for a model volume whose last change EC2 is still making."""
+    return [
+        Problem(
+            "diskThroughputMibps",
+            f"the model volume {volume} is still {state} from a change started {started}, and "
+            "EC2 takes another change of a volume only once the last is completed (at most four "
+            "a day): wait for it (`aws ec2 describe-volumes-modifications --volume-ids "
+            f"{volume}`), or keep diskThroughputMibps at {now} until then",
+        )
+        for volume, (state, now, started) in sorted(account.busy_volumes.items())
+    ]
+
+
 def problems(needs: Needs, account: Account) -> list[Problem]:
     """Everything the account lacks for the stack; empty when it has all it was asked for."""
-    return [*_offered(needs, account), *_quotas(needs, account), *_azure(needs, account)]
+    return [
+        *_offered(needs, account),
+        *_quotas(needs, account),
+        *_azure(needs, account),
+        *_rights(needs, account),
+        *_volumes(account),
+    ]
 
 
 def zone_for(needs: Needs, account: Account) -> str | None:
     """The zone to create a new stack's nodes in: the ``zone`` setting, else the first zone by
-    name that offers every type (None on Azure, which places nodes in no zone, or when the
-    offers were not read and none was set)."""
+    name that offers every type, outside the zones the platform refuses (None on Azure, which
+    places nodes in no zone, or when the offers were not read and none was set)."""
     if needs.zone is not None:
         return needs.zone
-    zones = account.zones_offering(needs.types)
+    zones = account.zones_offering(needs.types, needs.refused_zone_ids)
     return zones[0] if zones else None

@@ -36,6 +36,8 @@ from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
+from infra.clouds import gcp as gcp_facts
+from infra.clouds.base import Right
 from infra.core import costs, layout, network_rules, perf, placement, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
@@ -209,7 +211,11 @@ class ClusterConfig:
         counts: Counter[str] = Counter()
         vcpus: dict[str, int] = {}
         roles = [self.main_instance_type] + [self.instance_type] * self.worker_count
-        for instance in roles * self.replicas:
+        nodes = roles * self.replicas
+        balancer = self.balancer_node_type
+        if balancer is not None:
+            nodes.append(balancer)
+        for instance in nodes:
             counts[instance.name] += 1
             vcpus[instance.name] = instance.vcpus
         return Needs(
@@ -221,8 +227,54 @@ class ClusterConfig:
             zone=self.zone,
             network_watcher=self.network_watcher if self.flow_logs else None,
             key_vault=self.cloud == "azure" and self.api_key != "none",
+            balancer=balancer.name if balancer is not None else None,
+            rights=self.deployer_rights,
+            model_disk_throughput=(
+                FACTS[self.cloud].disk.provision(self.disk_throughput_mibps).throughput_mibps
+                if FACTS[self.cloud].model_disk is not None and not self.kubernetes
+                else None
+            ),
+            refused_zone_ids=(
+                frozenset(aws_facts.EKS_UNSUPPORTED_ZONE_IDS) if self.kubernetes else frozenset()
+            ),
             tags={"project": PROJECT, "stack": FACTS[self.cloud].tag_value(stack)},
         )
+
+    @property
+    def deployer_rights(self) -> tuple[Right, ...]:
+        """What the deployer must be allowed beyond making resources (granting roles)."""
+        keyed = self.api_key != "none"
+        if self.cloud == "azure":
+            return azure_facts.deployer_rights(
+                api_key=keyed,
+                staged=any(stores.blob_object(url) for url in self.fetched_urls),
+                guard=(
+                    "stopAfterIdleMinutes"
+                    if self.stop_after_idle_minutes
+                    else "stopAfterHours"
+                    if self.stop_after_hours
+                    else None
+                ),
+            )
+        if self.cloud == "gcp":
+            return gcp_facts.deployer_rights(api_key=keyed)
+        return ()
+
+    @property
+    def balancer_node_type(self) -> InstanceType | None:
+        """The balancer node's type, on a stack that has one (VMs with replicas; on Kubernetes
+        HAProxy runs as pods)."""
+        if self.balancer_boot is None or self.kubernetes:
+            return None
+        name = FACTS[self.cloud].balancer_instance_type
+        found = catalog.find(self.cloud, self.region, name)
+        if found is None:
+            raise ConfigError(
+                "replicas",
+                f"the balancer node's type {name} is not in the instance catalog for "
+                f"{self.cloud} {self.region}; choose another region, or one group",
+            )
+        return found
 
     @property
     def private_subnet(self) -> ipaddress.IPv4Network:
@@ -989,6 +1041,19 @@ def _platform(config: ClusterConfig) -> None:
             "is required with platform kubernetes: build the image from `lrc k8s render "
             "--stack STACK --image IMAGE --out DIR` (DIR/image), push it to a registry the "
             "nodes pull from, and `pulumi config set kubernetesImage IMAGE`",
+        )
+    if not any(not network_rules.is_internal(c) for c in config.kubernetes_api_cidrs):
+        given = ", ".join(config.kubernetes_api_cidrs)
+        raise ConfigError(
+            "kubernetesApiCidrs",
+            (f"{given} are private ranges only" if given else "is empty")
+            + "; `pulumi up` applies the Kubernetes objects through the EKS API endpoint from "
+            "where it runs, and a private endpoint is reachable only from inside the VPC this "
+            "same `up` creates (no VPN or peering reaches it yet): give the public address "
+            "`pulumi up` and kubectl run from, e.g. `pulumi config set --json "
+            "kubernetesApiCidrs '[\"<your address>/32\"]'` (`curl "
+            "https://checkip.amazonaws.com` says it); EKS's public endpoint then admits those "
+            "ranges alone",
         )
     for key, why in kubernetes_refusals(config):
         raise ConfigError(key, why)

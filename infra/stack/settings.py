@@ -342,7 +342,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "diskThroughputMibps",
         "integer",
-        "provisioned throughput of the main node's model disk, which the model loads from",
+        "provisioned throughput of the main node's model disk, which the model loads from; "
+        "on AWS a change modifies the volume in place, and EC2 takes the next change only once "
+        "that one has completed (hours for a large volume) and four a day: the preflight says "
+        "when a change is still under way",
         default_text=(
             f"{sizing.DEFAULT_DISK_THROUGHPUT_MIBPS}; for a model the main node's memory cannot "
             "hold, what the node can use of its disks (up to 2000 on AWS), within the cloud's range"
@@ -443,8 +446,10 @@ SETTINGS: tuple[Setting, ...] = (
         "kubernetesApiCidrs",
         "array",
         "with platform kubernetes: IPv4 ranges outside the VPC that may reach the EKS API "
-        "endpoint (where `pulumi up` and kubectl run; public ones no wider than /24); empty: "
-        "the endpoint is private, reached from inside the VPC only",
+        "endpoint (where `pulumi up` and kubectl run; public ones no wider than /24); at least "
+        "one public range, since `pulumi up` applies the Kubernetes objects through the "
+        "endpoint of the cluster it has just made (private ranges reach it through a VPN or "
+        "peering into the VPC)",
         default=[],
     ),
     Setting(

@@ -12,7 +12,9 @@ import yaml
 
 from infra.boot import balancer
 from infra.boot.balancer import BalancerBoot
-from infra.boot.render import metadata_ruleset
+from infra.boot.installed import installed_text
+from infra.boot.node import VM_PATHS
+from infra.boot.render import SCRIPTS_DIR, metadata_ruleset
 from tests.conftest import assert_valid_cloud_config, require_tool
 
 BALANCER = BalancerBoot(
@@ -29,11 +31,16 @@ def files_of(text: str) -> dict[str, dict[str, object]]:
     return {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
 
 
+def configured(text: str, path: str) -> dict[str, object]:
+    """The write_files entry that becomes ``path`` once the packages are in."""
+    return files_of(text)[balancer.staged_path(path)]
+
+
 def test_the_balancer_nodes_config_passes_the_schema_and_haproxys_check(tmp_path: Path) -> None:
     text = balancer.render(BALANCER)
     assert_valid_cloud_config(text, tmp_path)
     haproxy = require_tool("haproxy")
-    config = files_of(text)[balancer.HAPROXY_CONFIG_PATH]
+    config = configured(text, balancer.HAPROXY_CONFIG_PATH)
     path = tmp_path / "haproxy.cfg"
     path.write_text(str(config["content"]))
     checked = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
@@ -45,7 +52,7 @@ def test_the_balancer_nodes_config_passes_the_schema_and_haproxys_check(tmp_path
 
 
 def test_each_group_takes_its_slots_and_the_rest_wait_for_the_first_free() -> None:
-    text = str(files_of(balancer.render(BALANCER))[balancer.HAPROXY_CONFIG_PATH]["content"])
+    text = str(configured(balancer.render(BALANCER), balancer.HAPROXY_CONFIG_PATH)["content"])
     for group, ip in enumerate(BALANCER.mains):
         assert f"server group{group + 1} {ip}:8080 maxconn 2" in text
     assert "balance leastconn" in text and "bind 10.0.1.5:8080" in text
@@ -55,14 +62,31 @@ def test_each_group_takes_its_slots_and_the_rest_wait_for_the_first_free() -> No
     assert "user haproxy" in text and "stats socket" not in text
 
 
-def test_the_configuration_is_written_after_the_package_and_checked_before_it_starts() -> None:
+def test_the_packages_come_from_the_retrying_installer_and_then_the_configuration() -> None:
+    """cloud-init's one-shot ``packages`` would leave the node without HAProxy for good when its
+    NAT route is not carrying traffic yet: the nodes' own installer retries instead."""
     config = yaml.safe_load(balancer.render(BALANCER))
-    assert set(config["packages"]) == {"haproxy", "nftables"}
-    files = {f["path"]: f for f in config["write_files"]}
-    # Written once the package is in (defer): the package's own file never takes its place.
-    assert files[balancer.HAPROXY_CONFIG_PATH]["defer"] is True
-    assert files[balancer.NFTABLES_CONFIG_PATH]["content"] == metadata_ruleset()
+    assert "packages" not in config and "package_update" not in config
+    files = files_of(balancer.render(BALANCER))
+    for script in ("lib.sh", "install-packages.sh"):
+        entry = files[f"{VM_PATHS.bin_dir}/{script}"]
+        assert entry["content"] == installed_text(SCRIPTS_DIR / script)
+    assert files[balancer.INSTALLER]["permissions"] == "0755"
     commands = [" ".join(command) for command in config["runcmd"]]
+    install = (
+        f"env LLAMA_PACKAGES=haproxy nftables PACKAGE_ATTEMPTS={balancer.INSTALL_ATTEMPTS} "
+        f"{balancer.INSTALLER}"
+    )
+    assert commands[0] == install and balancer.INSTALL_ATTEMPTS > 5  # more than the nodes'
+    # Each configuration goes to its package's path once the package is in, so the package
+    # never offers its own in its place; nothing writes there before.
+    assert balancer.HAPROXY_CONFIG_PATH not in files
+    assert configured(balancer.render(BALANCER), balancer.NFTABLES_CONFIG_PATH)["content"] == (
+        metadata_ruleset()
+    )
+    for path in (balancer.HAPROXY_CONFIG_PATH, balancer.NFTABLES_CONFIG_PATH):
+        copy = f"install -m 0644 -o root -g root {balancer.staged_path(path)} {path}"
+        assert 0 < commands.index(copy) < commands.index("systemctl restart nftables.service")
     assert commands.index("systemctl restart nftables.service") < commands.index(
         "systemctl restart haproxy.service"
     )

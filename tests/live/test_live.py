@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -135,7 +136,11 @@ def test_check_status_and_the_cost_run_read_the_same_gcp_project(
     # lrc check: the Compute Engine API, asked with the project in every path.
     asked: list[str] = []
 
-    def denied(url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+    def denied(
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None = None,
+    ) -> tuple[int, bytes]:
         asked.append(url)
         return 403, b'{"error": {"code": 403, "message": "recorded"}}'
 
@@ -144,7 +149,8 @@ def test_check_status_and_the_cost_run_read_the_same_gcp_project(
 
     check.main(["--stack", stack], reader_for=reader_for)
     assert "preflight:" not in capsys.readouterr().err
-    checked = {url.split("/projects/", 1)[1].split("/", 1)[0] for url in asked}
+    # The project in every path (Resource Manager's: projects/PROJECT:testIamPermissions).
+    checked = {re.split(r"[/:]", url.split("/projects/", 1)[1], maxsplit=1)[0] for url in asked}
 
     # lrc status: the main node through IAP SSH.
     found = {

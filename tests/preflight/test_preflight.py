@@ -6,6 +6,7 @@ refused, naming the fix, before the program registers anything."""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from botocore.stub import Stubber
 
 from infra import preflight
 from infra.cli.check import main
+from infra.clouds import azure as azure_facts
 from infra.live import Access, LiveError, Reader, aws, azure, gcp, live_cloud
 from infra.preflight.api import JsonApi
 from tests.conftest import REPO
@@ -39,14 +41,14 @@ def needs(stack: str, overrides: dict[str, Any] | None = None) -> preflight.Need
 # --- AWS, through botocore's Stubber ------------------------------------------------------------
 
 
-def aws_zone(name: str, opt_in: str = "opt-in-not-required") -> dict[str, Any]:
+def aws_zone(name: str, opt_in: str = "opt-in-not-required", zone_id: str = "") -> dict[str, Any]:
     return {
         "State": "available",
         "OptInStatus": opt_in,
         "Messages": [],
         "RegionName": "us-east-1",
         "ZoneName": name,
-        "ZoneId": f"use1-{name[-1]}",
+        "ZoneId": zone_id or f"use1-{name[-1]}",
         "GroupName": "us-east-1-zg-1",
         "NetworkBorderGroup": "us-east-1",
         "ZoneType": "availability-zone",
@@ -75,12 +77,22 @@ class AwsAccount:
         self.quotas = session.client("service-quotas")
         self.ec2_stub, self.quota_stub = Stubber(self.ec2), Stubber(self.quotas)
 
-    def zones(self, offers: Mapping[str, list[str]], types: list[str]) -> None:
-        """The region's zones that need no opt-in, and what each offers; a Local Zone that
-        offers everything is listed among the offers only (it needs an opt-in)."""
+    def zones(
+        self,
+        offers: Mapping[str, list[str]],
+        types: list[str],
+        ids: Mapping[str, str] | None = None,
+    ) -> None:
+        """The region's zones that need no opt-in (with their ``ids``, where given), and what
+        each offers; a Local Zone that offers everything is listed among the offers only (it
+        needs an opt-in)."""
         self.ec2_stub.add_response(
             "describe_availability_zones",
-            {"AvailabilityZones": [aws_zone(z) for z in sorted(offers)]},
+            {
+                "AvailabilityZones": [
+                    aws_zone(z, zone_id=(ids or {}).get(z, "")) for z in sorted(offers)
+                ]
+            },
             {
                 "Filters": [
                     {"Name": "opt-in-status", "Values": ["opt-in-not-required"]},
@@ -137,7 +149,27 @@ class AwsAccount:
             {"ServiceCode": "ec2", "QuotaCode": STANDARD},
         )  # fmt: skip
 
+    volumes: list[dict[str, Any]] | None = None  # the stack's model volumes, as EC2 lists them
+    modifications: list[dict[str, Any]] | None = None  # their last changes, when asked
+
+    def model_volumes(self, wanted: preflight.Needs) -> None:
+        """EC2's answers about the stack's model volumes (none: a first `up`)."""
+        filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in wanted.tags.items()]
+        filters.append({"Name": "tag:role", "Values": ["main"]})
+        self.ec2_stub.add_response(
+            "describe_volumes", {"Volumes": self.volumes or []}, {"Filters": filters}
+        )
+        if self.modifications is not None:
+            ids = sorted(v["VolumeId"] for v in self.volumes or [])
+            self.ec2_stub.add_response(
+                "describe_volumes_modifications",
+                {"VolumesModifications": self.modifications},
+                {"VolumeIds": ids},
+            )
+
     def read(self, wanted: preflight.Needs) -> preflight.Account:
+        if wanted.model_disk_throughput is not None:
+            self.model_volumes(wanted)
         with self.ec2_stub, self.quota_stub:
             account = aws.read_account(wanted, self.ec2, self.quotas)
             self.ec2_stub.assert_no_pending_responses()
@@ -186,10 +218,32 @@ def test_aws_a_new_accounts_quota_is_refused_with_the_request_to_send() -> None:
 
 def test_aws_every_replica_counts_and_other_instances_take_their_share() -> None:
     wanted = needs("aws-c8g", {f"{P}replicas": 2})
-    others = aws_instance("m7g.16xlarge", 64, OTHER)
-    [problem] = preflight.problems(wanted, aws_account(400.0, others).read(wanted))
-    assert "is 400 vCPUs and other instances use 66; the stack needs 384 vCPUs" in str(problem)
-    assert "--desired-value 450" in str(problem)
+    # The balancer node (c8g.large) is asked for, and counted, with the groups.
+    assert wanted.types == ("c8g.16xlarge", "c8g.large") and wanted.balancer == "c8g.large"
+    both = list(wanted.types)
+    account = AwsAccount()
+    account.zones({"us-east-1a": both, "us-east-1b": both, "us-east-1c": []}, both)
+    account.running(aws_instance("t4g.small", 2, OTHER), aws_instance("m7g.16xlarge", 64, OTHER))
+    account.quota(400.0)
+    [problem] = preflight.problems(wanted, account.read(wanted))
+    assert "is 400 vCPUs and other instances use 66; the stack needs 386 vCPUs" in str(problem)
+    assert "6 x c8g.16xlarge + 1 x c8g.large" in str(problem)
+    assert "--desired-value 452" in str(problem)
+
+
+def test_aws_the_balancer_nodes_type_must_be_offered_in_the_zone_too() -> None:
+    wanted = needs("aws-c8g", {f"{P}replicas": 2})
+    both = list(wanted.types)
+    account = AwsAccount()
+    account.zones({"us-east-1a": ["c8g.16xlarge"], "us-east-1b": both}, both)
+    account.running(aws_instance("t4g.small", 2, OTHER))
+    account.quota(512.0)
+    read = account.read(wanted)
+    assert preflight.problems(wanted, read) == []
+    assert preflight.zone_for(wanted, read) == "us-east-1b"  # a lacks the balancer's type
+    zoned = needs("aws-c8g", {f"{P}replicas": 2, f"{P}zone": "us-east-1a"})
+    [problem] = preflight.problems(zoned, read)
+    assert str(problem).startswith("zone: us-east-1a does not offer c8g.large")
 
 
 def test_aws_a_second_up_does_not_count_the_stacks_own_nodes_twice() -> None:
@@ -221,6 +275,98 @@ def test_aws_no_zone_offering_both_types_is_refused() -> None:
     assert "r8g.4xlarge in us-east-1b; r8g.8xlarge in us-east-1a" in str(problem)
 
 
+def eks_account(offers: Mapping[str, list[str]]) -> AwsAccount:
+    """us-east-1a is use1-az3 in this account, a zone where EKS refuses a cluster's subnets."""
+    account = AwsAccount()
+    account.zones(offers, C8G, ids={"us-east-1a": "use1-az3"})
+    account.running(aws_instance("t4g.small", 2, OTHER))
+    account.quota(512.0)
+    return account
+
+
+def test_aws_eks_never_chooses_a_zone_eks_refuses_and_names_one_set() -> None:
+    """The nodes' subnet is also one of the control plane's: its zone must be one EKS takes,
+    told by zone id (names differ between accounts)."""
+    wanted = needs("aws-eks")
+    assert "use1-az3" in wanted.refused_zone_ids
+    offers = {"us-east-1a": C8G, "us-east-1b": C8G}
+    read = eks_account(offers).read(wanted)
+    assert read.zone_ids == {"us-east-1a": "use1-az3", "us-east-1b": "use1-b"}
+    assert preflight.problems(wanted, read) == []
+    assert preflight.zone_for(wanted, read) == "us-east-1b"
+    # VMs take any zone.
+    vms = needs("aws-c8g")
+    assert preflight.zone_for(vms, eks_account(offers).read(vms)) == "us-east-1a"
+    zoned = needs("aws-eks", {f"{P}zone": "us-east-1a"})
+    [problem] = preflight.problems(zoned, eks_account(offers).read(zoned))
+    assert str(problem).startswith(
+        "zone: us-east-1a is use1-az3 in this account, where EKS refuses a cluster's subnets"
+    )
+    assert "(us-east-1b offer the types)" in str(problem)
+    only = eks_account({"us-east-1a": C8G, "us-east-1b": []}).read(wanted)
+    [problem] = preflight.problems(wanted, only)
+    assert str(problem).startswith(
+        "instanceType: the zones of us-east-1 that offer c8g.16xlarge are use1-az3, where EKS"
+    )
+    assert preflight.zone_for(wanted, only) is None
+
+
+def model_volume(throughput: int, tags: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "VolumeId": "vol-0123456789abcdef0",
+        "Size": 311,
+        "AvailabilityZone": "us-east-1a",
+        "State": "in-use",
+        "VolumeType": "gp3",
+        "Iops": throughput * 4,
+        "Throughput": throughput,
+        "Encrypted": True,
+        "Tags": [
+            *({"Key": k, "Value": v} for k, v in tags.items()),
+            {"Key": "role", "Value": "main"},
+            {"Key": "Name", "Value": "llama-rpc-cluster-main-model"},
+        ],
+    }
+
+
+@pytest.mark.parametrize("state", ["optimizing", "completed"])
+def test_aws_a_new_throughput_waits_for_the_volumes_last_change_to_complete(state: str) -> None:
+    """A throughput change is a ModifyVolume, which EC2 refuses until the volume's last one is
+    completed (a 311 GiB volume may optimize for hours): two quick edits would stop `up`."""
+    wanted = needs("aws-c8g", {f"{P}diskThroughputMibps": 1500})
+    assert wanted.model_disk_throughput == 1500
+    account = aws_account(256.0)
+    account.volumes = [model_volume(2000, wanted.tags)]
+    account.modifications = [
+        {
+            "VolumeId": "vol-0123456789abcdef0",
+            "ModificationState": state,
+            "TargetThroughput": 2000,
+            "OriginalThroughput": 1000,
+            "Progress": 40,
+            "StartTime": datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC),
+        }
+    ]
+    found = [str(p) for p in preflight.problems(wanted, account.read(wanted))]
+    if state == "completed":
+        assert found == []
+        return
+    [problem] = found
+    assert problem.startswith(
+        "diskThroughputMibps: the model volume vol-0123456789abcdef0 is still optimizing from a "
+        "change started 2026-11-28 12:00 UTC, and EC2 takes another change of a volume only "
+        "once the last is completed"
+    )
+    assert "keep diskThroughputMibps at 2000 until then" in problem
+
+
+def test_aws_an_unchanged_throughput_asks_nothing_of_the_volumes_changes() -> None:
+    wanted = needs("aws-c8g")
+    account = aws_account(256.0)
+    account.volumes = [model_volume(wanted.model_disk_throughput or 0, wanted.tags)]
+    assert preflight.problems(wanted, account.read(wanted)) == []  # no modification asked
+
+
 def test_aws_a_quota_it_may_not_read_is_said_not_checked_and_passes() -> None:
     wanted = needs("aws-c8g")
     account = aws_account(None).read(wanted)
@@ -240,11 +386,15 @@ class Recorded:
         self.answers = dict(answers)
         self.asked: list[str] = []
 
-    def __call__(self, url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+    def __call__(
+        self, url: str, headers: Mapping[str, str], body: bytes | None = None
+    ) -> tuple[int, bytes]:
         assert headers["Authorization"] == "Bearer token"
         parts = urllib.parse.urlsplit(url)
         query = urllib.parse.parse_qsl(parts.query)
         key = parts.path + ("?" + "&".join(f"{k}={v}" for k, v in sorted(query)) if query else "")
+        if body is not None:  # a POST: the body is part of the question
+            key = f"POST {key} {json.dumps(json.loads(body), sort_keys=True)}"
         self.asked.append(key)
         assert key in self.answers, f"unexpected request {key}"
         answer = self.answers[key]
@@ -256,6 +406,10 @@ class Recorded:
 
 GCP = "/compute/v1/projects/my-project"
 GCP_TYPES = 'name eq "(c4a-highcpu-72|c4a-standard-32)"'
+GCP_PERMISSIONS = (
+    "POST /v1/projects/my-project:testIamPermissions "
+    '{"permissions": ["secretmanager.secrets.setIamPolicy"]}'
+)
 GCP_OWN = '(labels.project = "llama-rpc-cluster") AND (labels.stack = "gcp-c4a")'
 
 
@@ -265,6 +419,8 @@ def gcp_answers() -> dict[str, Any]:
         f"{GCP}/aggregated/machineTypes?filter={GCP_TYPES}": fixture("gcp-machine-types.json"),
         f"{GCP}/regions/us-central1": fixture("gcp-region.json"),
         f"{GCP}/aggregated/instances?filter={GCP_OWN}": fixture("gcp-instances.json"),
+        GCP: fixture("gcp-project.json"),
+        GCP_PERMISSIONS: {"permissions": ["secretmanager.secrets.setIamPolicy"]},
     }
 
 
@@ -296,6 +452,45 @@ def test_gcp_a_short_c4a_quota_is_refused_naming_the_quota_page() -> None:
     assert "C4A CPUs (C4A_CPUS) in us-central1 is 24 vCPUs; the stack needs 176 vCPUs" in text
     assert "https://console.cloud.google.com/iam-admin/quotas?project=my-project" in text
     assert text.endswith("C4A_CPUS in us-central1, to 176")
+
+
+def all_regions_quota(answers: dict[str, Any], limit: float, usage: float) -> None:
+    [entry] = [q for q in answers[GCP]["quotas"] if q["metric"] == "CPUS_ALL_REGIONS"]
+    entry.update(limit=limit, usage=usage)
+
+
+def test_gcp_a_new_projects_cpus_in_all_regions_are_refused_as_well() -> None:
+    """CPUS_ALL_REGIONS caps every family in every region: a trial project's 12 stop the stack
+    after its network exists, whatever its region's C4A_CPUS says."""
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    all_regions_quota(answers, 12.0, 0.0)
+    account = gcp_read(wanted, answers)
+    assert [r.quota.id for r in account.quotas] == ["C4A_CPUS", "CPUS_ALL_REGIONS"]
+    [problem] = preflight.problems(wanted, account)
+    text = str(problem)
+    assert text.startswith("quota: CPUs in all regions (CPUS_ALL_REGIONS) is 12 vCPUs; the ")
+    assert (
+        "the stack needs 176 vCPUs" in text
+        and "in us-central1" not in text.split(".", maxsplit=1)[0]
+    )
+    assert text.endswith("CPUS_ALL_REGIONS (global), to 176")
+    # Another region's VMs take their share of it too.
+    all_regions_quota(answers, 200.0, 40.0)
+    [problem] = preflight.problems(wanted, gcp_read(wanted, answers))
+    assert "is 200 vCPUs and other instances use 40; the stack needs 176" in str(problem)
+    all_regions_quota(answers, 400.0, 4.0)
+    assert preflight.problems(wanted, gcp_read(wanted, answers)) == []
+
+
+def test_gcp_a_project_quota_it_may_not_read_is_said_not_checked() -> None:
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    answers[GCP] = (403, {"error": {"code": 403, "message": "Required 'compute.projects.get'"}})
+    account = gcp_read(wanted, answers)
+    assert preflight.problems(wanted, account) == []
+    [unread] = account.unread
+    assert str(unread).startswith("the project's CPU quota in all regions was not checked: ")
 
 
 def test_gcp_a_second_up_counts_its_own_running_nodes_once() -> None:
@@ -362,6 +557,9 @@ AZURE_PATHS = {
     "watchers": f"{AZURE}/Microsoft.Network/networkWatchers?api-version=2024-05-01",
     "insights": f"{AZURE}/Microsoft.Insights?api-version=2021-04-01",
     "keyvault": f"{AZURE}/Microsoft.KeyVault?api-version=2021-04-01",
+    "groups": f"/subscriptions/{SUBSCRIPTION}/resourcegroups?$top=1&api-version=2021-04-01",
+    "permissions": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/NetworkWatcherRG/providers/"
+    "Microsoft.Authorization/permissions?api-version=2022-04-01",
 }
 
 
@@ -383,7 +581,7 @@ def test_azure_a_ready_subscription_passes() -> None:
 
 
 def test_azure_a_short_family_quota_and_the_regional_total_are_refused() -> None:
-    wanted = needs("azure-cobalt", {f"{P}replicas": 2})  # 320 vCPUs of Dpsv6
+    wanted = needs("azure-cobalt", {f"{P}replicas": 2})  # 320 vCPUs of Dpsv6, 2 of Dplsv6
     answers = azure_answers()
     [cores] = [u for u in answers[AZURE_PATHS["usages"]]["value"] if u["name"]["value"] == "cores"]
     cores["currentValue"] = 40
@@ -392,11 +590,42 @@ def test_azure_a_short_family_quota_and_the_regional_total_are_refused() -> None
     assert (
         "Standard DPSv6 Family vCPUs (standardDpsv6Family) in eastus is 200 vCPUs; the " in found[0]
     )
-    assert "the stack needs 320 vCPUs: 2 x Standard_D32ps_v6 + 4 x Standard_D64ps_v6" in found[0]
+    # A family's quota counts its own sizes; the region's total, every node.
+    assert "the stack needs 320 vCPUs: 2 x Standard_D32ps_v6 + 4 x Standard_D64ps_v6." in found[0]
     assert (
-        "Total Regional vCPUs (cores) in eastus is 350 vCPUs and other instances use 40" in found[1]
+        "Total Regional vCPUs (cores) in eastus is 350 vCPUs and other instances use 40; the "
+        "stack needs 322 vCPUs: 1 x Standard_D2pls_v6 + 2 x Standard_D32ps_v6 + 4 x "
+        "Standard_D64ps_v6." in found[1]
     )
     assert "portal.azure.com" in found[0] and "az vm list-usage --location eastus" in found[0]
+
+
+def test_azure_the_balancer_nodes_own_family_quota_and_size_are_read() -> None:
+    """The balancer node (Standard_D2pls_v6) draws on the Dplsv6 family, a quota of its own
+    that new subscriptions may hold at 0."""
+    wanted = needs("azure-cobalt", {f"{P}replicas": 2})
+    answers = azure_answers()
+    usages = {u["name"]["value"]: u for u in answers[AZURE_PATHS["usages"]]["value"]}
+    usages["standardDPSv6Family"]["limit"] = 400  # room for the groups
+    family = usages["standardDPLSv6Family"]
+    family["limit"] = 0
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem).startswith(
+        "quota: Standard DPLSv6 Family vCPUs (standardDplsv6Family) in eastus is 0 vCPUs; the "
+        "stack needs 2 vCPUs: 1 x Standard_D2pls_v6."
+    )
+    family["limit"] = 10
+    [sku] = [s for s in answers[AZURE_PATHS["skus"]]["value"] if s["name"] == "Standard_D2pls_v6"]
+    sku["restrictions"] = [
+        {"type": "Location", "values": ["eastus"], "reasonCode": "NotAvailableForSubscription"}
+    ]
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem) == (
+        "replicas: Standard_D2pls_v6, the balancer node's size (with replicas above 1): not "
+        "available to this subscription in eastus (NotAvailableForSubscription); choose another "
+        "region, or one serving group"
+    )
+    assert needs("azure-cobalt").balancer is None  # one group: no balancer node
 
 
 def test_azure_a_size_the_subscription_may_not_have_is_refused() -> None:
@@ -572,3 +801,84 @@ def test_a_cloud_without_a_reader_is_refused_not_read_as_another(
         live_cloud("oci")
     assert main(["--stack", "gcp-c4a"], reader_for=lambda cloud, access: live_cloud("oci")) == 2
     assert "preflight: no live operations for cloud 'oci'" in capsys.readouterr().err
+
+
+# --- the deployer's own permissions, through each cloud's permission check ----------------------
+
+
+def test_gcp_an_editor_who_may_not_bind_the_secret_is_refused_naming_the_role() -> None:
+    """The API key's secret is bound to the main nodes' account with setIamPolicy, which the
+    basic Editor role lacks: without it the stack stops after its nodes exist."""
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    assert preflight.problems(wanted, gcp_read(wanted, answers)) == []
+    answers[GCP_PERMISSIONS] = {}  # Google leaves out what the caller does not hold
+    [problem] = preflight.problems(wanted, gcp_read(wanted, answers))
+    assert str(problem) == (
+        "apiKey: your identity may not secretmanager.secrets.setIamPolicy, which the main "
+        "nodes' read of the API key's secret needs: ask for Secret Manager Admin "
+        "(roles/secretmanager.admin) or Owner on the project (Editor cannot set IAM "
+        "policies), or set apiKey to none"
+    )
+    keyless = needs("gcp-c4a", {f"{P}apiKey": "none"})
+    answers.pop(GCP_PERMISSIONS)  # not even asked
+    assert preflight.problems(keyless, gcp_read(keyless, answers)) == []
+
+
+def test_gcp_permissions_it_may_not_test_are_said_not_checked() -> None:
+    wanted = needs("gcp-c4a")
+    answers = gcp_answers()
+    answers[GCP_PERMISSIONS] = (403, {"error": {"code": 403, "message": "recorded"}})
+    account = gcp_read(wanted, answers)
+    assert preflight.problems(wanted, account) == []
+    assert [str(u) for u in account.unread] == [
+        "your permissions was not checked: /v1/projects/my-project:testIamPermissions: HTTP 403 "
+        "403: recorded"
+    ]
+
+
+def contributor_only(answers: dict[str, Any]) -> None:
+    """The caller holds Contributor alone: everything but Microsoft.Authorization's writes."""
+    sets = answers[AZURE_PATHS["permissions"]]["value"]
+    answers[AZURE_PATHS["permissions"]]["value"] = [s for s in sets if s["actions"] == ["*"]]
+
+
+def test_azure_a_contributor_who_may_not_assign_roles_is_refused_before_anything() -> None:
+    """Every keyed stack grants its main nodes the secret's read: a Contributor-only deployer
+    failed half-way (AuthorizationFailed on roleAssignments/write), after the VMs existed."""
+    wanted = needs("azure-cobalt")
+    answers = azure_answers()
+    assert preflight.problems(wanted, azure_read(wanted, answers)) == []
+    contributor_only(answers)
+    [problem] = preflight.problems(wanted, azure_read(wanted, answers))
+    assert str(problem) == (
+        "apiKey: your identity may not Microsoft.Authorization/roleAssignments/write, which the "
+        "main node's read of the API key's secret needs: ask for Role Based Access Control "
+        "Administrator, User Access Administrator or Owner on the subscription (Contributor "
+        "cannot assign roles), or set apiKey to none"
+    )
+    keyless = needs("azure-cobalt", {f"{P}apiKey": "none"})
+    assert keyless.rights == ()
+    answers.pop(AZURE_PATHS["groups"]), answers.pop(AZURE_PATHS["permissions"])  # not asked
+    assert preflight.problems(keyless, azure_read(keyless, answers)) == []
+
+
+def test_azure_a_spend_guards_custom_role_needs_more_than_assigning_roles() -> None:
+    wanted = needs("azure-cobalt", {f"{P}stopAfterHours": 8})
+    found = [str(p) for p in preflight.problems(wanted, azure_read(wanted, azure_answers()))]
+    assert found == [
+        "stopAfterHours: your identity may not Microsoft.Authorization/roleDefinitions/write, "
+        "which the spend guard's custom role needs: ask for User Access Administrator or Owner "
+        "on the subscription, or remove the spend guard"
+    ]
+
+
+def test_azure_wildcards_match_as_rbac_matches_them() -> None:
+    owner = [(["*"], [])]
+    contributor = [(["*"], ["Microsoft.Authorization/*/Write"])]
+    assert azure_facts.permits(owner, azure_facts.ROLE_ASSIGNMENT_WRITE)
+    assert not azure_facts.permits(contributor, azure_facts.ROLE_ASSIGNMENT_WRITE)
+    assert azure_facts.permits(
+        [*contributor, (["microsoft.authorization/roleassignments/*"], [])],
+        azure_facts.ROLE_ASSIGNMENT_WRITE,
+    )

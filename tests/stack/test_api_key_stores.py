@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from infra.clouds.azure import KEY_VAULT_TAG
+from infra.conformance import rules
 from infra.core import outputs
 from infra.stack.backends.azure import KEY_VAULT_SECRETS_USER
 from infra.stack.backends.gcp import KEY_READER_ROLE
@@ -109,7 +110,6 @@ def test_azure_keeps_the_key_in_the_stacks_vault_for_each_main_nodes_identity_al
     assert [rule["value"] for rule in acl["ipRules"]] == [
         d.states[nat_ip.typ, nat_ip.name][1].get("ipAddress", "")
     ]
-    vault_id = d.states[vault.typ, vault.name][0]
     vault_name = vault.inputs["vaultName"]
     assert vault_name.startswith("lrc") and len(vault_name) == 19
     [secret] = d.of_type("azure-native:keyvault:Secret")
@@ -126,13 +126,22 @@ def test_azure_keeps_the_key_in_the_stacks_vault_for_each_main_nodes_identity_al
     assert set(readers) == {principal_of(vm.name) for vm in mains}  # the main nodes alone
     for vm in mains:
         granted = readers[principal_of(vm.name)]
-        assert granted["scope"] == f"{vault_id}/secrets/{AZURE_API_KEY_SECRET}"  # that secret
+        # That secret, by its own id: the grant waits for it (Azure refuses an assignment at a
+        # scope that does not exist yet).
+        secret_id = d.states[secret.typ, secret.name][0]
+        assert granted["scope"] == secret_id and secret_id.endswith(
+            f"/secrets/{AZURE_API_KEY_SECRET}"
+        )
         assert granted["roleDefinitionId"] == (
             f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/"
             f"{KEY_VAULT_SECRETS_USER}"
         )
         assert vm.inputs["identity"] == {"type": "SystemAssigned"}
         assert vm.inputs["tags"][KEY_VAULT_TAG] == vault_name  # where the node finds its vault
+    stack = d.stack()
+    secret_key = rules.key_of(secret.typ, secret.name)
+    grants = [r for r in stack.resources if r.name.endswith("-api-key-read")]
+    assert grants and all(secret_key in grant.depends_on for grant in grants)
     for vm in d.of_type(AZURE_VM):
         if vm not in mains:
             assert "identity" not in vm.inputs and KEY_VAULT_TAG not in vm.inputs["tags"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.boot.balancer import HAPROXY_CONFIG_PATH, render
+from infra.boot.balancer import HAPROXY_CONFIG_PATH, render, staged_path
 from infra.clouds import FACTS
 from infra.core import costs
 from tests.pulumi_mocks import (
@@ -111,7 +111,11 @@ def test_the_balancer_node_is_private_and_boots_the_shared_haproxy(cloud: str) -
     assert boot is not None
     text = boot_text(cloud, inputs)
     assert text == render(boot)
-    [haproxy] = [f for f in yaml.safe_load(text)["write_files"] if f["path"] == HAPROXY_CONFIG_PATH]
+    [haproxy] = [
+        f
+        for f in yaml.safe_load(text)["write_files"]
+        if f["path"] == staged_path(HAPROXY_CONFIG_PATH)
+    ]
     cfg = haproxy["content"]
     assert config.slots == 2
     for group, ip in enumerate(config.main_ips):
@@ -153,3 +157,23 @@ def test_the_balancer_node_is_priced_in_the_hourly_cost(cloud: str) -> None:
     assert two.stopped is not None and two.stopped >= price  # it runs while groups stop
     # The catalog without the type: named unpriced, never guessed.
     assert costs.balancer_cost(cloud, "nowhere-1").usd is None
+
+
+# What carries a balancer node's package download out: on Azure, the subnet itself (made with
+# its NAT gateway), which every VM's NIC already waits for.
+ROUTE_OUT = {
+    "aws": "aws:ec2/routeTableAssociation:RouteTableAssociation::llama-rpc-cluster-private-routes",
+    "gcp": "gcp:compute/routerNat:RouterNat::llama-rpc-cluster-nat",
+    "azure": "azure-native:network:Subnet::llama-rpc-cluster-private",
+}
+
+
+@pytest.mark.parametrize("cloud", list(STACKS))
+def test_the_balancer_node_is_made_once_its_route_out_is(cloud: str) -> None:
+    """HAProxy comes through the NAT: a node made before its route out carries traffic would
+    spend its installer's attempts on a mirror it cannot reach."""
+    stack = replicated(cloud).stack()
+    [node] = [r for r in stack.resources if r.type == VM_TYPE[cloud] and r.name == NAME]
+    route = stack.find(ROUTE_OUT[cloud])
+    assert route is not None
+    assert stack.waits_for(node, route)

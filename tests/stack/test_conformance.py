@@ -20,6 +20,7 @@ import pytest
 
 from infra.clouds import FACTS
 from infra.conformance import RESOURCE_RULES, rules
+from infra.core.layout import PROJECT
 from infra.core.limits import MAX_WORKERS
 from tests.pulumi_mocks import (
     API_CIDRS,
@@ -322,7 +323,7 @@ def test_tags_a_tag_the_cloud_refuses_is_caught(
             {"maxAggregationInterval": 300},
             ("60, 600",),
         ),
-        # A volume of its own takes 2,000 MiB/s (a launch volume 1,000: below).
+        # A volume of its own takes 2,000 MiB/s (as a launch volume does: below).
         (
             AWS,
             "as shipped",
@@ -429,17 +430,22 @@ def test_combinations_gp3_throughput_beyond_its_iops_is_caught() -> None:
     )
 
 
-def test_values_a_launch_volume_beyond_1000_mibps_is_caught() -> None:
-    def faster(r: rules.Registered) -> rules.Registered:
-        return with_inputs(
-            rootBlockDevice={**r.inputs["rootBlockDevice"], "throughput": 2000, "iops": 8000}
+def test_values_a_launch_volume_takes_what_a_volume_takes_and_no_more() -> None:
+    """RunInstances' EbsBlockDevice takes gp3's 125-2,000 MiB/s and 3,000-80,000 IOPS, as
+    CreateVolume does (the EC2 service model, botocore 1.44.5)."""
+
+    def speed(throughput: int, iops: int) -> Callable[[rules.Registered], rules.Registered]:
+        return lambda r: with_inputs(
+            rootBlockDevice={**r.inputs["rootBlockDevice"], "throughput": throughput, "iops": iops}
         )(r)
 
+    shipped = run(AWS, "as shipped")
+    assert not families(changed(shipped, "aws:ec2/instance:Instance", speed(2000, 8000)))
     only(
-        changed(run(AWS, "as shipped"), "aws:ec2/instance:Instance", faster),
+        changed(shipped, "aws:ec2/instance:Instance", speed(2500, 10_000)),
         rules.VALUE,
-        "rootBlockDevice.throughput is 2000",
-        "125-1000",
+        "rootBlockDevice.throughput is 2500",
+        "125-2000",
     )
 
 
@@ -553,3 +559,43 @@ def test_each_rule_family_is_shown_to_catch_a_broken_input_above() -> None:
     assert shown == set(rules.FAMILIES)
     reported = {c.family for c in rule_classes() if "family" in vars(c)} | {rules.UNKNOWN_TYPE}
     assert reported == set(rules.FAMILIES)
+
+
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+
+def test_combinations_a_roles_inline_policies_are_counted_together_without_white_space() -> None:
+    """IAM's 10,240 characters are all of a role's inline policies together, white space not
+    counted: two of 6,000 break it, one of 11,000 that is mostly white space does not."""
+    shipped = run(AWS, "as shipped")
+    stack = shipped.stack()
+    main_policies = [
+        r for r in stack.resources if r.type == ROLE_POLICY and r.name.startswith(f"{PROJECT}-main")
+    ]
+    assert len(main_policies) >= 2 and len({r.inputs["role"] for r in main_policies}) == 1
+    first, second = main_policies[:2]
+    large = {first.key: "x" * 6_000, second.key: "y" * 6_000}
+    resources = [
+        with_inputs(policy=large[r.key])(r) if r.key in large else r for r in stack.resources
+    ]
+    only(dataclasses.replace(stack, resources=resources), rules.COMBINATION, "12,", "together")
+    spaced = "{" + " " * 3_000 + "z" * 8_000 + "}"
+    assert not families(changed(shipped, ROLE_POLICY, with_inputs(policy=spaced)))
+
+
+def test_an_ssm_parameter_pulumi_names_itself_keeps_the_rules() -> None:
+    """pulumi-aws names a parameter when the program does not (its name input is optional)."""
+    [name_rule] = [
+        rule
+        for rule in RESOURCE_RULES["aws:ssm/parameter:Parameter"].rules
+        if isinstance(rule, rules.Name)
+    ]
+    assert name_rule.autoname is not None
+    shipped = run(AWS, "as shipped")
+
+    def unnamed(r: rules.Registered) -> rules.Registered:
+        return dataclasses.replace(r, inputs={k: v for k, v in r.inputs.items() if k != "name"})
+
+    assert not families(changed(shipped, "aws:ssm/parameter:Parameter", unnamed))
+    reserved = with_inputs(name="/aws/llama")
+    only(changed(shipped, "aws:ssm/parameter:Parameter", reserved), rules.NAME, "not a name")

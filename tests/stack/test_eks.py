@@ -38,6 +38,7 @@ from tests.pulumi_mocks import (
     plan_update,
     refused,
     revealed,
+    stack_config,
 )
 
 P = "llama-rpc-cluster:"
@@ -125,8 +126,11 @@ def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> 
     d = deployed(STACK)
     [cluster] = d.of_type(CLUSTER)
     vpc = cluster.inputs["vpcConfig"]
-    assert vpc["endpointPrivateAccess"] is True and vpc["endpointPublicAccess"] is False
-    assert "publicAccessCidrs" not in vpc  # EKS's default for it is 0.0.0.0/0
+    # The shipped stack's range (where `pulumi up` runs), and nothing else, reaches the public
+    # endpoint: the program applies the Kubernetes objects through it.
+    shipped = stack_config(STACK)[f"{P}kubernetesApiCidrs"]
+    assert vpc["endpointPrivateAccess"] is True and vpc["endpointPublicAccess"] is True
+    assert vpc["publicAccessCidrs"] == shipped == ["198.51.100.7/32"]
     assert cluster.inputs["version"] == aws_facts.EKS_VERSION
     assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
     assert cluster.inputs["accessConfig"]["authenticationMode"] == "API"
@@ -146,10 +150,20 @@ def test_the_control_plane_is_private_and_public_only_for_the_given_ranges() -> 
         443,
     )
     assert not any("endpoint" in line for line in opened.outputs[outputs.LIMITATIONS])
-    assert any("endpoint" in line for line in d.outputs[outputs.LIMITATIONS])
-    private_only = deploy(STACK, {f"{P}kubernetesApiCidrs": ["10.8.0.0/16"]})
-    [cluster] = private_only.of_type(CLUSTER)
-    assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
+
+
+@pytest.mark.parametrize("ranges", [[], ["10.8.0.0/16"]], ids=["none", "private-only"])
+def test_an_endpoint_the_machine_running_up_cannot_reach_is_refused_before_anything(
+    ranges: list[str],
+) -> None:
+    """Private to a VPC that this same `up` creates, the endpoint is out of reach of the
+    Kubernetes provider, which runs where `pulumi up` runs: the stack would stop after the
+    cluster's quarter of an hour."""
+    mocks = RecordingMocks()
+    with pytest.raises(Exception, match="kubernetesApiCidrs") as refusal:
+        deploy(STACK, {f"{P}kubernetesApiCidrs": ranges}, mocks)
+    assert "checkip" in str(refusal.value) and "public address" in str(refusal.value)
+    assert mocks.resources == []
 
 
 def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:

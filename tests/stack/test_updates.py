@@ -5,9 +5,11 @@ keep the first run's state as the engine does (ids, and inputs under ``ignore_ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+import pulumi
 import pytest
 
 from infra.conformance import rules
@@ -20,6 +22,7 @@ from tests.pulumi_mocks import (
     overrides_of,
     plan_update,
     ready_account,
+    refused_replacements,
 )
 
 P = "llama-rpc-cluster:"
@@ -181,6 +184,7 @@ def test_replacing_one_node_replaces_only_it_and_what_must_follow(
     actions = plan_update(before, after, forced=frozenset({node}))
     assert acted(actions, "replace") == {node, *follows}
     assert acted(actions, "create", "delete") == set()
+    assert refused_replacements(before, after, actions) == {}
     # Its NIC, its address, the balancer node's servers stay: the node keeps its fixed address.
     assert "update" not in {actions[key] for key in follows}
 
@@ -214,3 +218,45 @@ def test_a_new_main_disk_size_is_a_new_model_volume_and_a_new_speed_is_not() -> 
     actions = plan_update(before, after)
     assert actions[VOLUME] == "update"
     assert acted(actions, "replace", "create", "delete") == set()
+
+
+# Room for a third group of the largest shipped stack.
+NO_SPENDING_LIMIT = {f"{P}maxHourlyUsd": 10_000}
+
+
+@pytest.mark.parametrize("stack", ["aws-c8g", "gcp-c4a", "azure-cobalt"])
+@pytest.mark.parametrize(
+    "raised",
+    [{f"{P}replicas": 3}, {f"{P}slots": 3}, {f"{P}contextSize": 2048}],
+    ids=["replicas", "slots", "contextSize"],
+)
+def test_raising_what_the_docs_promise_on_a_stack_with_replicas_plans_what_the_cloud_accepts(
+    stack: str, raised: dict[str, Any]
+) -> None:
+    """Each of these gives the balancer node new boot data, and so a new node at the same fixed
+    address: made create-first, the cloud refuses it (InvalidIPAddress.InUse on AWS)."""
+    first = {**WITH_REPLICAS, **NO_SPENDING_LIMIT}
+    before, after = up_twice(stack, first, {**first, **raised})
+    actions = plan_update(before, after)
+    balancer = next(
+        rules.key_of(r.typ, r.name)
+        for r in after.resources
+        if r.typ in NODE_TYPES and r.name.endswith("-balancer")
+    )
+    assert actions[balancer] == "replace"
+    assert refused_replacements(before, after, actions) == {}
+    assert acted(actions, "delete") == set()
+
+
+def test_a_create_first_replacement_at_a_kept_address_is_refused() -> None:
+    """The check above can fail: the same plan with the balancer node made create-first."""
+    first = {**WITH_REPLICAS, **NO_SPENDING_LIMIT}
+    before, after = up_twice("aws-c8g", first, {**first, f"{P}slots": 3})
+    actions = plan_update(before, after)
+    [balancer] = [r for r in after.resources if r.name == "llama-rpc-cluster-balancer"]
+    create_first = dataclasses.replace(
+        after, options={**after.options, (balancer.typ, balancer.name): pulumi.ResourceOptions()}
+    )
+    refused = refused_replacements(before, create_first, actions)
+    assert list(refused) == [rules.key_of(balancer.typ, balancer.name)]
+    assert "privateIp" in refused[rules.key_of(balancer.typ, balancer.name)]

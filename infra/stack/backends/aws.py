@@ -194,6 +194,17 @@ class AwsNetwork:
     # The main node's boot files beyond its user data and their grant, which its first boot
     # reads.
     boot_files: list[pulumi.Resource] = field(default_factory=list)
+    # The private subnet's route out through the NAT gateway.
+    routes_out: tuple[aws.ec2.RouteTableAssociation, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrivateRoutes:
+    """The private subnets' route table (out through the NAT gateway, which it waits for) and
+    each subnet's association with it: a node reaches the internet once both exist."""
+
+    table: aws.ec2.RouteTable
+    associations: tuple[aws.ec2.RouteTableAssociation, ...]
 
 
 @dataclass(frozen=True)
@@ -295,7 +306,7 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 vpc_id=vpc.id,
                 service_name=f"com.amazonaws.{config.region}.s3",
                 vpc_endpoint_type="Gateway",
-                route_table_ids=[private_routes.id],
+                route_table_ids=[private_routes.table.id],
                 tags=tags,
                 opts=opts,
             )
@@ -353,7 +364,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
                 opts=opts,
             )
             balancer = BalancerPlace(config.balancer_boot, group)
-        return AwsNetwork(vpc, private, profile, role, ami, balancer, boot_files)
+        return AwsNetwork(
+            vpc, private, profile, role, ami, balancer, boot_files, private_routes.associations
+        )
 
     def vpc_behind_nat(
         self,
@@ -364,10 +377,10 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         public_range: ipaddress.IPv4Network,
         private: Sequence[tuple[str, ipaddress.IPv4Network, pulumi.Input[str]]],
         zone: str,
-    ) -> tuple[aws.ec2.Vpc, list[aws.ec2.Subnet], aws.ec2.RouteTable]:
+    ) -> tuple[aws.ec2.Vpc, list[aws.ec2.Subnet], PrivateRoutes]:
         """The VPC, its public subnet (the NAT gateway's) in ``zone``, and each private subnet
         (kind, range, zone) routed out through the NAT; the subnets, public first, and the
-        private subnets' route table."""
+        private subnets' routes."""
         opts = pulumi.ResourceOptions(parent=parent)
         tags = self.tags(config, "network")
         vpc = aws.ec2.Vpc(
@@ -429,14 +442,16 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             tags=tags,
             opts=opts,
         )
-        for (kind, _, _), subnet in zip(private, privates, strict=True):
+        associations = [
             aws.ec2.RouteTableAssociation(
                 f"{name}-{kind}-routes",
                 subnet_id=subnet.id,
                 route_table_id=private_routes.id,
                 opts=opts,
             )
-        return vpc, [public, *privates], private_routes
+            for (kind, _, _), subnet in zip(private, privates, strict=True)
+        ]
+        return vpc, [public, *privates], PrivateRoutes(private_routes, tuple(associations))
 
     def baseline(
         self,
@@ -775,7 +790,9 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             **private_instance(
                 balancer_name, tags, root_gb=sizing.WORKER_DISK_GB, disk=disk, user_data=user_data
             ),
-            opts=pulumi.ResourceOptions(parent=parent, ignore_changes=ignore),
+            # It keeps its fixed address: the old node goes first. Its package comes through the
+            # NAT gateway, so it waits for the private subnets' route out.
+            opts=node_options(parent, ignore_changes=ignore, depends_on=list(network.routes_out)),
         )
         return Node(instance_id=instance.id, private_ip=instance.private_ip)
 
@@ -840,8 +857,8 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
         parent: pulumi.Resource,
         model_disk: ModelDisk,
     ) -> None:
-        """The main node's model volume: made by CreateVolume, which takes up to 2,000 MiB/s of
-        gp3 (a root volume 1,000), and attached once the node runs; the node waits for it and
+        """The main node's model volume: made by CreateVolume (gp3, up to 2,000 MiB/s), and
+        attached once the node runs; the node waits for it and
         mounts it (model-disk.sh). It outlives a replaced main node, which keeps its verified
         model, but not a new size; ``pulumi destroy`` deletes it."""
         disk = self.facts.disk.provision(spec.disk_throughput_mibps)

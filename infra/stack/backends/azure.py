@@ -308,6 +308,8 @@ def _os_disk_id(profile: azure.compute.outputs.StorageProfileResponse | None) ->
 
 class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
     facts = azure_facts.FACTS
+    # The API key's secret (``keep_api_key``, before any node): each main node's grant is on it.
+    api_key_secret: azure.keyvault.Secret | None = None
 
     def limitations(self, config: ClusterConfig) -> Mapping[str, str]:
         found = dict(self.facts.limitations)
@@ -484,7 +486,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         secret alone (``node``), and finds the vault by its VM's tag (``KEY_VAULT_TAG``)."""
         if network.key_vault is None:
             raise ValueError("the Key Vault is made with the network when the stack has a key")
-        azure.keyvault.Secret(
+        self.api_key_secret = azure.keyvault.Secret(
             f"{name}-api-key",
             resource_group_name=network.resource_group.name,
             vault_name=network.key_vault.name,
@@ -777,7 +779,7 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         if containers:
             self._model_readers(spec.name, config, vm, containers, parent)
         if keyed and network.key_vault is not None:
-            self._key_reader(spec.name, vault=network.key_vault, vm=vm, parent=parent)
+            self._key_reader(spec.name, vm=vm, parent=parent)
         if network.deallocate_role is not None:
             azure.authorization.RoleAssignment(
                 f"{spec.name}-deallocate",
@@ -800,11 +802,13 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         self,
         name: str,
         *,
-        vault: azure.keyvault.Vault,
         vm: azure.compute.VirtualMachine,
         parent: pulumi.Resource,
     ) -> None:
         """Key Vault Secrets User for the main node's identity, on the API key's secret alone."""
+        secret = self.api_key_secret
+        if secret is None:
+            raise ValueError("the API key's secret is kept before the nodes are made")
         subscription = azure.authorization.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=parent)
         ).subscription_id
@@ -817,7 +821,9 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             role_definition_id=subscription.apply(
                 lambda sub: role_definition(sub, KEY_VAULT_SECRETS_USER)
             ),
-            scope=pulumi.Output.concat(vault.id, "/secrets/", AZURE_API_KEY_SECRET),
+            # The secret's own id: Azure refuses an assignment at a scope that does not exist
+            # yet, so it waits for the secret.
+            scope=secret.id,
             description="llama-rpc-cluster: the main node reads the API key",
             opts=pulumi.ResourceOptions(parent=parent),
         )

@@ -92,6 +92,8 @@ class GcpNetwork:
     # The balancer node's place and network tag, with a balancer: each group's main nodes
     # admit the tag.
     balancer: BalancerPlace[str] | None = None
+    # Cloud NAT, the nodes' only way out (the balancer node's package comes through it).
+    nat: gcp.compute.RouterNat | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         router = gcp.compute.Router(
             f"{name}-router", network=network.id, region=config.region, opts=opts
         )
-        gcp.compute.RouterNat(
+        nat = gcp.compute.RouterNat(
             f"{name}-nat",
             router=router.name,
             region=config.region,
@@ -182,7 +184,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         )
         boot = config.balancer_boot
         balancer = BalancerPlace(boot, f"{name}-balancer") if boot is not None else None
-        return GcpNetwork(network, subnet, anchor.zone, project, account, balancer)
+        return GcpNetwork(network, subnet, anchor.zone, project, account, balancer, nat)
 
     def group(
         self, spec: GroupSpec, config: ClusterConfig, network: GcpNetwork, parent: pulumi.Resource
@@ -251,6 +253,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
         service_account: gcp.compute.InstanceServiceAccountArgsDict | None,
         fast_network: bool,
         parent: pulumi.Resource,
+        depends_on: Sequence[pulumi.Resource] = (),
     ) -> gcp.compute.Instance:
         """What every VM of the stack has: a Hyperdisk Balanced boot disk, gVNIC and no external
         IP, OS Login with project SSH keys blocked, Shielded VM, its network tag, and its boot
@@ -300,7 +303,7 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             # first boot only, would never see it: new boot data means a new node. (The
             # provider updates metadata without replacement:
             # https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#metadata)
-            opts=node_options(parent, replace_on_changes=["metadata"]),
+            opts=node_options(parent, replace_on_changes=["metadata"], depends_on=list(depends_on)),
         )
 
     def node(
@@ -381,6 +384,8 @@ class GcpBackend(CloudBackend[GcpNetwork, GcpGroup]):
             service_account=None,
             fast_network=False,
             parent=parent,
+            # Its package comes through Cloud NAT: made once the NAT is.
+            depends_on=[network.nat] if network.nat is not None else [],
         )
         return Node(instance_id=vm.name, private_ip=vm.network_interfaces[0].network_ip)
 
