@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from infra import catalog
 from infra.conformance.rules import (
     ORDER,
     TAGS,
@@ -34,6 +35,7 @@ from infra.conformance.rules import (
     revealed,
     values_at,
 )
+from infra.core import scheduling
 
 NAMES = "https://kubernetes.io/docs/concepts/overview/working-with-objects/names/"
 LABELS = (
@@ -311,6 +313,53 @@ def _lws_pods(resource: Registered, _stack: Stack) -> str | None:
     return None
 
 
+# The managed node groups a cluster's pods run on (EKS's; ``infra.conformance.eks``).
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+SCHEDULING = (
+    "https://kubernetes.io/docs/concepts/scheduling-eviction/kube-scheduler/ (a pod runs on a "
+    "node whose allocatable holds its requests beside the others'); "
+    f"{scheduling.NODEADM} (kube-reserved, evictionHard); {scheduling.MAX_PODS_SOURCE}; "
+    f"{scheduling.LWS_MANAGER}; {scheduling.COREDNS}; {scheduling.VPC_CNI}; {scheduling.KUBE_PROXY}"
+)
+
+
+def _node_groups(stack: Stack) -> list[scheduling.NodeGroup] | None:
+    """The stack's node groups with their sizes; None when a group's size is one its API
+    refuses (its own rules report that)."""
+    groups = []
+    for group in (r for r in stack.resources if r.type == NODE_GROUP):
+        scaling = group.inputs.get("scalingConfig") or {}
+        low, count, high = (int(scaling.get(k) or 0) for k in ("minSize", "desiredSize", "maxSize"))
+        if high < 1 or not low <= count <= high:
+            return None
+        for _, name in values_at(group.inputs, "instanceTypes.*"):
+            regions = catalog.regions_of("aws", str(name))
+            found = catalog.find("aws", regions[0], str(name)) if regions else None
+            if found is not None:
+                groups.append(
+                    scheduling.NodeGroup(found.name, found.vcpus, found.memory_bytes, count)
+                )
+    return groups
+
+
+def _schedulable(resource: Registered, stack: Stack) -> str | None:
+    """Every pod of the LeaderWorkerSet (and of the stack's Deployments) fits a node of the
+    stack's node groups, each node keeping room for the kubelet and what the platform runs
+    (``infra.core.scheduling``); a pod that fits nowhere stays Pending and its group never
+    serves. Nothing to pack on a cluster the stack does not make."""
+    groups = _node_groups(stack)
+    if not groups:
+        return None
+    count, slots = scheduling.leaderworkerset_size(resource.inputs), scheduling.pod_slots(groups)
+    if count > slots:
+        return f"{count} pods, where the node groups' kubelets run {slots} at most (maxPods)"
+    pods = scheduling.leaderworkerset_pods(resource.inputs)
+    for other in stack.resources:
+        if other.type == DEPLOYMENT_TYPE:
+            pods += scheduling.deployment_pods(other.name, other.inputs)
+    return next(iter(scheduling.unplaced(pods, groups)), None)
+
+
 def _metadata_forced(*more: str) -> tuple[str, ...]:
     return ("metadata.name", "metadata.namespace", *more)
 
@@ -426,6 +475,7 @@ RULES = by_type(
         Between("spec.replicas", 0, 1_000_000, LWS_CRD),
         Between("spec.leaderWorkerTemplate.size", 1, INT32_MAX, LWS_WEBHOOK),
         Requires(_lws_pods, f"{LWS_WEBHOOK} (replicas x size at most MaxInt32)"),
+        Requires(_schedulable, SCHEDULING),
         OneOf(
             "spec.leaderWorkerTemplate.restartPolicy",
             ("Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"),

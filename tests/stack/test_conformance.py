@@ -11,6 +11,7 @@ once).
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -440,6 +441,27 @@ def test_values_a_launch_volume_beyond_1000_mibps_is_caught() -> None:
         rules.VALUE,
         "rootBlockDevice.throughput is 2000",
         "125-1000",
+    )
+
+
+def test_combinations_a_pod_no_node_can_hold_is_caught() -> None:
+    """The requests each LeaderWorkerSet pod made before, every CPU of its node but one, leave
+    no room for the controller's CPU, CoreDNS, the DaemonSets and the kubelet's reserve."""
+
+    def greedy(r: rules.Registered) -> rules.Registered:
+        spec = copy.deepcopy(dict(r.inputs["spec"]))
+        template = spec["leaderWorkerTemplate"]
+        for part in ("leaderTemplate", "workerTemplate"):
+            [container] = template[part]["spec"]["containers"]
+            container["resources"]["requests"]["cpu"] = "63"
+        return with_inputs(spec=spec)(r)
+
+    shipped = run(KUBERNETES_STACK, "as shipped")
+    assert broken(shipped) == []
+    only(
+        changed(shipped, "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet", greedy),
+        rules.COMBINATION,
+        "fits no node",
     )
 
 
