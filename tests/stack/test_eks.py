@@ -467,3 +467,21 @@ def test_the_shipped_pods_leave_room_for_the_platforms_and_a_greedy_one_is_named
                 container["resources"]["requests"]["cpu"] = str(config.instance_type.vcpus - 1)
     [problem, *_] = eks.unschedulable(config, rendered)
     assert "fits no node" in problem and "c8g.16xlarge" in problem
+
+
+def test_the_namespace_admits_only_restricted_pods_which_every_rendered_pod_is() -> None:
+    """Pod Security admission enforces "restricted" on the stack's namespace: a pod the render
+    changed to run as root, say, would be refused by the API server, not run."""
+    d = deployed(STACK)
+    [namespace] = d.of_type("kubernetes:core/v1:Namespace")
+    labels = namespace.inputs["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in applied(d):
+        templates = []
+        if obj["kind"] == "LeaderWorkerSet":
+            template = obj["spec"]["leaderWorkerTemplate"]
+            templates = [template["leaderTemplate"], template["workerTemplate"]]
+        elif obj["kind"] == "Deployment":
+            templates = [obj["spec"]["template"]]
+        for pod in templates:
+            assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

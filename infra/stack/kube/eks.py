@@ -34,6 +34,12 @@ NAMESPACE = layout.PROJECT
 LWS_NAME = "llama-rpc"
 ROLE_LABEL = "llama-rpc-cluster/node-role"
 KUBERNETES_API_PORT = 443  # the EKS endpoint's
+# The namespace admits only pods of the "restricted" Pod Security profile, which every pod the
+# stack renders passes (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
+POD_SECURITY = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023's root volume, which holds the pods' model
 EKS_ASSUME_ROLE = {
     "Version": "2012-10-17",
@@ -377,7 +383,9 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             ),
         )
         namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster
+            f"{name}-namespace",
+            metadata={"name": NAMESPACE, "labels": dict(POD_SECURITY)},
+            opts=on_cluster,
         )
         in_namespace = pulumi.ResourceOptions.merge(
             on_cluster, pulumi.ResourceOptions(depends_on=[namespace])
