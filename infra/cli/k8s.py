@@ -33,6 +33,11 @@ def parser() -> argparse.ArgumentParser:
         "without it, only the build context is written",
     )  # fmt: skip
     render.add_argument("--name", default="llama-rpc", help="the LeaderWorkerSet's name")
+    render.add_argument(
+        "--storage-class",
+        help="keep each pod's data (the model, a worker's cache) on a claim of this "
+        "StorageClass, across restarts of its group; without it, on the node's own storage",
+    )
     render.add_argument("--namespace", default="default", help="the namespace of every object")
     render.add_argument(
         "--out", type=Path,
@@ -53,9 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--image", "is required without --out (which writes the build context alone)"
             )
         image_ref = args.image or objects.UNBUILT_IMAGE
-        objects.check_names(name=args.name, namespace=args.namespace, image=image_ref)
+        objects.check_names(
+            name=args.name, namespace=args.namespace, image=image_ref,
+            storage_class=args.storage_class,
+        )  # fmt: skip
         config = stack_config(args.stack)
-        rendered = objects.render(config, name=args.name, namespace=args.namespace, image=image_ref)
+        rendered = objects.render(
+            config, name=args.name, namespace=args.namespace, image=image_ref,
+            storage_class=args.storage_class,
+        )  # fmt: skip
     except (objects.RenderError, StackFileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -545,6 +545,46 @@ def test_the_leader_reads_no_configuration_file_it_could_write() -> None:
     assert config_home == objects.READ_ONLY_CONFIG_HOME
 
 
+# --- the pods' data on claims that outlive a group ----------------------------------------------
+
+
+def test_with_a_storage_class_each_pods_data_is_a_claim_kept_across_group_restarts() -> None:
+    config = stack_config("aws-c8g")
+    found = objects.render(
+        config, name=NAME, namespace=NAMESPACE, image=IMAGE, storage_class="gp3-encrypted"
+    )
+    [lws] = [o for o in found if o["kind"] == "LeaderWorkerSet"]
+    assert lws_problems(lws) == []
+    template = lws["spec"]["leaderWorkerTemplate"]
+    [claim] = template["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["storageClassName"] == "gp3-encrypted"
+    assert claim["spec"]["resources"]["requests"]["storage"] == f"{config.main_disk_gb}Gi"
+    # Kept when the controller deletes a group's StatefulSets to make the group again.
+    assert template["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    for part in ("leaderTemplate", "workerTemplate"):
+        spec = template[part]["spec"]
+        assert "data" not in {v["name"] for v in spec["volumes"]}, part
+        [container] = spec["containers"]
+        assert {"name": "data", "mountPath": VM_PATHS.data_dir} in container["volumeMounts"]
+        # The claim a StatefulSet adds is one the restricted profile takes.
+        pod = {**spec, "volumes": [*spec["volumes"], {"name": "data",
+               "persistentVolumeClaim": {"claimName": "data-x"}}]}  # fmt: skip
+        assert restricted_problems(pod) == []
+    # Without the class, the node's own storage, as before.
+    [plain] = of_kind("aws-c8g", "LeaderWorkerSet")
+    assert "volumeClaimTemplates" not in plain["spec"]["leaderWorkerTemplate"]
+
+
+@pytest.mark.parametrize("storage_class", ["GP3", "gp3_fast", "-gp3", ""])
+def test_a_storage_class_name_kubernetes_refuses_is_a_usage_error(
+    storage_class: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["render", "--stack", "aws-c8g", "--image", IMAGE, f"--storage-class={storage_class}"]
+    assert cli.main(argv) == 2
+    assert "--storage-class" in capsys.readouterr().err
+
+
 # --- schedulability: each pod beside what the platform runs ------------------------------------
 
 

@@ -89,6 +89,10 @@ POD_ADDRESSES = "0.0.0.0"  # noqa: S104
 # DNS names in the headless service), kept short enough for its suffixes.
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# A StorageClass is named as a DNS subdomain (253 characters at most).
+STORAGE_CLASS = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 # The image a render that writes the build context alone checks the stack with (its objects are
@@ -100,9 +104,12 @@ class RenderError(SettingError):
     """A stack setting the Kubernetes objects cannot honour."""
 
 
-def check_names(*, name: str, namespace: str, image: str) -> None:
-    """``lrc k8s render``'s ``--name``, ``--namespace`` and ``--image``, before anything is
-    rendered."""
+def check_names(*, name: str, namespace: str, image: str, storage_class: str | None = None) -> None:
+    """``lrc k8s render``'s ``--name``, ``--namespace``, ``--image`` and ``--storage-class``,
+    before anything is rendered."""
+    if storage_class is not None and not STORAGE_CLASS.fullmatch(storage_class):
+        why = f"{storage_class!r}: a StorageClass's name, lowercase letters, digits, '-' and '.'"
+        raise RenderError("--storage-class", why)
     if not NAME.fullmatch(name):
         why = f"{name!r}: 1-40 lowercase letters, digits and '-', from a letter"
         raise RenderError("--name", why)
@@ -266,8 +273,17 @@ def _pod_security(uid: int, *, fs_group: bool = False) -> dict[str, Any]:
     return {**security, "seccompProfile": dict(SECCOMP)}
 
 
-def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> list[dict[str, Any]]:
-    """The stack's Kubernetes objects, in the order to apply them. Raises the first refusal."""
+def render(
+    config: ClusterConfig,
+    *,
+    name: str,
+    namespace: str,
+    image: str,
+    storage_class: str | None = None,
+) -> list[dict[str, Any]]:
+    """The stack's Kubernetes objects, in the order to apply them. Raises the first refusal.
+    ``storage_class``: each pod's data (the leader's model, a worker's RPC cache) on a volume of
+    that class, kept when its group is made again; else on the node's own storage."""
     for refusal in refusals(config):
         raise refusal
     main, *workers = config.boots(0)
@@ -311,10 +327,9 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         "failureThreshold": 3,
     }
     fetch = _container("fetch-model", image, "fetch-model.sh", leader_env, _pod_env())
-    volumes: list[dict[str, Any]] = [
-        # The model: as large as the main node's disk, on the node's own storage.
-        {"name": "data", "emptyDir": {"sizeLimit": f"{config.main_disk_gb}Gi"}}
-    ]
+    # The model: as large as the main node's disk, on the node's own storage (or a claim's).
+    data = {"name": "data", "emptyDir": {"sizeLimit": f"{config.main_disk_gb}Gi"}}
+    volumes: list[dict[str, Any]] = [] if storage_class else [data]
     if main.api_key_file:
         server["volumeMounts"].append(
             {"name": "api-key", "mountPath": CREDENTIALS_DIRECTORY, "readOnly": True}
@@ -356,11 +371,13 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
             "spec": _pod(
                 config.instance_type.name,
                 containers=[rpc],
-                volumes=[{"name": "data", "emptyDir": {}}],
+                volumes=[] if storage_class else [{"name": "data", "emptyDir": {}}],
             ),
         }
     else:
         template["workerTemplate"] = leader
+    if storage_class:
+        template.update(data_claims(config, storage_class, labels))
     objects.append(
         {
             "apiVersion": LWS_API_VERSION,
@@ -396,6 +413,29 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
     )
     objects += network_policies(config, name=name, namespace=namespace, labels=labels)
     return objects
+
+
+def data_claims(
+    config: ClusterConfig, storage_class: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The pods' data on claims of the storage class: the LeaderWorkerSet's StatefulSets make
+    one a pod (data-NAME-G for a leader, data-NAME-G-W for a worker) and keep it when the group
+    is made again or scaled down (the retention policy's Retain), so a restarted group reads
+    the model and the workers' tensor caches it had. Each pod has its own: they run on
+    different nodes, where a ReadWriteOnce volume cannot be shared. Sized for the model (the
+    main node's disk), the most any pod holds."""
+    claim = {
+        "metadata": {"name": "data", "labels": labels},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": f"{config.main_disk_gb}Gi"}},
+        },
+    }
+    return {
+        "volumeClaimTemplates": [claim],
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+    }
 
 
 def balancer_labels(name: str) -> dict[str, str]:
