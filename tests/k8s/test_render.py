@@ -32,6 +32,7 @@ from infra.boot.balancer import haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS
 from infra.boot.render import ROLE_UNIT, UNITS_DIR
 from infra.cli import k8s as cli
+from infra.conformance.kubernetes import restricted_problems
 from infra.core.limits import METRICS_PORT
 from infra.stack.files import config_of, stack_config, stack_names, stack_values
 from infra.stack.kube import image, objects
@@ -407,81 +408,6 @@ def test_leaders_and_the_balancer_reach_only_what_they_need() -> None:
 
 
 # --- Pod Security: the "restricted" profile ---------------------------------------------------
-
-PSS = "https://kubernetes.io/docs/concepts/security/pod-security-standards/"
-BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-}  # fmt: skip
-RESTRICTED_VOLUMES = {
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-    "projected", "secret",
-}  # fmt: skip
-SAFE_SYSCTLS = {
-    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-    "net.ipv4.tcp_keepalive_probes",
-}  # fmt: skip
-
-
-def restricted_problems(spec: dict[str, Any]) -> list[str]:
-    """Every control of the Pod Security Standards' Baseline and Restricted policies (PSS,
-    Kubernetes 1.33) a pod spec breaks, as the PodSecurity admission of a namespace labelled
-    ``pod-security.kubernetes.io/enforce: restricted`` would refuse it."""
-    pod = spec.get("securityContext") or {}
-    selinux = pod.get("seLinuxOptions") or {}
-    checks = [
-        *((spec.get(f), f"host namespaces: {f}") for f in ("hostNetwork", "hostPID", "hostIPC")),
-        ((pod.get("windowsOptions") or {}).get("hostProcess"), "HostProcess"),
-        (pod.get("runAsUser") == 0, "running as non-root user: the pod's runAsUser is 0"),
-        ((pod.get("seccompProfile") or {}).get("type") == "Unconfined",
-         "seccomp: the pod's profile is Unconfined"),
-        ((pod.get("appArmorProfile") or {}).get("type") == "Unconfined",
-         "AppArmor: the pod's profile is Unconfined"),
-        (selinux.get("user") or selinux.get("role"), "SELinux: the pod sets a user or role"),
-        *((s["name"] not in SAFE_SYSCTLS, f"sysctls: {s['name']}")
-          for s in pod.get("sysctls") or []),
-    ]  # fmt: skip
-    for volume in spec.get("volumes", []):
-        kinds = set(volume) - {"name"}
-        checks.append(("hostPath" in kinds, f"hostPath volume {volume['name']}"))
-        checks.append((not kinds <= RESTRICTED_VOLUMES, f"volume types: {volume['name']}"))
-    found = [message for broken, message in checks if broken]
-    containers = [*spec.get("containers", []), *spec.get("initContainers", []),
-                  *spec.get("ephemeralContainers", [])]  # fmt: skip
-    for container in containers:
-        found += container_problems(pod, container)
-    return found
-
-
-def container_problems(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
-    name, sc = container["name"], container.get("securityContext") or {}
-    capabilities = sc.get("capabilities") or {}
-    added = set(capabilities.get("add") or [])
-    non_root = sc.get("runAsNonRoot") or (
-        pod.get("runAsNonRoot") and sc.get("runAsNonRoot") is not False
-    )
-    profile = (sc.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
-    selinux = sc.get("seLinuxOptions") or {}
-    checks = [
-        (sc.get("privileged"), f"privileged containers: {name}"),
-        ((sc.get("windowsOptions") or {}).get("hostProcess"), f"HostProcess: {name}"),
-        (not added <= BASELINE_CAPABILITIES, f"capabilities (baseline): {name} adds {added}"),
-        (not added <= {"NET_BIND_SERVICE"}, f"capabilities: {name} adds beyond NET_BIND_SERVICE"),
-        ("ALL" not in (capabilities.get("drop") or []), f"capabilities: {name} does not drop ALL"),
-        (any(p.get("hostPort") for p in container.get("ports", [])), f"host ports: {name}"),
-        (sc.get("procMount", "Default") != "Default", f"/proc mount type: {name}"),
-        (sc.get("allowPrivilegeEscalation") is not False,
-         f"privilege escalation: {name} does not set allowPrivilegeEscalation false"),
-        (not non_root, f"running as non-root: neither {name} nor the pod sets runAsNonRoot"),
-        (sc.get("runAsUser") == 0, f"running as non-root user: {name} runs as 0"),
-        (profile not in ("RuntimeDefault", "Localhost"),
-         f"seccomp: {name} runs with {profile or 'no'} profile"),
-        ((sc.get("appArmorProfile") or {}).get("type") == "Unconfined", f"AppArmor: {name}"),
-        (selinux.get("user") or selinux.get("role"), f"SELinux: {name} sets a user or role"),
-    ]  # fmt: skip
-    return [message for broken, message in checks if broken]
 
 
 def pod_specs(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
