@@ -22,12 +22,20 @@ root="$LLAMA_PREFIX/$LLAMA_CPP_COMMIT"
 bin_dir="$(llama_bin_dir)"
 build_dir="${LLAMA_BUILD_DIR:-$root/build}"
 jobs="${LLAMA_BUILD_JOBS:-$(nproc)}"
+# A node builds for its own CPU. LLAMA_CPU_ARCH (an -march, like armv9-a+sve2+bf16+i8mm) builds
+# for the nodes' CPU family instead: the pods' image, built on another machine or under emulation.
+cpu_args=(-DGGML_NATIVE=ON)
+if [[ -n "${LLAMA_CPU_ARCH:-}" ]]; then
+  [[ "$LLAMA_CPU_ARCH" =~ ^[a-z0-9][a-z0-9.+-]*$ ]] ||
+    fail_final "LLAMA_CPU_ARCH '$LLAMA_CPU_ARCH' is not an -march value (like armv9-a+sve2)"
+  cpu_args=(-DGGML_NATIVE=OFF "-DGGML_CPU_ARM_ARCH=$LLAMA_CPU_ARCH")
+fi
 # -DLLAMA_USE_PREBUILT_UI=OFF: the server's web UI would otherwise be downloaded at build time.
 cmake_args=(
   -G Ninja
   -DCMAKE_BUILD_TYPE=Release
   -DGGML_RPC=ON
-  -DGGML_NATIVE=ON
+  "${cpu_args[@]}"
   -DBUILD_SHARED_LIBS=OFF
   -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF

@@ -1,6 +1,9 @@
 """``lrc k8s render``: a stack's cluster as Kubernetes objects (a LeaderWorkerSet, the leaders'
 Service, NetworkPolicies, ConfigMaps) and the image's build context, from the stack's settings,
-for any Kubernetes cluster (``infra.stack.kube`` makes them; the EKS stack applies the same)."""
+for any Kubernetes cluster (``infra.stack.kube`` makes them; the EKS stack applies the same).
+
+The objects name the image by digest: without ``--image`` the command writes the build context
+alone, and says how to build, push and render again with the pushed image's digest."""
 
 from __future__ import annotations
 
@@ -25,10 +28,16 @@ def parser() -> argparse.ArgumentParser:
         parents=[stack_options(f"{IN_STACKS} (aws-c8g, ...)")],
     )
     render.add_argument(
-        "--image", required=True,
-        help="the image the pods run, as your registry names it (built from --out's image/)",
+        "--image",
+        help="the image the pods run, by digest (REF@sha256:...), built from --out's image/; "
+        "without it, only the build context is written",
     )  # fmt: skip
     render.add_argument("--name", default="llama-rpc", help="the LeaderWorkerSet's name")
+    render.add_argument(
+        "--storage-class",
+        help="keep each pod's data (the model, a worker's cache) on a claim of this "
+        "StorageClass, across restarts of its group; without it, on the node's own storage",
+    )
     render.add_argument("--namespace", default="default", help="the namespace of every object")
     render.add_argument(
         "--out", type=Path,
@@ -44,20 +53,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.stack.files import StackFileError, stack_config  # noqa: PLC0415
 
     try:
-        objects.check_names(name=args.name, namespace=args.namespace, image=args.image)
+        if args.image is None and args.out is None:
+            raise objects.RenderError(
+                "--image", "is required without --out (which writes the build context alone)"
+            )
+        image_ref = args.image or objects.UNBUILT_IMAGE
+        objects.check_names(
+            name=args.name, namespace=args.namespace, image=image_ref,
+            storage_class=args.storage_class,
+        )  # fmt: skip
         config = stack_config(args.stack)
         rendered = objects.render(
-            config, name=args.name, namespace=args.namespace, image=args.image
-        )
+            config, name=args.name, namespace=args.namespace, image=image_ref,
+            storage_class=args.storage_class,
+        )  # fmt: skip
     except (objects.RenderError, StackFileError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     main_boot, *workers = config.boots(0)
+    arch = image.cpu_arch(config.main_instance_type, config.instance_type)
     secret = f"{args.name}-api-key" if main_boot.api_key_file else None
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "objects.yaml").write_text(yaml.safe_dump_all(rendered, sort_keys=False))
-        image.write_context(args.out, main_boot, workers[0] if workers else None)
+        if args.image is not None:
+            (args.out / "objects.yaml").write_text(yaml.safe_dump_all(rendered, sort_keys=False))
+        image.write_context(args.out, main_boot, workers[0] if workers else None, arch)
+    if args.image is None:
+        context = args.out / "image"
+        print(
+            f"wrote {context}/ (the image's build context, for -march={arch}). Build and push it, "
+            "then render the objects with the pushed digest:\n"
+            f"  docker buildx build --platform linux/arm64 --build-arg "
+            f"{image.BASE_DIGEST_ARG}=sha256:... (the Digest line of `docker buildx imagetools "
+            f"inspect {image.BASE_IMAGE}`) "
+            f"-t REGISTRY/llama-rpc:TAG --push --metadata-file meta.json {context}\n"
+            f"  lrc k8s render --stack {args.stack} --out {args.out} "
+            "--image REGISTRY/llama-rpc:TAG@$(jq -r '.\"containerimage.digest\"' meta.json)"
+        )
+        return 0
     if args.json:
         print_json(
             {
@@ -73,9 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"wrote {args.out / 'objects.yaml'} and {args.out / 'image'}/ (docker build it)")
     if secret:
+        # From a file the operator keeps: never on a command line other local users can read.
         print(
-            f"the leaders read the API key from Secret {secret}: kubectl create "
-            f"secret generic {secret} -n {args.namespace} "
-            f'--from-literal={API_KEY_CREDENTIAL}="$(openssl rand -hex 24)"'
+            f"the leaders read the API key from Secret {secret}: (umask 077; openssl rand -hex "
+            f"24 >api-key) && kubectl create secret generic {secret} -n {args.namespace} "
+            f"--from-file={API_KEY_CREDENTIAL}=api-key"
         )
     return 0

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from infra import catalog
 from infra.conformance.rules import (
     ORDER,
     TAGS,
@@ -34,6 +35,7 @@ from infra.conformance.rules import (
     revealed,
     values_at,
 )
+from infra.core import scheduling
 
 NAMES = "https://kubernetes.io/docs/concepts/overview/working-with-objects/names/"
 LABELS = (
@@ -311,6 +313,157 @@ def _lws_pods(resource: Registered, _stack: Stack) -> str | None:
     return None
 
 
+# The managed node groups a cluster's pods run on (EKS's; ``infra.conformance.eks``).
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+SCHEDULING = (
+    "https://kubernetes.io/docs/concepts/scheduling-eviction/kube-scheduler/ (a pod runs on a "
+    "node whose allocatable holds its requests beside the others'); "
+    f"{scheduling.NODEADM} (kube-reserved, evictionHard); {scheduling.MAX_PODS_SOURCE}; "
+    f"{scheduling.LWS_MANAGER}; {scheduling.COREDNS}; {scheduling.VPC_CNI}; {scheduling.KUBE_PROXY}"
+)
+
+
+def _node_groups(stack: Stack) -> list[scheduling.NodeGroup] | None:
+    """The stack's node groups with their sizes; None when a group's size is one its API
+    refuses (its own rules report that)."""
+    groups = []
+    for group in (r for r in stack.resources if r.type == NODE_GROUP):
+        scaling = group.inputs.get("scalingConfig") or {}
+        low, count, high = (int(scaling.get(k) or 0) for k in ("minSize", "desiredSize", "maxSize"))
+        if high < 1 or not low <= count <= high:
+            return None
+        for _, name in values_at(group.inputs, "instanceTypes.*"):
+            regions = catalog.regions_of("aws", str(name))
+            found = catalog.find("aws", regions[0], str(name)) if regions else None
+            if found is not None:
+                groups.append(
+                    scheduling.NodeGroup(found.name, found.vcpus, found.memory_bytes, count)
+                )
+    return groups
+
+
+def _schedulable(resource: Registered, stack: Stack) -> str | None:
+    """Every pod of the LeaderWorkerSet (and of the stack's Deployments) fits a node of the
+    stack's node groups, each node keeping room for the kubelet and what the platform runs
+    (``infra.core.scheduling``); a pod that fits nowhere stays Pending and its group never
+    serves. Nothing to pack on a cluster the stack does not make."""
+    groups = _node_groups(stack)
+    if not groups:
+        return None
+    count, slots = scheduling.leaderworkerset_size(resource.inputs), scheduling.pod_slots(groups)
+    if count > slots:
+        return f"{count} pods, where the node groups' kubelets run {slots} at most (maxPods)"
+    pods = scheduling.leaderworkerset_pods(resource.inputs)
+    for other in stack.resources:
+        if other.type == DEPLOYMENT_TYPE:
+            pods += scheduling.deployment_pods(other.name, other.inputs)
+    return next(iter(scheduling.unplaced(pods, groups)), None)
+
+
+# The Pod Security Standards' Baseline and Restricted controls, as the PodSecurity admission of
+# a namespace labelled pod-security.kubernetes.io/enforce: restricted applies them.
+PSS = "https://kubernetes.io/docs/concepts/security/pod-security-standards/ (Kubernetes 1.33)"
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}  # fmt: skip
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}  # fmt: skip
+
+
+def restricted_problems(spec: dict[str, Any]) -> list[str]:
+    """Every control of the Pod Security Standards' Baseline and Restricted policies (PSS,
+    Kubernetes 1.33) a pod spec breaks, as the PodSecurity admission of a namespace labelled
+    ``pod-security.kubernetes.io/enforce: restricted`` would refuse it."""
+    pod = spec.get("securityContext") or {}
+    selinux = pod.get("seLinuxOptions") or {}
+    checks = [
+        *((spec.get(f), f"host namespaces: {f}") for f in ("hostNetwork", "hostPID", "hostIPC")),
+        ((pod.get("windowsOptions") or {}).get("hostProcess"), "HostProcess"),
+        (pod.get("runAsUser") == 0, "running as non-root user: the pod's runAsUser is 0"),
+        ((pod.get("seccompProfile") or {}).get("type") == "Unconfined",
+         "seccomp: the pod's profile is Unconfined"),
+        ((pod.get("appArmorProfile") or {}).get("type") == "Unconfined",
+         "AppArmor: the pod's profile is Unconfined"),
+        (selinux.get("user") or selinux.get("role"), "SELinux: the pod sets a user or role"),
+        *((s["name"] not in SAFE_SYSCTLS, f"sysctls: {s['name']}")
+          for s in pod.get("sysctls") or []),
+    ]  # fmt: skip
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        checks.append(("hostPath" in kinds, f"hostPath volume {volume['name']}"))
+        checks.append((not kinds <= RESTRICTED_VOLUMES, f"volume types: {volume['name']}"))
+    found = [message for broken, message in checks if broken]
+    containers = [*spec.get("containers", []), *spec.get("initContainers", []),
+                  *spec.get("ephemeralContainers", [])]  # fmt: skip
+    for container in containers:
+        found += container_problems(pod, container)
+    return found
+
+
+def container_problems(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    name, sc = container["name"], container.get("securityContext") or {}
+    capabilities = sc.get("capabilities") or {}
+    added = set(capabilities.get("add") or [])
+    non_root = sc.get("runAsNonRoot") or (
+        pod.get("runAsNonRoot") and sc.get("runAsNonRoot") is not False
+    )
+    profile = (sc.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+    selinux = sc.get("seLinuxOptions") or {}
+    checks = [
+        (sc.get("privileged"), f"privileged containers: {name}"),
+        ((sc.get("windowsOptions") or {}).get("hostProcess"), f"HostProcess: {name}"),
+        (not added <= BASELINE_CAPABILITIES, f"capabilities (baseline): {name} adds {added}"),
+        (not added <= {"NET_BIND_SERVICE"}, f"capabilities: {name} adds beyond NET_BIND_SERVICE"),
+        ("ALL" not in (capabilities.get("drop") or []), f"capabilities: {name} does not drop ALL"),
+        (any(p.get("hostPort") for p in container.get("ports", [])), f"host ports: {name}"),
+        (sc.get("procMount", "Default") != "Default", f"/proc mount type: {name}"),
+        (sc.get("allowPrivilegeEscalation") is not False,
+         f"privilege escalation: {name} does not set allowPrivilegeEscalation false"),
+        (not non_root, f"running as non-root: neither {name} nor the pod sets runAsNonRoot"),
+        (sc.get("runAsUser") == 0, f"running as non-root user: {name} runs as 0"),
+        (profile not in ("RuntimeDefault", "Localhost"),
+         f"seccomp: {name} runs with {profile or 'no'} profile"),
+        ((sc.get("appArmorProfile") or {}).get("type") == "Unconfined", f"AppArmor: {name}"),
+        (selinux.get("user") or selinux.get("role"), f"SELinux: {name} sets a user or role"),
+    ]  # fmt: skip
+    return [message for broken, message in checks if broken]
+
+
+def _restricted_pods(resource: Registered, stack: Stack) -> str | None:
+    """The pod templates of a workload in a namespace that enforces the restricted profile pass
+    it: the API server refuses each pod that does not, and the workload never runs."""
+    wanted = next((v for _, v in values_at(resource.inputs, "metadata.namespace")), None)
+    enforced = any(
+        other.type == NAMESPACE
+        and next((v for _, v in values_at(other.inputs, "metadata.name")), None) == wanted
+        and (revealed(other.inputs.get("metadata")) or {}).get("labels", {}).get(PSS_ENFORCE)
+        == "restricted"
+        for other in stack.resources
+    )
+    if not enforced:
+        return None
+    for path in (
+        "spec.leaderWorkerTemplate.leaderTemplate.spec",
+        "spec.leaderWorkerTemplate.workerTemplate.spec",
+        "spec.template.spec",
+    ):
+        for where, spec in values_at(resource.inputs, path):
+            problems = restricted_problems(spec)
+            if problems:
+                return f"{where}: {problems[0]} (its namespace enforces the restricted profile)"
+    return None
+
+
 def _metadata_forced(*more: str) -> tuple[str, ...]:
     return ("metadata.name", "metadata.namespace", *more)
 
@@ -412,6 +565,7 @@ RULES = by_type(
         Labels("spec.template.metadata.labels", LABELS),
         # ".spec.selector must match .spec.template.metadata.labels, or it will be rejected".
         Requires(_selector_matches_template, DEPLOYMENT),
+        Requires(_restricted_pods, PSS),
         # apps/v1 never changes a Deployment's selector: pulumi-kubernetes replaces it.
         replaced_on=("spec.selector",),
     ),
@@ -426,6 +580,8 @@ RULES = by_type(
         Between("spec.replicas", 0, 1_000_000, LWS_CRD),
         Between("spec.leaderWorkerTemplate.size", 1, INT32_MAX, LWS_WEBHOOK),
         Requires(_lws_pods, f"{LWS_WEBHOOK} (replicas x size at most MaxInt32)"),
+        Requires(_schedulable, SCHEDULING),
+        Requires(_restricted_pods, PSS),
         OneOf(
             "spec.leaderWorkerTemplate.restartPolicy",
             ("Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"),

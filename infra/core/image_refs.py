@@ -28,3 +28,21 @@ IMAGE_MEANING = (
 def is_image_reference(text: str) -> bool:
     found = IMAGE_REFERENCE.fullmatch(text)
     return found is not None and len(found["name"]) <= MAX_IMAGE_NAME
+
+
+# A reference that names its content: a sha256 digest (the registry's manifest or index digest),
+# with or without the tag it was pushed as. A tag alone can be moved to other content by whoever
+# can push to the repository; the kubelet pulls what the digest names or refuses.
+_PINNED = re.compile(r"@sha256:[0-9a-f]{64}")
+PINNED_MEANING = (
+    "an image reference by digest, [REGISTRY/]NAME[:TAG]@sha256:<64 hex> (a tag can be moved "
+    "to other content): `docker buildx build --push --metadata-file meta.json` writes the "
+    "pushed digest as containerimage.digest, and `docker buildx imagetools inspect REF` or "
+    "`aws ecr describe-images` print a pushed one's"
+)
+
+
+def is_pinned_image_reference(text: str) -> bool:
+    """An image reference that ends in a sha256 digest."""
+    found = _PINNED.search(text)
+    return is_image_reference(text) and found is not None and found.end() == len(text)

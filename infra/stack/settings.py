@@ -24,7 +24,7 @@ from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.core import server_args, sizing
 from infra.core.errors import SettingError
-from infra.core.image_refs import IMAGE_MEANING, is_image_reference
+from infra.core.image_refs import PINNED_MEANING, is_pinned_image_reference
 from infra.core.layout import PROJECT
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
@@ -439,8 +439,8 @@ SETTINGS: tuple[Setting, ...] = (
         "with platform kubernetes: the image the pods run, built from the build context "
         "`lrc k8s render --out DIR` writes (DIR/image) and pushed where the nodes pull from "
         "(an ECR repository of the account)",
-        valid=is_image_reference,
-        meaning=IMAGE_MEANING,
+        valid=is_pinned_image_reference,
+        meaning=PINNED_MEANING,
     ),
     Setting(
         "kubernetesApiCidrs",

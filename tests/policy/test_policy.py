@@ -1548,6 +1548,12 @@ API_SERVICE = f"{PROJECT}-api"
 WORKERS_POLICY = f"{PROJECT}-group-0-workers"
 
 
+def without_default_deny(found: list[rules.Resource]) -> list[rules.Resource]:
+    """A stack's resources without the default-deny NetworkPolicy, so that an edit of a group's
+    workers' policy opens their port as it would alone."""
+    return [r for r in found if not r.name.endswith("-default-deny")]
+
+
 def k8s_type(obj: dict[str, Any]) -> str:
     """The Pulumi type token of a Kubernetes object (pulumi-kubernetes: core for the "" group)."""
     group, _, version = obj["apiVersion"].rpartition("/")
@@ -1700,8 +1706,8 @@ def test_the_eks_stack_passes_every_policy(
     } <= types
     [lws] = of_type(found, rules.K8S_LEADER_WORKER_SET)
     assert lws.props["spec"]["leaderWorkerTemplate"]["size"] > 1
-    # Without the workers' policies, the same stack fails.
-    bare = [r for r in found if not r.name.endswith("-workers")]
+    # Without the workers' policies and the default deny, the same stack fails.
+    bare = [r for r in found if not r.name.endswith(("-workers", "-default-deny"))]
     assert rules.k8s_rpc_only_from_leader(bare) != []
 
 
@@ -2041,7 +2047,9 @@ def test_workers_no_policy_isolates_are_reported_on_the_leader_worker_set(
     change: Callable[[list[rules.Resource]], list[rules.Resource]],
     fix: str,
 ) -> None:
-    baseline = eks_resources(EKS, overrides)
+    # Without the namespace's default deny, which would keep the workers closed whatever
+    # their group's policy says.
+    baseline = without_default_deny(eks_resources(EKS, overrides))
     result = eks_messages(change(baseline), baseline=baseline)
     [message] = only(result, K8S_RPC, f"LeaderWorkerSet {LWS}", fix)
     assert "spec.leaderWorkerTemplate.size is" in message and "NotIn" in message
@@ -2197,7 +2205,7 @@ def test_the_kubernetes_options_stay_within_the_policy(stack: str, options: dict
 
 @pytest.mark.parametrize("stack", KUBERNETES_PRESETS)
 def test_a_kubernetes_presets_invariants_broken_are_reported(stack: str) -> None:
-    found = resources(stack)
+    found = without_default_deny(resources(stack))
     [lws] = of_type(found, rules.K8S_LEADER_WORKER_SET)
     assert lws.props["spec"]["leaderWorkerTemplate"]["size"] > 1
     cluster = named(found, rules.AWS_EKS_CLUSTER, "-eks")

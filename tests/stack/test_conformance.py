@@ -11,6 +11,7 @@ once).
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -447,6 +448,54 @@ def test_values_a_launch_volume_takes_what_a_volume_takes_and_no_more() -> None:
         "rootBlockDevice.throughput is 2500",
         "125-2000",
     )
+
+
+def test_combinations_a_pod_no_node_can_hold_is_caught() -> None:
+    """The requests each LeaderWorkerSet pod made before, every CPU of its node but one, leave
+    no room for the controller's CPU, CoreDNS, the DaemonSets and the kubelet's reserve."""
+
+    def greedy(r: rules.Registered) -> rules.Registered:
+        spec = copy.deepcopy(dict(r.inputs["spec"]))
+        template = spec["leaderWorkerTemplate"]
+        for part in ("leaderTemplate", "workerTemplate"):
+            [container] = template[part]["spec"]["containers"]
+            container["resources"]["requests"]["cpu"] = "63"
+        return with_inputs(spec=spec)(r)
+
+    shipped = run(KUBERNETES_STACK, "as shipped")
+    assert broken(shipped) == []
+    only(
+        changed(shipped, "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet", greedy),
+        rules.COMBINATION,
+        "fits no node",
+    )
+
+
+@pytest.mark.parametrize(
+    ("typ", "path", "change", "words"),
+    [
+        ("kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet",
+         ("leaderWorkerTemplate", "workerTemplate", "spec"),
+         lambda spec: spec.update(hostNetwork=True), "host namespaces: hostNetwork"),
+        ("kubernetes:apps/v1:Deployment", ("template", "spec"),
+         lambda spec: spec["securityContext"].pop("seccompProfile"), "seccomp"),
+    ],
+)  # fmt: skip
+def test_combinations_a_pod_its_namespaces_pod_security_refuses_is_caught(
+    typ: str, path: tuple[str, ...], change: Callable[[dict[str, Any]], object], words: str
+) -> None:
+    """The stack's namespace enforces the restricted profile: a pod template outside it would
+    be refused by the API server."""
+
+    def break_it(r: rules.Registered) -> rules.Registered:
+        spec = copy.deepcopy(dict(r.inputs["spec"]))
+        target = spec
+        for key in path:
+            target = target[key]
+        change(target)
+        return with_inputs(spec=spec)(r)
+
+    only(changed(run(KUBERNETES_STACK, "replicas"), typ, break_it), rules.COMBINATION, words)
 
 
 def test_names_a_volume_attached_as_the_root_device_is_caught() -> None:

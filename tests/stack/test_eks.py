@@ -21,6 +21,7 @@ from infra.clouds import aws as aws_facts
 from infra.conformance import rules
 from infra.core import costs, outputs
 from infra.core.pins import LWS_MANIFEST_URL
+from infra.stack.files import stack_values
 from infra.stack.kube import eks, objects
 from tests.pulumi_mocks import (
     GENERATED_KEY,
@@ -353,7 +354,9 @@ def test_a_second_up_changes_nothing_and_new_settings_reach_only_the_pods() -> N
     assert actions[f"{LWS}::llama-rpc-cluster-llama-rpc"] == "update"
     # A new image: only the LeaderWorkerSet, updated in place.
     after = deploy(
-        STACK, {f"{P}kubernetesImage": "example.com/llama-rpc:2"}, RecordingMocks(prior=before)
+        STACK,
+        {f"{P}kubernetesImage": "example.com/llama-rpc:2@sha256:" + "2" * 64},
+        RecordingMocks(prior=before),
     )
     actions = plan_update(before, after)
     assert {k for k, a in actions.items() if a != "same"} == {f"{LWS}::llama-rpc-cluster-llama-rpc"}
@@ -389,6 +392,8 @@ def test_new_settings_change_the_pod_template_they_reach() -> None:
         ({f"{P}kubernetesImage": None}, "kubernetesImage", "lrc k8s render"),
         ({f"{P}kubernetesImage": "My Registry/llama:1"}, "kubernetesImage", "an image reference"),
         ({f"{P}kubernetesImage": "ecr.example.com/llama:"}, "kubernetesImage", "[:TAG]"),
+        # A tag alone can be moved to other content: refused, with the way to a digest.
+        ({f"{P}kubernetesImage": "ecr.example.com/llama:1"}, "kubernetesImage", "--metadata-file"),
         (
             {f"{P}image": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20251001"},
             "image",
@@ -446,3 +451,51 @@ def test_kubectl_and_pulumi_use_the_aws_providers_profile() -> None:
     token = json.loads(provider.inputs["kubeconfig"])["users"][0]["user"]["exec"]
     assert token["env"] == [{"name": "AWS_PROFILE", "value": "prod"}]
     assert "--name llama-rpc-cluster-eks --profile prod && " in d.outputs[outputs.CONNECT_COMMAND]
+
+
+# --- every pod fits the node groups beside what the platform runs --------------------------------
+
+SMALL_MODEL = {f"{P}model": stack_values("aws-small")[f"{P}model"]}
+
+
+def test_a_node_type_too_small_for_its_pod_is_refused_before_anything_is_made() -> None:
+    """c8g.large nodes: the LeaderWorkerSet controller's two CPUs, CoreDNS, the DaemonSets and
+    the kubelet's reserve leave no whole CPU for a pod."""
+    mocks = RecordingMocks()
+    with pytest.raises(Exception, match="instanceType") as error:
+        deploy(STACK, {f"{P}instanceType": "c8g.large", **SMALL_MODEL}, mocks)
+    assert "LeaderWorkerSet controller" in str(error.value)
+    assert mocks.resources == []
+
+
+def test_the_shipped_pods_leave_room_for_the_platforms_and_a_greedy_one_is_named() -> None:
+    config = parsed_config(STACK)
+    rendered = eks.workloads(config)
+    assert eks.unschedulable(config, rendered) == []
+    # As the pods asked before: every CPU of the node but one.
+    for obj in rendered:
+        if obj["kind"] == "LeaderWorkerSet":
+            template = obj["spec"]["leaderWorkerTemplate"]
+            for part in ("leaderTemplate", "workerTemplate"):
+                [container] = template[part]["spec"]["containers"]
+                container["resources"]["requests"]["cpu"] = str(config.instance_type.vcpus - 1)
+    [problem, *_] = eks.unschedulable(config, rendered)
+    assert "fits no node" in problem and "c8g.16xlarge" in problem
+
+
+def test_the_namespace_admits_only_restricted_pods_which_every_rendered_pod_is() -> None:
+    """Pod Security admission enforces "restricted" on the stack's namespace: a pod the render
+    changed to run as root, say, would be refused by the API server, not run."""
+    d = deployed(STACK)
+    [namespace] = d.of_type("kubernetes:core/v1:Namespace")
+    labels = namespace.inputs["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in applied(d):
+        templates = []
+        if obj["kind"] == "LeaderWorkerSet":
+            template = obj["spec"]["leaderWorkerTemplate"]
+            templates = [template["leaderTemplate"], template["workerTemplate"]]
+        elif obj["kind"] == "Deployment":
+            templates = [obj["spec"]["template"]]
+        for pod in templates:
+            assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

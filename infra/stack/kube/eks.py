@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
-from infra.core import layout, network_rules, outputs
+from infra.core import layout, network_rules, outputs, scheduling
 from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.backends.aws import EC2_ASSUME_ROLE, AwsBackend
 from infra.stack.component import stack_api_key
@@ -34,6 +34,12 @@ NAMESPACE = layout.PROJECT
 LWS_NAME = "llama-rpc"
 ROLE_LABEL = "llama-rpc-cluster/node-role"
 KUBERNETES_API_PORT = 443  # the EKS endpoint's
+# The namespace admits only pods of the "restricted" Pod Security profile, which every pod the
+# stack renders passes (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
+POD_SECURITY = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023's root volume, which holds the pods' model
 EKS_ASSUME_ROLE = {
     "Version": "2012-10-17",
@@ -72,6 +78,46 @@ def node_pools(config: ClusterConfig) -> list[NodePool]:
     if main == worker:
         return [NodePool("nodes", main, config.replicas + workers, disk, throughput)]
     return [mains, NodePool("worker", worker, workers, disk, throughput)]
+
+
+def unschedulable(config: ClusterConfig, rendered: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The rendered pods that no node of the stack's node groups can hold beside what the
+    platform runs on them (``infra.core.scheduling``)."""
+    types = {t.name: t for t in (config.main_instance_type, config.instance_type)}
+    groups = [
+        scheduling.NodeGroup(
+            pool.instance_type,
+            types[pool.instance_type].vcpus,
+            types[pool.instance_type].memory_bytes,
+            pool.count,
+        )
+        for pool in node_pools(config)
+    ]
+    pods: list[scheduling.Pod] = []
+    for obj in rendered:
+        if obj["kind"] == "LeaderWorkerSet":
+            pods += scheduling.leaderworkerset_pods(obj)
+        elif obj["kind"] == "Deployment":
+            pods += scheduling.deployment_pods(obj["metadata"]["name"], obj)
+    return scheduling.unplaced(pods, groups)
+
+
+def workloads(config: ClusterConfig) -> list[dict[str, Any]]:
+    """The objects the stack applies, refused before anything is created when a setting cannot
+    be rendered or a pod would fit no node."""
+    try:
+        rendered = objects.render(
+            config, name=LWS_NAME, namespace=NAMESPACE, image=str(config.kubernetes_image)
+        )
+    except objects.RenderError as error:
+        raise pulumi.RunError(f"{error}; nothing was created") from None
+    problems = unschedulable(config, rendered)
+    if problems:
+        raise pulumi.RunError(
+            "the pods would not all fit the stack's node groups, and nothing was created:\n"
+            + "\n".join(f"  - {problem}" for problem in problems)
+        )
+    return rendered
 
 
 def api_ranges(cidrs: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -157,6 +203,8 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         args: LlamaRpcKubernetesClusterArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        # Refused here, before the component or any resource is registered.
+        rendered = workloads(args.config)
         super().__init__("llama-rpc-cluster:index:LlamaRpcKubernetesCluster", name, None, opts)
         config = args.config
         if args.zone is None:
@@ -210,7 +258,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         ]
         api_key = stack_api_key(name, config, self)
         self._workloads(
-            name, config, cluster, api_key, after=[cni, *pools], profile=args.aws_profile
+            name, config, cluster, api_key, rendered, after=[cni, *pools], profile=args.aws_profile
         )
 
         cost = config.hourly_cost
@@ -309,6 +357,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         config: ClusterConfig,
         cluster: aws.eks.Cluster,
         api_key: pulumi.Output[str] | None,
+        rendered: list[dict[str, Any]],
         *,
         after: list[pulumi.Resource],
         profile: str | None,
@@ -334,7 +383,9 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             ),
         )
         namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster
+            f"{name}-namespace",
+            metadata={"name": NAMESPACE, "labels": dict(POD_SECURITY)},
+            opts=on_cluster,
         )
         in_namespace = pulumi.ResourceOptions.merge(
             on_cluster, pulumi.ResourceOptions(depends_on=[namespace])
@@ -347,9 +398,6 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 string_data={API_KEY_CREDENTIAL: api_key},
                 opts=in_namespace,
             )
-        rendered = objects.render(
-            config, name=LWS_NAME, namespace=NAMESPACE, image=str(config.kubernetes_image)
-        )
         for obj in rendered:
             self._apply(name, obj, in_namespace, controller)
 

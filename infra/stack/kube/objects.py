@@ -13,6 +13,7 @@ LeaderWorkerSet's headless service, with the group's index).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -21,7 +22,8 @@ from typing import Any
 
 from infra.boot.balancer import BalancerBoot, haproxy_config
 from infra.boot.node import API_KEY_CREDENTIAL, VM_PATHS, NodeBoot
-from infra.core import image_refs
+from infra.catalog import InstanceType
+from infra.core import image_refs, scheduling
 from infra.core.errors import SettingError
 from infra.core.limits import METRICS_PORT
 from infra.stack.config import ClusterConfig, kubernetes_refusals
@@ -45,18 +47,36 @@ CREDENTIALS_DIRECTORY = "/run/credentials/llama-server.service"
 # on the pod's volume, not a disk of the node's.
 POD_SET = ("LLAMA_NODE_IP", "RPC_WORKERS")
 NOT_IN_PODS = ("API_KEY_SOURCE", "LLAMA_RPC_FILES_SOURCE", "MODEL_DISK_GB", "MODEL_DISK_MODEL")
-# A Kubernetes node keeps a share of its CPUs for the kubelet and the node's daemons.
-RESERVED_CPUS = 1
 GROUP_INDEX = "LWS_GROUP_INDEX"
 MIB = 1024**2
-# The balancer in front of the leaders (with a balancer boot): HAProxy's official image (arm64
-# among its platforms), with the configuration the VMs' balancer node runs.
-HAPROXY_IMAGE = "haproxy:3.0"
-# The official image's configuration directory and its haproxy user (uid and gid 99):
-# docker-library/haproxy 3.0/Dockerfile @bc729b36 (useradd --uid 99; CMD haproxy -f
-# /usr/local/etc/haproxy/haproxy.cfg; USER haproxy).
-HAPROXY_CONFIG_DIR = "/usr/local/etc/haproxy"
-HAPROXY_UID = 99
+# The balancer in front of the leaders (with a balancer boot): the HAProxy Ubuntu 24.04 packages,
+# as the VMs' balancer node runs, from the pods' own image (pinned by its digest), in the
+# foreground (-db), as the image's user, with the configuration the balancer node runs.
+HAPROXY = "/usr/sbin/haproxy"
+HAPROXY_CONFIG_DIR = "/etc/llama-rpc-balancer"
+HAPROXY_REQUESTS = {"cpu": "250m", "memory": "128Mi"}
+# Where the Pod Security "restricted" profile needs a value, every pod has it
+# (https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted): seccomp
+# RuntimeDefault, a non-root user, no privilege escalation, every capability dropped.
+SECCOMP = {"type": "RuntimeDefault"}
+# (The pod's securityContext sets the user and seccomp for all its containers.)
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# llama-server reads ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini before its flags
+# (common/arg.cpp at the pin); the pod's home is its writable data volume, so the server's
+# configuration directory is one the image's user cannot create.
+READ_ONLY_CONFIG_HOME = "/nonexistent"
+# The cluster's DNS (CoreDNS, k8s-app=kube-dns in kube-system), which a pod whose egress is
+# limited must be let reach (aws/aws-network-policy-agent#230).
+DNS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+# The leader fetches the model over HTTPS (fetch-model.sh, https URLs only) from outside the
+# cluster: anywhere but the private ranges (the cluster, its nodes, the VPC) and link-local
+# addresses (the instance metadata service).
+HTTPS_PORT = 443
+NOT_OUTSIDE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16")
 BALANCER_ROLE_LABEL = "llama-rpc-cluster/role"
 SETTINGS_DIGEST = "llama-rpc-cluster/settings-sha256"  # a pod template's annotation
 # The cluster's DNS domain: the leaders' names, which HAProxy resolves itself, are absolute.
@@ -69,28 +89,96 @@ POD_ADDRESSES = "0.0.0.0"  # noqa: S104
 # DNS names in the headless service), kept short enough for its suffixes.
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# A StorageClass is named as a DNS subdomain (253 characters at most).
+STORAGE_CLASS = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+
+
+# The image a render that writes the build context alone checks the stack with (its objects are
+# not written: they need the pushed image's digest).
+UNBUILT_IMAGE = "llama-rpc@sha256:" + "0" * 64
 
 
 class RenderError(SettingError):
     """A stack setting the Kubernetes objects cannot honour."""
 
 
-def check_names(*, name: str, namespace: str, image: str) -> None:
-    """``lrc k8s render``'s ``--name``, ``--namespace`` and ``--image``, before anything is
-    rendered."""
+def check_names(*, name: str, namespace: str, image: str, storage_class: str | None = None) -> None:
+    """``lrc k8s render``'s ``--name``, ``--namespace``, ``--image`` and ``--storage-class``,
+    before anything is rendered."""
+    if storage_class is not None and not STORAGE_CLASS.fullmatch(storage_class):
+        why = f"{storage_class!r}: a StorageClass's name, lowercase letters, digits, '-' and '.'"
+        raise RenderError("--storage-class", why)
     if not NAME.fullmatch(name):
         why = f"{name!r}: 1-40 lowercase letters, digits and '-', from a letter"
         raise RenderError("--name", why)
-    if not image_refs.is_image_reference(image):
-        raise RenderError("--image", f"{image!r} is not {image_refs.IMAGE_MEANING}")
+    if not image_refs.is_pinned_image_reference(image):
+        raise RenderError("--image", f"{image!r} is not {image_refs.PINNED_MEANING}")
     if not NAMESPACE.fullmatch(namespace):
         raise RenderError("--namespace", f"{namespace!r}: lowercase letters, digits and '-'")
 
 
 def refusals(config: ClusterConfig) -> list[RenderError]:
     """What of the stack a LeaderWorkerSet cannot do, each naming its setting and the way out
-    (the EKS stack's config check refuses the same: ``kubernetes_refusals``)."""
-    return [RenderError(setting, why) for setting, why in kubernetes_refusals(config)]
+    (the EKS stack's config check refuses the same: ``kubernetes_refusals``), and a node too
+    small for its pod beside what the platform runs."""
+    found = [RenderError(setting, why) for setting, why in kubernetes_refusals(config)]
+    return found + fit_refusals(config)
+
+
+def floating(config: ClusterConfig) -> list[scheduling.Requests]:
+    """The stack's own pods of no instance type, which may land on any node: with replicas,
+    HAProxy."""
+    if config.balancer_boot is None:
+        return []
+    return [scheduling.container_requests({"resources": {"requests": HAPROXY_REQUESTS}})]
+
+
+def room(config: ClusterConfig, instance: InstanceType) -> scheduling.Requests:
+    """What a node of the type leaves its one LeaderWorkerSet pod: its allocatable less the
+    DaemonSets and every pod that may land beside it (``infra.core.scheduling``)."""
+    return scheduling.room(instance.vcpus, instance.memory_bytes, floating(config))
+
+
+def pod_cpus(config: ClusterConfig, instance: InstanceType) -> int:
+    """The whole CPUs a pod on the type asks for (llama.cpp's threads)."""
+    return room(config, instance).cpu_milli // scheduling.MILLI
+
+
+def pods_needs(config: ClusterConfig) -> list[tuple[str, InstanceType, int]]:
+    """(setting, instance type, memory) of the leader and, with workers, the workers."""
+    shares = config.placement.shares
+    main_setting = (
+        "instanceType"
+        if config.main_instance_type.name == config.instance_type.name
+        else "mainInstanceType"
+    )
+    found = [(main_setting, config.main_instance_type, shares[0].need_bytes)]
+    if config.worker_count:
+        found.append(("instanceType", config.instance_type, max(s.need_bytes for s in shares[1:])))
+    return found
+
+
+def fit_refusals(config: ClusterConfig) -> list[RenderError]:
+    """A pod that no node of its type can hold once the node keeps room for the kubelet and
+    what the platform runs beside the stack: it would stay Pending, and its group never
+    serve."""
+    platform = ", ".join(f"{p.name} ({p.count} x {p.requests})" for p in scheduling.CLUSTER_PODS)
+    found = []
+    for setting, instance, need in pods_needs(config):
+        left = room(config, instance)
+        if left.cpu_milli < scheduling.MILLI or left.memory_bytes < need:
+            found.append(
+                RenderError(
+                    setting,
+                    f"a {instance.name} node leaves {left} for the stack's pod once it keeps "
+                    f"the kubelet's reserve, kube-proxy and the VPC CNI, and room for "
+                    f"{platform}{' and HAProxy' if floating(config) else ''}; the pod needs a "
+                    f"whole CPU and {-(-need // MIB)}Mi: choose a larger type",
+                )
+            )
+    return found
 
 
 def _env(boot: NodeBoot) -> dict[str, str]:
@@ -154,7 +242,7 @@ def _pod(
         "nodeSelector": {ARCH_LABEL: "arm64", INSTANCE_TYPE_LABEL: instance_type},
         "tolerations": [ARM_TOLERATION],
         # The image's llama user, as on a VM: never root.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "fsGroup": UID},
+        "securityContext": _pod_security(UID, fs_group=True),
         "automountServiceAccountToken": False,
         "containers": containers,
         "volumes": volumes,
@@ -173,13 +261,29 @@ def _container(
         "command": [f"{VM_PATHS.bin_dir}/{script}"],
         "envFrom": [{"configMapRef": {"name": env_from}}],
         "env": env,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [{"name": "data", "mountPath": VM_PATHS.data_dir}],
     }
 
 
-def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> list[dict[str, Any]]:
-    """The stack's Kubernetes objects, in the order to apply them. Raises the first refusal."""
+def _pod_security(uid: int, *, fs_group: bool = False) -> dict[str, Any]:
+    security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid}
+    if fs_group:
+        security["fsGroup"] = uid
+    return {**security, "seccompProfile": dict(SECCOMP)}
+
+
+def render(
+    config: ClusterConfig,
+    *,
+    name: str,
+    namespace: str,
+    image: str,
+    storage_class: str | None = None,
+) -> list[dict[str, Any]]:
+    """The stack's Kubernetes objects, in the order to apply them. Raises the first refusal.
+    ``storage_class``: each pod's data (the leader's model, a worker's RPC cache) on a volume of
+    that class, kept when its group is made again; else on the node's own storage."""
     for refusal in refusals(config):
         raise refusal
     main, *workers = config.boots(0)
@@ -204,13 +308,14 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
             }
         )
     shares = config.placement.shares
-    main_cpus = max(1, config.main_instance_type.vcpus - RESERVED_CPUS)
+    main_cpus = pod_cpus(config, config.main_instance_type)
     leader_extra: list[dict[str, Any]] = [_threads("llama-server")]
     if workers:
         hosts = worker_hosts(name, len(workers), config.rpc_port)
         leader_extra.append({"name": "RPC_WORKERS", "value": hosts})
     if main.api_key_file:
         leader_extra.append({"name": "CREDENTIALS_DIRECTORY", "value": CREDENTIALS_DIRECTORY})
+    leader_extra.append({"name": "XDG_CONFIG_HOME", "value": READ_ONLY_CONFIG_HOME})
     server = _container(
         "llama-server", image, "llama-server.sh", leader_env, _pod_env(*leader_extra)
     )
@@ -222,10 +327,9 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         "failureThreshold": 3,
     }
     fetch = _container("fetch-model", image, "fetch-model.sh", leader_env, _pod_env())
-    volumes: list[dict[str, Any]] = [
-        # The model: as large as the main node's disk, on the node's own storage.
-        {"name": "data", "emptyDir": {"sizeLimit": f"{config.main_disk_gb}Gi"}}
-    ]
+    # The model: as large as the main node's disk, on the node's own storage (or a claim's).
+    data = {"name": "data", "emptyDir": {"sizeLimit": f"{config.main_disk_gb}Gi"}}
+    volumes: list[dict[str, Any]] = [] if storage_class else [data]
     if main.api_key_file:
         server["volumeMounts"].append(
             {"name": "api-key", "mountPath": CREDENTIALS_DIRECTORY, "readOnly": True}
@@ -254,7 +358,7 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
         "leaderTemplate": leader,
     }
     if workers:
-        worker_cpus = max(1, config.instance_type.vcpus - RESERVED_CPUS)
+        worker_cpus = pod_cpus(config, config.instance_type)
         rpc = _container(
             "ggml-rpc-server", image, "rpc-worker.sh", worker_env,
             _pod_env(_threads("ggml-rpc-server")),
@@ -267,11 +371,13 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
             "spec": _pod(
                 config.instance_type.name,
                 containers=[rpc],
-                volumes=[{"name": "data", "emptyDir": {}}],
+                volumes=[] if storage_class else [{"name": "data", "emptyDir": {}}],
             ),
         }
     else:
         template["workerTemplate"] = leader
+    if storage_class:
+        template.update(data_claims(config, storage_class, labels))
     objects.append(
         {
             "apiVersion": LWS_API_VERSION,
@@ -289,8 +395,9 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
     target = leaders
     if config.balancer_boot is not None:
         objects += balancer_objects(
-            config, config.balancer_boot, name=name, namespace=namespace, labels=labels
-        )
+            config, config.balancer_boot, name=name, namespace=namespace, labels=labels,
+            image=image,
+        )  # fmt: skip
         target = balancer_labels(name)
     objects.append(
         {
@@ -306,6 +413,29 @@ def render(config: ClusterConfig, *, name: str, namespace: str, image: str) -> l
     )
     objects += network_policies(config, name=name, namespace=namespace, labels=labels)
     return objects
+
+
+def data_claims(
+    config: ClusterConfig, storage_class: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The pods' data on claims of the storage class: the LeaderWorkerSet's StatefulSets make
+    one a pod (data-NAME-G for a leader, data-NAME-G-W for a worker) and keep it when the group
+    is made again or scaled down (the retention policy's Retain), so a restarted group reads
+    the model and the workers' tensor caches it had. Each pod has its own: they run on
+    different nodes, where a ReadWriteOnce volume cannot be shared. Sized for the model (the
+    main node's disk), the most any pod holds."""
+    claim = {
+        "metadata": {"name": "data", "labels": labels},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": f"{config.main_disk_gb}Gi"}},
+        },
+    }
+    return {
+        "volumeClaimTemplates": [claim],
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+    }
 
 
 def balancer_labels(name: str) -> dict[str, str]:
@@ -336,6 +466,7 @@ def balancer_objects(
     name: str,
     namespace: str,
     labels: dict[str, str],
+    image: str,
 ) -> list[dict[str, Any]]:
     """With replicas, HAProxy in front of the leaders, as the VMs' balancer node is: a request
     goes to a group with a free slot, and waits for one when none has (kube-proxy alone would
@@ -344,14 +475,12 @@ def balancer_objects(
     pod_labels = {**labels, **balancer_labels(name)}
     container = {
         "name": "haproxy",
-        "image": HAPROXY_IMAGE,
+        "image": image,
+        "command": [HAPROXY, "-db", "-f", f"{HAPROXY_CONFIG_DIR}/haproxy.cfg"],
         "ports": [{"name": "api", "containerPort": config.server_port}],
         "readinessProbe": {"tcpSocket": {"port": "api"}, "periodSeconds": 5},
-        "resources": {
-            "requests": {"cpu": "250m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi"},
-        },
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "resources": {"requests": HAPROXY_REQUESTS, "limits": {"memory": "512Mi"}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [{"name": "config", "mountPath": HAPROXY_CONFIG_DIR, "readOnly": True}],
     }
     settings = {"haproxy.cfg": balancer_config(config, balancer, name, namespace)}
@@ -374,7 +503,7 @@ def balancer_objects(
                     "spec": {
                         "nodeSelector": {ARCH_LABEL: "arm64"},
                         "tolerations": [ARM_TOLERATION],
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": HAPROXY_UID},
+                        "securityContext": _pod_security(UID),
                         "automountServiceAccountToken": False,
                         "containers": [container],
                         "volumes": [{"name": "config", "configMap": {"name": f"{name}-balancer"}}],
@@ -385,62 +514,101 @@ def balancer_objects(
     ]
 
 
+def _policy(
+    name: str,
+    meta: dict[str, Any],
+    selected: dict[str, Any],
+    *,
+    ingress: list[dict[str, Any]] | None = None,
+    egress: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"podSelector": selected, "policyTypes": []}
+    if ingress is not None:
+        spec["policyTypes"].append("Ingress")
+        spec["ingress"] = ingress
+    if egress is not None:
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = egress
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, **meta},
+        "spec": spec,
+    }
+
+
+def _tcp(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def stack_pods(name: str) -> dict[str, str]:
+    """Every pod of the stack, of any group (the LeaderWorkerSet's and the balancer's)."""
+    return {"app.kubernetes.io/name": "llama-rpc-cluster", "app.kubernetes.io/instance": name}
+
+
+def workers_of(name: str, group: int | None = None) -> dict[str, Any]:
+    """A group's workers (every group's with None): the LeaderWorkerSet's pods but its leaders."""
+    labels = {LWS_NAME_LABEL: name}
+    if group is not None:
+        labels[GROUP_INDEX_LABEL] = str(group)
+    not_leaders = {"key": WORKER_INDEX_LABEL, "operator": "NotIn", "values": ["0"]}
+    return {"matchLabels": labels, "matchExpressions": [not_leaders]}
+
+
+def leaders_of(name: str, group: int | None = None) -> dict[str, Any]:
+    labels = {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"}
+    if group is not None:
+        labels[GROUP_INDEX_LABEL] = str(group)
+    return {"matchLabels": labels}
+
+
 def network_policies(
     config: ClusterConfig, *, name: str, namespace: str, labels: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """The leaders (and with replicas the balancer) take the API from the namespace's pods and
-    apiAllowedCidrs only; each group's workers take RPC and node metrics from their own group's
-    leader only."""
+    """Nothing reaches or leaves a pod of the stack, of any group, but what a policy admits
+    (the default deny); then the leaders (and with replicas the balancer) take the API from the
+    namespace's pods and apiAllowedCidrs only; each group's workers take RPC and node metrics
+    from their own group's leader only, and start no connection; a leader reaches the cluster's
+    DNS, workers' RPC and metrics ports and the internet's HTTPS (the model), the balancer the
+    DNS and the leaders' API."""
     meta = {"namespace": namespace, "labels": labels}
     api_from: list[dict[str, Any]] = [{"podSelector": {}}]
     api_from += [{"ipBlock": {"cidr": cidr}} for cidr in config.api_allowed_cidrs]
-    api_ingress = [{"from": api_from, "ports": [{"protocol": "TCP", "port": config.server_port}]}]
-    takes_api = [(f"{name}-leaders", {LWS_NAME_LABEL: name, WORKER_INDEX_LABEL: "0"})]
-    if config.balancer_boot is not None:
-        takes_api.append((f"{name}-balancer", balancer_labels(name)))
-    policies: list[dict[str, Any]] = [
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": policy, **meta},
-            "spec": {
-                "podSelector": {"matchLabels": selected},
-                "policyTypes": ["Ingress"],
-                "ingress": api_ingress,
-            },
-        }
-        for policy, selected in takes_api
-    ]
-    if config.worker_count == 0:
-        return policies
-    # A policy cannot say "my own group": one per group, by the group's index.
-    for group in range(config.replicas):
-        own = {LWS_NAME_LABEL: name, GROUP_INDEX_LABEL: str(group)}
-        policies.append(
+    api_ingress = [{"from": api_from, "ports": _tcp(config.server_port)}]
+    dns: dict[str, Any] = {"to": [DNS_PEER], "ports": DNS_PORTS}
+    outside = {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(NOT_OUTSIDE)}}
+    leader_egress: list[dict[str, Any]] = [dns, {"to": [outside], "ports": _tcp(HTTPS_PORT)}]
+    if config.worker_count:
+        leader_egress.append(
             {
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {"name": f"{name}-group-{group}-workers", **meta},
-                "spec": {
-                    "podSelector": {
-                        "matchLabels": own,
-                        "matchExpressions": [
-                            {"key": WORKER_INDEX_LABEL, "operator": "NotIn", "values": ["0"]}
-                        ],
-                    },
-                    "policyTypes": ["Ingress"],
-                    "ingress": [
-                        {
-                            "from": [
-                                {"podSelector": {"matchLabels": {**own, WORKER_INDEX_LABEL: "0"}}}
-                            ],
-                            "ports": [
-                                {"protocol": "TCP", "port": config.rpc_port},
-                                {"protocol": "TCP", "port": METRICS_PORT},
-                            ],
-                        }
-                    ],
-                },
+                # Any group's workers: each admits its own group's leader alone (below).
+                "to": [{"podSelector": workers_of(name)}],
+                "ports": _tcp(config.rpc_port, METRICS_PORT),
             }
         )
+    policies = [
+        # Selected by any policy of either type, a pod takes and starts only what one admits.
+        _policy(f"{name}-default-deny", meta, {"matchLabels": stack_pods(name)}, ingress=[],
+                egress=[]),
+        _policy(f"{name}-leaders", meta, leaders_of(name), ingress=api_ingress,
+                egress=leader_egress),
+    ]  # fmt: skip
+    if config.balancer_boot is not None:
+        to_leaders = {"to": [{"podSelector": leaders_of(name)}], "ports": _tcp(config.server_port)}
+        policies.append(
+            _policy(f"{name}-balancer", meta, {"matchLabels": balancer_labels(name)},
+                    ingress=api_ingress, egress=[dns, to_leaders])
+        )  # fmt: skip
+    if config.worker_count == 0:
+        return policies
+    # A policy cannot say "my own group": one per group. A group the LeaderWorkerSet gains
+    # outside the stack (`kubectl scale`, an autoscaler) has none, and the default deny leaves
+    # its workers unreachable: safe, and idle, as HAProxy does not know its leader either (add
+    # groups with replicas, and render again).
+    for group in range(config.replicas):
+        from_leader = {"from": [{"podSelector": leaders_of(name, group)}]}
+        policies.append(
+            _policy(f"{name}-group-{group}-workers", meta, workers_of(name, group),
+                    ingress=[{**from_leader, "ports": _tcp(config.rpc_port, METRICS_PORT)}])
+        )  # fmt: skip
     return policies
