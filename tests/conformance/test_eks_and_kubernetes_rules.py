@@ -439,12 +439,12 @@ CASES = [
     (T, {"metadataOptions__httpPutResponseHopLimit": 65}, rules.VALUE, "HopLimit"),
     (
         T,
-        {f"{EBS}__throughput": 1001, f"{EBS}__iops": 8000},
+        {f"{EBS}__throughput": 2001, f"{EBS}__iops": 9000},  # over what a launch takes
         rules.VALUE,
         "ebs.throughput",
     ),
     (T, {"blockDeviceMappings__0__ebs__throughput": 1000}, rules.COMBINATION, "4000 IOPS"),
-    (T, {"blockDeviceMappings__0__ebs__iops": 20_000}, rules.VALUE, "ebs.iops"),
+    (T, {"blockDeviceMappings__0__ebs__iops": 80_001}, rules.VALUE, "ebs.iops"),
     (T, {"blockDeviceMappings__0__ebs__encrypted": "false"}, rules.VALUE, "ebs.encrypted"),
     (T, {"blockDeviceMappings__0__ebs__volumeType": "gp2"}, rules.VALUE, "ebs.volumeType"),
     (
