@@ -36,7 +36,7 @@ from infra.catalog import InstanceType
 from infra.clouds import FACTS, CloudFacts, stores
 from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
-from infra.core import costs, layout, network_rules, perf, placement, sizing
+from infra.core import costs, layout, network_rules, perf, placement, server_args, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
@@ -610,6 +610,16 @@ def _api_key(settings: Mapping[str, Any], facts: CloudFacts) -> str:
                 "apiKey",
                 "`none` with apiAllowedCidrs would let those ranges use the API without a key; "
                 "leave apiKey unset (a key is generated) or remove apiAllowedCidrs",
+            )
+        if not server_args.cors_closed(_server_args(settings)):
+            # The pinned llama-server answers every Origin by default (common/common.h,
+            # cors_origins "*"), so any web page the operator opens could use the tunnel.
+            raise ConfigError(
+                "apiKey",
+                "`none` lets any web page open in your browser use the API through the tunnel "
+                '(llama-server allows every origin); add ["--cors-origins", "https://ORIGIN"] '
+                "to serverArgs for the one page that may, or leave apiKey unset (a key is "
+                "generated)",
             )
         return "none"
     if facts.api_key_store is None:

@@ -139,6 +139,18 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("gcp", "apiKey", {f"{P}apiKey": "short-key"}, "the value given is not `none`, or 16-256"),
     (
+        "gcp",
+        "apiKey",
+        {f"{P}apiKey": "none"},
+        "`none` lets any web page open in your browser use the API through the tunnel",
+    ),
+    (
+        "aws",
+        "serverArgs",
+        {f"{P}apiKey": "none", f"{P}serverArgs": ["--cors-origins", "*"]},
+        "--cors-origins '*': '*' lets other web pages use the API",
+    ),
+    (
         "azure",
         "apiKey",
         {f"{P}apiKey": "none", f"{P}apiAllowedCidrs": ["10.9.0.0/16"]},
