@@ -27,7 +27,7 @@ from infra.boot import (
     deliver,
     render,
 )
-from infra.boot.balancer import BalancerBoot, balancer_boot
+from infra.boot.balancer import HAPROXY_MAX_TIMEOUT_SECONDS, BalancerBoot, balancer_boot
 from infra.boot.deliver import files_source as store_path
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.node import STAGED_SCHEMES, setting_of
@@ -926,6 +926,7 @@ def from_settings(
         kubernetes_api_cidrs=_api_cidrs(settings, "kubernetesApiCidrs"),
     )
     _platform(config)
+    _balancer_timeouts(config)
     _spending(settings, config)
     try:
         # Every node's user data, rendered and delivered as the program will (and kept for it):
@@ -934,6 +935,23 @@ def from_settings(
     except BootConfigError as error:
         raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
     return config
+
+
+def _balancer_timeouts(config: ClusterConfig) -> None:
+    """A balancer's timeouts outlast the longest generation (``generation_timeout_seconds``),
+    and HAProxy takes none beyond about 24.8 days: a context that long to generate is refused
+    where the balancer would otherwise never start."""
+    if config.replicas < 2:
+        return
+    seconds = config.generation_timeout_seconds
+    if seconds <= HAPROXY_MAX_TIMEOUT_SECONDS:
+        return
+    raise ConfigError(
+        "contextSize",
+        f"{config.context_size:,} tokens a slot could take {seconds:,} s to generate at the "
+        f"predicted speed, longer than the balancer's longest timeout (HAProxy's, "
+        f"{HAPROXY_MAX_TIMEOUT_SECONDS:,} s); give a smaller contextSize, or replicas 1",
+    )
 
 
 def _spending(settings: Mapping[str, Any], config: ClusterConfig) -> None:

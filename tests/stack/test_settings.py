@@ -501,6 +501,23 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("aws", "workerDiskGb", {f"{P}workerDiskGb": 7}, "7 GB is outside what aws takes"),
     ("gcp", "workerDiskGb", {f"{P}workerDiskGb": 9}, "9 GB is outside what gcp takes"),
+    # A context so long that generating it outlasts HAProxy's longest timeout (~24.8 days).
+    (
+        "aws",
+        "contextSize",
+        {
+            f"{P}replicas": 2,
+            f"{P}workerCount": 14,
+            f"{P}contextSize": 16_000_000,
+            f"{P}model": {
+                "sizeGb": 20,
+                "layers": 28,
+                "kvBytesPerToken": 8,
+                "urls": ["https://example.com/custom.gguf"],
+            },
+        },
+        "longer than the balancer's longest timeout (HAProxy's, 2,147,483 s)",
+    ),
     # The KMS key of an SSE-KMS bucket.
     ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": "alias/models"}, "is not a KMS key ARN"),
     ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": KMS_KEY}, "only s3:// model URLs"),
