@@ -307,6 +307,7 @@ class ClusterConfig:
             api_key_source=self.api_key_source,
             stop_after_idle_minutes=self.stop_after_idle_minutes,
             stop_after_hours=self.stop_after_hours,
+            fetched_bytes=self.model.size_bytes + (self.draft.size_bytes if self.draft else 0),
             patches_off=self.patches_off,
             files_source=self.files_source("main"),
             stop_by=facts.stop_by,

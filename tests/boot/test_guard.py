@@ -170,6 +170,51 @@ def test_a_main_node_that_does_not_serve_yet_is_never_idle(server, tmp_path) -> 
         guard.stop()
 
 
+def test_a_main_node_that_never_serves_is_idle_after_its_serve_deadline(tmp_path) -> None:
+    """A server that cannot start (a flag it refuses at start, a model it cannot load) never
+    answers: past the serve deadline the node counts as idle, and stops."""
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(free_port()), STOP_AFTER_IDLE_SECONDS="1",
+        SERVE_DEADLINE_SECONDS="2",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=20)
+    log = guard.stop()
+    assert after is not None, log
+    assert 3 <= after < 8, after  # the deadline, then the idle time
+    assert guard.status()["last_stop_reason"].startswith("idle: 1s"), guard.status()
+
+
+def test_a_server_that_stops_answering_gets_the_serve_deadline_again(server, tmp_path) -> None:
+    """The deadline runs from the server's last answer, so a restart after serving (a new
+    load) is not cut short, and a server that never comes back does not keep the node on."""
+    port, state = server
+    state["metrics"] = BEFORE.replace("requests_processing 0", "requests_processing 1")
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1",
+        SERVE_DEADLINE_SECONDS="3",
+    )  # fmt: skip
+    try:
+        assert guard.powered_off_after(timeout=4) is None  # busy, past the deadline from boot
+        state["metrics"] = None
+        assert guard.powered_off_after(timeout=2) is None  # within 3 s of its last answer
+        assert guard.powered_off_after(timeout=20) is not None
+    finally:
+        guard.stop()
+
+
+def test_a_worker_its_main_node_never_reaches_is_idle_after_the_deadline(tmp_path) -> None:
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):
+        guard = Guard(
+            tmp_path, LLAMA_ROLE="worker", RPC_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1",
+            SERVE_DEADLINE_SECONDS="2",
+        )  # fmt: skip
+        after = guard.powered_off_after(timeout=20)
+        log = guard.stop()
+    assert after is not None, log
+    assert 3 <= after < 8, after
+
+
 def test_the_guard_reads_a_keyed_servers_metrics_with_the_key(server, tmp_path) -> None:
     port, state = server
     state["key"] = KEY
