@@ -42,7 +42,7 @@ class BootConfigError(SettingError):
     """A node setting that cannot work; the message names the setting and the fix.
 
     ``setting`` is the ``NodeBoot`` field at fault (``"model_urls"``, ``"node_ip"``, ...; user
-    data over its cloud's limit is ``"model_urls"``, and an unknown cloud ``"cloud"``), so that
+    data over its cloud's limit is ``"user_data"``, and an unknown cloud ``"cloud"``), so that
     callers can name the setting or the flag a user writes for it (``setting_of``).
     """
 

@@ -206,6 +206,10 @@ REFUSED = {
     ("--ssl-key-file", "--ssl-cert-file"): "the API is private; the tunnel carries it",
 }  # fmt: skip
 
+# Words serverArgs may hold: each allowed flag once, with its value, is fewer; more only fills
+# the main node's user data.
+MAX_WORDS = 64
+
 _BY_NAME = {name: flag for flag in ALLOWED for name in flag.names}
 _REFUSED_BY_NAME = {name: why for names, why in REFUSED.items() for name in names}
 
@@ -252,6 +256,8 @@ def check(args: Sequence[str]) -> str | None:
     """Why these llama-server arguments cannot be added, or None when every one may: each the
     pinned parser accepts, with the meaning the product allows."""
     words = list(args)
+    if len(words) > MAX_WORDS:
+        return f"{len(words)} words; at most {MAX_WORDS} (every allowed flag once is fewer)"
     template = None
     jinja = True  # the server's default (common/common.h, use_jinja); the last switch wins
     index = 0

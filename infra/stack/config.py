@@ -929,13 +929,42 @@ def from_settings(
     _platform(config)
     _balancer_timeouts(config)
     _spending(settings, config)
+    _boot_data(config)
+    return config
+
+
+def _boot_data(config: ClusterConfig) -> None:
+    """Every node's user data, rendered and delivered as the program will (and kept for it): a
+    boot setting the renderer rejects, or user data over the cloud's limit, stops here."""
     try:
-        # Every node's user data, rendered and delivered as the program will (and kept for it):
-        # a boot setting the renderer rejects, or user data over the cloud's limit, stops here.
         _ = config.user_data
     except BootConfigError as error:
+        if error.setting == "user_data":
+            setting, remedy = _user_data_filler(config)
+            raise ConfigError(setting, f"{error}; {remedy}") from None
         raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
-    return config
+
+
+def _user_data_filler(config: ClusterConfig) -> tuple[str, str]:
+    """The setting that puts the most into a node's user data, and how to make it smaller: the
+    one to blame when the user data is over the cloud's limit."""
+    digest = 64 + 1
+    filled = {
+        "model.urls": (
+            sum(len(url) + 1 for url in config.model_urls) + digest * len(config.model_sha256),
+            "list fewer parts (or stage the model: one short URL a part)",
+        ),
+        "draftModel.urls": (
+            sum(len(url) + 1 for url in config.draft_urls) + digest * len(config.draft_sha256),
+            "list fewer draft parts (or stage the draft model)",
+        ),
+        "serverArgs": (
+            sum(len(arg) + 1 for arg in config.server_args),
+            "give fewer flags",
+        ),
+    }
+    setting = max(filled, key=lambda key: filled[key][0])
+    return setting, filled[setting][1]
 
 
 def _balancer_timeouts(config: ClusterConfig) -> None:

@@ -346,6 +346,20 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("aws", "model.urls", with_urls("aws", many_urls(400)), "the aws user data is"),
     ("azure", "model.urls", with_urls("azure", many_urls(1500)), "the azure user data is"),
     (
+        "azure",
+        "draftModel.urls",
+        {
+            f"{P}draftModel": {
+                "sizeGb": 0.5,
+                "layers": 24,
+                "kvBytesPerToken": 100,
+                "urls": many_urls(1500),
+            }
+        },
+        "the azure user data is",
+    ),
+    ("aws", "serverArgs", {f"{P}serverArgs": ["--jinja"] * 65}, "65 words; at most 64"),
+    (
         "aws",
         "model.urls",
         with_urls("aws", ["https://h.example.com/models/"]),
