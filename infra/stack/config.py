@@ -933,16 +933,39 @@ def from_settings(
     return config
 
 
+# What a pod's settings travel in on Kubernetes (infra/stack/kube/objects.py): a ConfigMap, whose
+# data "cannot exceed 1 MiB" (kubernetes.io/docs/concepts/configuration/configmap). Pods have no
+# user data, so no VM's user-data limit applies to them.
+CONFIG_MAP_LIMIT_BYTES = 1 << 20
+
+
 def _boot_data(config: ClusterConfig) -> None:
-    """Every node's user data, rendered and delivered as the program will (and kept for it): a
-    boot setting the renderer rejects, or user data over the cloud's limit, stops here."""
+    """Every node's boot data, rendered and delivered as the program will (and kept for it): a
+    boot setting the renderer rejects, or boot data over its delivery's limit (a VM's user data,
+    a pod's ConfigMap), stops here."""
     try:
-        _ = config.user_data
+        if config.kubernetes:
+            _config_maps(config)
+        else:
+            _ = config.user_data
     except BootConfigError as error:
         if error.setting == "user_data":
             setting, remedy = _user_data_filler(config)
             raise ConfigError(setting, f"{error}; {remedy}") from None
         raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
+
+
+def _config_maps(config: ClusterConfig) -> None:
+    """A pod's settings, each role's as its ConfigMap holds them, within a ConfigMap's limit."""
+    for boot in config.boots(0):
+        _ = render(boot)  # the renderer's own checks of the settings
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in boot.env().items())
+        if size > CONFIG_MAP_LIMIT_BYTES:
+            raise BootConfigError(
+                "user_data",
+                f"the {boot.role} pods' settings are {size:,} bytes, over a ConfigMap's "
+                f"{CONFIG_MAP_LIMIT_BYTES:,}-byte limit",
+            )
 
 
 def _user_data_filler(config: ClusterConfig) -> tuple[str, str]:

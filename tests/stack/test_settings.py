@@ -28,6 +28,7 @@ from infra.stack.settings import BY_KEY
 from tests.pulumi_mocks import (
     CLOUD_STACKS,
     KMS_KEY,
+    KUBERNETES_STACKS,
     LARGEST,
     RecordingMocks,
     deploy,
@@ -36,6 +37,7 @@ from tests.pulumi_mocks import (
     env_of,
     overrides_of,
     parsed_config,
+    program_settings,
     refusal,
     refused,
     stack_config,
@@ -753,3 +755,18 @@ def test_the_program_deploys_the_user_data_the_config_check_rendered(
     nodes = [r for r in d.of_type("aws:ec2/instance:Instance") if "balancer" not in r.name]
     assert len(nodes) == 6
     assert sorted(rendered) == sorted(r.inputs["privateIp"] for r in nodes)
+
+
+def test_pods_get_a_config_maps_limit_not_a_vms_user_data_limit() -> None:
+    """On Kubernetes the settings travel in a ConfigMap (1 MiB), not in user data (AWS: 16 KB):
+    a list of parts a VM stack refuses is the pods' to take, and a longer one is refused by
+    the ConfigMap's limit, naming the setting that fills it."""
+    from infra.stack import config as cluster_config
+
+    [eks] = KUBERNETES_STACKS
+    parts = with_urls("aws", many_urls(400))
+    assert "the aws user data is" in refused(STACK["aws"], parts, "model.urls")
+    settings, region = program_settings(eks, parts)
+    assert cluster_config.from_settings(settings, region=region).kubernetes
+    many = with_urls("aws", many_urls(12_000))
+    assert "over a ConfigMap's" in refused(eks, many, "model.urls")
