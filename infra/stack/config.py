@@ -513,6 +513,16 @@ def _model_at(raw: dict[str, Any], key: str) -> _ModelSetting:
     unknown = sorted(set(raw) - set(MODEL_KEYS))
     if unknown:
         raise ConfigError(key, f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
+    # The preset first: a misspelt one is the error, not the URLs it would have come with.
+    preset_name = raw.get("preset")
+    preset = None
+    if preset_name is not None:
+        if not isinstance(preset_name, str):
+            raise ConfigError(f"{key}.preset", f"must be a preset's name, got {preset_name!r}")
+        try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
+            preset = models.preset(preset_name, f"{key}.preset")
+        except ModelError as error:
+            raise ConfigError(f"{key}.preset", str(error).removeprefix(f"{key}.preset: ")) from None
     urls = _strings(raw.get("urls"), f"{key}.urls", "the GGUF's https URL")
     if not urls:
         raise ConfigError(
@@ -530,15 +540,6 @@ def _model_at(raw: dict[str, Any], key: str) -> _ModelSetting:
     unverified = network_rules.unverified_download_problem(urls, sha256)
     if unverified:
         raise ConfigError(f"{key}.sha256", unverified)
-    preset_name = raw.get("preset")
-    preset = None
-    if preset_name is not None:
-        if not isinstance(preset_name, str):
-            raise ConfigError(f"{key}.preset", f"must be a preset's name, got {preset_name!r}")
-        try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
-            preset = models.preset(preset_name, f"{key}.preset")
-        except ModelError as error:
-            raise ConfigError(f"{key}.preset", str(error).removeprefix(f"{key}.preset: ")) from None
     size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
     kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
     layers = raw.get("layers", preset.layers if preset else None)

@@ -361,6 +361,9 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
         "the azure user data is",
     ),
     ("aws", "serverArgs", {f"{P}serverArgs": ["--jinja"] * 65}, "65 words; at most 64"),
+    # A misspelt preset is named, not the URLs that would have come with it.
+    ("aws", "draftModel.preset", {f"{P}draftModel": {"preset": "nope"}}, "nope"),
+    ("gcp", "model.preset", {f"{P}model": {"preset": "nope"}}, "nope"),
     (
         "aws",
         "model.urls",
