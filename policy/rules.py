@@ -236,7 +236,10 @@ def _from_aws_native_instance(props: Mapping[str, Any]) -> dict[str, Any]:
         "associatePublicIpAddress": public,
         "vpcSecurityGroupIds": _strings(props.get("securityGroupIds"))
         + [g for n in nics for g in _strings(n.get("groupSet"))],
-        "rootBlockDevice": {"encrypted": all(d.get("encrypted") is True for d in disks)},
+        # No mapping: the AMI's snapshot decides, as an unset rootBlockDevice.encrypted does.
+        "rootBlockDevice": {
+            "encrypted": all(d.get("encrypted") is True for d in disks) if disks else None
+        },
         "ebsBlockDevices": [{"encrypted": d.get("encrypted")} for d in disks],
         # aws-native's Instance has no metadata options of its own: a launch template's.
         "metadataOptions": props.get("metadataOptions"),

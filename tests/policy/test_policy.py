@@ -2464,6 +2464,13 @@ def test_the_rpc_port_from_an_address_through_classic_azure_is_reported() -> Non
             "associatePublicIpAddress",
         ),
         (
+            "aws-native:ec2:Instance",
+            {"tags": [{"key": "project", "value": PROJECT}, {"key": "stack", "value": "aws-c8g"}],
+             "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"encrypted": False}}]},
+            "encrypted-node-disks",
+            "rootBlockDevice",
+        ),
+        (
             "aws-native:ec2:LaunchTemplate",
             {"launchTemplateData": {"metadataOptions": {"httpTokens": "optional",
                                                         "httpPutResponseHopLimit": 1}}},
