@@ -4,6 +4,8 @@ with the reason; what the allow-list accepts, the pinned llama-server's parser a
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,48 @@ def test_the_pinned_parser_refuses_the_reviews_cases(tmp_path: Path) -> None:
     for args in cases:
         assert _parser_accepts(binary, args, tmp_path).returncode != 0, args
         assert server_args.check(args) is not None, args
+
+
+def test_cors_origins_keeps_other_web_pages_from_reading_a_keyless_api(
+    tmp_path: Path, llama_source: Path
+) -> None:
+    """The attack behind apiKey none's refusal, on the pinned llama-server (a generated model, on
+    loopback): by default it allows any page's Origin, so a page the operator opens could read
+    the tunnel's answers; with the --cors-origins serverArgs allows, only that origin is."""
+    from infra.local.model import cached_model
+    from infra.local.source import cache_dir
+    from tests.conftest import free_port
+
+    binary = pinned_llama_binary("llama-server")
+    model = cached_model(llama_source, cache_dir())
+    evil = "https://evil.example"
+
+    def allowed_origin(extra: list[str]) -> str | None:
+        assert server_args.check(extra) is None
+        port = free_port()
+        server = subprocess.Popen(
+            [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+             "--threads", "1", "--ctx-size", "256", "--no-webui", *extra],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/models", headers={"Origin": evil}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as answer:
+                        return answer.headers.get("Access-Control-Allow-Origin")
+                except OSError:
+                    assert server.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.2)
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+
+    assert allowed_origin([]) == evil  # any page may read the answers
+    assert allowed_origin(["--cors-origins", "https://chat.example.com"]) == (
+        "https://chat.example.com"
+    )
