@@ -21,10 +21,9 @@ MODEL_ALIAS = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")
 # The pinned parser (common/arg.cpp) reads whole numbers with std::stoi/std::stoul and decimals
 # with std::stof: each takes a leading "+", spaces, hexadecimal floats, "inf" and trailing text,
 # refuses what Python's int() and float() read beyond ASCII (Arabic-Indic or full-width digits,
-# "1_0"), and std::stof
-# throws on a value that underflows ("1e-50"). The grammars below are the plain forms both read
-# alike: ASCII digits, an optional "-", a decimal point, no exponent; six decimals at most keep
-# every value a normal float.
+# "1_0"), and std::stof throws on a value that underflows ("1e-50"). The grammars below are the
+# plain forms both read alike: ASCII digits, an optional "-", a decimal point, no exponent; six
+# decimals at most keep every value a normal float.
 _WHOLE = re.compile(r"-?[0-9]{1,10}")
 _DECIMAL = re.compile(r"-?[0-9]{1,6}(?:\.[0-9]{1,6})?")
 
