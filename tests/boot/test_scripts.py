@@ -474,7 +474,10 @@ def serve(
             assert service.poll() is None and time.monotonic() < deadline, status
             time.sleep(0.05)
             status_file = data / "status.json"
-            status = json.loads(status_file.read_text()) if status_file.exists() else {}
+            try:  # written in place: a read may meet it half written, and looks again
+                status = json.loads(status_file.read_text()) if status_file.exists() else {}
+            except json.JSONDecodeError:
+                status = {}
     finally:
         os.killpg(service.pid, signal.SIGTERM)
         journal = service.communicate(timeout=30)[0]
