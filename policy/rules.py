@@ -1362,6 +1362,17 @@ _BROAD_AZURE_ROLES: Final = frozenset(
 )
 
 
+# The same roles by name, as the classic provider's assignments may give them.
+_BROAD_AZURE_ROLE_NAMES: Final = frozenset(
+    {
+        "owner",
+        "contributor",
+        "user access administrator",
+        "role based access control administrator",
+    }
+)
+
+
 def _statements(document: Any) -> list[Mapping[str, Any]]:
     if isinstance(document, str):
         try:
@@ -1464,9 +1475,9 @@ def narrow_grants(resource_type: str, props: Mapping[str, Any], name: str = "") 
             found.append(f"{label}: grants to {', '.join(everyone)}; grant the node's account")
         return found
     if kind == AZURE_ROLE_ASSIGNMENT:
-        role = props.get("roleDefinitionId")
+        role = props.get("roleDefinitionId") or props.get("roleDefinitionName")
         guid = str(role).rsplit("/", 1)[-1].lower() if isinstance(role, str) else ""
-        if guid in _BROAD_AZURE_ROLES:
+        if guid in _BROAD_AZURE_ROLES or guid in _BROAD_AZURE_ROLE_NAMES:
             return [
                 f"{label}: assigns a role that administers its scope ({role}); assign the one "
                 "built-in or custom role the node needs, on the one resource"

@@ -2661,6 +2661,9 @@ def test_a_secret_granted_to_everyone_is_reported() -> None:
         ("azure", rules.AZURE_ROLE_ASSIGNMENT,
          {"principalId": "p", "roleDefinitionId": CONTRIBUTOR, "scope": "/subscriptions/s"},
          "administers its scope"),
+        ("azure", "azure:authorization/assignment:Assignment",
+         {"principalId": "p", "roleDefinitionName": "Owner", "scope": "/subscriptions/s"},
+         "administers its scope"),
     ],
 )  # fmt: skip
 def test_a_broad_grant_is_reported(cloud: str, typ: str, props: dict[str, Any], fix: str) -> None:
