@@ -62,7 +62,8 @@ def resource_policy(
 ) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         extra = {"expected": expected_tags()} if check is rules.node_tags else {}
-        for message in check(args.resource_type, plain(args.props), args.name, **extra):
+        props = rules.translated(args.resource_type, plain(args.props))
+        for message in check(args.resource_type, props, args.name, **extra):
             report_violation(message, None)
 
     return ResourceValidationPolicy(
@@ -77,16 +78,18 @@ def resource_policy(
 def stack_resource(resource: Any) -> rules.Resource:
     props = plain(resource.props)
     identity = props.get("id")
-    return rules.Resource(
-        type=resource.resource_type,
-        name=resource.name,
-        props=props,
-        urn=resource.urn,
-        id=identity if isinstance(identity, str) and identity else None,
-        property_dependencies={
-            key: [dependency.urn for dependency in dependencies]
-            for key, dependencies in resource.property_dependencies.items()
-        },
+    return rules.as_judged(
+        rules.Resource(
+            type=resource.resource_type,
+            name=resource.name,
+            props=props,
+            urn=resource.urn,
+            id=identity if isinstance(identity, str) and identity else None,
+            property_dependencies={
+                key: [dependency.urn for dependency in dependencies]
+                for key, dependencies in resource.property_dependencies.items()
+            },
+        )
     )
 
 
@@ -122,6 +125,12 @@ def validate_rpc(args: StackValidationArgs, report_violation: ReportViolation) -
 def validate_k8s_rpc(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     resources = [stack_resource(r) for r in args.resources]
     for violation in rules.k8s_rpc_only_from_leader(resources, guarded_port(args)):
+        report_violation(violation.message, violation.urn or None)
+
+
+def validate_identity_grants(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    resources = [stack_resource(r) for r in args.resources]
+    for violation in rules.identity_grants(resources):
         report_violation(violation.message, violation.urn or None)
 
 
@@ -163,12 +172,43 @@ POLICIES = [
         remediation_steps="Make the main node's group, tag or application security group the "
         "rule's only source: the main node reads its workers' metrics, and its own locally.",
     ),
+    StackValidationPolicy(
+        name="identity-grants-deallocate-only",
+        description="On Azure, a worker's identity (a spend guard's) holds one grant: the "
+        "stack's custom role of one action, deallocate, at its own VM's scope; and every custom "
+        "role the stack makes holds that action alone, assignable in a resource group.",
+        validate=validate_identity_grants,
+        severity=Severity.HIGH,
+        remediation_steps="Grant a worker's identity the stack's deallocate role at its own "
+        "VM's scope and nothing else; keep the custom role to that one action.",
+    ),
     resource_policy(
         "identity-on-main-only",
         "No node but the main node has a cloud identity (instance profile, service account, "
         "managed identity).",
         rules.identity_on_main_only,
         "Remove the identity from the worker (or the scale set).",
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "secret-store-private",
+        "The API key's store keeps it secret: an SSM parameter of the key is a SecureString, a "
+        "Key Vault admits named addresses alone and grants per secret (role-based access), a "
+        "Secret Manager secret is granted to no one at large.",
+        rules.secret_store_private,
+        "Make the key's parameter a SecureString; deny the vault's network by default and "
+        "enable RBAC; grant the secret to the main node's account alone.",
+        Severity.HIGH,
+    ),
+    resource_policy(
+        "narrow-grants",
+        "The roles and grants the stack makes are narrow: no AWS managed policy that "
+        "administers an account or a whole service, no wildcard actions, no SSM Command "
+        "document that takes parameters, no GCP basic or admin role, nothing granted to "
+        "everyone, no Azure role that administers its scope.",
+        rules.narrow_grants,
+        "Grant the named actions on the stack's own resources, through the stack's own "
+        "inline policies, predefined roles or custom role.",
         Severity.HIGH,
     ),
     resource_policy(

@@ -34,12 +34,17 @@ PROJECT: Final = "llama-rpc-cluster"
 DEFAULT_RPC_PORT: Final = 50052  # the program's default for `llama-rpc-cluster:rpcPort`
 RPC_PORT_KEY: Final = "rpcPort"  # in the policy's config, and in the stack's (project prefix)
 
-# "The internet": one rule whose public sources together cover more addresses than one /16
-# (IPv4) or one /48 (IPv6). Counting addresses, not prefixes, also catches a range split into
-# pieces within a rule (0.0.0.0/1 + 128.0.0.0/1, or many /17s); each piece wider than the
-# threshold is caught on its own anyway.
-WIDEST_PUBLIC_IPV4_SOURCE: Final = 16
+# "The internet": one rule whose public sources together cover more addresses than one /24
+# (IPv4), as the program's own check of apiAllowedCidrs and kubernetesApiCidrs allows (infra/
+# core/network_rules.py, WIDEST_PUBLIC_API_PREFIX), or one /48 (IPv6). Counting addresses, not
+# prefixes, also catches a range split into pieces within a rule (0.0.0.0/1 + 128.0.0.0/1, or
+# many /25s); each piece wider than the threshold is caught on its own anyway.
+WIDEST_PUBLIC_IPV4_SOURCE: Final = 24
 WIDEST_PUBLIC_IPV6_SOURCE: Final = 48
+# Public ranges that are a cloud's own service, not the internet: Google's IAP TCP forwarding,
+# which the GCP stacks' tunnel comes from (cloud.google.com/iap/docs/using-tcp-forwarding,
+# "Create a firewall rule"; infra/clouds/gcp.py, IAP_RANGE).
+SERVICE_SOURCES: Final = (ipaddress.ip_network("35.235.240.0/20"),)
 # Sources that are not the internet: RFC 1918, carrier-grade NAT (RFC 6598), IPv6 unique-local
 # and link-local space. (Python's ``is_private`` is no test: it calls 0.0.0.0/1 private.)
 INTERNAL_SOURCES: Final = tuple(
@@ -109,6 +114,11 @@ AWS_ALB: Final = "aws:alb/loadBalancer:LoadBalancer"
 GCP_FORWARDING_RULE: Final = "gcp:compute/forwardingRule:ForwardingRule"
 GCP_GLOBAL_FORWARDING_RULE: Final = "gcp:compute/globalForwardingRule:GlobalForwardingRule"
 AZURE_LOAD_BALANCER: Final = "azure-native:network:LoadBalancer"
+AZURE_ROLE_ASSIGNMENT: Final = "azure-native:authorization:RoleAssignment"
+AZURE_ROLE_DEFINITION: Final = "azure-native:authorization:RoleDefinition"
+# A spend guard's one permission on Azure: a node deallocates its own VM (infra/stack/backends/
+# azure.py, DEALLOCATE_ACTION), through a custom role assigned at that VM's scope.
+DEALLOCATE_ACTION: Final = "Microsoft.Compute/virtualMachines/deallocate/action"
 AWS_EKS_CLUSTER: Final = "aws:eks/cluster:Cluster"
 AWS_EKS_NODE_GROUP: Final = "aws:eks/nodeGroup:NodeGroup"
 K8S_SERVICE: Final = "kubernetes:core/v1:Service"
@@ -160,8 +170,249 @@ class Violation(NamedTuple):
 
 
 def canonical_type(resource_type: str) -> str:
-    """The type token without an Azure API version (``azure-native:network/v20240301:X``)."""
-    return re.sub(r"^(azure-native:[A-Za-z]+)/v[0-9a-z]+:", r"\1:", resource_type)
+    """The type token the rules judge: without an Azure API version
+    (``azure-native:network/v20240301:X``), and for the same resource written with another
+    provider of its cloud (AWS's Cloud Control ``aws-native``, Azure's classic ``azure``), the
+    type it stands for (``ALIASES``)."""
+    kind = re.sub(r"^(azure-native:[A-Za-z]+)/v[0-9a-z]+:", r"\1:", resource_type)
+    alias = ALIASES.get(kind)
+    return alias.type if alias is not None else kind
+
+
+# --- the same resources through the clouds' other providers ------------------------------------
+
+
+def _tag_map(value: Any) -> Any:
+    """aws-native's tags (``[{key, value}]``) as the aws provider's map."""
+    if not _known(value) or isinstance(value, Mapping):
+        return value
+    return {
+        _mapping(tag).get("key"): _mapping(tag).get("value")
+        for tag in _items(value)
+        if isinstance(_mapping(tag).get("key"), str)
+    }
+
+
+def _aws_native_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """An aws-native ingress entry (a SecurityGroupIngress, or a SecurityGroup's inline one) in
+    the aws provider's SecurityGroupRule words."""
+    source = rule.get("sourceSecurityGroupId")
+    return {
+        "type": "ingress",
+        "securityGroupId": rule.get("groupId"),
+        "protocol": rule.get("ipProtocol"),
+        "fromPort": rule.get("fromPort"),
+        "toPort": rule.get("toPort"),
+        "cidrBlocks": _strings(rule.get("cidrIp")),
+        "ipv6CidrBlocks": _strings(rule.get("cidrIpv6")),
+        "prefixListIds": _strings(rule.get("sourcePrefixListId")),
+        "sourceSecurityGroupId": source,
+        "securityGroups": _strings(source),
+    }
+
+
+def _from_aws_native_group(props: Mapping[str, Any]) -> dict[str, Any]:
+    ingress = props.get("securityGroupIngress")
+    return {
+        **props,
+        "tags": _tag_map(props.get("tags")),
+        "ingress": [_aws_native_rule(_mapping(r)) for r in _items(ingress)]
+        if _known(ingress)
+        else UNKNOWN,
+    }
+
+
+def _from_aws_native_instance(props: Mapping[str, Any]) -> dict[str, Any]:
+    nics = [_mapping(n) for n in _items(props.get("networkInterfaces"))]
+    public: Any = None
+    if any(n.get("associatePublicIpAddress") is UNKNOWN for n in nics):
+        public = UNKNOWN
+    elif nics:
+        public = any(n.get("associatePublicIpAddress") is True for n in nics)
+    disks = [_mapping(_mapping(d).get("ebs")) for d in _items(props.get("blockDeviceMappings"))]
+    return {
+        **props,
+        "tags": _tag_map(props.get("tags")),
+        "associatePublicIpAddress": public,
+        "vpcSecurityGroupIds": _strings(props.get("securityGroupIds"))
+        + [g for n in nics for g in _strings(n.get("groupSet"))],
+        # No mapping: the AMI's snapshot decides, as an unset rootBlockDevice.encrypted does.
+        "rootBlockDevice": {
+            "encrypted": all(d.get("encrypted") is True for d in disks) if disks else None
+        },
+        "ebsBlockDevices": [{"encrypted": d.get("encrypted")} for d in disks],
+        # aws-native's Instance has no metadata options of its own: a launch template's.
+        "metadataOptions": props.get("metadataOptions"),
+    }
+
+
+def _from_aws_native_template(props: Mapping[str, Any]) -> dict[str, Any]:
+    data = _mapping(props.get("launchTemplateData"))
+    if not _known(props.get("launchTemplateData")):
+        return {key: UNKNOWN for key in ("metadataOptions", "iamInstanceProfile")}
+    return {**data, "vpcSecurityGroupIds": _strings(data.get("securityGroupIds"))}
+
+
+def _from_aws_native_balancer(props: Mapping[str, Any]) -> dict[str, Any]:
+    scheme = props.get("scheme")
+    internal = scheme if not _known(scheme) else scheme == "internal"
+    return {**props, "internal": internal}
+
+
+def _from_aws_native_eks(props: Mapping[str, Any]) -> dict[str, Any]:
+    return {**props, "vpcConfig": props.get("resourcesVpcConfig")}
+
+
+def _azure_classic_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A classic azure security rule (standalone or inline) in azure-native's words."""
+    groups = rule.get("sourceApplicationSecurityGroupIds")
+    return {
+        **rule,
+        "sourceApplicationSecurityGroups": [{"id": g} for g in _strings(groups)]
+        if _known(groups)
+        else UNKNOWN,
+    }
+
+
+def _from_azure_classic_nsg(props: Mapping[str, Any]) -> dict[str, Any]:
+    rules = props.get("securityRules")
+    return {
+        **props,
+        "networkSecurityGroupName": props.get("name"),
+        "securityRules": [_azure_classic_rule(_mapping(r)) for r in _items(rules)]
+        if _known(rules)
+        else UNKNOWN,
+    }
+
+
+def _from_azure_classic_nic(props: Mapping[str, Any]) -> dict[str, Any]:
+    configs = props.get("ipConfigurations")
+    if not _known(configs):
+        return {**props}
+    return {
+        **props,
+        "ipConfigurations": [
+            {**_mapping(c), "publicIPAddress": _mapping(c).get("publicIpAddressId")}
+            for c in _items(configs)
+        ],
+    }
+
+
+def _from_azure_classic_vm(props: Mapping[str, Any]) -> dict[str, Any]:
+    identity = props.get("identity")
+    os_disk = _mapping(props.get("storageOsDisk"))
+    return {
+        **props,
+        "identity": {
+            **_mapping(identity),
+            "userAssignedIdentities": _strings(_mapping(identity).get("identityIds")),
+        }
+        if _present(identity) and _known(identity)
+        else identity,
+        "storageProfile": {"osDisk": {"vhd": os_disk.get("vhdUri")}},
+    }
+
+
+def _from_azure_classic_balancer(props: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        **props,
+        "frontendIPConfigurations": [
+            {
+                "publicIPAddress": _mapping(f).get("publicIpAddressId"),
+                "publicIPPrefix": _mapping(f).get("publicIpPrefixId"),
+            }
+            for f in _items(props.get("frontendIpConfigurations"))
+        ],
+    }
+
+
+class Alias(NamedTuple):
+    """A resource type of another provider: the type the rules judge it as, its properties in
+    that type's words, and which of its properties became which (for their dependencies)."""
+
+    type: str
+    props: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    renamed: Mapping[str, str] = {}
+
+
+AZURE_CLASSIC_ASG_ASSOCIATION: Final = (
+    "azure:network/networkInterfaceApplicationSecurityGroupAssociation:"
+    "NetworkInterfaceApplicationSecurityGroupAssociation"
+)
+ALIASES: Final[Mapping[str, Alias]] = {
+    "aws-native:ec2:SecurityGroupIngress": Alias(
+        AWS_SECURITY_GROUP_RULE, _aws_native_rule, {"groupId": "securityGroupId"}
+    ),
+    "aws-native:ec2:SecurityGroup": Alias(
+        AWS_SECURITY_GROUP, _from_aws_native_group, {"securityGroupIngress": "ingress"}
+    ),
+    "aws-native:ec2:Instance": Alias(
+        AWS_INSTANCE, _from_aws_native_instance, {"securityGroupIds": "vpcSecurityGroupIds"}
+    ),
+    "aws-native:ec2:LaunchTemplate": Alias(AWS_LAUNCH_TEMPLATE, _from_aws_native_template),
+    "aws-native:ec2:Eip": Alias(AWS_EIP, dict),
+    "aws-native:ec2:EipAssociation": Alias(AWS_EIP_ASSOCIATION, dict),
+    "aws-native:ec2:Volume": Alias(AWS_EBS_VOLUME, dict),
+    "aws-native:elasticloadbalancingv2:LoadBalancer": Alias(
+        AWS_LOAD_BALANCER, _from_aws_native_balancer
+    ),
+    "aws-native:eks:Cluster": Alias(AWS_EKS_CLUSTER, _from_aws_native_eks),
+    "aws-native:eks:Nodegroup": Alias(AWS_EKS_NODE_GROUP, dict),
+    "azure:network/networkSecurityRule:NetworkSecurityRule": Alias(
+        AZURE_SECURITY_RULE,
+        _azure_classic_rule,
+        {"sourceApplicationSecurityGroupIds": "sourceApplicationSecurityGroups"},
+    ),
+    "azure:network/networkSecurityGroup:NetworkSecurityGroup": Alias(
+        AZURE_NSG, _from_azure_classic_nsg
+    ),
+    "azure:network/networkInterface:NetworkInterface": Alias(AZURE_NIC, _from_azure_classic_nic),
+    "azure:network/applicationSecurityGroup:ApplicationSecurityGroup": Alias(AZURE_ASG, dict),
+    "azure:compute/linuxVirtualMachine:LinuxVirtualMachine": Alias(
+        AZURE_VM, _from_azure_classic_vm
+    ),
+    "azure:compute/windowsVirtualMachine:WindowsVirtualMachine": Alias(
+        AZURE_VM, _from_azure_classic_vm
+    ),
+    "azure:compute/virtualMachine:VirtualMachine": Alias(AZURE_VM, _from_azure_classic_vm),
+    "azure:compute/linuxVirtualMachineScaleSet:LinuxVirtualMachineScaleSet": Alias(
+        AZURE_SCALE_SET, dict
+    ),
+    "azure:compute/windowsVirtualMachineScaleSet:WindowsVirtualMachineScaleSet": Alias(
+        AZURE_SCALE_SET, dict
+    ),
+    "azure:compute/orchestratedVirtualMachineScaleSet:OrchestratedVirtualMachineScaleSet": Alias(
+        AZURE_SCALE_SET, dict
+    ),
+    "azure:lb/loadBalancer:LoadBalancer": Alias(AZURE_LOAD_BALANCER, _from_azure_classic_balancer),
+    "azure:authorization/assignment:Assignment": Alias(AZURE_ROLE_ASSIGNMENT, dict),
+    "azure:authorization/roleDefinition:RoleDefinition": Alias(AZURE_ROLE_DEFINITION, dict),
+}
+
+
+def translated(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A resource's properties in the words of the type the rules judge it as."""
+    kind = re.sub(r"^(azure-native:[A-Za-z]+)/v[0-9a-z]+:", r"\1:", resource_type)
+    alias = ALIASES.get(kind)
+    return alias.props(props) if alias is not None else props
+
+
+def as_judged(resource: Resource) -> Resource:
+    """A stack's resource with its properties (and their dependencies) in the judged words."""
+    alias = ALIASES.get(resource.type)
+    if alias is None:
+        return resource
+    dependencies = {
+        alias.renamed.get(key, key): urns for key, urns in resource.property_dependencies.items()
+    }
+    return Resource(
+        resource.type,
+        resource.name,
+        alias.props(resource.props),
+        resource.urn,
+        resource.id,
+        dependencies,
+    )
 
 
 def _known(value: Any) -> bool:
@@ -266,7 +517,8 @@ def _union_size(spans: Iterable[tuple[int, int]]) -> int:
 
 def internet_sources(sources: Iterable[Any]) -> list[str]:
     """The sources of one rule that admit the internet: words meaning everyone, or public
-    ranges that together cover more than a /16 (IPv4) or a /48 (IPv6). Empty when none."""
+    ranges (a cloud's own service's aside) that together cover more than a /24 (IPv4) or a /48
+    (IPv6). Empty when none."""
     words: list[str] = []
     public: dict[int, list[tuple[str, tuple[int, int]]]] = {4: [], 6: []}
     for source in sources:
@@ -282,7 +534,10 @@ def internet_sources(sources: Iterable[Any]) -> list[str]:
             if text.lower() not in _INTERNAL_SERVICE_TAGS:
                 words.append(text)  # a service tag: public addresses of a service
             continue
-        if not _internal(network):
+        if not _internal(network) and not any(
+            network.version == service.version and network.subnet_of(service)  # type: ignore[arg-type]
+            for service in SERVICE_SOURCES
+        ):
             public[network.version].append((text, _span(network)))
     found = words
     for version, bits, widest in (
@@ -562,15 +817,32 @@ def imdsv2_required(resource_type: str, props: Mapping[str, Any], name: str = ""
     if canonical_type(resource_type) not in kinds:
         return []
     options = props.get("metadataOptions")
-    tokens = _mapping(options).get("httpTokens")
-    if not _known(options) or not _known(tokens) or tokens == "required":
+    if not _known(options):
         return []
-    state = "is not set (IMDSv1 stays on)" if tokens is None else f"is {tokens!r}"
-    return [
-        f"{_label(resource_type, name)}: metadataOptions.httpTokens {state}; set "
-        'metadata_options={"http_tokens": "required"} (IMDSv2 only), so that a request forged '
-        "through a node cannot read the instance role's credentials"
-    ]
+    label = _label(resource_type, name)
+    found: list[str] = []
+    tokens = _mapping(options).get("httpTokens")
+    if _known(tokens) and tokens != "required":
+        state = "is not set (IMDSv1 stays on)" if tokens is None else f"is {tokens!r}"
+        found.append(
+            f"{label}: metadataOptions.httpTokens {state}; set "
+            'metadata_options={"http_tokens": "required"} (IMDSv2 only), so that a request '
+            "forged through a node cannot read the instance role's credentials"
+        )
+    hops = _mapping(options).get("httpPutResponseHopLimit")
+    if _known(hops) and _int(hops) != 1:
+        # An AMI registered with ImdsSupport v2.0 makes it 2 (EC2 API, Image.ImdsSupport).
+        state = (
+            "is not set (the AMI's default decides: 2 for IMDSv2 AMIs)"
+            if hops is None
+            else (f"is {hops!r}")
+        )
+        found.append(
+            f"{label}: metadataOptions.httpPutResponseHopLimit {state}; set "
+            '"http_put_response_hop_limit": 1, so that a container on the node (one hop '
+            "further) cannot take a metadata token and the node role's credentials"
+        )
+    return found
 
 
 # --- invariant 5: encrypted disks --------------------------------------------------------------
@@ -817,10 +1089,19 @@ def identity_on_main_only(
         return []
     if is_main_node(resource_type, props, name):
         return []
+    if kind == AZURE_VM and _system_assigned_only(value):
+        return []  # a spend guard's: its grants are judged by identity-grants-deallocate-only
     return [
         f"{label}: a node other than the main node has {key}; remove it: workers need no "
         "cloud identity, and a token on them would be the RPC port's attacker's"
     ]
+
+
+def _system_assigned_only(identity: Any) -> bool:
+    """An Azure VM's own identity alone (no user-assigned one, which other resources share)."""
+    identity = _mapping(identity)
+    kind = str(identity.get("type", "")).replace(" ", "").lower()
+    return kind == "systemassigned" and not _present(identity.get("userAssignedIdentities"))
 
 
 # --- invariant 10: the Kubernetes API endpoint is private, or open to named ranges only ---------
@@ -946,6 +1227,264 @@ def cluster_internal_services(
     return found
 
 
+# --- invariant 15: the API key's store is private ------------------------------------------
+
+AWS_SSM_PARAMETER: Final = "aws:ssm/parameter:Parameter"
+AWS_NATIVE_SSM_PARAMETER: Final = "aws-native:ssm:Parameter"
+AZURE_KEY_VAULT: Final = "azure-native:keyvault:Vault"
+AZURE_CLASSIC_KEY_VAULT: Final = "azure:keyvault/keyVault:KeyVault"
+GCP_SECRET_GRANTS: Final = (
+    "gcp:secretmanager/secretIamMember:SecretIamMember",
+    "gcp:secretmanager/secretIamBinding:SecretIamBinding",
+    "gcp:secretmanager/secretIamPolicy:SecretIamPolicy",
+)
+# Who "everyone" is in a GCP IAM member list.
+_GCP_EVERYONE: Final = frozenset({"allusers", "allauthenticatedusers"})
+
+
+def _gcp_members(props: Mapping[str, Any]) -> list[str]:
+    """The members a GCP IAM member, binding or policy resource grants to."""
+    members = [m for m in _strings(props.get("member")) + _strings(props.get("members"))]
+    policy = props.get("policyData")
+    if isinstance(policy, str):
+        try:
+            document = json.loads(policy)
+        except ValueError:
+            document = {}
+        members += [
+            m
+            for b in _items(_mapping(document).get("bindings"))
+            for m in _strings(b.get("members"))
+        ]
+    return [m for m in members if isinstance(m, str)]
+
+
+def _vault_problems(label: str, props: Mapping[str, Any]) -> list[str]:
+    """A Key Vault's data plane open beyond named addresses, or read through access policies
+    (each of which reads every secret of the vault) rather than per-secret roles."""
+    properties = _mapping(props.get("properties")) or props
+    found: list[str] = []
+    acls = properties.get("networkAcls")
+    action = _mapping(acls).get("defaultAction")
+    if _known(acls) and _known(action) and str(action).lower() != "deny":
+        found.append(
+            f"{label}: networkAcls.defaultAction is {action or 'not set (Allow)'}; set it to "
+            "Deny with the NAT gateway's address as the one ip rule, so that only the nodes "
+            "reach the vault"
+        )
+    rules = [
+        r if isinstance(r, str) else _mapping(r).get("value")
+        for r in _items(_mapping(acls).get("ipRules"))
+    ]
+    if wide := internet_sources(r for r in rules if isinstance(r, str)):
+        found.append(f"{label}: networkAcls.ipRules admit the internet ({', '.join(wide)})")
+    rbac = properties.get("enableRbacAuthorization")
+    if _known(rbac) and rbac is not True:
+        found.append(
+            f"{label}: enableRbacAuthorization is not true, so access policies (each reading "
+            "every secret of the vault) grant access; set it, and grant Key Vault Secrets User "
+            "on the one secret"
+        )
+    return found
+
+
+def secret_store_private(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 15: the store that keeps the API key keeps it secret: an SSM parameter of the
+    key is a SecureString; a Key Vault admits named addresses alone and grants per secret; a
+    Secret Manager secret is granted to no one at large."""
+    kind, label = canonical_type(resource_type), _label(resource_type, name)
+    if kind in (AWS_SSM_PARAMETER, AWS_NATIVE_SSM_PARAMETER):
+        key = props.get("name")
+        kind_of = props.get("type")
+        if (
+            isinstance(key, str)
+            and "api-key" in key
+            and _known(kind_of)
+            and kind_of != ("SecureString")
+        ):
+            return [
+                f"{label}: keeps the API key as {kind_of or 'an unset type'}, readable by "
+                "anyone who may describe parameters and kept in plain text; set "
+                'type="SecureString"'
+            ]
+        return []
+    if kind in (AZURE_KEY_VAULT, AZURE_CLASSIC_KEY_VAULT):
+        return _vault_problems(label, props)
+    if kind in GCP_SECRET_GRANTS:
+        everyone = [m for m in _gcp_members(props) if m.lower() in _GCP_EVERYONE]
+        if everyone:
+            return [
+                f"{label}: grants the secret to {', '.join(everyone)}; grant it to the main "
+                "node's service account alone"
+            ]
+    return []
+
+
+# --- invariant 16: the grants the stack makes are narrow ----------------------------------------
+
+AWS_ROLE_POLICY_ATTACHMENT: Final = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+AWS_POLICY_ATTACHMENT: Final = "aws:iam/policyAttachment:PolicyAttachment"
+AWS_ROLE_POLICY: Final = "aws:iam/rolePolicy:RolePolicy"
+AWS_POLICY: Final = "aws:iam/policy:Policy"
+AWS_ROLE: Final = "aws:iam/role:Role"
+AWS_NATIVE_ROLE: Final = "aws-native:iam:Role"
+AWS_NATIVE_ROLE_POLICY: Final = "aws-native:iam:RolePolicy"
+AWS_SSM_DOCUMENT: Final = "aws:ssm/document:Document"
+GCP_PROJECT_GRANTS: Final = (
+    "gcp:projects/iAMMember:IAMMember",
+    "gcp:projects/iAMBinding:IAMBinding",
+    "gcp:projects/iAMPolicy:IAMPolicy",
+)
+GCP_BUCKET_GRANTS: Final = (
+    "gcp:storage/bucketIAMMember:BucketIAMMember",
+    "gcp:storage/bucketIAMBinding:BucketIAMBinding",
+    "gcp:storage/bucketIAMPolicy:BucketIAMPolicy",
+)
+# AWS managed policies that grant an account's administration or whole services: no node or
+# cluster role of the stack needs one (the nodes hold inline grants on named resources; EKS's
+# roles, its own AmazonEKS* policies).
+_BROAD_AWS_POLICIES: Final = re.compile(
+    r"arn:aws[a-z-]*:iam::aws:policy/(?:.*/)?(?:AdministratorAccess|PowerUserAccess|"
+    r"IAMFullAccess|[A-Za-z0-9]*FullAccess[A-Za-z0-9_]*|AmazonSSMManagedInstanceCore)"
+)
+# GCP roles that administer a project (basic roles, and any *admin role).
+_BROAD_GCP_ROLES: Final = re.compile(r"roles/(?:owner|editor|[A-Za-z.]*[Aa]dmin[A-Za-z.]*)")
+# Azure's built-in roles that administer what they are assigned on: Owner, Contributor, User
+# Access Administrator, Role Based Access Control Administrator (learn.microsoft.com/azure/
+# role-based-access-control/built-in-roles, their GUIDs).
+_BROAD_AZURE_ROLES: Final = frozenset(
+    {
+        "8e3af657-a8ff-443c-a75c-2fe8c4bcb635",
+        "b24988ac-6180-42a0-ab88-20f7382dd24c",
+        "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9",
+        "f58310d9-a9f6-439a-9e8d-f62e7b41a168",
+    }
+)
+
+
+# The same roles by name, as the classic provider's assignments may give them.
+_BROAD_AZURE_ROLE_NAMES: Final = frozenset(
+    {
+        "owner",
+        "contributor",
+        "user access administrator",
+        "role based access control administrator",
+    }
+)
+
+
+def _statements(document: Any) -> list[Mapping[str, Any]]:
+    if isinstance(document, str):
+        try:
+            document = json.loads(document)
+        except ValueError:
+            return []
+    statements = _mapping(document).get("Statement")
+    listed = statements if isinstance(statements, list) else [statements]
+    return [_mapping(st) for st in listed if isinstance(st, Mapping)]
+
+
+def _broad_statement(statement: Mapping[str, Any]) -> str | None:
+    """Why one Allow statement of an IAM policy is broader than any grant the stack makes."""
+    if str(statement.get("Effect", "")).lower() != "allow":
+        return None
+    if "NotAction" in statement:
+        return "allows every action but those it names (NotAction)"
+    actions = [a for a in _strings(statement.get("Action")) if isinstance(a, str)]
+    wild = [a for a in actions if a == "*" or a.endswith(":*")]
+    if wild:
+        return f"allows {', '.join(wild)}"
+    resources = [r for r in _strings(statement.get("Resource")) if isinstance(r, str)]
+    escalating = [a for a in actions if a.lower().startswith(("iam:", "sts:assumerole"))]
+    if escalating and "*" in resources:
+        return f"allows {', '.join(escalating)} on every resource"
+    return None
+
+
+def _aws_grant_problems(label: str, kind: str, props: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    arns = _strings(props.get("policyArn")) + _strings(props.get("managedPolicyArns"))
+    for arn in arns:
+        if isinstance(arn, str) and _BROAD_AWS_POLICIES.fullmatch(arn):
+            found.append(
+                f"{label}: attaches {arn}, far beyond what a node or the cluster needs; "
+                "grant the actions on the stack's own resources inline instead"
+            )
+    documents = [props.get("policy"), props.get("policyDocument")] + [
+        _mapping(p).get("policyDocument") for p in _items(props.get("policies"))
+    ]
+    if kind in (AWS_ROLE, AWS_NATIVE_ROLE):
+        documents = [_mapping(p).get("policyDocument") for p in _items(props.get("policies"))]
+        documents += [_mapping(p).get("policy") for p in _items(props.get("inlinePolicies"))]
+    for document in documents:
+        for statement in _statements(document):
+            if why := _broad_statement(statement):
+                found.append(
+                    f"{label}: a statement {why}; name the actions and the stack's resources "
+                    "they act on"
+                )
+    return found
+
+
+def _ssm_document_problems(label: str, props: Mapping[str, Any]) -> list[str]:
+    """A Command document runs as root on the node it is sent to: one that takes parameters
+    runs whatever its sender passes."""
+    if str(props.get("documentType", "")) != "Command":
+        return []
+    content = props.get("content")
+    try:
+        document = json.loads(content) if isinstance(content, str) else {}
+    except ValueError:
+        return []
+    if _present(_mapping(document).get("parameters")):
+        return [
+            f"{label}: this Command document takes parameters, so whoever may send it runs "
+            "what they pass, as root; fix its commands and remove parameters"
+        ]
+    return []
+
+
+def narrow_grants(resource_type: str, props: Mapping[str, Any], name: str = "") -> list[str]:
+    """Invariant 16: the roles, policies and grants the stack makes are narrow: no AWS managed
+    policy that administers an account or a whole service, no statement with wildcard actions
+    (or iam:/sts:AssumeRole on every resource), no SSM Command document that takes parameters;
+    no GCP basic or admin role and nothing granted to everyone; no Azure role that administers
+    what it is assigned on."""
+    kind, label = canonical_type(resource_type), _label(resource_type, name)
+    if kind in (
+        AWS_ROLE_POLICY_ATTACHMENT,
+        AWS_POLICY_ATTACHMENT,
+        AWS_ROLE_POLICY,
+        AWS_POLICY,
+        AWS_ROLE,
+        AWS_NATIVE_ROLE,
+        AWS_NATIVE_ROLE_POLICY,
+    ):
+        return _aws_grant_problems(label, kind, props)
+    if kind == AWS_SSM_DOCUMENT:
+        return _ssm_document_problems(label, props)
+    if kind in (*GCP_PROJECT_GRANTS, *GCP_BUCKET_GRANTS):
+        found = [
+            f"{label}: grants {role}, which administers the project; grant a predefined role on "
+            "the one resource the node reads"
+            for role in _strings(props.get("role"))
+            if isinstance(role, str) and _BROAD_GCP_ROLES.fullmatch(role)
+        ]
+        everyone = [m for m in _gcp_members(props) if m.lower() in _GCP_EVERYONE]
+        if everyone:
+            found.append(f"{label}: grants to {', '.join(everyone)}; grant the node's account")
+        return found
+    if kind == AZURE_ROLE_ASSIGNMENT:
+        role = props.get("roleDefinitionId") or props.get("roleDefinitionName")
+        guid = str(role).rsplit("/", 1)[-1].lower() if isinstance(role, str) else ""
+        if guid in _BROAD_AZURE_ROLES or guid in _BROAD_AZURE_ROLE_NAMES:
+            return [
+                f"{label}: assigns a role that administers its scope ({role}); assign the one "
+                "built-in or custom role the node needs, on the one resource"
+            ]
+    return []
+
+
 RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "no-internet-ingress": no_internet_ingress,
     "no-public-node-addresses": no_public_addresses,
@@ -957,6 +1496,8 @@ RESOURCE_VALIDATORS: Final[Mapping[str, Callable[..., list[str]]]] = {
     "private-kubernetes-api": private_kubernetes_api,
     "eks-nodes-from-launch-template": eks_nodes_from_launch_template,
     "cluster-internal-services": cluster_internal_services,
+    "secret-store-private": secret_store_private,
+    "narrow-grants": narrow_grants,
 }
 
 
@@ -1354,7 +1895,52 @@ def _rpc_carriers(stack: _Stack, r: Resource) -> list[str]:
                 "application security group, so it can reach every worker's RPC port; use the "
                 "workers' group"
             ]
+    elif kind in (AZURE_VM, AZURE_SCALE_SET):
+        return _azure_inline_carriers(stack, r)
+    elif kind == AZURE_CLASSIC_ASG_ASSOCIATION:
+        return _azure_association_carrier(stack, r)
     return []
+
+
+def _azure_inline_carriers(stack: _Stack, r: Resource) -> list[str]:
+    """A VM (not the main node) or a scale set whose inline NIC configurations join the main
+    node's application security group."""
+    props = r.props
+    if canonical_type(r.type) == AZURE_VM and is_main_node(r.type, props, r.name):
+        return []
+    key = "networkProfile" if canonical_type(r.type) == AZURE_VM else "virtualMachineProfile"
+    profile = _mapping(props.get(key))
+    network = profile if key == "networkProfile" else _mapping(profile.get("networkProfile"))
+    ids = [
+        _mapping(group).get("id")
+        for nic in _items(network.get("networkInterfaceConfigurations"))
+        for config in _items(_flat(nic).get("ipConfigurations"))
+        for group in _items(_flat(config).get("applicationSecurityGroups"))
+    ]
+    if not stack.carries_main(ids, r, (key,)):
+        return []
+    return [
+        f"{_label(r.type, r.name)}: its inline network interface joins the main node's "
+        "application security group, so this VM can reach every worker's RPC port; use the "
+        "workers' group"
+    ]
+
+
+def _azure_association_carrier(stack: _Stack, r: Resource) -> list[str]:
+    """Azure's classic provider joins a NIC to a group with an association of its own."""
+    group = r.props.get("applicationSecurityGroupId")
+    if stack.refers_to_main(group, r, "applicationSecurityGroupId") is not True:
+        return []
+    nic_id = r.props.get("networkInterfaceId")
+    nics = [stack.by_id.get(nic_id)] if isinstance(nic_id, str) else []
+    nics += [stack.by_urn.get(u) for u in r.property_dependencies.get("networkInterfaceId", ())]
+    if any(n is not None and is_main_node(n.type, n.props, n.name) for n in nics):
+        return []
+    return [
+        f"{_label(r.type, r.name)}: joins a NIC other than the main node's to the main node's "
+        "application security group, so it can reach every worker's RPC port; join the "
+        "workers' group"
+    ]
 
 
 def _only_from_main(
@@ -1390,6 +1976,108 @@ def metrics_only_from_main(resources: Sequence[Resource]) -> list[Violation]:
     the main node's group, tag or application security group alone."""
     stack = _Stack(resources, METRICS_PORT, "node metrics port")
     return _only_from_main(stack, resources, carriers=False)  # the RPC policy reports carriers
+
+
+# --- invariant 14: a worker's identity may deallocate its own VM and nothing else ---------------
+
+
+def _linked(
+    index: Mapping[str, Resource], owner: Resource, prop: str, by: Callable[[Resource], Any]
+) -> list[Resource]:
+    """The resources ``owner``'s property ``prop`` names: by value (``by`` of each resource),
+    or, where the value is not known yet, by the property's dependencies."""
+    value = owner.props.get(prop)
+    if isinstance(value, str) and value:
+        found = [r for r in index.values() if by(r) == value]
+        if found:
+            return found
+    return [index[u] for u in owner.property_dependencies.get(prop, ()) if u in index]
+
+
+def _principal(vm: Resource) -> Any:
+    return _mapping(vm.props.get("identity")).get("principalId")
+
+
+AZURE_RESOURCE_GROUPS: Final = (
+    "azure-native:resources:ResourceGroup",
+    "azure:core/resourceGroup:ResourceGroup",
+)
+
+
+def _deallocate_only(role: Resource, groups: set[str]) -> list[str]:
+    """What a custom role holds beyond deallocating a VM, or where it may be assigned beyond
+    the stack's resource group."""
+    found: list[str] = []
+    permissions = role.props.get("permissions")
+    if not _known(permissions):
+        return found
+    for i, item in enumerate(_items(permissions)):
+        entry = _mapping(item)
+        actions = [a for a in _strings(entry.get("actions")) if a is not UNKNOWN]
+        extra = [a for a in actions if str(a).lower() != DEALLOCATE_ACTION.lower()]
+        others = [k for k in ("dataActions", "notActions", "notDataActions") if entry.get(k)]
+        if extra or others:
+            found.append(f"permissions[{i}] holds {_shown(extra + others)} beyond deallocate")
+    scopes = role.props.get("assignableScopes")
+    wide = [
+        s
+        for s in _strings(scopes)
+        if s is not UNKNOWN and s not in groups and "/resourcegroups/" not in s.lower()
+    ]
+    if wide:
+        found.append(f"assignableScopes {_shown(wide)} reach beyond a resource group")
+    return found
+
+
+def identity_grants(resources: Sequence[Resource]) -> list[Violation]:
+    """Invariant 14: on Azure, the identity a spend guard gives a worker VM holds one grant,
+    the stack's custom role of one action (``DEALLOCATE_ACTION``) at that VM's own scope; and
+    every custom role the stack makes holds that action alone, assignable in a resource group.
+    A grant whose principal, role or scope a preview does not know is judged by the update's
+    stack check."""
+    vms = {r.urn: r for r in resources if canonical_type(r.type) == AZURE_VM}
+    roles = {r.urn: r for r in resources if canonical_type(r.type) == AZURE_ROLE_DEFINITION}
+    groups = {r.id for r in resources if r.type in AZURE_RESOURCE_GROUPS and r.id}
+    violations = [
+        Violation(
+            f"{_label(r.type, r.name)}: {'; '.join(problems)}; the stack's only custom role is "
+            f"a spend guard's, {DEALLOCATE_ACTION} alone, assignable in the stack's resource "
+            "group",
+            r.urn,
+        )
+        for r in roles.values()
+        if (problems := _deallocate_only(r, groups))
+    ]
+    for grant in resources:
+        if canonical_type(grant.type) != AZURE_ROLE_ASSIGNMENT:
+            continue
+        owners = _linked(vms, grant, "principalId", _principal)
+        workers = [vm for vm in owners if not is_main_node(vm.type, vm.props, vm.name)]
+        if not workers:
+            continue
+        label, vm = _label(grant.type, grant.name), workers[0]
+        granted = _linked(roles, grant, "roleDefinitionId", lambda r: r.id)
+        if not granted and _known(grant.props.get("roleDefinitionId")):
+            violations.append(
+                Violation(
+                    f"{label}: grants worker {vm.name}'s identity a role other than the stack's "
+                    "deallocate role; remove it: a worker's identity may deallocate its own VM "
+                    "and nothing else (its RPC port has no authentication)",
+                    grant.urn,
+                )
+            )
+            continue
+        scope = grant.props.get("scope")
+        scopes = _linked(vms, grant, "scope", lambda r: r.id)
+        if _known(scope) and scopes != [vm]:
+            violations.append(
+                Violation(
+                    f"{label}: grants worker {vm.name}'s identity at {_shown([scope])}, not its "
+                    "own VM; set scope=<that VM>.id",
+                    grant.urn,
+                )
+            )
+    return violations
 
 
 # --- invariant 13: on Kubernetes, the RPC port only from the group's leader ---------------------
@@ -1707,7 +2395,42 @@ def k8s_rpc_only_from_leader(
         ]
         if not unknown:
             violations += _lws_rpc_violations(lws, policies, port)
-    return violations
+    return violations + _host_network_pods(resources)
+
+
+def _host_network_pods(resources: Sequence[Resource]) -> list[Violation]:
+    """A LeaderWorkerSet's pod on the node's network (``hostNetwork``), or with a port on the
+    node's address (``hostPort``), serves outside every NetworkPolicy, which applies to pods on
+    the pod network alone: the workers' unauthenticated RPC port would be open to whatever
+    reaches the node."""
+    found: list[Violation] = []
+    for r in resources:
+        if canonical_type(r.type) != K8S_LEADER_WORKER_SET:
+            continue
+        template = _mapping(_mapping(r.props.get("spec")).get("leaderWorkerTemplate"))
+        for which in ("workerTemplate", "leaderTemplate"):
+            spec = _mapping(_mapping(template.get(which)).get("spec"))
+            where = f"{_label(r.type, r.name)}: spec.leaderWorkerTemplate.{which}.spec"
+            if spec.get("hostNetwork") is True:
+                found.append(
+                    Violation(
+                        f"{where}.hostNetwork puts the pods on the node's network, where no "
+                        "NetworkPolicy applies; remove it",
+                        r.urn,
+                    )
+                )
+            for container in map(_mapping, _items(spec.get("containers"))):
+                for entry in map(_mapping, _items(container.get("ports"))):
+                    if _present(entry.get("hostPort")):
+                        found.append(
+                            Violation(
+                                f"{where}: container {container.get('name')} binds hostPort "
+                                f"{entry.get('hostPort')} on the node's address, where no "
+                                "NetworkPolicy applies; remove host_port",
+                                r.urn,
+                            )
+                        )
+    return found
 
 
 def check_stack(
@@ -1716,6 +2439,7 @@ def check_stack(
     expected_tags: Mapping[str, str | None] | None = None,
 ) -> dict[str, list[Violation]]:
     """Every policy over a whole stack, as the pack runs them: policy name -> violations."""
+    resources = [as_judged(r) for r in resources]
     result: dict[str, list[Violation]] = {}
     for policy, validator in RESOURCE_VALIDATORS.items():
         extra = {"expected": expected_tags} if validator is node_tags else {}
@@ -1727,4 +2451,5 @@ def check_stack(
     result["rpc-only-from-main"] = rpc_only_from_main(resources, port)
     result["metrics-only-from-main"] = metrics_only_from_main(resources)
     result["k8s-rpc-only-from-leader"] = k8s_rpc_only_from_leader(resources, port)
+    result["identity-grants-deallocate-only"] = identity_grants(resources)
     return result

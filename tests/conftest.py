@@ -75,6 +75,16 @@ def assert_valid_cloud_config(text: str, directory: Path) -> None:
     assert "Valid cloud-config" in result.stdout
 
 
+def pinned_llama_binary(name: str) -> Path:
+    """A program of the pinned llama.cpp as built on this machine (``lrc local up`` builds it)."""
+    from infra.local.options import build_prefix
+
+    binary = build_prefix(cache_dir()) / LLAMA_CPP_COMMIT / "bin" / name
+    if not binary.is_file():
+        unavailable(f"no pinned {name} at {binary}: `lrc local up` builds it")
+    return binary
+
+
 def require_azurite() -> str:
     """Azurite's blob server, which scripts/install-deps installs from the npm registry."""
     found = cache_dir() / "azurite" / "node_modules" / ".bin" / "azurite-blob"

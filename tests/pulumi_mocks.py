@@ -544,9 +544,12 @@ BASTION: dict[str, Any] = {**REPLICAS, **API_CIDRS, "bastion": True}
 HOST_ENCRYPTION: dict[str, Any] = {"encryptionAtHost": True, "image": "24.04.202510010"}
 # EKS: its API endpoint reached from a public and a private range.
 KUBERNETES_API_CIDRS: dict[str, Any] = {"kubernetesApiCidrs": ["203.0.113.0/24", "10.8.0.0/16"]}
-# An API key of the stack's own (a secret setting), and none at all.
+# An API key of the stack's own (a secret setting), and none at all (browsers held to one origin).
 GIVEN_KEY: dict[str, Any] = {"apiKey": "a-team-key-of-our-own-1234"}
-NO_KEY: dict[str, Any] = {"apiKey": "none"}
+NO_KEY: dict[str, Any] = {
+    "apiKey": "none",
+    "serverArgs": ["--cors-origins", "https://chat.example.com"],
+}
 # A model staged in each cloud's store, in parts (Azure's in three containers, one part at a
 # container's top).
 STAGED_URLS = {

@@ -79,6 +79,10 @@ if [[ -n "${API_KEY_FILE:-}" ]]; then
   [[ -r "$credential" ]] || fail "the API key credential $(basename "$API_KEY_FILE") is missing; root puts it in $API_KEY_FILE at boot"
   extra_args+=(--api-key-file "$credential")
 fi
+# llama-server applies ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini before its arguments
+# (common/arg.cpp, common_params_apply_system_config): a home this user can write (a pod's data
+# volume) must not add options. Pointed where no service user can create a file.
+export XDG_CONFIG_HOME=/nonexistent/llama-rpc
 status phase=loading load_sent_bytes:=null
 # --parallel with --ctx-size context x slots gives each request slot CONTEXT_SIZE tokens of its
 # own. --fit off: the placement and the context are planned, llama.cpp must not change them.

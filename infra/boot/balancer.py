@@ -57,6 +57,11 @@ def staged_path(path: str) -> str:
     return f"{STAGED_DIR}/{path.rsplit('/', 1)[1]}"
 
 
+# The longest timeout HAProxy takes: `haproxy -c` refuses more with "timer overflow ... maximum
+# value is 2147483647 ms (~24.8 days)" (src/proxy.c, proxy_parse_timeout). In whole seconds.
+HAPROXY_MAX_TIMEOUT_SECONDS = 2_147_483_647 // 1000
+
+
 def group_server_name(group: int) -> str:
     """HAProxy's name for a serving group (0-based): ``group1``, ``group2``, … (the contract's
     ``groups`` order)."""
@@ -81,6 +86,11 @@ class BalancerBoot:
         if self.slots < 1 or self.timeout_seconds < 1:
             raise ValueError(
                 f"slots and timeout_seconds are positive, got {self.slots} and "
+                f"{self.timeout_seconds}"
+            )
+        if self.timeout_seconds > HAPROXY_MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"HAProxy's timeouts stop at {HAPROXY_MAX_TIMEOUT_SECONDS} s, got "
                 f"{self.timeout_seconds}"
             )
 

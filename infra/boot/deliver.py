@@ -52,10 +52,9 @@ def deliver(user_data: str, cloud: Cloud) -> Delivery:
             name = channel.gzip_field if gzipped and channel.gzip_field else channel.field
             return Delivery(cloud, name, value, gzipped, size, channel.limit_bytes)
     raise BootConfigError(
-        "model_urls",  # what a user shortens
+        "user_data",  # the stack names the setting that fills it (``ClusterConfig``)
         f"the {cloud} user data is {len(raw):,} bytes, over the {channel.limit_bytes:,}-byte "
-        "limit even compressed; shorten the model URL list (or stage the model: one short URL "
-        "per part), or leave out a feature that brings a boot script (a spend guard, apiKey)",
+        "limit even compressed",
     )
 
 

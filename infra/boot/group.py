@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infra.boot.node import GUARD_INTERVAL_SECONDS, NodeBoot
+from infra.boot.node import GUARD_INTERVAL_SECONDS, LOAD_TIMEOUT_SECONDS, NodeBoot
 from infra.boot.patches import switches_off
+from infra.core import sizing
 from infra.core.limits import DEFAULT_DRAFT_MAX, RPC_PORT, SERVER_PORT, Role
 from infra.core.pins import LLAMA_CPP_COMMIT, LLAMA_CPP_REPO
 from infra.core.placement import Placement
@@ -51,6 +52,9 @@ class ServingGroup:
     patch_settings: tuple[tuple[str, str], ...] = ()
     threads: int | None = None
     worker_wait_seconds: int = 900
+    # The bytes the main node downloads (the model and its draft): how long a boot may take to
+    # serve before a spend guard counts the group's nodes idle (``sizing.serve_deadline_seconds``).
+    fetched_bytes: int = 0
     # The main node's boot files beyond its user data (a worker, which has no cloud identity,
     # gets every file in its user data).
     files_source: str = ""
@@ -132,6 +136,9 @@ def _node(group: ServingGroup, role: Role, ip: str, **of_role: Any) -> NodeBoot:
         stop_after_seconds=deadline,
         stop_by=group.stop_by,
         guard_interval_seconds=guard_interval(idle, deadline),
+        serve_deadline_seconds=sizing.serve_deadline_seconds(
+            group.fetched_bytes, group.worker_wait_seconds, LOAD_TIMEOUT_SECONDS
+        ),
         extra_env=dict(group.patch_settings)
         | switches_off(group.llama_cpp_commit, group.patches_off),
         **of_role,

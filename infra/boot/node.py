@@ -42,7 +42,7 @@ class BootConfigError(SettingError):
     """A node setting that cannot work; the message names the setting and the fix.
 
     ``setting`` is the ``NodeBoot`` field at fault (``"model_urls"``, ``"node_ip"``, ...; user
-    data over its cloud's limit is ``"model_urls"``, and an unknown cloud ``"cloud"``), so that
+    data over its cloud's limit is ``"user_data"``, and an unknown cloud ``"cloud"``), so that
     callers can name the setting or the flag a user writes for it (``setting_of``).
     """
 
@@ -84,6 +84,11 @@ STOP_BY = ("poweroff", "azure-deallocate")
 # How often a spend guard looks (GUARD_INTERVAL_SECONDS): a node stops at most this long after
 # its limit, which for limits of an hour or more is nothing.
 GUARD_INTERVAL_SECONDS = 30
+# A node's boot to serving, at most, where nothing better is known (``group_boots`` sets it
+# from the model's size): the build, the download, the workers' wait and the model's load.
+SERVE_DEADLINE_SECONDS = 4 * 3600
+# How long llama-server may take to load the model, each start (LOAD_TIMEOUT_SECONDS).
+LOAD_TIMEOUT_SECONDS = 3600
 
 VM_PATHS = NodePaths(
     bin_dir="/opt/llama-rpc/bin",
@@ -182,7 +187,9 @@ class NodeBoot:
     worker_wait_seconds: int = field(default=900, metadata=_main("WORKER_WAIT_SECONDS"))
     # How long llama-server may take to load the model before the node gives up on that start
     # (and systemd tries again): a hung load fails the node instead of "loading" for ever.
-    load_timeout_seconds: int = field(default=3600, metadata=_main("LOAD_TIMEOUT_SECONDS"))
+    load_timeout_seconds: int = field(
+        default=LOAD_TIMEOUT_SECONDS, metadata=_main("LOAD_TIMEOUT_SECONDS")
+    )
     # llama-server flags a stack adds, each allowed by infra.core.server_args.
     server_args: tuple[str, ...] = field(
         default=(), metadata=_given("LLAMA_SERVER_ARGS", "serverArgs", role="main")
@@ -249,6 +256,12 @@ class NodeBoot:
     )
     stop_after_seconds: int = field(
         default=0, metadata=_env("STOP_AFTER_SECONDS", "stopAfterHours", when=_GUARDED)
+    )
+    # How long after its boot (or after its server last answered) a node that does not serve
+    # still counts as getting ready: past it, a main node whose server does not answer and a
+    # worker its main node never reached count as idle, so a node that can never serve stops.
+    serve_deadline_seconds: int = field(
+        default=SERVE_DEADLINE_SECONDS, metadata=_env("SERVE_DEADLINE_SECONDS", when=_GUARDED)
     )
     stop_by: str = field(default="poweroff", metadata=_env("STOP_BY", when=_GUARDED))
     guard_interval_seconds: int = field(
@@ -394,6 +407,11 @@ def _validate_guard(boot: NodeBoot) -> None:
     for name in ("stop_after_idle_seconds", "stop_after_seconds"):
         if getattr(boot, name) < 0:
             raise BootConfigError(name, f"{name} {getattr(boot, name)}: give 0 (off) or more")
+    if boot.serve_deadline_seconds < 1:
+        raise BootConfigError(
+            "serve_deadline_seconds",
+            f"serve_deadline_seconds {boot.serve_deadline_seconds}: give 1 or more",
+        )
     if boot.guard_interval_seconds < 1:
         raise BootConfigError(
             "guard_interval_seconds",

@@ -174,3 +174,18 @@ def default_main_disk_gb(model_bytes: int) -> int:
 WORKER_DISK_GB = 30
 # The least room for the OS, the build tools and the llama.cpp build, on any node.
 SYSTEM_DISK_GB = 20
+
+
+# The longest a node's boot may take to serve before its spend guard counts it idle: the
+# pinned build (at most minutes: infra/planner/serve.py's BUILD_* from bench/results/boot.json,
+# about 12 minutes on one vCPU) within an hour, the model's download at a floor well under the
+# slowest path the planner models (one object-store stream, 85 MB/s), the main node's wait for
+# its workers and its model load's own time limit.
+SERVE_BUILD_SECONDS = 3600
+SERVE_FETCH_FLOOR_BYTES_PER_SECOND = 20e6
+
+
+def serve_deadline_seconds(fetched_bytes: int, worker_wait_seconds: int, load_seconds: int) -> int:
+    """How long a node of a group may take from boot to serving, at most."""
+    fetch = math.ceil(fetched_bytes / SERVE_FETCH_FLOOR_BYTES_PER_SECOND)
+    return SERVE_BUILD_SECONDS + fetch + worker_wait_seconds + load_seconds

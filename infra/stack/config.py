@@ -27,7 +27,7 @@ from infra.boot import (
     deliver,
     render,
 )
-from infra.boot.balancer import BalancerBoot, balancer_boot
+from infra.boot.balancer import HAPROXY_MAX_TIMEOUT_SECONDS, BalancerBoot, balancer_boot
 from infra.boot.deliver import files_source as store_path
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.node import STAGED_SCHEMES, setting_of
@@ -38,7 +38,7 @@ from infra.clouds import aws as aws_facts
 from infra.clouds import azure as azure_facts
 from infra.clouds import gcp as gcp_facts
 from infra.clouds.base import Right
-from infra.core import costs, layout, network_rules, perf, placement, sizing
+from infra.core import costs, layout, network_rules, perf, placement, server_args, sizing
 from infra.core.layout import PROJECT
 from infra.core.limits import (
     DEFAULT_DRAFT_MAX,
@@ -359,6 +359,7 @@ class ClusterConfig:
             api_key_source=self.api_key_source,
             stop_after_idle_minutes=self.stop_after_idle_minutes,
             stop_after_hours=self.stop_after_hours,
+            fetched_bytes=self.model.size_bytes + (self.draft.size_bytes if self.draft else 0),
             patches_off=self.patches_off,
             files_source=self.files_source("main"),
             stop_by=facts.stop_by,
@@ -564,6 +565,16 @@ def _model_at(raw: dict[str, Any], key: str) -> _ModelSetting:
     unknown = sorted(set(raw) - set(MODEL_KEYS))
     if unknown:
         raise ConfigError(key, f"unknown keys {unknown}; known: {', '.join(MODEL_KEYS)}")
+    # The preset first: a misspelt one is the error, not the URLs it would have come with.
+    preset_name = raw.get("preset")
+    preset = None
+    if preset_name is not None:
+        if not isinstance(preset_name, str):
+            raise ConfigError(f"{key}.preset", f"must be a preset's name, got {preset_name!r}")
+        try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
+            preset = models.preset(preset_name, f"{key}.preset")
+        except ModelError as error:
+            raise ConfigError(f"{key}.preset", str(error).removeprefix(f"{key}.preset: ")) from None
     urls = _strings(raw.get("urls"), f"{key}.urls", "the GGUF's https URL")
     if not urls:
         raise ConfigError(
@@ -581,15 +592,6 @@ def _model_at(raw: dict[str, Any], key: str) -> _ModelSetting:
     unverified = network_rules.unverified_download_problem(urls, sha256)
     if unverified:
         raise ConfigError(f"{key}.sha256", unverified)
-    preset_name = raw.get("preset")
-    preset = None
-    if preset_name is not None:
-        if not isinstance(preset_name, str):
-            raise ConfigError(f"{key}.preset", f"must be a preset's name, got {preset_name!r}")
-        try:  # The planner's matching: any case, "-", "_" or ".", a lone quantisation implied.
-            preset = models.preset(preset_name, f"{key}.preset")
-        except ModelError as error:
-            raise ConfigError(f"{key}.preset", str(error).removeprefix(f"{key}.preset: ")) from None
     size_gb = raw.get("sizeGb", preset.size_gb if preset else None)
     kv = raw.get("kvBytesPerToken", preset.kv_bytes_per_token if preset else None)
     layers = raw.get("layers", preset.layers if preset else None)
@@ -662,6 +664,16 @@ def _api_key(settings: Mapping[str, Any], facts: CloudFacts) -> str:
                 "apiKey",
                 "`none` with apiAllowedCidrs would let those ranges use the API without a key; "
                 "leave apiKey unset (a key is generated) or remove apiAllowedCidrs",
+            )
+        if not server_args.cors_closed(_server_args(settings)):
+            # The pinned llama-server answers every Origin by default (common/common.h,
+            # cors_origins "*"), so any web page the operator opens could use the tunnel.
+            raise ConfigError(
+                "apiKey",
+                "`none` lets any web page open in your browser use the API through the tunnel "
+                '(llama-server allows every origin); add ["--cors-origins", "https://ORIGIN"] '
+                "to serverArgs for the one page that may, or leave apiKey unset (a key is "
+                "generated)",
             )
         return "none"
     if facts.api_key_store is None:
@@ -968,14 +980,84 @@ def from_settings(
         kubernetes_api_cidrs=_api_cidrs(settings, "kubernetesApiCidrs"),
     )
     _platform(config)
+    _balancer_timeouts(config)
     _spending(settings, config)
-    try:
-        # Every node's user data, rendered and delivered as the program will (and kept for it):
-        # a boot setting the renderer rejects, or user data over the cloud's limit, stops here.
-        _ = config.user_data
-    except BootConfigError as error:
-        raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
+    _boot_data(config)
     return config
+
+
+# What a pod's settings travel in on Kubernetes (infra/stack/kube/objects.py): a ConfigMap, whose
+# data "cannot exceed 1 MiB" (kubernetes.io/docs/concepts/configuration/configmap). Pods have no
+# user data, so no VM's user-data limit applies to them.
+CONFIG_MAP_LIMIT_BYTES = 1 << 20
+
+
+def _boot_data(config: ClusterConfig) -> None:
+    """Every node's boot data, rendered and delivered as the program will (and kept for it): a
+    boot setting the renderer rejects, or boot data over its delivery's limit (a VM's user data,
+    a pod's ConfigMap), stops here."""
+    try:
+        if config.kubernetes:
+            _config_maps(config)
+        else:
+            _ = config.user_data
+    except BootConfigError as error:
+        if error.setting == "user_data":
+            setting, remedy = _user_data_filler(config)
+            raise ConfigError(setting, f"{error}; {remedy}") from None
+        raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
+
+
+def _config_maps(config: ClusterConfig) -> None:
+    """A pod's settings, each role's as its ConfigMap holds them, within a ConfigMap's limit."""
+    for boot in config.boots(0):
+        _ = render(boot)  # the renderer's own checks of the settings
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in boot.env().items())
+        if size > CONFIG_MAP_LIMIT_BYTES:
+            raise BootConfigError(
+                "user_data",
+                f"the {boot.role} pods' settings are {size:,} bytes, over a ConfigMap's "
+                f"{CONFIG_MAP_LIMIT_BYTES:,}-byte limit",
+            )
+
+
+def _user_data_filler(config: ClusterConfig) -> tuple[str, str]:
+    """The setting that puts the most into a node's user data, and how to make it smaller: the
+    one to blame when the user data is over the cloud's limit."""
+    digest = 64 + 1
+    filled = {
+        "model.urls": (
+            sum(len(url) + 1 for url in config.model_urls) + digest * len(config.model_sha256),
+            "list fewer parts (or stage the model: one short URL a part)",
+        ),
+        "draftModel.urls": (
+            sum(len(url) + 1 for url in config.draft_urls) + digest * len(config.draft_sha256),
+            "list fewer draft parts (or stage the draft model)",
+        ),
+        "serverArgs": (
+            sum(len(arg) + 1 for arg in config.server_args),
+            "give fewer flags",
+        ),
+    }
+    setting = max(filled, key=lambda key: filled[key][0])
+    return setting, filled[setting][1]
+
+
+def _balancer_timeouts(config: ClusterConfig) -> None:
+    """A balancer's timeouts outlast the longest generation (``generation_timeout_seconds``),
+    and HAProxy takes none beyond about 24.8 days: a context that long to generate is refused
+    where the balancer would otherwise never start."""
+    if config.replicas < 2:
+        return
+    seconds = config.generation_timeout_seconds
+    if seconds <= HAPROXY_MAX_TIMEOUT_SECONDS:
+        return
+    raise ConfigError(
+        "contextSize",
+        f"{config.context_size:,} tokens a slot could take {seconds:,} s to generate at the "
+        f"predicted speed, longer than the balancer's longest timeout (HAProxy's, "
+        f"{HAPROXY_MAX_TIMEOUT_SECONDS:,} s); give a smaller contextSize, or replicas 1",
+    )
 
 
 def _spending(settings: Mapping[str, Any], config: ClusterConfig) -> None:

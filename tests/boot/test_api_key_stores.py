@@ -155,6 +155,18 @@ def test_an_azure_vm_without_its_vault_tag_says_so(cloud, tmp_path) -> None:
     assert f"no {KEY_VAULT_TAG} tag" in result.stderr
 
 
+@pytest.mark.parametrize("tag", ["evil.example/x?", "lrc0123@evil.example", "a", "lrc--x"])
+def test_an_azure_vault_tag_that_is_no_vault_name_gets_no_token(cloud, tmp_path, tag) -> None:
+    """A principal that may write the VM's tags must not receive the vault token: the reader
+    asks nothing of a vault its tag does not name as Azure names vaults."""
+    url, state = cloud
+    state["tags"] = [{"name": KEY_VAULT_TAG, "value": tag}]
+    result, key_file = read_key(url, tmp_path, SOURCES["azure"])
+    assert result.returncode != 0 and not key_file.exists()
+    assert "tag is not a Key Vault name" in result.stderr
+    assert not [path for path in state["asked"] if not path.startswith("/metadata/")]
+
+
 def test_a_missing_secret_is_final(cloud, tmp_path) -> None:
     url, _ = cloud
     result, key_file = read_key(url, tmp_path, "gcp-sm:no-such-secret")

@@ -101,9 +101,28 @@ def test_the_packages_come_from_the_retrying_installer_and_then_the_configuratio
         ({"mains": ("10.0.1.10",)}, "two groups or more"),
         ({"slots": 0}, "positive"),
         ({"timeout_seconds": 0}, "positive"),
+        ({"timeout_seconds": balancer.HAPROXY_MAX_TIMEOUT_SECONDS + 1}, "stop at 2147483 s"),
     ],
 )
 def test_a_balancer_that_cannot_work_is_refused(changes: dict[str, object], says: str) -> None:
     fields = {**BALANCER.__dict__, **changes}
     with pytest.raises(ValueError, match=says):
         BalancerBoot(**fields)  # type: ignore[arg-type]
+
+
+def test_the_longest_timeout_allowed_is_one_haproxy_takes_and_one_more_second_is_not(
+    tmp_path: Path,
+) -> None:
+    """HAProxy's own check at the bound: the limit is HAProxy's, not a guess of it."""
+    haproxy = require_tool("haproxy")
+    longest = BalancerBoot(**{**BALANCER.__dict__, "timeout_seconds": 1})  # type: ignore[arg-type]
+    text = balancer.haproxy_config(longest)
+    path = tmp_path / "haproxy.cfg"
+
+    def check(seconds: int) -> subprocess.CompletedProcess[str]:
+        path.write_text(text.replace(" 1s\n", f" {seconds}s\n"))
+        return subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+
+    assert check(balancer.HAPROXY_MAX_TIMEOUT_SECONDS).returncode == 0
+    over = check(balancer.HAPROXY_MAX_TIMEOUT_SECONDS + 1)
+    assert over.returncode != 0 and "timer overflow" in over.stdout + over.stderr

@@ -555,7 +555,7 @@ def test_user_data_over_every_limit_is_refused() -> None:
     for cloud in sorted(FACTS):
         with pytest.raises(BootConfigError, match=f"the {cloud} user data") as refused:
             boot.deliver("#cloud-config\n# " + noise, cloud)
-        assert refused.value.setting == "model_urls"  # what a user shortens
+        assert refused.value.setting == "user_data"  # the stack names what fills it
     with pytest.raises(BootConfigError, match="cloud 'ibm' is not one of") as refused:
         boot.deliver("#cloud-config\n", "ibm")  # type: ignore[arg-type]
     assert refused.value.setting == "cloud"

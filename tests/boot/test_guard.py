@@ -170,6 +170,51 @@ def test_a_main_node_that_does_not_serve_yet_is_never_idle(server, tmp_path) -> 
         guard.stop()
 
 
+def test_a_main_node_that_never_serves_is_idle_after_its_serve_deadline(tmp_path) -> None:
+    """A server that cannot start (a flag it refuses at start, a model it cannot load) never
+    answers: past the serve deadline the node counts as idle, and stops."""
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(free_port()), STOP_AFTER_IDLE_SECONDS="1",
+        SERVE_DEADLINE_SECONDS="2",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=20)
+    log = guard.stop()
+    assert after is not None, log
+    assert 3 <= after < 8, after  # the deadline, then the idle time
+    assert guard.status()["last_stop_reason"].startswith("idle: 1s"), guard.status()
+
+
+def test_a_server_that_stops_answering_gets_the_serve_deadline_again(server, tmp_path) -> None:
+    """The deadline runs from the server's last answer, so a restart after serving (a new
+    load) is not cut short, and a server that never comes back does not keep the node on."""
+    port, state = server
+    state["metrics"] = BEFORE.replace("requests_processing 0", "requests_processing 1")
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1",
+        SERVE_DEADLINE_SECONDS="3",
+    )  # fmt: skip
+    try:
+        assert guard.powered_off_after(timeout=4) is None  # busy, past the deadline from boot
+        state["metrics"] = None
+        assert guard.powered_off_after(timeout=2) is None  # within 3 s of its last answer
+        assert guard.powered_off_after(timeout=20) is not None
+    finally:
+        guard.stop()
+
+
+def test_a_worker_its_main_node_never_reaches_is_idle_after_the_deadline(tmp_path) -> None:
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):
+        guard = Guard(
+            tmp_path, LLAMA_ROLE="worker", RPC_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1",
+            SERVE_DEADLINE_SECONDS="2",
+        )  # fmt: skip
+        after = guard.powered_off_after(timeout=20)
+        log = guard.stop()
+    assert after is not None, log
+    assert 3 <= after < 8, after
+
+
 def test_the_guard_reads_a_keyed_servers_metrics_with_the_key(server, tmp_path) -> None:
     port, state = server
     state["key"] = KEY
@@ -281,3 +326,45 @@ def test_a_refused_deallocation_still_powers_the_node_off_and_says_so(server, tm
     assert "Resource Manager said 403" in log
     assert "not deallocated: powering off" in log
     assert len([r for r in state["requests"] if r[0] == "POST"]) == 2
+
+
+def _run_deallocate_on_a_worker(
+    server: tuple[int, dict[str, Any]], tmp_path: Path, stop_exit: int
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """llama-rpc-deallocate as a worker's guard runs it, with stand-ins for systemctl (exiting
+    ``stop_exit``) and nft that record their arguments; the nft commands it ran."""
+    port, state = server
+    state["azure"] = {"deallocate": 202}
+    endpoint = f"http://127.0.0.1:{port}"
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name, code in (("systemctl", stop_exit), ("nft", 0)):
+        stand_in = bin_dir / name
+        stand_in.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit {code}\n')
+        stand_in.chmod(0o755)
+    result = subprocess.run(
+        ["python3", str(SCRIPTS / "llama-rpc-deallocate")],
+        env={
+            "PATH": f"{bin_dir}:{os.environ['PATH']}", "LLAMA_ROLE": "worker",
+            "AZURE_IMDS_ENDPOINT": endpoint, "AZURE_ARM_ENDPOINT": endpoint,
+            "DEALLOCATE_GRACE_SECONDS": "0",
+        },
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    ran = calls.read_text().splitlines() if calls.exists() else []
+    return result, [line for line in ran if line.startswith("nft ")]
+
+
+def test_a_worker_lifts_its_egress_rule_and_keeps_its_rpc_source_filter(server, tmp_path) -> None:
+    """The table holds the RPC port's source filter too: only the output chain goes."""
+    result, nft = _run_deallocate_on_a_worker(server, tmp_path, stop_exit=0)
+    assert result.returncode == 0, result.stderr
+    assert nft == ["nft delete chain inet llama_rpc output"]
+
+
+def test_a_worker_whose_rpc_server_did_not_stop_keeps_its_egress_rule(server, tmp_path) -> None:
+    """Were the stop to fail, ggml-rpc-server would reach Resource Manager's network: the rule
+    stays, and without it the deallocation fails and the guard powers the node off."""
+    result, nft = _run_deallocate_on_a_worker(server, tmp_path, stop_exit=1)
+    assert nft == []
+    assert "did not stop: its egress rule stays" in result.stderr

@@ -35,6 +35,7 @@ from tests.conftest import (
     fake_main_node,
     free_port,
     main_node_env,
+    pinned_llama_binary,
     unavailable,
 )
 
@@ -442,10 +443,12 @@ def test_debug_lines_stay_out_of_the_journal(tmp_path: Path) -> None:
 FAKE_SERVER = fake_llama_server('cat "$FAKE_LOG"')
 
 
-def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
+def serve(
+    tmp_path: Path, load_log: str, server: str = FAKE_SERVER, **settings: str
+) -> tuple[dict, list[str], str]:
     """Run llama-server.sh with a fake llama-server that prints ``load_log``, until the node says
     it is serving; return its status, the server's arguments and what reached the journal."""
-    prefix, data = fake_main_node(tmp_path, FAKE_SERVER)
+    prefix, data = fake_main_node(tmp_path, server)
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     # The recorded log's buffers name 10.0.1.11 and .12: these two workers, in that order.
     workers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in listeners)
@@ -458,6 +461,7 @@ def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
         "CONTEXT_SIZE": "4096", "SLOTS": "3", "LLAMA_THREADS": "1",
         "FAKE_ARGS": str(tmp_path / "args"), "FAKE_LOG": str(log),
         "MODEL_ALIAS": "gemma-3-270m", "LLAMA_SERVER_ARGS": "--temp 0.5 --jinja",
+        **settings,
     }  # fmt: skip
     service = subprocess.Popen(
         ["bash", str(SCRIPTS / "llama-server.sh")], env=env, start_new_session=True,
@@ -470,7 +474,10 @@ def serve(tmp_path: Path, load_log: str) -> tuple[dict, list[str], str]:
             assert service.poll() is None and time.monotonic() < deadline, status
             time.sleep(0.05)
             status_file = data / "status.json"
-            status = json.loads(status_file.read_text()) if status_file.exists() else {}
+            try:  # written in place: a read may meet it half written, and looks again
+                status = json.loads(status_file.read_text()) if status_file.exists() else {}
+            except json.JSONDecodeError:
+                status = {}
     finally:
         os.killpg(service.pid, signal.SIGTERM)
         journal = service.communicate(timeout=30)[0]
@@ -507,6 +514,32 @@ def test_the_main_node_serves_with_its_placement_slots_and_context(tmp_path: Pat
         "127.0.0.1",
     ) and "--log-prefix" in args
     assert "assigned to device" not in journal and "model buffer size" in journal
+
+
+def test_llama_server_reads_no_config_file_its_user_can_write(tmp_path: Path) -> None:
+    """The pinned llama-server applies ~/.config/llama.cpp/config.ini before its arguments: a
+    file planted in a home the service user writes (a pod's data volume) would add options (a
+    second API key, a chat template file). llama-server.sh points the lookup away from it."""
+    home = tmp_path / "home"
+    planted = home / ".config" / "llama.cpp" / "config.ini"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("[default]\napi-key = planted-key-0123456789\n")
+    recorder = fake_llama_server('echo "$XDG_CONFIG_HOME" >"$FAKE_ARGS.xdg"; cat "$FAKE_LOG"')
+    serve(tmp_path, GEMMA_LOAD_LOG.read_text(), recorder, HOME=str(home))
+    xdg = (tmp_path / "args.xdg").read_text().strip()
+    assert xdg and not Path(xdg).exists()
+    assert not Path(xdg).parent.exists() or Path(xdg).parent.stat().st_uid == 0
+    binary = pinned_llama_binary("llama-server")
+
+    def config_files_read(**env: str) -> list[str]:
+        result = subprocess.run(
+            [str(binary), "--help"], env={"PATH": "/usr/bin:/bin", "HOME": str(home), **env},
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        return re.findall(r"using config file: (\S+)", result.stdout + result.stderr)
+
+    assert str(planted) in config_files_read()  # the attack, as the service ran before
+    assert str(planted) not in config_files_read(XDG_CONFIG_HOME=xdg)
 
 
 def test_a_placement_that_cannot_be_read_does_not_stop_the_node(tmp_path: Path) -> None:

@@ -29,8 +29,10 @@ from tests.pulumi_mocks import (
     API_CIDRS,
     BASTION,
     CLOUD_STACKS,
+    GUARDED,
     HOST_ENCRYPTION,
     KUBERNETES_API_CIDRS,
+    NO_KEY,
     REPLICAS,
     Deployment,
     azure_asg_id,
@@ -48,7 +50,8 @@ PROJECT = "llama-rpc-cluster"
 RPC_PORT = rules.DEFAULT_RPC_PORT
 METRICS = "metrics-only-from-main"
 K8S_RPC = "k8s-rpc-only-from-leader"
-STACK_POLICIES = ("rpc-only-from-main", METRICS, K8S_RPC)
+GRANTS = "identity-grants-deallocate-only"
+STACK_POLICIES = ("rpc-only-from-main", METRICS, K8S_RPC, GRANTS)
 POLICIES = [*rules.RESOURCE_VALIDATORS, *STACK_POLICIES]
 # The application security groups' ids, as the mocks give them (Azure's form).
 ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
@@ -77,12 +80,21 @@ def resources(stack: str, deployment: Deployment | None = None) -> list[rules.Re
         rules.Resource(
             type=r.typ,
             name=r.name,
-            props=copy.deepcopy(dict(r.inputs)),
+            props=_seen(dict(r.inputs), deployment.states[r.typ, r.name][1]),
             urn=urn(stack, r.typ, r.name),
             id=deployment.states[r.typ, r.name][0],
         )
         for r in deployment.resources
     ]
+
+
+def _seen(inputs: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """A resource's properties as the stack check sees a made resource: its outputs, here its
+    inputs and the identity the cloud gave it (an Azure VM's principal, which its grants name)."""
+    props = copy.deepcopy(inputs)
+    if isinstance(state.get("identity"), dict) and "principalId" in state["identity"]:
+        props["identity"] = copy.deepcopy(state["identity"])
+    return props
 
 
 def violations(
@@ -256,9 +268,9 @@ def test_the_internet_split_in_halves_is_still_the_internet() -> None:
 
 def test_many_narrow_public_ranges_in_one_rule_count_together() -> None:
     assert rules.internet_sources(["35.235.240.0/20", "198.51.100.0/24"]) == []
-    assert rules.internet_sources(["52.1.0.0/16"]) == []  # a /16 is the widest public source
-    assert rules.internet_sources(["52.1.0.0/17", "52.1.128.0/17"]) == []  # one /16 together
-    pieces = ["52.1.0.0/17", "52.1.128.0/17", "52.2.0.0/17"]
+    assert rules.internet_sources(["52.1.0.0/24"]) == []  # a /24 is the widest public source
+    assert rules.internet_sources(["52.1.0.0/25", "52.1.0.128/25"]) == []  # one /24 together
+    pieces = ["52.1.0.0/25", "52.1.0.128/25", "52.2.0.0/25"]
     assert rules.internet_sources(pieces) == pieces
     # Private space is never the internet, however wide; Python's is_private is not the test.
     assert rules.internet_sources(["10.0.0.0/8", "172.16.0.0/12", "100.64.0.0/10"]) == []
@@ -767,7 +779,7 @@ def test_resource_checks_never_report_a_value_a_preview_does_not_know() -> None:
             rules.AWS_INSTANCE,
             {
                 "associatePublicIpAddress": False,
-                "metadataOptions": {"httpTokens": unknown},
+                "metadataOptions": {"httpTokens": unknown, "httpPutResponseHopLimit": unknown},
                 "rootBlockDevice": {"encrypted": unknown},
                 "ebsBlockDevices": [{"encrypted": unknown}],
                 "tags": {"project": unknown, "stack": unknown},
@@ -1230,7 +1242,7 @@ def test_googles_probe_ranges_are_the_internet_like_any_public_range() -> None:
     gcp_rule = {"direction": "INGRESS", "allows": [{"protocol": "tcp"}], "sourceRanges": probes}
     assert rules.no_internet_ingress(rules.GCP_FIREWALL, gcp_rule, "probes")
     one = {**gcp_rule, "sourceRanges": ["35.191.0.0/16"]}
-    assert not rules.no_internet_ingress(rules.GCP_FIREWALL, one, "one")  # one /16
+    assert rules.no_internet_ingress(rules.GCP_FIREWALL, one, "one")  # one /16 alone
 
 
 @pytest.mark.parametrize("rule", [AZURE_RPC, "g1-allow-metrics-from-main"])
@@ -1258,7 +1270,7 @@ def test_the_pack_traces_an_azure_rule_from_the_workers_group_by_its_id(
 TAGS = {"project": PROJECT, "stack": "aws-c8g"}
 SAFE_AWS_NODE = {
     "associatePublicIpAddress": False,
-    "metadataOptions": {"httpTokens": "required"},
+    "metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1},
     "rootBlockDevice": {"encrypted": True},
 }
 
@@ -1345,7 +1357,7 @@ def test_aws_launch_templates_are_checked_for_every_node_they_make(
     typ: str, change: dict[str, Any], policy: str, fix: str
 ) -> None:
     stack = preset("aws")
-    props = {"metadataOptions": {"httpTokens": "required"}, **change}
+    props = {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}, **change}
     found = added(stack, resources(stack), typ, "template", props)
     only(messages(stack, found), policy, "template", fix)
 
@@ -1457,10 +1469,13 @@ def test_a_global_ipv6_address_on_a_worker_is_reported() -> None:
     [
         ("aws", "iamInstanceProfile", "llama-rpc-cluster-main-profile"),
         ("gcp", "serviceAccount", {"email": "main@p.iam", "scopes": ["cloud-platform"]}),
-        ("azure", "identity", {"type": "SystemAssigned"}),
+        ("azure", "identity", {"type": "UserAssigned", "userAssignedIdentities": {"/x": {}}}),
+        ("azure", "identity", {"type": "SystemAssigned, UserAssigned"}),
     ],
 )
 def test_an_identity_on_a_worker_is_reported(cloud: str, key: str, value: Any) -> None:
+    """An Azure worker's own (system-assigned) identity is a spend guard's, judged by its
+    grants (identity-grants-deallocate-only); a shared, user-assigned one is never a worker's."""
     stack = preset(cloud)
     name = f"{PROJECT}-worker-1"
     found = changed(resources(stack), name, lambda p: p.update({key: value}))
@@ -1476,7 +1491,7 @@ def test_a_worker_named_like_the_main_node_is_still_a_worker(cloud: str, tags: s
     props = copy.deepcopy(dict(main.props))
     props[tags] = {**props[tags], "role": "worker"}
     if cloud == "azure":  # the main VM has an identity only to read a staged model
-        props["identity"] = {"type": "SystemAssigned"}
+        props["identity"] = {"type": "UserAssigned", "userAssignedIdentities": {"/x": {}}}
     name = f"{PROJECT}-g2-main"
     found = [*resources(stack), rules.Resource(main.type, name, props, urn(stack, main.type, name))]
     result = messages(stack, found)
@@ -1682,7 +1697,7 @@ def retyped(
     ("overrides", "public_cidrs"),
     [
         ({}, None),
-        ({}, ["203.0.113.0/24", "198.51.100.0/24", "52.1.0.0/16", "10.8.0.0/16"]),
+        ({}, ["203.0.113.0/24", "198.51.100.0/24", "52.1.0.0/24", "10.8.0.0/16"]),
         ({"replicas": 3}, None),
         ({"replicas": 2, "apiAllowedCidrs": ["10.8.0.0/16"]}, ["203.0.113.0/24"]),
     ],
@@ -1758,7 +1773,7 @@ def test_a_public_kubernetes_api_is_reported(vpc: dict[str, Any], fix: str) -> N
 
 
 def test_a_kubernetes_api_open_to_named_ranges_passes() -> None:
-    """Each range is judged as the program's kubernetesApiCidrs are: a /16 of public space at
+    """Each range is judged as the program's kubernetesApiCidrs are: a /24 of public space at
     most (each a range of its own, as each apiAllowedCidrs range is a rule of its own)."""
     check = rules.private_kubernetes_api
     private = {"endpointPrivateAccess": True, "endpointPublicAccess": False}
@@ -1766,10 +1781,10 @@ def test_a_kubernetes_api_open_to_named_ranges_passes() -> None:
     public = {
         "endpointPrivateAccess": True,
         "endpointPublicAccess": True,
-        "publicAccessCidrs": ["52.1.0.0/16", "52.2.0.0/16", "10.0.0.0/8", "100.64.0.0/10"],
+        "publicAccessCidrs": ["52.1.0.0/24", "52.2.0.0/24", "10.0.0.0/8", "100.64.0.0/10"],
     }
     assert check(rules.AWS_EKS_CLUSTER, {"vpcConfig": public}, "c") == []
-    wide = {**public, "publicAccessCidrs": ["52.0.0.0/15"]}
+    wide = {**public, "publicAccessCidrs": ["52.0.0.0/16"]}  # a public /16: the internet
     assert check(rules.AWS_EKS_CLUSTER, {"vpcConfig": wide}, "c")
     # Another type with the same inputs is none of this policy's business.
     assert check(rules.AWS_INSTANCE, {"vpcConfig": wide}, "c") == []
@@ -2275,3 +2290,393 @@ def test_the_pack_reports_what_the_rules_report_on_a_kubernetes_preset(
     [(policy, message, where)] = new_reports(running, found, broken)
     assert (policy, where) == (K8S_RPC, workers.urn)
     assert "namespaceSelector admits pods of other namespaces" in message
+
+
+# --- spend guards: every stack with one passes, and a worker's identity stays its own ---------
+
+
+@pytest.mark.parametrize(
+    ("cloud", "options"),
+    [
+        ("aws", GUARDED),
+        ("gcp", GUARDED),
+        ("azure", GUARDED),
+        ("azure", {**GUARDED, **NO_KEY}),
+        ("azure", {**GUARDED, **BASTION}),
+    ],
+)
+def test_every_stack_with_a_spend_guard_passes_every_policy(
+    cloud: str, options: dict[str, Any]
+) -> None:
+    stack = preset(cloud)
+    found = resources(stack, deployment(stack, **options))
+    result = violations(stack, found)
+    assert not any(result.values()), result
+    if cloud == "azure":  # each worker has its identity and its one grant
+        grants = [r for r in found if r.type == rules.AZURE_ROLE_ASSIGNMENT]
+        assert any("worker" in r.name for r in grants)
+
+
+def guarded_azure() -> tuple[str, list[rules.Resource]]:
+    stack = preset("azure")
+    return stack, resources(stack, deployment(stack, **GUARDED))
+
+
+CONTRIBUTOR = (
+    "/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/"
+    "b24988ac-6180-42a0-ab88-20f7382dd24c"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p.update(roleDefinitionId=CONTRIBUTOR), "a role other than"),
+        (lambda p: p.update(scope=f"{PROJECT}-rg-id"), "not its own VM"),
+        (lambda p: p.update(scope=f"{PROJECT}-worker-2-id"), "not its own VM"),
+    ],
+)
+def test_a_workers_identity_granted_more_than_its_own_deallocation_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    stack, baseline = guarded_azure()
+    name = f"{PROJECT}-worker-1-deallocate"
+    found = changed(baseline, name, change)
+    result = messages(stack, found, baseline=baseline)
+    reported(result, GRANTS, name, fix)
+
+
+def test_a_grant_to_a_workers_identity_found_by_dependency_in_a_preview_is_judged() -> None:
+    """In a preview the principal is not known: the grant's dependency on the VM tells."""
+    stack, baseline = guarded_azure()
+    vm = next(r for r in baseline if r.name == f"{PROJECT}-worker-1")
+    props = {"principalId": rules.UNKNOWN, "roleDefinitionId": CONTRIBUTOR, "scope": vm.id}
+    grant = rules.Resource(
+        rules.AZURE_ROLE_ASSIGNMENT, "extra", props, urn(stack, rules.AZURE_ROLE_ASSIGNMENT, "x"),
+        property_dependencies={"principalId": [vm.urn]},
+    )  # fmt: skip
+    result = messages(stack, [*baseline, grant], baseline=baseline)
+    reported(result, GRANTS, "extra", "a role other than")
+    assert result["narrow-grants"]  # Contributor administers what it is assigned on
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (
+            lambda p: p["permissions"][0]["actions"].append("Microsoft.Compute/*"),
+            "beyond deallocate",
+        ),
+        (lambda p: p.update(assignableScopes=["/subscriptions/s"]), "beyond a resource group"),
+    ],
+)
+def test_the_deallocate_role_widened_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    stack, baseline = guarded_azure()
+    name = f"{PROJECT}-deallocate-role"
+    found = changed(baseline, name, change)
+    reported(messages(stack, found, baseline=baseline), GRANTS, name, fix)
+
+
+# --- the clouds' other providers: the same invariants -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typ", "props", "policy", "shown"),
+    [
+        (
+            "aws-native:ec2:SecurityGroupIngress",
+            {"groupId": "g", "ipProtocol": "tcp", "fromPort": 8080, "toPort": 8080,
+             "cidrIp": "0.0.0.0/0"},
+            "no-internet-ingress",
+            "0.0.0.0/0",
+        ),
+        (
+            "aws-native:ec2:SecurityGroup",
+            {"groupDescription": "g", "securityGroupIngress": [
+                {"ipProtocol": "-1", "cidrIpv6": "::/0"}]},
+            "no-internet-ingress",
+            "::/0",
+        ),
+        (
+            "azure:network/networkSecurityRule:NetworkSecurityRule",
+            {"direction": "Inbound", "access": "Allow", "protocol": "Tcp",
+             "sourceAddressPrefix": "Internet", "destinationPortRange": "8080",
+             "priority": 100, "networkSecurityGroupName": "n", "resourceGroupName": "rg"},
+            "no-internet-ingress",
+            "Internet",
+        ),
+        (
+            "azure:network/networkSecurityGroup:NetworkSecurityGroup",
+            {"name": "extra", "securityRules": [
+                {"name": "open", "direction": "Inbound", "access": "Allow", "protocol": "*",
+                 "sourceAddressPrefix": "*", "destinationPortRange": "22", "priority": 100}]},
+            "no-internet-ingress",
+            "*",
+        ),
+    ],
+)  # fmt: skip
+def test_ingress_from_the_internet_through_another_provider_is_reported(
+    typ: str, props: dict[str, Any], policy: str, shown: str
+) -> None:
+    cloud = "aws" if typ.startswith("aws") else "azure"
+    stack = preset(cloud)
+    found = added(stack, resources(stack), typ, "other-provider", props)
+    result = messages(stack, found)
+    reported(result, policy, "other-provider", shown)
+
+
+def test_the_rpc_port_from_a_range_through_aws_native_is_reported() -> None:
+    stack = preset("aws")
+    rule = {
+        "groupId": f"{PROJECT}-worker-sg-id",
+        "ipProtocol": "tcp",
+        "fromPort": RPC_PORT,
+        "toPort": RPC_PORT,
+        "cidrIp": "10.0.0.0/16",
+    }
+    found = added(stack, resources(stack), "aws-native:ec2:SecurityGroupIngress", "native", rule)
+    reported(messages(stack, found), "rpc-only-from-main", "native", "10.0.0.0/16", "main node")
+
+
+def test_the_rpc_port_from_an_address_through_classic_azure_is_reported() -> None:
+    stack = preset("azure")
+    rule = {
+        "direction": "Inbound",
+        "access": "Allow",
+        "protocol": "Tcp",
+        "sourceAddressPrefix": "10.0.0.0/16",
+        "destinationPortRange": str(RPC_PORT),
+        "priority": 150,
+        "networkSecurityGroupName": f"{PROJECT}-nsg",
+    }
+    typ = "azure:network/networkSecurityRule:NetworkSecurityRule"
+    found = added(stack, resources(stack), typ, "classic", rule)
+    reported(messages(stack, found), "rpc-only-from-main", "classic", "10.0.0.0/16")
+
+
+@pytest.mark.parametrize(
+    ("typ", "props", "policy", "fix"),
+    [
+        (
+            "aws-native:ec2:Instance",
+            {"tags": [{"key": "project", "value": PROJECT}, {"key": "stack", "value": "aws-c8g"}],
+             "iamInstanceProfile": "p"},
+            "identity-on-main-only",
+            "iamInstanceProfile",
+        ),
+        (
+            "aws-native:ec2:Instance",
+            {"tags": [{"key": "project", "value": PROJECT}, {"key": "stack", "value": "aws-c8g"}],
+             "networkInterfaces": [{"deviceIndex": "0", "associatePublicIpAddress": True}]},
+            "no-public-node-addresses",
+            "associatePublicIpAddress",
+        ),
+        (
+            "aws-native:ec2:Instance",
+            {"tags": [{"key": "project", "value": PROJECT}, {"key": "stack", "value": "aws-c8g"}],
+             "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"encrypted": False}}]},
+            "encrypted-node-disks",
+            "rootBlockDevice",
+        ),
+        (
+            "aws-native:ec2:LaunchTemplate",
+            {"launchTemplateData": {"metadataOptions": {"httpTokens": "optional",
+                                                        "httpPutResponseHopLimit": 1}}},
+            "aws-imdsv2-required",
+            "http_tokens",
+        ),
+        (
+            "azure:compute/linuxVirtualMachine:LinuxVirtualMachine",
+            {"tags": {"project": PROJECT, "stack": "azure-cobalt"},
+             "identity": {"type": "UserAssigned", "identityIds": ["/x"]}},
+            "identity-on-main-only",
+            "identity",
+        ),
+        (
+            "azure:network/networkInterface:NetworkInterface",
+            {"ipConfigurations": [{"name": "ip", "publicIpAddressId": "/pip"}]},
+            "no-public-node-addresses",
+            "public address",
+        ),
+    ],
+)  # fmt: skip
+def test_nodes_made_with_another_provider_are_judged_as_nodes(
+    typ: str, props: dict[str, Any], policy: str, fix: str
+) -> None:
+    cloud = "aws" if typ.startswith("aws") else "azure"
+    stack = preset(cloud)
+    found = added(stack, resources(stack), typ, f"{PROJECT}-worker-9", props)
+    reported(messages(stack, found), policy, f"{PROJECT}-worker-9", fix)
+
+
+def test_a_classic_association_of_a_worker_nic_with_the_main_asg_is_reported() -> None:
+    stack = preset("azure")
+    typ = rules.AZURE_CLASSIC_ASG_ASSOCIATION
+    props = {
+        "networkInterfaceId": f"{PROJECT}-worker-1-nic-id",
+        "applicationSecurityGroupId": ASG_MAIN,
+    }
+    found = added(stack, resources(stack), typ, "joined", props)
+    reported(messages(stack, found), "rpc-only-from-main", "joined", "workers' group")
+    # The main node's own NIC in its group is what the program does.
+    props = {**props, "networkInterfaceId": f"{PROJECT}-main-nic-id"}
+    assert not messages(stack, added(stack, resources(stack), typ, "own", props))[
+        "rpc-only-from-main"
+    ]
+
+
+def test_an_extra_vm_whose_inline_nic_joins_the_main_asg_is_reported() -> None:
+    stack = preset("azure")
+    nic = {
+        "name": "nic",
+        "ipConfigurations": [
+            {"name": "ip", "applicationSecurityGroups": [{"id": ASG_MAIN}], "subnet": {"id": "s"}}
+        ],
+    }
+    props = {
+        "tags": {"project": PROJECT, "stack": stack, "role": "worker"},
+        "networkProfile": {"networkInterfaceConfigurations": [nic]},
+    }
+    found = added(stack, resources(stack), rules.AZURE_VM, "inline", props)
+    reported(messages(stack, found), "rpc-only-from-main", "inline", "inline network interface")
+
+
+# --- the API from a public range: no wider than the config check allows (a /24) ----------------
+
+
+def test_the_api_from_a_public_16_is_the_internet() -> None:
+    stack = preset("aws")
+    rule = {
+        "securityGroupId": f"{PROJECT}-main-sg-id",
+        "ipProtocol": "tcp",
+        "fromPort": 8080,
+        "toPort": 8080,
+        "cidrIpv4": "198.18.0.0/16",
+    }
+    found = added(stack, resources(stack), rules.AWS_INGRESS_RULE, "api-16", rule)
+    only(messages(stack, found), "no-internet-ingress", "api-16", "198.18.0.0/16")
+    narrow = added(stack, resources(stack), rules.AWS_INGRESS_RULE, "api-24", {
+        **rule, "cidrIpv4": "198.18.0.0/24"})  # fmt: skip
+    assert not any(messages(stack, narrow).values())
+
+
+# --- host-network pods, metadata hop limits, secret stores, grants ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda t: t["spec"].update(hostNetwork=True), "hostNetwork"),
+        (lambda t: t["spec"]["containers"][0]["ports"][0].update(hostPort=50052), "hostPort"),
+    ],
+)
+def test_a_worker_pod_on_the_hosts_network_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    found = retyped(
+        eks_resources(),
+        rules.K8S_LEADER_WORKER_SET,
+        LWS,
+        lambda p: change(p["spec"]["leaderWorkerTemplate"]["workerTemplate"]),
+    )
+    reported(eks_messages(found), K8S_RPC, LWS, fix)
+
+
+@pytest.mark.parametrize("hops", [2, None])
+def test_a_metadata_hop_limit_over_one_is_reported(hops: int | None) -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-worker-1"
+
+    def change(p: dict[str, Any]) -> None:
+        p["metadataOptions"]["httpPutResponseHopLimit"] = hops
+        if hops is None:
+            del p["metadataOptions"]["httpPutResponseHopLimit"]
+
+    found = changed(resources(stack), name, change)
+    only(messages(stack, found), "aws-imdsv2-required", name, "http_put_response_hop_limit")
+
+
+def test_the_api_key_kept_as_a_plain_ssm_string_is_reported() -> None:
+    stack = preset("aws")
+    name = f"{PROJECT}-api-key"
+    found = changed(resources(stack), name, lambda p: p.update(type="String"))
+    only(messages(stack, found), "secret-store-private", name, "SecureString")
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p["properties"]["networkAcls"].update(defaultAction="Allow"), "Deny"),
+        (
+            lambda p: p["properties"]["networkAcls"]["ipRules"].append({"value": "0.0.0.0/0"}),
+            "ipRules",
+        ),
+        (lambda p: p["properties"].update(enableRbacAuthorization=False), "access policies"),
+    ],
+)
+def test_a_key_vault_open_to_more_than_the_nodes_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    stack = preset("azure")
+    name = f"{PROJECT}-key-vault"
+    found = changed(resources(stack), name, change)
+    only(messages(stack, found), "secret-store-private", name, fix)
+
+
+def test_a_secret_granted_to_everyone_is_reported() -> None:
+    stack = preset("gcp")
+    [grant] = [r for r in resources(stack) if r.type == rules.GCP_SECRET_GRANTS[0]]
+    found = changed(resources(stack), grant.name, lambda p: p.update(member="allUsers"))
+    reported(messages(stack, found), "secret-store-private", grant.name, "allUsers")
+
+
+@pytest.mark.parametrize(
+    ("cloud", "typ", "props", "fix"),
+    [
+        (
+            "aws",
+            rules.AWS_ROLE_POLICY_ATTACHMENT,
+            {"role": "r", "policyArn": "arn:aws:iam::aws:policy/AdministratorAccess"},
+            "AdministratorAccess",
+        ),
+        (
+            "aws",
+            rules.AWS_ROLE_POLICY,
+            {"role": "r", "policy": json.dumps({"Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})},
+            "s3:*",
+        ),
+        (
+            "aws",
+            rules.AWS_ROLE_POLICY,
+            {"role": "r", "policy": json.dumps({"Statement": [
+                {"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*"}]})},
+            "every resource",
+        ),
+        (
+            "aws",
+            rules.AWS_SSM_DOCUMENT,
+            {"documentType": "Command", "content": json.dumps({
+                "schemaVersion": "2.2", "parameters": {"cmd": {"type": "String"}},
+                "mainSteps": [{"action": "aws:runShellScript", "name": "run",
+                               "inputs": {"runCommand": ["{{ cmd }}"]}}]})},
+            "takes parameters",
+        ),
+        ("gcp", rules.GCP_PROJECT_GRANTS[0],
+         {"project": "p", "role": "roles/editor", "member": "serviceAccount:x@p"}, "roles/editor"),
+        ("gcp", rules.GCP_BUCKET_GRANTS[0],
+         {"bucket": "b", "role": "roles/storage.objectViewer", "member": "allUsers"}, "allUsers"),
+        ("azure", rules.AZURE_ROLE_ASSIGNMENT,
+         {"principalId": "p", "roleDefinitionId": CONTRIBUTOR, "scope": "/subscriptions/s"},
+         "administers its scope"),
+        ("azure", "azure:authorization/assignment:Assignment",
+         {"principalId": "p", "roleDefinitionName": "Owner", "scope": "/subscriptions/s"},
+         "administers its scope"),
+    ],
+)  # fmt: skip
+def test_a_broad_grant_is_reported(cloud: str, typ: str, props: dict[str, Any], fix: str) -> None:
+    stack = preset(cloud)
+    found = added(stack, resources(stack), typ, "broad", props)
+    reported(messages(stack, found), "narrow-grants", "broad", fix)

@@ -691,7 +691,10 @@ def test_azure_an_unregistered_key_vault_provider_is_named_unless_the_stack_has_
         "stack's API key: `az provider register --namespace Microsoft.KeyVault` (it takes a few "
         "minutes), or set apiKey to none"
     ]
-    keyless = needs("azure-cobalt", {f"{P}apiKey": "none"})
+    keyless = needs(
+        "azure-cobalt",
+        {f"{P}apiKey": "none", f"{P}serverArgs": ["--cors-origins", "https://chat.example.com"]},
+    )
     assert not keyless.key_vault
     answers.pop(AZURE_PATHS["keyvault"])  # not even asked
     assert preflight.problems(keyless, azure_read(keyless, answers)) == []

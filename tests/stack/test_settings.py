@@ -28,6 +28,7 @@ from infra.stack.settings import BY_KEY
 from tests.pulumi_mocks import (
     CLOUD_STACKS,
     KMS_KEY,
+    KUBERNETES_STACKS,
     LARGEST,
     RecordingMocks,
     deploy,
@@ -36,6 +37,7 @@ from tests.pulumi_mocks import (
     env_of,
     overrides_of,
     parsed_config,
+    program_settings,
     refusal,
     refused,
     stack_config,
@@ -138,6 +140,18 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
         "`none` with apiAllowedCidrs would let those ranges use the API without a key",
     ),
     ("gcp", "apiKey", {f"{P}apiKey": "short-key"}, "the value given is not `none`, or 16-256"),
+    (
+        "gcp",
+        "apiKey",
+        {f"{P}apiKey": "none"},
+        "`none` lets any web page open in your browser use the API through the tunnel",
+    ),
+    (
+        "aws",
+        "serverArgs",
+        {f"{P}apiKey": "none", f"{P}serverArgs": ["--cors-origins", "*"]},
+        "--cors-origins '*': '*' lets other web pages use the API",
+    ),
     (
         "azure",
         "apiKey",
@@ -334,6 +348,23 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("aws", "model.urls", with_urls("aws", many_urls(400)), "the aws user data is"),
     ("azure", "model.urls", with_urls("azure", many_urls(1500)), "the azure user data is"),
     (
+        "azure",
+        "draftModel.urls",
+        {
+            f"{P}draftModel": {
+                "sizeGb": 0.5,
+                "layers": 24,
+                "kvBytesPerToken": 100,
+                "urls": many_urls(1500),
+            }
+        },
+        "the azure user data is",
+    ),
+    ("aws", "serverArgs", {f"{P}serverArgs": ["--jinja"] * 65}, "65 words; at most 64"),
+    # A misspelt preset is named, not the URLs that would have come with it.
+    ("aws", "draftModel.preset", {f"{P}draftModel": {"preset": "nope"}}, "nope"),
+    ("gcp", "model.preset", {f"{P}model": {"preset": "nope"}}, "nope"),
+    (
         "aws",
         "model.urls",
         with_urls("aws", ["https://h.example.com/models/"]),
@@ -489,6 +520,23 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("aws", "workerDiskGb", {f"{P}workerDiskGb": 7}, "7 GB is outside what aws takes"),
     ("gcp", "workerDiskGb", {f"{P}workerDiskGb": 9}, "9 GB is outside what gcp takes"),
+    # A context so long that generating it outlasts HAProxy's longest timeout (~24.8 days).
+    (
+        "aws",
+        "contextSize",
+        {
+            f"{P}replicas": 2,
+            f"{P}workerCount": 14,
+            f"{P}contextSize": 16_000_000,
+            f"{P}model": {
+                "sizeGb": 20,
+                "layers": 28,
+                "kvBytesPerToken": 8,
+                "urls": ["https://example.com/custom.gguf"],
+            },
+        },
+        "longer than the balancer's longest timeout (HAProxy's, 2,147,483 s)",
+    ),
     # The KMS key of an SSE-KMS bucket.
     ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": "alias/models"}, "is not a KMS key ARN"),
     ("aws", "modelStoreKmsKey", {f"{P}modelStoreKmsKey": KMS_KEY}, "only s3:// model URLs"),
@@ -710,3 +758,18 @@ def test_the_program_deploys_the_user_data_the_config_check_rendered(
     nodes = [r for r in d.of_type("aws:ec2/instance:Instance") if "balancer" not in r.name]
     assert len(nodes) == 6
     assert sorted(rendered) == sorted(r.inputs["privateIp"] for r in nodes)
+
+
+def test_pods_get_a_config_maps_limit_not_a_vms_user_data_limit() -> None:
+    """On Kubernetes the settings travel in a ConfigMap (1 MiB), not in user data (AWS: 16 KB):
+    a list of parts a VM stack refuses is the pods' to take, and a longer one is refused by
+    the ConfigMap's limit, naming the setting that fills it."""
+    from infra.stack import config as cluster_config
+
+    [eks] = KUBERNETES_STACKS
+    parts = with_urls("aws", many_urls(400))
+    assert "the aws user data is" in refused(STACK["aws"], parts, "model.urls")
+    settings, region = program_settings(eks, parts)
+    assert cluster_config.from_settings(settings, region=region).kubernetes
+    many = with_urls("aws", many_urls(12_000))
+    assert "over a ConfigMap's" in refused(eks, many, "model.urls")

@@ -11,6 +11,7 @@ import pytest
 
 from infra.boot import GUARD_UNIT
 from infra.clouds import FACTS
+from infra.core import sizing
 from infra.stack.backends.azure import DEALLOCATE_ACTION, deallocate_role_id
 from tests.pulumi_mocks import (
     CLOUD_STACKS,
@@ -61,6 +62,8 @@ def test_every_node_gets_the_guard_and_its_clouds_way_to_stop(stack: str) -> Non
         text = user_data(cloud, node)
         env = env_of(text)
         assert (env["STOP_AFTER_IDLE_SECONDS"], env["STOP_AFTER_SECONDS"]) == ("1800", "43200")
+        # A boot that has not served within the build, the download, the wait and the load.
+        assert int(env["SERVE_DEADLINE_SECONDS"]) > sizing.SERVE_BUILD_SECONDS + 900 + 3600
         assert env["STOP_BY"] == FACTS[cloud].stop_by
         assert f"/etc/systemd/system/{GUARD_UNIT}" in text and GUARD_UNIT in text.split("runcmd")[1]
     plain = deployed(stack)
@@ -119,3 +122,10 @@ def test_the_deallocate_roles_id_is_a_guid_fixed_by_the_resource_group() -> None
     assert first == deallocate_role_id("/subscriptions/s/resourceGroups/a")
     assert first != deallocate_role_id("/subscriptions/s/resourceGroups/b")
     assert len(first) == 36 and first.count("-") == 4
+
+
+def test_the_serve_deadline_grows_with_the_download() -> None:
+    small = sizing.serve_deadline_seconds(1_000_000_000, 900, 3600)
+    large = sizing.serve_deadline_seconds(400_000_000_000, 900, 3600)
+    assert small == 3600 + 50 + 900 + 3600
+    assert large - small == (400_000_000_000 - 1_000_000_000) // 20_000_000
