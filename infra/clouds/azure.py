@@ -151,7 +151,7 @@ def deployer_rights(*, api_key: bool, staged: bool, guard: str | None) -> tuple[
         found.append(
             Right(
                 ROLE_ASSIGNMENT_WRITE, "apiKey", "the main node's read of the API key's secret",
-                ASSIGN_ROLES, "set apiKey to none", ROLES_SOURCE,
+                ASSIGN_ROLES, "set apiKey to none with --cors-origins in serverArgs", ROLES_SOURCE,
             )
         )  # fmt: skip
     if staged:

@@ -90,7 +90,7 @@ def deployer_rights(*, api_key: bool) -> tuple[Right, ...]:
             "the main nodes' read of the API key's secret",
             "Secret Manager Admin (roles/secretmanager.admin) or Owner on the project (Editor "
             "cannot set IAM policies)",
-            "set apiKey to none",
+            "set apiKey to none with --cors-origins in serverArgs",
             IAM_SOURCE,
         ),
     )

@@ -219,7 +219,7 @@ def _azure(needs: Needs, account: Account) -> list[Problem]:
                 "apiKey",
                 "the subscription has not registered Microsoft.KeyVault, whose vault keeps the "
                 "stack's API key: `az provider register --namespace Microsoft.KeyVault` (it "
-                "takes a few minutes), or set apiKey to none",
+                "takes a few minutes), or set apiKey to none with --cors-origins in serverArgs",
             )
         )
     return found

@@ -27,6 +27,7 @@ from tests.pulumi_mocks import SUBSCRIPTION, RecordingMocks, deploy, parsed_conf
 
 FIXTURES = REPO / "tests" / "fixtures" / "preflight"
 P = "llama-rpc-cluster:"
+CORS_CLOSED = ["--cors-origins", "https://chat.example.com"]  # a keyless stack needs it
 STANDARD = "L-1216C47A"
 
 
@@ -689,11 +690,11 @@ def test_azure_an_unregistered_key_vault_provider_is_named_unless_the_stack_has_
     assert found == [
         "apiKey: the subscription has not registered Microsoft.KeyVault, whose vault keeps the "
         "stack's API key: `az provider register --namespace Microsoft.KeyVault` (it takes a few "
-        "minutes), or set apiKey to none"
+        "minutes), or set apiKey to none with --cors-origins in serverArgs"
     ]
     keyless = needs(
         "azure-cobalt",
-        {f"{P}apiKey": "none", f"{P}serverArgs": ["--cors-origins", "https://chat.example.com"]},
+        {f"{P}apiKey": "none", f"{P}serverArgs": CORS_CLOSED},
     )
     assert not keyless.key_vault
     answers.pop(AZURE_PATHS["keyvault"])  # not even asked
@@ -821,9 +822,9 @@ def test_gcp_an_editor_who_may_not_bind_the_secret_is_refused_naming_the_role() 
         "apiKey: your identity may not secretmanager.secrets.setIamPolicy, which the main "
         "nodes' read of the API key's secret needs: ask for Secret Manager Admin "
         "(roles/secretmanager.admin) or Owner on the project (Editor cannot set IAM "
-        "policies), or set apiKey to none"
+        "policies), or set apiKey to none with --cors-origins in serverArgs"
     )
-    keyless = needs("gcp-c4a", {f"{P}apiKey": "none"})
+    keyless = needs("gcp-c4a", {f"{P}apiKey": "none", f"{P}serverArgs": CORS_CLOSED})
     answers.pop(GCP_PERMISSIONS)  # not even asked
     assert preflight.problems(keyless, gcp_read(keyless, answers)) == []
 
@@ -858,9 +859,9 @@ def test_azure_a_contributor_who_may_not_assign_roles_is_refused_before_anything
         "apiKey: your identity may not Microsoft.Authorization/roleAssignments/write, which the "
         "main node's read of the API key's secret needs: ask for Role Based Access Control "
         "Administrator, User Access Administrator or Owner on the subscription (Contributor "
-        "cannot assign roles), or set apiKey to none"
+        "cannot assign roles), or set apiKey to none with --cors-origins in serverArgs"
     )
-    keyless = needs("azure-cobalt", {f"{P}apiKey": "none"})
+    keyless = needs("azure-cobalt", {f"{P}apiKey": "none", f"{P}serverArgs": CORS_CLOSED})
     assert keyless.rights == ()
     answers.pop(AZURE_PATHS["groups"]), answers.pop(AZURE_PATHS["permissions"])  # not asked
     assert preflight.problems(keyless, azure_read(keyless, answers)) == []
