@@ -49,7 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotReachable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    states = [read_group(number, channel) for number, channel in enumerate(channels, 1)]
+    try:
+        states = [read_group(number, channel) for number, channel in enumerate(channels, 1)]
+    except LiveError as error:  # this machine's side: no credentials, CLI or network
+        print(f"error: stack {stack!r}: {error}", file=sys.stderr)
+        return 2
     states = stopped_groups(stack, found, states)
     if args.json:
         print_json({"stack": stack, "groups": [dataclasses.asdict(s) for s in states]})

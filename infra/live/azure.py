@@ -377,6 +377,7 @@ class Azure(LiveCloud):
         self, stack_outputs: Mapping[str, Any], mains: list[str], access: Access
     ) -> list[Channel]:
         group = _resource_group(stack_outputs, ChannelError)
+        _token(access)  # az there and logged in: else one line with the fix, not a node's
         return [RunCommandChannel(main, group, access.runner) for main in mains]
 
     def start(self, stack_outputs: Mapping[str, Any], ids: list[str], access: Access) -> list[str]:

@@ -16,6 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO / "stacks"
 
 
+def project_dir() -> Path:
+    """The Pulumi project's directory (its Pulumi.yaml), where Pulumi is asked about a stack."""
+    return REPO
+
+
 class StackFileError(ValueError):
     """No such stack file; the message lists the stacks there are."""
 
