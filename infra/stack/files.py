@@ -1,5 +1,14 @@
-"""The stack files under ``stacks/`` (``Pulumi.<stack>.yaml``): read as the program reads them,
-and written (``lrc plan --write-stack``) once the program's own check accepts them."""
+"""The stacks' settings, read as Pulumi resolves them, by every command through one reader
+(``stack_values``), and the stack files under ``stacks/`` (``Pulumi.<stack>.yaml``) written by
+``lrc plan --write-stack`` once the program's own check accepts them.
+
+A stack file of plain values is read here, with no Pulumi CLI and no network. A value Pulumi
+keeps encrypted (``apiKey: {secure: ...}``, from ``pulumi config set --secret``) is known to be
+set (a ``Secret``) without being decrypted, where only its presence matters. Pulumi itself is
+asked (``pulumi config --json``) where a stack takes values from elsewhere: an ESC environment
+(``environment:`` in the file), config Pulumi Cloud keeps for a stack with no file here, or a
+secret whose value is needed.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +19,16 @@ from typing import Any
 import yaml
 
 from infra.core.layout import PROJECT
+from infra.stack import pulumi_cli
 from infra.stack.config import REGION_KEYS, ClusterConfig, from_settings
+from infra.stack.pulumi_cli import PulumiError, Secret
+from infra.stack.settings import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO / "stacks"
+# The settings whose values are secrets: the program reads them decrypted, lrc only their
+# presence.
+SECRET_KEYS = frozenset(f"{PROJECT}:{s.key}" for s in SETTINGS if s.secret)
 
 
 def project_dir() -> Path:
@@ -22,7 +37,7 @@ def project_dir() -> Path:
 
 
 class StackFileError(ValueError):
-    """No such stack file; the message lists the stacks there are."""
+    """No such stack, or its values cannot be read; the message says why and what to do."""
 
 
 def stack_names() -> list[str]:
@@ -32,15 +47,71 @@ def stack_names() -> list[str]:
     )
 
 
-def stack_values(stack: str) -> dict[str, Any]:
+def _secure(value: Any) -> bool:
+    """Whether a stack file's value is, or holds, one Pulumi keeps encrypted."""
+    if isinstance(value, dict):
+        return set(value) == {"secure"} or any(_secure(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_secure(v) for v in value)
+    return False
+
+
+def stack_values(stack: str, *, reveal: bool = False) -> dict[str, Any]:
+    """The stack's config values (``namespace:key`` -> value) as its program gets them; a
+    secret is a ``Secret`` unless ``reveal`` (then Pulumi decrypts it, with the stack's
+    passphrase or secrets provider). ``StackFileError`` when there is no such stack, or Pulumi
+    is needed and cannot answer."""
     path = STACKS_DIR / f"Pulumi.{stack}.yaml"
     if not path.is_file():
+        found = _service_config(stack, reveal)
+        if found:
+            return found
         raise StackFileError(
-            f"stack {stack!r}: no {path.relative_to(REPO)}; the stacks are "
-            f"{', '.join(stack_names())}"
+            f"stack {stack!r}: no {_shown(path)}; the stacks are {', '.join(stack_names())}"
         )
-    values: dict[str, Any] = (yaml.safe_load(path.read_text()) or {}).get("config", {})
-    return values
+    document = yaml.safe_load(path.read_text()) or {}
+    values: dict[str, Any] = dict(document.get("config") or {})
+    secure = {key for key, value in values.items() if _secure(value)}
+    needed = secure if reveal else secure - SECRET_KEYS  # a secret whose value a setting is
+    environments = document.get("environment")
+    if not environments and not needed:
+        return {key: Secret(key) if key in secure else value for key, value in values.items()}
+    why = (
+        f"its ESC environment ({_environments(environments)})"
+        if environments
+        else f"the value of its secret {', '.join(sorted(needed))}"
+    )
+    try:
+        return pulumi_cli.config(stack, project_dir(), show_secrets=bool(needed))
+    except PulumiError as error:
+        raise StackFileError(
+            f"stack {stack!r}: {why} is read through the Pulumi CLI: {error}"
+        ) from None
+
+
+def _service_config(stack: str, reveal: bool) -> dict[str, Any]:
+    """A stack with no file here, whose config Pulumi Cloud keeps; {} when Pulumi has none."""
+    if not pulumi_cli.available():
+        return {}
+    try:
+        return pulumi_cli.config(stack, project_dir(), show_secrets=reveal)
+    except PulumiError:
+        return {}
+
+
+def _environments(listed: Any) -> str:
+    if isinstance(listed, list):
+        return ", ".join(str(name) for name in listed)
+    if isinstance(listed, dict):  # `environment: {imports: [...]}`
+        return _environments(listed.get("imports", []))
+    return str(listed)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def stack_config(stack: str) -> ClusterConfig:
