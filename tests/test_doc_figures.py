@@ -189,7 +189,7 @@ FIGURES = [
            lambda: drafted(DRAFT + ", workers repack (patch 0005)")),
     Figure("docs/planner.md", "activations twice a layer: {} tok/s, with an assumed",
            lambda: f"{engine('tensor parallel on 3 nodes'):.2f}"),
-    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure; on both",
+    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure, slow to",
            lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
                "aws-c8g", "gcp-c4a", "azure-cobalt")))),
 ]  # fmt: skip
