@@ -16,7 +16,7 @@ from infra.core.limits import MAX_REPLICAS, PLATFORMS, VM
 from infra.models import ModelError
 from infra.planner import base, chart, report, request, search, serve
 from infra.planner.base import PlanError, TargetUnmet
-from infra.stack.files import STACKS_DIR
+from infra.stack.files import writable_stacks_dir
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
         help="the prompt the time to first token (TTFT) and the prompt rate are predicted for "
         "(default %(default)s)",
     )
-    p.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
+    p.add_argument("--stacks-dir", type=Path, default=writable_stacks_dir(), help=argparse.SUPPRESS)
     return p
 
 

@@ -12,6 +12,7 @@ secret whose value is needed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,56 @@ from typing import Any
 import yaml
 
 from infra.core.layout import PROJECT
+from infra.core.paths import INSTALLED, OWN_FILES
 from infra.stack import pulumi_cli
 from infra.stack.config import REGION_KEYS, ClusterConfig, from_settings
 from infra.stack.pulumi_cli import PulumiError, Secret
 from infra.stack.settings import SETTINGS
 
-REPO = Path(__file__).resolve().parents[2]
-STACKS_DIR = REPO / "stacks"
+# This lrc's own files: the checkout it runs from, or the copy an installed wheel carries.
+REPO = OWN_FILES
+# Where the project's stacks are looked for: LRC_PROJECT_DIR, else the Pulumi project of this
+# directory or one above it (a checkout of this project, or a copy of its Pulumi.yaml and
+# stacks/), else lrc's own.
+PROJECT_VARIABLE = "LRC_PROJECT_DIR"
+
+
+def find_project(start: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """The Pulumi project lrc reads stacks from, asked from directory ``start``."""
+    if named := environ.get(PROJECT_VARIABLE):
+        return Path(named).expanduser().resolve()
+    for directory in (start, *start.parents):
+        if _is_this_project(directory / "Pulumi.yaml"):
+            return directory
+    return REPO
+
+
+def _is_this_project(path: Path) -> bool:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and document.get("name") == PROJECT
+
+
+def _stacks_dir(project: Path) -> Path:
+    """The project's stackConfigDir (Pulumi.yaml), as Pulumi reads it."""
+    try:
+        document = yaml.safe_load((project / "Pulumi.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        document = {}
+    return project / str(document.get("stackConfigDir") or ".")
+
+
+def _here() -> Path:
+    try:
+        return Path.cwd()
+    except OSError:  # a directory removed under the shell
+        return REPO
+
+
+PROJECT_DIR = find_project(_here())
+STACKS_DIR = _stacks_dir(PROJECT_DIR)
 # The settings whose values are secrets: the program reads them decrypted, lrc only their
 # presence.
 SECRET_KEYS = frozenset(f"{PROJECT}:{s.key}" for s in SETTINGS if s.secret)
@@ -33,7 +77,13 @@ SECRET_KEYS = frozenset(f"{PROJECT}:{s.key}" for s in SETTINGS if s.secret)
 
 def project_dir() -> Path:
     """The Pulumi project's directory (its Pulumi.yaml), where Pulumi is asked about a stack."""
-    return REPO
+    return PROJECT_DIR
+
+
+def writable_stacks_dir() -> Path:
+    """Where ``lrc plan --write-stack`` writes: the project's stacks, or ``./stacks`` when the
+    only stacks are those an installed lrc carries."""
+    return Path("stacks") if STACKS_DIR.is_relative_to(INSTALLED) else STACKS_DIR
 
 
 class StackFileError(ValueError):
@@ -108,10 +158,8 @@ def _environments(listed: Any) -> str:
 
 
 def _shown(path: Path) -> str:
-    try:
-        return str(path.relative_to(REPO))
-    except ValueError:
-        return str(path)
+    """A path as the user finds it from here."""
+    return str(path.relative_to(_here()) if path.is_relative_to(_here()) else path)
 
 
 def stack_config(stack: str) -> ClusterConfig:

@@ -231,3 +231,22 @@ def test_the_commands_that_reach_a_deployed_stack_read_its_secret_stack_file(
         assert lrc.main([command[0], "--stack", "t-secret", *command[1:]]) == 2
         err = capsys.readouterr().err.strip()
         assert err.splitlines() == [err] and "no AWS credentials" in err
+
+
+def test_the_stacks_are_those_of_the_project_lrc_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LRC_PROJECT_DIR, else this directory's Pulumi project or one above it (this project's
+    name, its stackConfigDir), else lrc's own: the checkout, or the copy a wheel carries."""
+    monkeypatch.delenv(files.PROJECT_VARIABLE, raising=False)
+    mine = tmp_path / "my-copy"
+    (mine / "config" / "deep").mkdir(parents=True)
+    (mine / "Pulumi.yaml").write_text("name: llama-rpc-cluster\nstackConfigDir: config\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "Pulumi.yaml").write_text("name: something-else\n")
+    assert files.find_project(mine / "config" / "deep") == mine
+    assert files._stacks_dir(mine) == mine / "config"
+    assert files.find_project(other) == files.REPO  # another project's directory: lrc's own
+    assert files.find_project(other, {files.PROJECT_VARIABLE: str(mine)}) == mine
+    assert (files.REPO / "stacks" / "Pulumi.aws-c8g.yaml").is_file()
