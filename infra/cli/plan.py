@@ -245,5 +245,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except (ModelError, PlanError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error}{_model_hint(argv, str(error))}", file=sys.stderr)
         return 2
+
+
+def _model_hint(argv: Sequence[str] | None, said: str) -> str:
+    """What an unknown model name may have meant: a stack's name, or a model the presets lack,
+    which its GGUF describes."""
+    if "unknown preset" not in said:
+        return ""
+    from infra.stack.files import stack_names  # noqa: PLC0415
+
+    given = [word for word in (argv or []) if not word.startswith("-")]
+    named = next((word for word in given if word in stack_names()), None)
+    if named:
+        return f"; {named!r} is a stack: `lrc plan --stack {named}`"
+    return (
+        "; any other model is described by its GGUF's header, read over HTTP: `lrc plan --gguf "
+        "https://huggingface.co/ORG/REPO/resolve/main/MODEL.gguf`"
+    )

@@ -254,3 +254,36 @@ def test_the_boot_document_is_what_the_node_gets(capsys: pytest.CaptureFixture[s
     assert document["userData"].startswith("#cloud-config")
     delivery = document["delivery"]
     assert delivery["cloud"] == "aws" and delivery["bytes"] <= delivery["limitBytes"]
+
+
+def test_help_as_a_command_and_a_typo_get_an_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["help"]) == 0 and capsys.readouterr().out.startswith("usage: lrc ")
+    assert cli.main(["help", "plan"]) == 0
+    assert capsys.readouterr().out.startswith("usage: lrc plan ")
+    assert cli.main(["plna"]) == 2
+    assert "unknown command 'plna'; did you mean 'plan'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("aws-c8g", "'aws-c8g' is a stack: `lrc plan --stack aws-c8g`"),
+        ("gpt-oss-120b", "any other model is described by its GGUF's header, read over HTTP: "
+                         "`lrc plan --gguf https://"),
+    ],
+)  # fmt: skip
+def test_a_model_the_presets_lack_is_answered_with_the_way_to_plan_it(
+    model: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["plan", model]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+def test_check_as_json_says_why_it_has_no_answer(
+    no_aws_credentials: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["check", "--stack", "aws-c8g", "--json"]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ready"] is None and document["error"].startswith("no AWS credentials")
