@@ -230,6 +230,8 @@ FIGURES = [
                "--size-gb", "1.12", "--layers", "28", "--kv-bytes-per-token", "28672",
                "--instance-type", "c8g.large", "--count", "3", "--cloud", "aws",
            ), "aws", "c8g.large", 3)["hourlyUsd"])),
+    Figure("docs/azure.md", "`azure-cobalt` is priced at {}/h: the instances",
+           lambda: dollars(stack("azure-cobalt")["hourlyUsd"])),
     Figure("docs/gcp.md", "c4a-standard-32 main node ({}/h: the instances",
            lambda: dollars(stack("gcp-c4a")["hourlyUsd"])),
     Figure("docs/aws.md", "the NAT gateway and its public address ({}/h)",
@@ -407,3 +409,16 @@ def test_azure_prices_its_405b_rows_and_the_plan_ranks_them() -> None:
     rows = [o for o in plan(*PLAN_405B)["options"] if o["provider"] == "azure"]
     assert rows and all(o["hourlyUsd"] and o["usdPerMillionTokens"] for o in rows)
     assert all(o["pricePartial"] for o in rows)  # Premium SSD: per tier, not priced
+
+
+@pytest.mark.parametrize("name", ["aws-c7g", "aws-c8g", "aws-eks", "aws-r8g", "aws-small",
+                                  "azure-cobalt", "gcp-c4a"])  # fmt: skip
+def test_a_shipped_stacks_header_quotes_its_price(name: str) -> None:
+    """The comment that opens a stack file says its $/h as the planner prices the stack."""
+    header = " ".join(
+        line.removeprefix("#").strip()
+        for line in (REPO / "stacks" / f"Pulumi.{name}.yaml").read_text().splitlines()
+        if line.startswith("#")
+    )
+    (quoted,) = re.findall(r"About (\$[\d.]+)/h", header)
+    assert quoted == dollars(stack(name)["hourlyUsd"]), f"stacks/Pulumi.{name}.yaml says {quoted}/h"
