@@ -78,7 +78,10 @@ def parser() -> argparse.ArgumentParser:
         reports = [json_option()] if name == "status" else []
         command = sub.add_parser(name, help=text, parents=reports)
         command.add_argument("run", help="the run's id (a directory under --out)")
-        command.add_argument("--out", type=Path, default=DEFAULT_OUT)
+        command.add_argument(
+            "--out", type=Path, default=DEFAULT_OUT,
+            help="where the run's directory is (default runs/, under this directory)",
+        )  # fmt: skip
     return top
 
 

@@ -14,7 +14,10 @@ from infra.observe.topview import Row, rows_data
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("top", __doc__, [stack_options()])  # --json: one reading's rows
-    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_SECONDS)
+    parser.add_argument(
+        "--interval", type=float, default=DEFAULT_INTERVAL_SECONDS,
+        help="seconds between frames, at least (default %(default)g; a channel may be slower)",
+    )  # fmt: skip
     parser.add_argument("--once", action="store_true", help="print one frame and stop")
     args = parser.parse_args(argv)
     if args.interval <= 0:

@@ -287,3 +287,10 @@ def test_check_as_json_says_why_it_has_no_answer(
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert document["ready"] is None and document["error"].startswith("no AWS credentials")
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_help_reads_as_the_readme_does(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Single backticks, as the README writes a command; no RST's doubled ones."""
+    assert cli.main([name, "--help"]) == 0
+    assert "``" not in capsys.readouterr().out
