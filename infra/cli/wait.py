@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         states = wait_until_serving(
             channels, timeout=args.timeout, interval=args.interval, report=report,
-            explain=lambda states: stopped_groups(stack, found, states),
+            explain=lambda states: stopped_groups(stack, found, states, waiting=True),
         )  # fmt: skip
     except LiveError as error:  # this machine's side: no credentials, CLI or network
         print(f"error: stack {stack!r}: {error}", file=sys.stderr)

@@ -214,7 +214,7 @@ def test_an_expired_aws_token_is_named_with_its_renewal() -> None:
         channel.run(["uptime"], 60)
 
 
-def stopped_aws(monkeypatch: pytest.MonkeyPatch) -> dict[str, Stubber]:
+def stopped_aws(monkeypatch: pytest.MonkeyPatch, state: str = "stopped") -> dict[str, Stubber]:
     """SSM answers InvalidInstanceId (as for a stopped node, or one whose agent has not
     registered yet) as many times as asked; EC2 says the node is stopped."""
     clients, stubs = aws_clients()
@@ -226,7 +226,7 @@ def stopped_aws(monkeypatch: pytest.MonkeyPatch) -> dict[str, Stubber]:
         stubs["ec2"].add_response(
             "describe_instances",
             {"Reservations": [
-                {"Instances": [{"InstanceId": "i-0abc", "State": {"Name": "stopped"}}]}
+                {"Instances": [{"InstanceId": "i-0abc", "State": {"Name": state}}]}
             ]},
         )  # fmt: skip
     monkeypatch.setattr(live_aws, "session", lambda region, profile=None: Session(clients))
@@ -242,6 +242,18 @@ def test_aws_status_says_a_stopped_node_is_stopped_and_how_to_start_it(
         code, err, out = lrc_said(["status"], "aws-small", capsys)
     assert code == 0 and not err
     assert out.splitlines() == ["group 1: stopped (stopped: `lrc start --stack aws-small`)"]
+
+
+def test_aws_status_says_a_running_node_ssm_does_not_know_yet_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stubs = stopped_aws(monkeypatch, state="running")
+    with stubs["ssm"], stubs["ec2"]:
+        code, err, out = lrc_said(["status"], "aws-small", capsys)
+    assert code == 0 and not err
+    [line] = out.splitlines()
+    assert line.startswith("group 1: unreachable (SSM SendCommand: SSM cannot reach i-0abc")
+    assert line.endswith("the node is running: `lrc wait --stack aws-small` waits for it)")
 
 
 def test_wait_stops_at_a_stopped_node_naming_lrc_start(
