@@ -20,6 +20,7 @@ import pytest
 from infra import catalog
 from infra.cli import lrc
 from infra.core.units import duration
+from infra.planner import search
 from infra.planner.engines import LLAMA_8B_DRAFT
 from infra.planner.report import first_token
 from infra.stack.files import stack_config
@@ -112,6 +113,62 @@ def costrun_dry_run() -> dict[str, str]:
     return dict(re.findall(r"^(\S+) .*this run (\S+)$", shown, re.M))
 
 
+CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}
+# A model shaped as Llama 3.1 405B (126 layers, its KV cache per token), of any size.
+SHAPED_AS_405B = ("--layers", "126", "--kv-bytes-per-token", "516096")
+
+
+def largest_vms() -> str:
+    """Each cloud's Arm VM with the most memory, in its home region's catalog."""
+    found = []
+    for provider, region in search.home_regions(["aws", "azure", "gcp"]):
+        biggest = max(catalog.types_in(provider, region), key=lambda t: t.memory_gib)
+        found.append(f"{biggest.name} ({biggest.memory_gib:,.0f} GiB) on {CLOUD_NAMES[provider]}")
+    return f"{found[0]}, {found[1]} and {found[2]}"
+
+
+def picked(document: dict[str, Any], provider: str) -> dict[str, Any]:
+    found: dict[str, Any] = document["options"][document["picks"][provider]]
+    return found
+
+
+def priced(found: dict[str, Any]) -> str:
+    """``$2.97/h, 503 $/Mtok``, each marked ``+`` where the price leaves a part out."""
+    plus = "+" if found["pricePartial"] else ""
+    return (
+        f"{dollars(found['hourlyUsd'])}{plus}/h, {found['usdPerMillionTokens']:,.0f}{plus} $/Mtok"
+    )
+
+
+def picks_405b() -> str:
+    shown = [
+        f"{o['nodes']} x {o['instanceType']} on {CLOUD_NAMES[p]} ({priced(o)})"
+        for p in ("aws", "gcp", "azure")
+        for o in [picked(plan(*PLAN_405B), p)]
+    ]
+    return f"{shown[0]}, {shown[1]} and {shown[2]}"
+
+
+def pools_from(provider: str) -> str:
+    """The smallest size, in steps of 50 GB, at which the cloud's pick for a model shaped as the
+    405B pools several nodes; one node below it, down to the 405B's own size."""
+    size = 250
+    while not picked(plan("--size-gb", str(size), *SHAPED_AS_405B, "--cloud", provider),
+                     provider)["rpcNeeded"]:  # fmt: skip
+        size += 50
+        assert size <= 3000, f"{provider}: one node up to 3 TB"
+    return f"{size:,} GB on {CLOUD_NAMES[provider]}"
+
+
+def reference_against_pick() -> str:
+    reference, pick = stack("aws-c8g"), picked(plan(*PLAN_405B), "aws")
+    times = reference["usdPerMillionTokens"] / pick["usdPerMillionTokens"]
+    return (
+        f"{reference['predictedDecodeTps']:.2f} tok/s and "
+        f"{reference['usdPerMillionTokens']:,.0f} $/Mtok, {times:.1f} times"
+    )
+
+
 @dataclass(frozen=True)
 class Figure:
     page: str
@@ -120,6 +177,20 @@ class Figure:
 
 
 FIGURES = [
+    Figure("README.md", "$0.30/h, serving about {} after `pulumi up`",
+           lambda: duration(stack("aws-small")["timeToServe"]["internet"]["totalSeconds"])),
+    Figure("README.md", "and {} vCPUs of the account's Standard On-Demand",
+           lambda: vcpus("aws-small")),
+    Figure("README.md", "The largest Arm VMs in the catalog are {}. `lrc plan", largest_vms),
+    Figure("README.md", "llama-3.1-405b-q4_0` ({}) picks one node",
+           lambda: f"{plan(*PLAN_405B)['model']['sizeGb']:.0f} GB"),
+    Figure("README.md", "picks one node on every cloud: {} (`+`: the disks", picks_405b),
+    Figure("README.md", "three c8g.16xlarge, serves the same model at {} the pick's cost per",
+           reference_against_pick),
+    Figure("README.md", "pick first pools nodes at about {}, past what their largest VM holds",
+           lambda: f"{pools_from('gcp')}, {pools_from('azure')}"),
+    Figure("README.md", "VM holds, and {}, where several smaller VMs cost less per token",
+           lambda: pools_from("aws")),
     Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
            lambda: dollars(stack("aws-small")["hourlyUsd"])),
     Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",
@@ -159,6 +230,8 @@ FIGURES = [
                "--size-gb", "1.12", "--layers", "28", "--kv-bytes-per-token", "28672",
                "--instance-type", "c8g.large", "--count", "3", "--cloud", "aws",
            ), "aws", "c8g.large", 3)["hourlyUsd"])),
+    Figure("docs/azure.md", "`azure-cobalt` is priced at {}/h: the instances",
+           lambda: dollars(stack("azure-cobalt")["hourlyUsd"])),
     Figure("docs/gcp.md", "c4a-standard-32 main node ({}/h: the instances",
            lambda: dollars(stack("gcp-c4a")["hourlyUsd"])),
     Figure("docs/aws.md", "the NAT gateway and its public address ({}/h)",
@@ -189,7 +262,7 @@ FIGURES = [
            lambda: drafted(DRAFT + ", workers repack (patch 0005)")),
     Figure("docs/planner.md", "activations twice a layer: {} tok/s, with an assumed",
            lambda: f"{engine('tensor parallel on 3 nodes'):.2f}"),
-    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure; on both",
+    Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure, slow to",
            lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
                "aws-c8g", "gcp-c4a", "azure-cobalt")))),
 ]  # fmt: skip
@@ -336,3 +409,16 @@ def test_azure_prices_its_405b_rows_and_the_plan_ranks_them() -> None:
     rows = [o for o in plan(*PLAN_405B)["options"] if o["provider"] == "azure"]
     assert rows and all(o["hourlyUsd"] and o["usdPerMillionTokens"] for o in rows)
     assert all(o["pricePartial"] for o in rows)  # Premium SSD: per tier, not priced
+
+
+@pytest.mark.parametrize("name", ["aws-c7g", "aws-c8g", "aws-eks", "aws-r8g", "aws-small",
+                                  "azure-cobalt", "gcp-c4a"])  # fmt: skip
+def test_a_shipped_stacks_header_quotes_its_price(name: str) -> None:
+    """The comment that opens a stack file says its $/h as the planner prices the stack."""
+    header = " ".join(
+        line.removeprefix("#").strip()
+        for line in (REPO / "stacks" / f"Pulumi.{name}.yaml").read_text().splitlines()
+        if line.startswith("#")
+    )
+    (quoted,) = re.findall(r"About (\$[\d.]+)/h", header)
+    assert quoted == dollars(stack(name)["hourlyUsd"]), f"stacks/Pulumi.{name}.yaml says {quoted}/h"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.boot.installed import patch_diff
+from infra.core.paths import OWN_FILES
 
 # What a worker builds (ggml-rpc-server) compiles tools/rpc/ and links ggml alone
 # (tools/rpc/CMakeLists.txt at the pin); a patch that touches nothing else under these, nor the
@@ -31,7 +32,7 @@ WORKER_SOURCES = ("tools/rpc/",)
 # What a node with a patch's diff withheld gets in its place: the diff's sha256.
 HASH_SUFFIX = ".sha256"
 
-PATCHES_DIR = Path(__file__).resolve().parents[2] / "cloud-init" / "patches"
+PATCHES_DIR = OWN_FILES / "cloud-init" / "patches"
 NO_PATCHES = "none"
 
 

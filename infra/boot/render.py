@@ -9,7 +9,7 @@ drop-in that binds it to the node's private address.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from infra.boot.cloud_yaml import dump
@@ -18,8 +18,9 @@ from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import HASH_SUFFIX, patch_set
 from infra.core import network_rules
 from infra.core.limits import METRICS_PORT, Role
+from infra.core.paths import OWN_FILES
 
-CLOUD_INIT_DIR = Path(__file__).resolve().parents[2] / "cloud-init"
+CLOUD_INIT_DIR = OWN_FILES / "cloud-init"
 SCRIPTS_DIR = CLOUD_INIT_DIR / "scripts"
 UNITS_DIR = CLOUD_INIT_DIR / "systemd"
 

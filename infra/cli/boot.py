@@ -20,7 +20,10 @@ EXAMPLE_PATH = "/llama-rpc-cluster/example/boot"
 def main(argv: Sequence[str] | None = None) -> int:
     description = "Print the cloud-config a node boots with."
     parser = command_parser("boot", description, [json_option()])
-    parser.add_argument("--role", choices=ROLES, required=True)
+    parser.add_argument(
+        "--role", choices=ROLES, required=True,
+        help="a worker (ggml-rpc-server) or a group's main node (llama-server)",
+    )  # fmt: skip
     add_cloud(parser, FACTS, "also report how this cloud receives it, and its size")
     parser.add_argument(
         "--encoded", action="store_true", help="print the delivered value itself (with --cloud)"

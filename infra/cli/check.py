@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None, reader_for: ReaderFactory = cli_read
         account = reader_for(config.cloud, Access(config.region, values))(needs)
     except (StackFileError, ConfigError, LiveError) as error:
         print(f"preflight: {error}", file=sys.stderr)
+        if args.json:  # a reader of the JSON gets a document, saying why there is no answer
+            print_json({"stack": args.stack, "ready": None, "error": str(error)})
         return 2
     found = preflight.problems(needs, account)
     if args.json:

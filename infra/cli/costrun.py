@@ -59,7 +59,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--parallel", action="store_true", help="all stacks at once")
     run.add_argument("--keep", action="store_true", help="leave the stacks up (and costing)")
     run.add_argument("--dry-run", action="store_true", help="predictions only; nothing is created")
-    run.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    run.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT,
+        help="where the run's directory goes (default runs/, under this directory)",
+    )  # fmt: skip
+    run.add_argument("--json", action="store_true", help="with --dry-run: the predictions as JSON")
     run.add_argument("--model", type=Path, help="--local: a GGUF (default: Gemma 3 270M)")
     run.add_argument("--workers", type=int, help="--local: RPC workers (default 2)")
     run.add_argument("--threads", type=int, help="--local: threads per node")
@@ -74,7 +78,10 @@ def parser() -> argparse.ArgumentParser:
         reports = [json_option()] if name == "status" else []
         command = sub.add_parser(name, help=text, parents=reports)
         command.add_argument("run", help="the run's id (a directory under --out)")
-        command.add_argument("--out", type=Path, default=DEFAULT_OUT)
+        command.add_argument(
+            "--out", type=Path, default=DEFAULT_OUT,
+            help="where the run's directory is (default runs/, under this directory)",
+        )  # fmt: skip
     return top
 
 
@@ -110,30 +117,60 @@ def _echo(started: float) -> runs.Echo:
 
 
 def _prediction_line(row: dict[str, Any]) -> str:
+    """A stack's predicted figures, each price marked ``+`` where it leaves out a part the
+    catalog cannot price, as the planner marks it."""
     predicted = row["predicted"]
     serve = predicted["serve_seconds"].get("total")
     hourly = predicted["hourly_usd"]
     decode = predicted["decode_tps"]
+    plus = "+" if predicted.get("unpriced") else ""
     return (
-        f"{row['stack']:<16} serve {'n/a' if serve is None else shown_duration(serve)}, "
+        f"{row['stack']:<16} serve {'n/a' if serve is None else shown_duration(serve)}"
+        f"{_slowest(predicted['serve_seconds'])}, "
         f"decode {'n/a' if decode is None else f'{decode:.2f}'} tok/s, "
         + (
-            f"{money(hourly)}/h"
+            f"{money(hourly)}{plus}/h"
             if hourly is not None
             else f"$/h unknown ({predicted['note'].removeprefix('unknown: ')})"
         )
         + f", this run {money(row['predicted_run_usd'])}"
+        + (plus if row["predicted_run_usd"] is not None else "")
     )
+
+
+def _slowest(phases: dict[str, float | None]) -> str:
+    """The phase that takes most of a long time to serve, so that a slow row says why."""
+    parts = {k: v for k, v in phases.items() if k != "total" and v}
+    total = phases.get("total") or 0
+    if not parts or total < 1800:
+        return ""
+    name, seconds = max(parts.items(), key=lambda item: item[1])
+    return f" ({name} {shown_duration(seconds)})" if seconds >= total / 2 else ""
 
 
 def run(args: argparse.Namespace) -> int:
     targets = targets_from(args)
+    if args.json and not args.dry_run:
+        raise CostRunError("--json goes with --dry-run; a run writes report.json")
     rows, total = runs.predictions(targets)
-    for row in rows:
-        print(_prediction_line(row))
-    print(f"predicted cost of the run: {money(total)}")
+    partial = runs.unpriced(rows)
     timeouts = runs.timeouts(rows, args.timeout)
-    runs.check_budget(args.max_usd, total)
+    if args.json:
+        print_json({
+            "stacks": rows,
+            "predictedRunUsd": total,
+            "priceIsPartial": bool(partial),
+            "unpriced": partial,
+            "timeoutSeconds": timeouts,
+        })  # fmt: skip
+    else:
+        for row in rows:
+            print(_prediction_line(row))
+        print(f"predicted cost of the run: {money(total)}{'+' if partial and total else ''}")
+        if partial:
+            left_out = "; ".join(f"{stack}: {', '.join(p)}" for stack, p in partial.items())
+            print(f"+: these prices leave out what the catalog cannot price ({left_out})")
+    runs.check_budget(args.max_usd, total, partial)
     if args.dry_run:
         return 0
     command = shlex.join([PROGRAM, "costrun", *args.argv])

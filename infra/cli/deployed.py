@@ -11,27 +11,32 @@ from infra.live import Access, Channel, LiveError, run_cli, stack_channels
 
 
 class NotReachable(RuntimeError):
-    """The stack's outputs or nodes cannot be reached; the message says why (exit 2)."""
+    """The stack's outputs or nodes cannot be reached; the message says why and what to do
+    (exit 2)."""
 
 
 def stack_outputs(stack: str) -> dict[str, Any]:
-    """The deployed stack's outputs, from its Pulumi state (the CLI must be logged in)."""
-    from pulumi import automation  # noqa: PLC0415 (the Automation API: only when run)
+    """The deployed stack's outputs, from its Pulumi state (``pulumi stack output --json``, in
+    the project's directory); ``PulumiError`` names what is missing (the CLI, a login, the
+    stack, its passphrase)."""
+    from infra.stack import pulumi_cli  # noqa: PLC0415
+    from infra.stack.files import project_dir  # noqa: PLC0415
 
-    from infra.stack.files import REPO  # noqa: PLC0415
-
-    selected = automation.select_stack(stack_name=stack, work_dir=str(REPO))
-    return {key: item.value for key, item in selected.outputs().items()}
+    return pulumi_cli.outputs(stack, project_dir())
 
 
 def deployed_outputs(stack: str) -> dict[str, Any]:
     """The outputs of a stack that is deployed; NotReachable says why there are none."""
+    from infra.stack.pulumi_cli import PulumiError  # noqa: PLC0415
+
     try:
         found = stack_outputs(stack)
-    except Exception as error:  # noqa: BLE001 (any reason the outputs are unreadable is said)
-        raise NotReachable(f"cannot read stack {stack!r}'s outputs: {error}") from None
+    except PulumiError as error:
+        raise NotReachable(f"cannot read the outputs of stack {stack!r}: {error}") from None
     if not found:
-        raise NotReachable(f"stack {stack!r} has no outputs: deploy it with `pulumi up`")
+        raise NotReachable(
+            f"stack {stack!r} has no outputs: deploy it with `pulumi up --stack {stack}`"
+        )
     if found.get(keys.PLATFORM) == KUBERNETES:
         namespace = found.get(keys.KUBERNETES_NAMESPACE)
         raise NotReachable(

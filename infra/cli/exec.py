@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from infra.cli.deployed import NotReachable, main_channels
 from infra.cli.options import command_parser, print_json, stack_options
-from infra.live import ChannelError
+from infra.live import AccessError, ChannelError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--group {args.group}: the stack has {len(channels)} serving group(s)")
     try:
         output = channels[args.group - 1].run(command, args.timeout)
+    except AccessError as error:  # this machine's side: no credentials, CLI or network
+        print(f"error: stack {stack!r}: {error}", file=sys.stderr)
+        return 2
     except ChannelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -6,11 +6,11 @@ Each command is a module of this package, ``infra.cli.<name>``, imported only wh
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from infra.cli.options import PROGRAM
 from infra.core.pins import LLAMA_CPP_COMMIT
@@ -40,6 +40,8 @@ DEVELOPER_COMMANDS = {
 
 
 def version() -> str:
+    from importlib import metadata  # noqa: PLC0415 (half of `lrc --help`'s time when at the top)
+
     try:
         own = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
@@ -70,7 +72,17 @@ def entry(name: str) -> Callable[[list[str]], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `lrc --help | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def dispatch(args: list[str]) -> int:
+    """The command ``args`` name, run with the rest of them."""
+    if args[:1] == ["help"]:  # `lrc help` as `git help`; `lrc help plan` as `lrc plan --help`
+        args = [*args[1:2], "--help"]
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return 0 if args else 2
@@ -79,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(version())
         return 0
     if name not in COMMANDS | DEVELOPER_COMMANDS:
-        print(f"{PROGRAM}: unknown command {name!r}; the commands: {', '.join(COMMANDS)}",
+        close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"{PROGRAM}: unknown command {name!r}; {hint}the commands: {', '.join(COMMANDS)}",
               file=sys.stderr)  # fmt: skip
         return 2
     if rest == ["--version"]:

@@ -26,9 +26,11 @@ class Adds(Protocol):
 def command_parser(
     name: str, description: str | None, parents: Iterable[argparse.ArgumentParser] = ()
 ) -> argparse.ArgumentParser:
-    """The parser of ``lrc NAME``: its usage and errors carry that name."""
+    """The parser of ``lrc NAME``: its usage and errors carry that name; a description written
+    for the code (its ``double backticks``) reads with single ones, as the README's do."""
+    shown = description.replace("``", "`") if description else description
     return argparse.ArgumentParser(
-        prog=f"{PROGRAM} {name}", description=description, parents=list(parents)
+        prog=f"{PROGRAM} {name}", description=shown, parents=list(parents)
     )
 
 

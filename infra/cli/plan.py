@@ -16,7 +16,7 @@ from infra.core.limits import MAX_REPLICAS, PLATFORMS, VM
 from infra.models import ModelError
 from infra.planner import base, chart, report, request, search, serve
 from infra.planner.base import PlanError, TargetUnmet
-from infra.stack.files import STACKS_DIR
+from infra.stack.files import writable_stacks_dir
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
         help="the prompt the time to first token (TTFT) and the prompt rate are predicted for "
         "(default %(default)s)",
     )
-    p.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
+    p.add_argument("--stacks-dir", type=Path, default=writable_stacks_dir(), help=argparse.SUPPRESS)
     return p
 
 
@@ -245,5 +245,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except (ModelError, PlanError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error}{_model_hint(argv, str(error))}", file=sys.stderr)
         return 2
+
+
+def _model_hint(argv: Sequence[str] | None, said: str) -> str:
+    """What an unknown model name may have meant: a stack's name, or a model the presets lack,
+    which its GGUF describes."""
+    if "unknown preset" not in said:
+        return ""
+    from infra.stack.files import stack_names  # noqa: PLC0415
+
+    given = [word for word in (argv or []) if not word.startswith("-")]
+    named = next((word for word in given if word in stack_names()), None)
+    if named:
+        return f"; {named!r} is a stack: `lrc plan --stack {named}`"
+    return (
+        "; any other model is described by its GGUF's header, read over HTTP: `lrc plan --gguf "
+        "https://huggingface.co/ORG/REPO/resolve/main/MODEL.gguf`"
+    )

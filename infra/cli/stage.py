@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from infra.cli.options import add_cloud, add_stack, command_parser, json_option, print_json
-from infra.live import LIVE, StageError
+from infra.live import LIVE, LiveError, StageError
 from infra.observe.status import Progress, gigabytes
-from infra.stage.staging import sdk_problem, stage, staging
+from infra.stage.staging import Held, credentials_problem, sdk_problem, stage, staging
 from infra.stage.upload import Copied
 
 
@@ -35,6 +35,13 @@ class Shown:
         self.redraw = sys.stderr.isatty()
         self.started: dict[str, float] = {}
         self.last = float("-inf")
+        self.open = False  # a redrawn line is on the terminal, not yet ended
+
+    def end_line(self) -> None:
+        """End a redrawn line, so that what follows starts on its own."""
+        if self.open:
+            print(file=sys.stderr)
+            self.open = False
 
     def __call__(self, copied: Copied) -> None:
         now = self.clock()
@@ -47,9 +54,10 @@ class Shown:
         if now - started >= 1:
             line += f", {(copied.done - copied.resumed) / (now - started) / 1e6:,.0f} MB/s"
         if copied.resumed:
-            line += f" ({gigabytes(copied.resumed)} already in S3)"
+            line += f" ({gigabytes(copied.resumed)} already there)"
         if self.redraw:
             print(f"\r\x1b[K{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
+            self.open = not finished
         else:
             print(line, file=sys.stderr, flush=True)
 
@@ -81,20 +89,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     cloud = LIVE[asked.cloud]
+    held, shown = Held(), Shown()
     try:  # the copy itself: a part that fails its checksum, a bucket elsewhere (1)
         store = cloud.open_store(args.bucket, region=asked.region, endpoint=args.endpoint)
         staged, digests = stage(
-            store, asked.urls, asked.sums, prefix=args.prefix, region=asked.region, report=Shown()
-        )
+            store, asked.urls, asked.sums, prefix=args.prefix, region=asked.region,
+            report=shown, held=held,
+        )  # fmt: skip
     except StageError as error:
+        shown.end_line()
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except LiveError as error:  # no login, no CLI: a setting of this machine's (2)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except Exception as error:  # the SDK's: credentials, access, a missing bucket
-        problem = sdk_problem(cloud, args.bucket, error)
+        problem = sdk_problem(cloud, args.bucket, error, held)
         if problem is None:
             raise
+        shown.end_line()
         print(f"error: {problem}", file=sys.stderr)
-        return 1
+        return 2 if credentials_problem(error) else 1
     print("# in the stack's llama-rpc-cluster:model:")
     if args.json:
         print_json({"urls": staged, "sha256": digests})

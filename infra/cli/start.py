@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from infra.cli.deployed import NotReachable, deployed_outputs, user_access
 from infra.cli.options import command_parser, print_json, stack_options
 from infra.core import outputs as keys
-from infra.live import LiveError, live_cloud
+from infra.live import AccessError, LiveError, live_cloud
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,6 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cloud = live_cloud(str(found.get(keys.CLOUD)))
         lines = cloud.start(found, keys.node_ids(found), user_access(stack, found))
+    except AccessError as error:  # this machine's side: no credentials, CLI or network
+        print(f"error: stack {stack!r}: {error}", file=sys.stderr)
+        return 2
     except LiveError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

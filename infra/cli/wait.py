@@ -8,8 +8,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from infra.cli.deployed import NotReachable, main_channels
+from infra.cli.deployed import NotReachable, reach
 from infra.cli.options import command_parser, print_json, stack_options
+from infra.cli.status import stopped_groups
+from infra.live import LiveError
 from infra.observe.wait import GroupState, WaitError, wait_until_serving
 
 
@@ -24,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.timeout <= 0 or args.interval <= 0:
         parser.error("--timeout and --interval: give positive numbers of seconds")
     try:
-        channels = main_channels(stack)
+        found, channels = reach(stack)
     except NotReachable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -35,8 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         states = wait_until_serving(
-            channels, timeout=args.timeout, interval=args.interval, report=report
-        )
+            channels, timeout=args.timeout, interval=args.interval, report=report,
+            explain=lambda states: stopped_groups(stack, found, states, waiting=True),
+        )  # fmt: skip
+    except LiveError as error:  # this machine's side: no credentials, CLI or network
+        print(f"error: stack {stack!r}: {error}", file=sys.stderr)
+        return 2
     except WaitError as error:
         print(f"error: {error}", file=sys.stderr)
         if args.json:

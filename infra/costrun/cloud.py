@@ -55,6 +55,8 @@ class PulumiTarget:
         self._automation = automation
         self._stack: Any = None
         self.outputs: dict[str, Any] = {}
+        self._channel: Channel | None = None
+        self._channel_for: dict[str, Any] | None = None
 
     def _echo(self, line: str) -> None:
         if line.strip():
@@ -206,11 +208,15 @@ class PulumiTarget:
         return self.outputs
 
     def channel(self) -> Channel:
-        """The first serving group's main node, where the benchmark runs."""
-        try:
-            return stack_channels(self.outputs, access=self.access)[0]
-        except LiveError as error:
-            raise StepError(str(error)) from None
+        """The first serving group's main node, where the benchmark runs (made once for the
+        outputs of the last ``up``: making it checks the CLI's login)."""
+        if self._channel is None or self._channel_for is not self.outputs:
+            try:
+                self._channel = stack_channels(self.outputs, access=self.access)[0]
+            except LiveError as error:
+                raise StepError(str(error)) from None
+            self._channel_for = self.outputs
+        return self._channel
 
     def _run(self, command: list[str], timeout: float) -> str:
         try:

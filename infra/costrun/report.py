@@ -15,7 +15,9 @@ from infra.costrun.events import last, phase_of, read_events, stack_dirs
 # 3: "measured" gains "draft" (a draft model's drafted and accepted tokens over the requests),
 # "decode_measured_by" and "decode_tps_without_draft"; "predicted" gains "draft_acceptance" and
 # "draft_basis".
-SCHEMA_VERSION = 3
+# 4: each stack gains "price_partial" and "unpriced": its price leaves out those parts (a
+# disk, Tier_1 networking), which the catalog cannot price, and its $ figures are floors ("+").
+SCHEMA_VERSION = 4
 
 
 def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,6 +67,8 @@ def stack_report(name: str, events: list[dict[str, Any]]) -> dict[str, Any]:
             "draft": draft,
         },
         "hourly_usd": hourly,
+        "price_partial": bool(prediction.get("unpriced")),
+        "unpriced": list(prediction.get("unpriced") or []),
         "spent_usd": finished.get("spent_usd"),
         "seconds_up": finished.get("seconds"),
         "usd_per_million_tokens": (
@@ -163,11 +167,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_figure(_prompt_predicted(measured, predicted))} "
             f"| {_figure(measured['decode_tps'])} / {_figure(predicted.get('decode_tps'))} "
             f"| {_per_token(s.get('rpc_bytes'))} "
-            f"| {_figure(s['hourly_usd'], 4)} | {_figure(s['spent_usd'], 4)} "
-            f"| {_figure(s['usd_per_million_tokens'], 2)} "
+            f"| {_usd(s, 'hourly_usd', 4)} | {_usd(s, 'spent_usd', 4)} "
+            f"| {_usd(s, 'usd_per_million_tokens', 2)} "
             f"| {'kept (--keep)' if s['kept'] else behind} "
             f"| {'ok' if s['ok'] else 'FAILED'} |"
         )
+    partial = [s for s in report["stacks"] if s.get("price_partial")]
+    if partial:
+        left_out = "; ".join(f"{s['stack']}: {', '.join(s['unpriced'])}" for s in partial)
+        lines += ["", f"+: the price leaves out what the catalog cannot price ({left_out})."]
     lines.append("")
     for s in report["stacks"]:
         lines += [f"## {s['stack']}", ""]
@@ -181,7 +189,8 @@ def markdown(report: dict[str, Any]) -> str:
             "draft_model",
         ):
             if key in s:
-                lines.append(f"- {key.replace('_', ' ')}: {s[key]}")
+                shown = _nodes(s) if key == "nodes" else s[key]
+                lines.append(f"- {key.replace('_', ' ')}: {shown}")
         serve = s["measured"]["serve_seconds"]
         lines.append(
             "- time to serve, measured: "
@@ -340,6 +349,13 @@ def rpc_lines(rpc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _usd(stack: dict[str, Any], key: str, digits: int) -> str:
+    """A $ figure of the stack's, ``+`` where its price leaves a part out."""
+    value = stack.get(key)
+    shown = _figure(value, digits)
+    return shown + ("+" if value is not None and stack.get("price_partial") else "")
+
+
 def _nodes(stack: dict[str, Any]) -> str:
     nodes = stack.get("nodes")
     if not nodes:
@@ -348,6 +364,9 @@ def _nodes(stack: dict[str, Any]) -> str:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
+    """Measured beside predicted for each stack: time to serve, decode (the measured bar with
+    its spread), and the $ of the run: $/h as priced and $ per million generated tokens, ``+``
+    where a price leaves a part out. A figure that is missing is drawn as no bar, marked n/a."""
     import matplotlib  # noqa: PLC0415 (only the report needs it)
 
     matplotlib.use("Agg")
@@ -355,24 +374,57 @@ def chart(report: dict[str, Any], path: Path) -> None:
 
     stacks = report["stacks"]
     names = [s["stack"] for s in stacks]
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for axis, title, measured, predicted in (
-        (axes[0], "time to serve (s)",
-         [s["measured"]["serve_seconds"]["total"] for s in stacks],
-         [s["predicted"].get("serve_seconds", {}).get("total") for s in stacks]),
-        (axes[1], "decode tokens/s",
-         [(s["measured"]["decode_tps"] or {}).get("mean") for s in stacks],
-         [s["predicted"].get("decode_tps") for s in stacks]),
-    ):  # fmt: skip
-        positions = range(len(names))
-        axis.bar([p - 0.2 for p in positions], [m or 0 for m in measured], 0.4, label="measured")
-        axis.bar([p + 0.2 for p in positions], [p or 0 for p in predicted], 0.4, label="predicted")
-        axis.set_xticks(list(positions), names)
+    plus = ["+" if s.get("price_partial") else "" for s in stacks]
+    decode = [s["measured"]["decode_tps"] or {} for s in stacks]
+    panels: list[tuple[str, list[Any], list[Any], list[Any], list[str]]] = [
+        ("time to serve (s)", [s["measured"]["serve_seconds"]["total"] for s in stacks],
+         [s["predicted"].get("serve_seconds", {}).get("total") for s in stacks],
+         [None] * len(stacks), [""] * len(stacks)),
+        ("decode tokens/s", [d.get("mean") for d in decode],
+         [s["predicted"].get("decode_tps") for s in stacks],
+         [d.get("stdev") for d in decode], [""] * len(stacks)),
+        ("$ per hour (+: a part unpriced)", [s.get("hourly_usd") for s in stacks],
+         [None] * len(stacks), [None] * len(stacks), plus),
+        ("$ per million tokens", [s.get("usd_per_million_tokens") for s in stacks],
+         [None] * len(stacks), [None] * len(stacks), plus),
+    ]  # fmt: skip
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
+    positions = list(range(len(names)))
+    for axis, (title, measured, predicted, spread, marks) in zip(axes, panels, strict=True):
+        paired = any(p is not None for p in predicted)
+        width, offset = (0.4, 0.2) if paired else (0.6, 0.0)
+        _bars(
+            axis, [x - offset for x in positions], measured, width, "measured",
+            spread=spread, marks=marks,
+        )  # fmt: skip
+        if paired:
+            _bars(axis, [x + offset for x in positions], predicted, width, "predicted")
+            axis.legend()
+        axis.set_xticks(positions, names)
         axis.set_title(title)
-        axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def _bars(
+    axis: Any, where: list[float], values: list[Any], width: float, label: str,
+    *, spread: list[Any] | None = None, marks: list[str] | None = None,
+) -> None:  # fmt: skip
+    """Bars where there are values; ``n/a`` at the base where there is none, never a 0 bar."""
+    spread = spread or [None] * len(values)
+    marks = marks or [""] * len(values)
+    known = [i for i, value in enumerate(values) if value is not None]
+    if known:
+        errors = [spread[i] or 0 for i in known] if any(spread[i] for i in known) else None
+        bars = axis.bar(
+            [where[i] for i in known], [values[i] for i in known], width, label=label,
+            yerr=errors, capsize=4 if errors else 0,
+        )  # fmt: skip
+        axis.bar_label(bars, labels=[f"{values[i]:,.2f}{marks[i]}" for i in known], fontsize=8)
+    for x, value in zip(where, values, strict=True):
+        if value is None:
+            axis.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8)
 
 
 def write(run_dir: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -127,12 +127,36 @@ def timeouts(rows: Sequence[dict[str, Any]], given: float | None) -> dict[str, f
     return chosen
 
 
-def check_budget(max_usd: float | None, total: float | None) -> None:
-    if max_usd is not None and (total is None or total > max_usd):
+def unpriced(rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each stack whose predicted price leaves out a part the catalog cannot price (a disk,
+    Tier_1 networking), with those parts: its price is a floor, marked ``+``."""
+    return {
+        row["stack"]: list(row["predicted"].get("unpriced") or [])
+        for row in rows
+        if row["predicted"].get("unpriced")
+    }
+
+
+def check_budget(
+    max_usd: float | None, total: float | None, partial: Mapping[str, list[str]] | None = None
+) -> None:
+    """Refuse a run predicted over ``max_usd``, or one whose price is unknown or partial: a
+    ceiling is only kept against a price that counts every part."""
+    if max_usd is None:
+        return
+    if total is None or total > max_usd:
         raise CostRunError(
-            f"--max-usd {max_usd}: the run is predicted at "
+            f"--max-usd {max_usd:g}: the run is predicted at "
             f"{'an unknown cost' if total is None else money(total)}; raise --max-usd or run "
             "fewer stacks"
+        )
+    if partial:
+        left_out = "; ".join(f"{stack}: {', '.join(parts)}" for stack, parts in partial.items())
+        raise CostRunError(
+            f"--max-usd {max_usd:g}: the run's predicted {money(total)} leaves out what the "
+            f"catalog cannot price ({left_out}), which may take it over; a ceiling is kept only "
+            "for stacks priced in full: leave --max-usd out to run these, and watch `lrc "
+            "costrun status`"
         )
 
 

@@ -15,6 +15,7 @@ from infra.live import aws, azure, gcp
 from infra.live.base import (
     CLI_TIMEOUT_SECONDS,
     Access,
+    AccessError,
     Channel,
     ChannelError,
     CredentialsError,
@@ -26,6 +27,7 @@ from infra.live.base import (
     Runner,
     StageError,
     Store,
+    missing_cli,
     run_cli,
 )
 
@@ -51,6 +53,7 @@ __all__ = [
     "CLI_TIMEOUT_SECONDS",
     "LIVE",
     "Access",
+    "AccessError",
     "Channel",
     "ChannelError",
     "CredentialsError",
@@ -63,6 +66,7 @@ __all__ = [
     "StageError",
     "Store",
     "live_cloud",
+    "missing_cli",
     "run_cli",
     "stack_channels",
 ]

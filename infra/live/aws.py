@@ -27,10 +27,12 @@ from infra.core.layout import PROJECT
 from infra.live.base import (
     SHA256_METADATA,
     Access,
+    AccessError,
     Channel,
     ChannelError,
     CredentialsError,
     LiveCloud,
+    LiveError,
     Piece,
     PowerError,
     Reader,
@@ -51,6 +53,13 @@ INCREASE = (
     "--quota-code {code} --desired-value {{value}}`"
 )
 RUN_SHELL_SCRIPT = "AWS-RunShellScript"
+# AWS's answers that say the credentials are not (or no longer) good.
+REFUSED_CREDENTIALS = frozenset({
+    "ExpiredToken", "ExpiredTokenException", "UnrecognizedClientException",
+    "InvalidClientTokenId", "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure",
+    "RequestExpired",
+})  # fmt: skip
+DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
 STAGING = ".staging"
 
 
@@ -78,6 +87,69 @@ def client(access: Access, service: str, *, endpoint: str | None = None) -> Any:
 
 def _credentials(found: Any) -> list[str]:
     return [NO_CREDENTIALS] if found.get_credentials() is None else []
+
+
+def call_error(error: Exception, what: str, *, node: str = "") -> LiveError:
+    """A botocore error of the call ``what`` (``SSM SendCommand``), as the product's own: the
+    user's side (no credentials, refused ones, no route to the endpoint, a permission) is an
+    ``AccessError`` naming the fix; a node SSM cannot reach (``InvalidInstanceId``: not running,
+    or its agent not yet registered, as right after ``pulumi up``) and anything else is a
+    ``ChannelError``, which a reading reports as ``unreachable``."""
+    from botocore import exceptions as botocore  # noqa: PLC0415
+
+    if isinstance(error, botocore.ClientError):
+        return _answer_error(error, what, node)
+    if isinstance(
+        error,
+        botocore.NoCredentialsError
+        | botocore.PartialCredentialsError
+        | botocore.SSOError
+        | botocore.TokenRetrievalError
+        | botocore.CredentialRetrievalError
+        | botocore.NoAuthTokenError,
+    ):
+        return CredentialsError(f"{what}: {NO_CREDENTIALS} ({error})")
+    if isinstance(error, botocore.ProfileNotFound):
+        return CredentialsError(
+            f"{what}: {error}: set AWS_PROFILE or the stack's aws:profile to a profile in "
+            "~/.aws/config (`aws configure list-profiles`)"
+        )
+    if isinstance(error, botocore.NoRegionError):
+        return AccessError(f"{what}: no AWS region: set the stack's aws:region")
+    if isinstance(error, botocore.ConnectionError):
+        return AccessError(
+            f"{what}: cannot reach AWS ({error}): check this machine's network (a VPN, a "
+            "proxy: HTTPS_PROXY) and the region"
+        )
+    return ChannelError(f"{what}: {error}")
+
+
+def _answer_error(error: Any, what: str, node: str) -> LiveError:
+    """What AWS answered (a ``ClientError``), as ``call_error`` says it."""
+    found = error.response.get("Error", {})
+    code, message = str(found.get("Code", "")), str(found.get("Message", "")).strip()
+    if code == "InvalidInstanceId":
+        return ChannelError(
+            f"{what}: SSM cannot reach {node or 'the node'}: it is not running, or its SSM "
+            "agent has not registered yet (InvalidInstanceId)"
+        )
+    if code in REFUSED_CREDENTIALS:
+        return CredentialsError(
+            f"{what}: AWS refused the credentials ({code}): renew them (`aws sso login`, or new "
+            "keys) and check AWS_PROFILE"
+        )
+    if code in DENIED:
+        return AccessError(
+            f"{what}: your AWS identity is not allowed ({code}: {message[:300]}); docs/top.md "
+            "lists what watching a stack needs"
+        )
+    return ChannelError(f"{what}: {code}: {message[:300]}".rstrip(": "))
+
+
+def power_error(error: Exception, what: str) -> LiveError:
+    """A power call's botocore error: this machine's side as it is, the rest a ``PowerError``."""
+    found = call_error(error, what)
+    return found if isinstance(found, AccessError) else PowerError(str(found))
 
 
 # --- the preflight's reads ------------------------------------------------------------------------
@@ -268,8 +340,19 @@ class SsmChannel:
     ):
         self.ssm, self.instance_id, self.sleep = ssm, instance_id, sleep
         self.documents = dict(documents or {})
+        self.sent = False  # whether the command went out (for the error's name of the call)
 
     def run(self, command: list[str], timeout: float) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            return self._run(command, timeout)
+        except (BotoCoreError, ClientError) as error:
+            what = "SSM " + ("GetCommandInvocation" if self.sent else "SendCommand")
+            raise call_error(error, what, node=self.instance_id) from None
+
+    def _run(self, command: list[str], timeout: float) -> str:
+        self.sent = False
         document = self.documents.get(tuple(command))
         if document:
             sent = self.ssm.send_command(InstanceIds=[self.instance_id], DocumentName=document)
@@ -283,6 +366,7 @@ class SsmChannel:
                 },
             )
         command_id = sent["Command"]["CommandId"]
+        self.sent = True
         deadline = time.monotonic() + timeout + 60
         while True:
             self.sleep(2)
@@ -430,14 +514,26 @@ class Aws(LiveCloud):
         return _reader(profile_of(access.values))
 
     def credentials(self, access: Access) -> list[str]:
-        return _credentials(session(access.region, profile_of(access.values)))
+        from botocore.exceptions import BotoCoreError  # noqa: PLC0415
+
+        try:
+            return _credentials(session(access.region, profile_of(access.values)))
+        except BotoCoreError as error:  # a profile that is not there, an SSO cache unreadable
+            return [str(call_error(error, "AWS"))]
 
     def channels(
         self, stack_outputs: Mapping[str, Any], mains: list[str], access: Access
     ) -> list[Channel]:
+        from botocore.exceptions import BotoCoreError  # noqa: PLC0415
+
         from infra.boot.metrics_command import read_command  # noqa: PLC0415
 
-        ssm = client(access, "ssm")
+        try:
+            if access.aws_clients is None and (missing := self.credentials(access)):
+                raise CredentialsError(missing[0])
+            ssm = client(access, "ssm")
+        except BotoCoreError as error:  # a profile that is not there, no region
+            raise call_error(error, "SSM") from None
         document = stack_outputs.get(keys.METRICS_DOCUMENT)
         reading = tuple(read_command(SsmChannel.max_output))
         documents = {reading: str(document)} if document else {}
@@ -452,8 +548,8 @@ class Aws(LiveCloud):
         """EC2 StartInstances, once for every node; each node's state as EC2 then reports it."""
         try:
             answer = client(access, "ec2").start_instances(InstanceIds=ids)
-        except Exception as error:  # noqa: BLE001 (botocore's errors: said as they are)
-            raise PowerError(f"EC2 StartInstances: {error}") from None
+        except Exception as error:  # noqa: BLE001 (botocore's errors, each said with its fix)
+            raise power_error(error, "EC2 StartInstances") from None
         states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer["StartingInstances"]}
         return [f"{node}: {states.get(node, 'not reported')}" for node in ids]
 
@@ -466,8 +562,8 @@ class Aws(LiveCloud):
         """EC2 DescribeInstances: each instance's state name."""
         try:
             answer = client(access, "ec2").describe_instances(InstanceIds=ids)
-        except Exception as error:  # noqa: BLE001 (botocore's errors: said as they are)
-            raise PowerError(f"EC2 DescribeInstances: {error}") from None
+        except Exception as error:  # noqa: BLE001 (botocore's errors, each said with its fix)
+            raise power_error(error, "EC2 DescribeInstances") from None
         return {
             instance["InstanceId"]: instance["State"]["Name"]
             for reservation in answer["Reservations"]

@@ -38,8 +38,15 @@ class ChannelError(LiveError):
     """The command did not run, or failed; the message says where and why."""
 
 
-class CredentialsError(LiveError):
-    """No credentials for the cloud: the message says how to get them."""
+class AccessError(LiveError):
+    """This machine cannot reach the cloud's API at all: no credentials, no CLI, no login, or no
+    route to the endpoint. Not a node's state: a command stops at once, with the message (it
+    names the fix), where a node that does not answer is reported and waited for."""
+
+
+class CredentialsError(AccessError):
+    """No credentials for the cloud, or no CLI to reach it with: the message says how to get
+    them."""
 
 
 class PowerError(LiveError):
@@ -58,15 +65,38 @@ class Runner(Protocol):
     ) -> subprocess.CompletedProcess[str]: ...
 
 
+# How to get each CLI the product runs, for the error that says it is missing.
+CLI_INSTALL = {
+    "gcloud": "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and run "
+    "`gcloud auth login`",
+    "az": "install the Azure CLI (https://learn.microsoft.com/cli/azure/install-azure-cli) and "
+    "run `az login`",
+    "aws": "install the AWS CLI and its Session Manager plugin (https://docs.aws.amazon.com/cli/)",
+    "pulumi": "install the Pulumi CLI (https://www.pulumi.com/docs/install/)",
+}
+
+
+def missing_cli(name: str) -> CredentialsError:
+    """The error for a CLI that is not on PATH, with how to install it."""
+    how = CLI_INSTALL.get(name, f"install {name}")
+    return CredentialsError(f"{name} is not on PATH: {how}")
+
+
 def run_cli(
     argv: Sequence[str], timeout: float = CLI_TIMEOUT_SECONDS
 ) -> subprocess.CompletedProcess[str]:
+    """A CLI's answer; ``ChannelError`` when it does not finish in ``timeout`` seconds,
+    ``CredentialsError`` when it is not there to run."""
     try:
         return subprocess.run(
             list(argv), capture_output=True, text=True, check=False, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         raise ChannelError(f"{' '.join(argv[:3])} did not finish in {timeout:g} s") from None
+    except FileNotFoundError:
+        raise missing_cli(argv[0]) from None
+    except OSError as error:  # not executable, or the system refused to start it
+        raise CredentialsError(f"cannot run {argv[0]}: {error.strerror or error}") from None
 
 
 @dataclass(frozen=True)
@@ -104,6 +134,8 @@ def power_call(argv: list[str], runner: Runner) -> str:
     """A CLI's answer to a power call (start, state); ``PowerError`` with its complaint."""
     try:
         result = runner(argv, START_TIMEOUT_SECONDS)
+    except AccessError:  # no CLI: said as it is, with its fix
+        raise
     except (LiveError, OSError) as error:
         raise PowerError(f"{' '.join(argv[:4])}: {error}") from None
     if result.returncode != 0:

@@ -369,6 +369,7 @@ class Gcp(LiveCloud):
     def channels(
         self, stack_outputs: Mapping[str, Any], mains: list[str], access: Access
     ) -> list[Channel]:
+        _token(access)  # gcloud there and logged in: else one line with the fix, not a node's
         zone, found = _location(stack_outputs, access, ChannelError)
         return [IapChannel(main, zone, found, access.runner) for main in mains]
 

@@ -24,6 +24,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -217,26 +218,70 @@ def _start_balancer(entry: BalancerEntry, boot: BalancerBoot) -> None:
         raise LocalClusterError(str(error)) from None
 
 
+BUILD_REPORT_SECONDS = 15.0  # how often a long build says how far it is
+NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]", re.M)
+
+
+def build_progress(log_text: str) -> str:
+    """How far ninja is, from its build log: ``412 of 590 steps (70%)``; "" before it starts."""
+    steps = NINJA_STEP.findall(log_text)
+    if not steps:
+        return ""
+    done, total = (int(n) for n in steps[-1])
+    return f"{done} of {total} steps ({100 * done // max(total, 1)}%)"
+
+
 def build_on_host(options: UpOptions, state: Path, progress: Callable[[str], None] | None) -> None:
     """The pinned build, once on this machine; every machine gets it read-only, where its own
-    build step finds it complete and skips it."""
+    build step finds it complete and skips it. A build takes minutes: its steps are reported
+    every ``BUILD_REPORT_SECONDS``, with the script's own lines as they come."""
     if progress:
         progress("llama.cpp build on this machine (skipped when it is there)")
+    prefix = build_prefix(options.cache)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LLAMA_RPC_ENV_FILE": "/dev/null",
         "LLAMA_ROLE": "all",
         "LLAMA_CPP_COMMIT": options.commit,
         "LLAMA_CPP_SOURCE": str(options.source),
-        "LLAMA_PREFIX": str(build_prefix(options.cache)),
+        "LLAMA_PREFIX": str(prefix),
         "LLAMA_DATA_DIR": str(state / "host-build"),
     }
-    result = subprocess.run(
-        ["bash", str(SCRIPTS_DIR / "build-llama.sh")],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise LocalClusterError(f"llama.cpp build on this machine failed: {result.stderr.strip()}")
+    build_log = prefix / options.commit / "build.log"
+    said = state / "host-build.log"
+    started = time.monotonic()
+    with said.open("w") as errors:
+        process = subprocess.Popen(
+            ["bash", str(SCRIPTS_DIR / "build-llama.sh")],
+            env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True,
+        )  # fmt: skip
+        shown_lines, last_step = 0, ""
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=BUILD_REPORT_SECONDS if progress else None)
+            if progress:
+                lines = said.read_text(errors="replace").splitlines()
+                for line in lines[shown_lines:]:  # fetching, patches, "building ... with N jobs"
+                    progress(f"llama.cpp: {line.split(': ', 1)[-1]}")
+                shown_lines = len(lines)
+                step = build_progress(_read(build_log)) if process.poll() is None else ""
+                if step and step != last_step:
+                    minutes = (time.monotonic() - started) / 60
+                    progress(f"llama.cpp build: {step}, {minutes:.0f} min so far")
+                    last_step = step
+            if process.poll() is not None:
+                break
+    if process.returncode != 0:
+        raise LocalClusterError(
+            f"llama.cpp build on this machine failed: {said.read_text(errors='replace').strip()}"
+        )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _start_supervisor(state: Path) -> None:

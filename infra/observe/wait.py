@@ -35,11 +35,25 @@ class GroupState:
         return f"group {self.group}: {shown}" + (f" ({self.detail})" if self.detail else "")
 
 
+DETAIL_CHARS = 400  # of a reason a group could not be read
+
+
+def brief(text: str, limit: int = DETAIL_CHARS) -> str:
+    """``text`` on one line, cut at a word to ``limit`` characters, with a mark where it was."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[: limit - 1].rsplit(" ", 1)[0] + " …"
+
+
 def read_group(number: int, channel: Channel) -> GroupState:
+    """The group's state, read from its main node; ``unreachable`` (with why) when the node does
+    not answer. A reason on this machine's side (no credentials, no CLI, no network:
+    ``AccessError``) is raised: no node would answer, and the message names the fix."""
     try:
         status: dict[str, Any] = parse_status(channel.run(STATUS_COMMAND, READ_TIMEOUT_SECONDS))
-    except (ChannelError, StatusError) as error:  # not up yet, or its agent not yet registered
-        return GroupState(number, "unreachable", str(error)[:200])
+    except (ChannelError, StatusError) as error:  # not up yet, stopped, or its agent not ready
+        return GroupState(number, "unreachable", brief(str(error)))
     phase = str(status.get("phase") or "starting")
     counted = progress(status)
     return GroupState(
@@ -59,18 +73,21 @@ def wait_until_serving(
     report: Callable[[GroupState], None] = lambda _state: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    explain: Callable[[list[GroupState]], list[GroupState]] = lambda states: states,
 ) -> list[GroupState]:
-    """Every group's state once all serve; ``WaitError`` when one fails or ``timeout`` passes.
-    ``report`` hears each group's state when it changes."""
+    """Every group's state once all serve; ``WaitError`` when one fails, is ``stopped`` or
+    ``timeout`` passes. ``report`` hears each group's state when it changes; ``explain`` may
+    say more of the states read (an unreachable node the cloud reports stopped)."""
     deadline = clock() + timeout
     last: dict[int, GroupState] = {}
     while True:
         states = [read_group(number, channel) for number, channel in enumerate(channels, 1)]
+        states = explain(states)
         for state in states:
             if last.get(state.group) != state:
                 report(state)
                 last[state.group] = state
-        failed = [s for s in states if s.phase == "failed"]
+        failed = [s for s in states if s.phase in ("failed", "stopped")]
         if failed:
             raise WaitError("; ".join(s.line() for s in failed))
         if all(s.phase == "serving" for s in states):

@@ -39,6 +39,7 @@ from infra.core.limits import (
 )
 from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
 from infra.core.server_args import API_KEY, MODEL_ALIAS
+from infra.stack.pulumi_cli import Secret
 
 # The longest context any model takes (Llama 4 Scout: 10M tokens), in round numbers; with the
 # most slots, llama-server's --ctx-size (contextSize x slots, a 32-bit signed number) still fits.
@@ -80,10 +81,14 @@ class Setting:
     # For lists: what is wrong with a value, or None.
     problem: Callable[[Any], str | None] | None = None
 
-    def read(self, settings: Mapping[str, Any]) -> Any:
+    def read(self, settings: Mapping[str, Any]) -> Any:  # noqa: PLR0911 (a return per kind)
         """The setting's value from raw settings, of its declared type and within its limits;
         the default when it is not given."""
         raw = settings.get(self.key)
+        if isinstance(raw, Secret):  # set, kept encrypted by Pulumi: checked where decrypted
+            if self.secret:
+                return raw
+            raise ConfigError(self.key, "is a Pulumi secret; read the stack with its values")
         # A string setting is taken as given: "1e5" or a commit of digits is text, not a number.
         value = raw if self.kind == "string" and isinstance(raw, str) else decode(raw)
         if value is None:

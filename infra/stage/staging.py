@@ -3,12 +3,22 @@ of the cloud and region that will read them, each checked by its sha256."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from infra.live import LiveCloud, StageError, Store, live_cloud
+from infra.live import LiveCloud, Piece, StageError, Store, live_cloud
 from infra.models.parts import saved_name
 from infra.stage.upload import Report, copy_part
+
+# The SDKs' errors for credentials that are missing, expired or refused (by class name, so that
+# none of the SDKs is imported to tell): a setting of the user's, not a failed copy.
+CREDENTIAL_ERRORS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "TokenRetrievalError", "SSOError",
+    "CredentialRetrievalError", "DefaultCredentialsError", "RefreshError",
+    "ClientAuthenticationError", "CredentialUnavailableError",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,41 @@ def staging(
     return Staging(cloud, region, tuple(urls), tuple(sums))
 
 
+@dataclass
+class Held:
+    """What the store holds of the parts being staged, so that a failure says whether anything
+    is kept for the next run to resume: pieces this run uploaded, and pieces an earlier run
+    left."""
+
+    uploaded: int = 0
+    earlier: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def pieces(self) -> int:
+        return self.uploaded + self.earlier
+
+
+class _Counted:
+    """A store that counts, in ``held``, the pieces it holds of what is staged."""
+
+    def __init__(self, store: Store, held: Held) -> None:
+        self.store, self.held = store, held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def earlier(self, key: str) -> dict[int, Piece]:
+        found = self.store.earlier(key)
+        self.held.earlier += len(found)
+        return found
+
+    def put(self, key: str, number: int, data: bytes) -> None:
+        self.store.put(key, number, data)
+        with self.held.lock:
+            self.held.uploaded += 1
+
+
 def stage(
     store: Store,
     urls: Sequence[str],
@@ -60,8 +105,12 @@ def stage(
     prefix: str,
     region: str,
     report: Report = lambda _copied: None,
+    held: Held | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Each part copied under ``prefix``: the staged URLs and their sha256s."""
+    """Each part copied under ``prefix``: the staged URLs and their sha256s. ``held`` counts
+    the pieces the store holds as it goes (a failure's message says whether any are kept)."""
+    if held is not None:
+        store = _Counted(store, held)
     store.check_region(region)
     staged, digests = [], []
     for index, url in enumerate(urls):
@@ -72,13 +121,28 @@ def stage(
     return staged, digests
 
 
-def sdk_problem(cloud: LiveCloud, bucket: str, error: Exception) -> str | None:
-    """The store's SDK's error (credentials, access, a missing bucket), with what to check;
-    None for an error that is not its SDK's."""
+def credentials_problem(error: Exception) -> bool:
+    """Whether the store's SDK refused for want of credentials (missing, expired, refused)."""
+    return any(kind.__name__ in CREDENTIAL_ERRORS for kind in type(error).__mro__)
+
+
+def sdk_problem(
+    cloud: LiveCloud, bucket: str, error: Exception, held: Held | None = None
+) -> str | None:
+    """The store's SDK's error (credentials, access, a missing bucket) on one line, with what to
+    check, and whether the pieces it holds are kept (only when there are some); None for an
+    error that is not its SDK's."""
     if not type(error).__module__.startswith(cloud.sdk_packages):
         return None
+    said = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    said = said if len(said) <= 300 else said[:299].rsplit(" ", 1)[0] + " …"
+    if held is not None and held.pieces:
+        after = (
+            f"the {held.pieces} pieces it holds are kept, and the same command resumes from them"
+        )
+    else:
+        after = "nothing was uploaded"
     return (
-        f"{cloud.store_name} said: {error}; check {cloud.store_credentials} and that --bucket "
-        f"{bucket} exists and is yours; the pieces already uploaded are kept, and the same "
-        "command resumes"
+        f"{cloud.store_name} said: {said or type(error).__name__}; check "
+        f"{cloud.store_credentials} and that --bucket {bucket} exists and is yours; {after}"
     )

@@ -108,24 +108,37 @@ def test_every_command_prints_json_with_its_schema_version(
 
 
 @pytest.mark.slow
-def test_the_readmes_install_step_gives_every_command_in_any_directory(tmp_path: Path) -> None:
-    """`uv tool install --editable .`, as the README says (into directories of the test's; uv
-    reads the package registry as an install does), then every command from outside the
-    checkout."""
+@pytest.mark.parametrize("editable", [True, False], ids=["editable", "wheel"])
+def test_the_tool_install_gives_every_command_in_any_directory(
+    editable: bool, tmp_path: Path
+) -> None:
+    """`uv tool install --editable .`, as the README says, and `uv tool install .`, as a wheel
+    goes (into directories of the test's; uv reads the package registry as an install does):
+    every command from outside the checkout, the planner's chart, a node's boot and the shipped
+    stacks included."""
     uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
     env = {**os.environ, "UV_TOOL_DIR": str(tmp_path / "tools"),
            "UV_TOOL_BIN_DIR": str(tmp_path / "bin")}  # fmt: skip
     installed = subprocess.run(
-        [uv, "tool", "install", "--python", sys.executable, "--editable", "."],
+        [uv, "tool", "install", "--python", sys.executable, *(["--editable"] if editable else []),
+         "."],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     lrc = tmp_path / "bin" / "lrc"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    no_credentials = {
+        **os.environ, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/none",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }  # fmt: skip
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "LRC_PROJECT_DIR"):
+        no_credentials.pop(name, None)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([lrc, *args], capture_output=True, text=True, cwd=elsewhere)
+        return subprocess.run(
+            [lrc, *args], capture_output=True, text=True, cwd=elsewhere, env=no_credentials
+        )
 
     listed = run("--help")
     assert listed.returncode == 0
@@ -133,11 +146,22 @@ def test_the_readmes_install_step_gives_every_command_in_any_directory(tmp_path:
         assert f"  {name}" in listed.stdout
         shown = run(name, "--help")
         assert shown.returncode == 0 and shown.stdout.startswith(f"usage: lrc {name}"), name
-    # Those that need no cloud, for real: a plan of a shipped stack, a node's boot, the catalog.
-    planned = run("plan", "--stack", "aws-c8g", "--json")
+    # Those that need no cloud, for real: a plan of a shipped stack with its chart, a node's
+    # boot, the catalog; and a stack read before the account is asked.
+    planned = run("plan", "--stack", "aws-c8g", "--json", "--chart", "c.png")
     assert planned.returncode == 0 and json.loads(planned.stdout)["options"], planned.stderr
+    assert (elsewhere / "c.png").stat().st_size > 0
     assert run("boot", "--role", "main").stdout.startswith("#cloud-config")
     assert run("catalog", "show", "--cloud", "aws").returncode == 0
+    checked = run("check", "--stack", "aws-c8g")
+    assert (checked.returncode, checked.stderr.split(":")[:2]) == (
+        2,
+        ["preflight", " no AWS credentials"],
+    )
+    if not editable:  # the wheel's own copy of the files, not the checkout's
+        site = next((tmp_path / "tools").rglob("site-packages"))
+        assert (site / "infra" / "_files" / "cloud-init" / "scripts" / "lib.sh").is_file()
+        assert (site / "infra" / "_files" / "stacks" / "Pulumi.aws-c8g.yaml").is_file()
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
@@ -230,3 +254,43 @@ def test_the_boot_document_is_what_the_node_gets(capsys: pytest.CaptureFixture[s
     assert document["userData"].startswith("#cloud-config")
     delivery = document["delivery"]
     assert delivery["cloud"] == "aws" and delivery["bytes"] <= delivery["limitBytes"]
+
+
+def test_help_as_a_command_and_a_typo_get_an_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["help"]) == 0 and capsys.readouterr().out.startswith("usage: lrc ")
+    assert cli.main(["help", "plan"]) == 0
+    assert capsys.readouterr().out.startswith("usage: lrc plan ")
+    assert cli.main(["plna"]) == 2
+    assert "unknown command 'plna'; did you mean 'plan'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("aws-c8g", "'aws-c8g' is a stack: `lrc plan --stack aws-c8g`"),
+        ("gpt-oss-120b", "any other model is described by its GGUF's header, read over HTTP: "
+                         "`lrc plan --gguf https://"),
+    ],
+)  # fmt: skip
+def test_a_model_the_presets_lack_is_answered_with_the_way_to_plan_it(
+    model: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["plan", model]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+def test_check_as_json_says_why_it_has_no_answer(
+    no_aws_credentials: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["check", "--stack", "aws-c8g", "--json"]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ready"] is None and document["error"].startswith("no AWS credentials")
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_help_reads_as_the_readme_does(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Single backticks, as the README writes a command; no RST's doubled ones."""
+    assert cli.main([name, "--help"]) == 0
+    assert "``" not in capsys.readouterr().out

@@ -123,7 +123,7 @@ def test_the_command_reads_the_stack_and_waits(
     assert [g["phase"] for g in document["groups"]] == ["serving"]
     monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: {})
     assert lrc.main(["wait", "--stack", "aws-c8g"]) == 2
-    assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
+    assert "has no outputs: deploy it with `pulumi up --stack aws-c8g`" in capsys.readouterr().err
 
 
 def test_status_reads_each_group_once(

@@ -55,8 +55,11 @@ class FakeTarget:
 
     provider = "aws"
 
-    def __init__(self, name: str = "fake", fail: str = "", hourly: float | None = 3.6) -> None:
-        self.name, self.fail, self.hourly = name, fail, hourly
+    def __init__(
+        self, name: str = "fake", fail: str = "", hourly: float | None = 3.6,
+        unpriced: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        self.name, self.fail, self.hourly, self.unpriced = name, fail, hourly, unpriced
         self.calls: list[str] = []
         self.statuses = [{"phase": "building"}, {"phase": "loading"}, {"phase": "serving"}]
         self.destroyed = False
@@ -78,7 +81,7 @@ class FakeTarget:
         return Prediction(
             hourly_usd=self.hourly, serve_seconds={"total": 600.0}, decode_tps=12.0,
             prompt_tokens=self.prompt_tokens, prompt_tps=80.0,
-            one_off_usd=1.0, price_source="test prices, 2026-01-01",
+            one_off_usd=1.0, price_source="test prices, 2026-01-01", unpriced=self.unpriced,
         )  # fmt: skip
 
     def preflight(self) -> list[str]:
@@ -432,7 +435,10 @@ def fake_targets(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeTarget]:
     made: dict[str, FakeTarget] = {}
 
     def cloud(stack: str) -> FakeTarget:
-        made[stack] = FakeTarget(stack, fail="destroy" if stack == "leaky" else "")
+        made[stack] = FakeTarget(
+            stack, fail="destroy" if stack == "leaky" else "",
+            unpriced=("Hyperdisk Balanced disks",) if stack.startswith("partial") else (),
+        )  # fmt: skip
         return made[stack]
 
     monkeypatch.setattr(runs, "cloud_target", cloud)
@@ -466,9 +472,45 @@ def test_a_dry_run_of_the_shipped_stacks_reads_as_the_planner_does(tmp_path, cap
     assert "None" not in out
     for stack in stacks:
         [line] = [row for row in out.splitlines() if row.startswith(stack)]
-        total = stack_config(stack).hourly_cost.total
-        hourly = f"{money(total)}/h" if total is not None else "$/h unknown (no catalog price for "
-        assert hourly in line and re.search(r"serve \d+ min,", line), line
+        cost = stack_config(stack).hourly_cost
+        # As the planner marks a price that leaves a part out; an unknown one is said so.
+        plus = "+" if cost.unpriced and cost.total is not None else ""
+        hourly = (
+            f"{money(cost.total)}{plus}/h"
+            if cost.total is not None
+            else "$/h unknown (no catalog price for "
+        )
+        assert hourly in line and re.search(r"serve \d+ min", line), line
+        assert line.endswith(plus) and ("+" in line) == bool(plus), line
+    assert "gcp-c4a" in out and "+: these prices leave out what the catalog cannot price (" in out
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_ceiling_is_not_kept_against_a_partial_price(tmp_path, fake_targets, capsys) -> None:
+    """A run whose predicted price leaves a part out may go over --max-usd unseen: refused."""
+    args = ["run", "--stack", "partial", "--max-usd", "100", "--out", str(tmp_path)]
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    assert "this run $2.50+" in captured.out and "predicted cost of the run: $2.50+" in captured.out
+    assert "--max-usd 100: the run's predicted $2.50 leaves out what the catalog cannot price " in (
+        captured.err
+    )
+    assert "partial: Hyperdisk Balanced disks" in captured.err
+    assert fake_targets["partial"].calls == [] and not list(tmp_path.iterdir())
+    assert cli.main(["run", "--stack", "whole", "--max-usd", "100", "--dry-run"]) == 0
+
+
+def test_the_dry_run_as_json(tmp_path, fake_targets, capsys) -> None:
+    args = ["run", "--stack", "whole", "--stack", "partial", "--dry-run", "--json"]
+    assert cli.main(args) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schemaVersion"] == 1 and document["priceIsPartial"] is True
+    assert document["predictedRunUsd"] == pytest.approx(5.0)
+    assert document["unpriced"] == {"partial": ["Hyperdisk Balanced disks"]}
+    assert [s["stack"] for s in document["stacks"]] == ["whole", "partial"]
+    assert document["timeoutSeconds"] == {"whole": 3600, "partial": 3600}
+    assert cli.main(["run", "--stack", "whole", "--json", "--out", str(tmp_path)]) == 2
+    assert "--json goes with --dry-run" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -730,3 +772,53 @@ def test_the_prompt_predicted_is_the_one_the_benchmark_runs() -> None:
     script = (metrics_command.SCRIPTS / metrics_command.BENCH).read_text()
     found = re.search(r'"--prompt-words", type=int, default=(\d+)', script)
     assert found is not None and int(found[1]) == metrics_command.BENCH_PROMPT_TOKENS
+
+
+def test_the_report_says_a_partial_price_and_the_nodes_in_words(
+    tmp_path, fake_targets, capsys
+) -> None:
+    """report.md marks the $ of a stack whose price leaves a part out, names the part, and
+    says the nodes as the table does (it printed a Python dict)."""
+    assert cli.main(["run", "--stack", "whole", "--stack", "partial", "--out", str(tmp_path)]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    written = json.loads((run_dir / "report.json").read_text())
+    stacks = {s["stack"]: s for s in written["stacks"]}
+    assert stacks["partial"]["price_partial"] and not stacks["whole"]["price_partial"]
+    assert stacks["partial"]["unpriced"] == ["Hyperdisk Balanced disks"]
+    markdown = (run_dir / "report.md").read_text()
+    assert "- nodes: 1 x m + 2 x w" in markdown and "{'main'" not in markdown
+    [partial_row] = [line for line in markdown.splitlines() if line.startswith("| partial |")]
+    [whole_row] = [line for line in markdown.splitlines() if line.startswith("| whole |")]
+    assert "| 3.6000+ | 1.0000+ | 100.00+ |" in partial_row
+    assert "| 3.6000 | 1.0000 | 100.00 |" in whole_row
+    assert "+: the price leaves out what the catalog cannot price (partial: Hyperdisk" in markdown
+    assert (run_dir / "report.png").stat().st_size > 0
+
+
+class Axis:
+    """What a chart's panel was asked to draw."""
+
+    def __init__(self) -> None:
+        self.bars: list[tuple[list[float], list[float], dict[str, Any]]] = []
+        self.labels: list[list[str]] = []
+        self.texts: list[tuple[float, str]] = []
+
+    def bar(self, where: list[float], heights: list[float], width: float, **kw: Any) -> str:
+        self.bars.append((where, heights, kw))
+        return "bars"
+
+    def bar_label(self, bars: str, labels: list[str], fontsize: int) -> None:
+        self.labels.append(labels)
+
+    def text(self, x: float, y: float, text: str, **_: Any) -> None:
+        self.texts.append((x, text))
+
+
+def test_the_chart_draws_no_bar_for_a_missing_figure_and_marks_a_partial_price() -> None:
+    axis = Axis()
+    report._bars(axis, [0.0, 1.0, 2.0], [7.5, None, 5.7], 0.6, "measured",
+                 spread=[0.5, None, None], marks=["", "", "+"])  # fmt: skip
+    [(where, heights, options)] = axis.bars
+    assert (where, heights) == ([0.0, 2.0], [7.5, 5.7])  # no 0 bar where a figure is missing
+    assert options["yerr"] == [0.5, 0]  # the measured spread
+    assert axis.labels == [["7.50", "5.70+"]] and axis.texts == [(1.0, "n/a")]

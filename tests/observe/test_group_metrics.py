@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -399,12 +399,23 @@ def test_the_top_command_reads_the_stacks_outputs_and_draws_one_frame(
     assert document["nodes"][0]["memory_bytes"] > 0 and document["nodes"][2]["notes"]
     monkeypatch.setattr(deployed, "stack_outputs", lambda stack: {})
     assert top_command.main(["--stack", "aws-c8g", "--once"]) == 2
-    assert "has no outputs: deploy it with `pulumi up`" in capsys.readouterr().err
+    assert "has no outputs: deploy it with `pulumi up --stack aws-c8g`" in capsys.readouterr().err
 
 
-# No project named anywhere, and no gcloud to ask; and one named in the stack file.
-NOWHERE = Access("us-central1", environ={}, which=lambda tool: None)
-NAMED = Access("us-central1", {"gcp:project": "proj"}, environ={}, which=lambda tool: None)
+def logged_in(argv: Sequence[str], timeout: float = 0) -> subprocess.CompletedProcess[str]:
+    """gcloud and az, logged in, with no project configured in gcloud."""
+    answers = {
+        "gcloud auth": "token\n",
+        "gcloud config": "\n",
+        "az account": '{"accessToken": "t", "subscription": "s"}',
+    }
+    return subprocess.CompletedProcess(list(argv), 0, answers[" ".join(argv[:2])], "")
+
+
+# No project named anywhere (gcloud has none configured); and one named in the stack file.
+NOWHERE = Access("us-central1", environ={}, which=lambda tool: tool, runner=logged_in)
+NAMED = Access("us-central1", {"gcp:project": "proj"}, environ={}, which=lambda tool: tool,
+               runner=logged_in)  # fmt: skip
 
 
 def test_a_channel_that_cannot_be_built_says_what_is_missing() -> None:
