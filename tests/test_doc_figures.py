@@ -149,6 +149,17 @@ def picks_405b() -> str:
     return f"{shown[0]}, {shown[1]} and {shown[2]}"
 
 
+def picks_largest_moe() -> str:
+    """Where one VM of GCP and Azure cannot hold the 1T-class MoE: each one's pick."""
+    document = plan("kimi-k2-q8_0", "--cloud", "gcp", "--cloud", "azure")
+    shown = [
+        f"{o['nodes']} x {o['instanceType']} on {CLOUD_NAMES[p]}"
+        for p in ("gcp", "azure")
+        for o in [picked(document, p)]
+    ]
+    return f"{shown[0]} and {shown[1]}"
+
+
 def pools_from(provider: str) -> str:
     """The smallest size, in steps of 50 GB, at which the cloud's pick for a model shaped as the
     405B pools several nodes; one node below it, down to the 405B's own size."""
@@ -191,6 +202,7 @@ FIGURES = [
            lambda: f"{pools_from('gcp')}, {pools_from('azure')}"),
     Figure("README.md", "VM holds, and {}, where several smaller VMs cost less per token",
            lambda: pools_from("aws")),
+    Figure("README.md", "`lrc plan kimi-k2-q8_0` (1,090 GB) pools {}", picks_largest_moe),
     Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
            lambda: dollars(stack("aws-small")["hourlyUsd"])),
     Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",

@@ -16,7 +16,7 @@ class _Family:
 
     parameters: float
     layers: int
-    kv_kib: int
+    kv_kib: float
     vocab: int
     embedding: int
     context_length: int = 131072
@@ -35,6 +35,17 @@ QWEN_2_5_72B = _Family(72.7e9, 80, 320, 152064, 8192, context_length=32768)
 # layer, 4,880 KiB a token (Arm's DeepSeek-R1 run: 19,520 MiB for 4,096 tokens).
 DEEPSEEK_R1 = _Family(671e9, 61, 4880, 129280, 7168, context_length=163840,
                       active_parameters=37e9, experts=256, experts_used=8)  # fmt: skip
+# The largest open MoE models of 2026, as llama.cpp's converter writes them since PR #12801: their
+# latent attention caches one K row of 576 a layer and no V (llama-kv-cache.cpp at the pin), 61 x
+# 576 x 2 = 70,272 B a token. Moonshot Kimi K2: 1.03 T parameters, 32 B active (8 of 384 routed
+# experts and a shared one), 61 layers of 7,168, a 163,840-token vocabulary, 128k context (the
+# model card, MoonshotAI/Kimi-K2; llama.cpp prints "model params = 1.026 T").
+KIMI_K2 = _Family(1026.4e9, 61, 68.625, 163840, 7168, context_length=131072,
+                  active_parameters=32e9, experts=384, experts_used=8)  # fmt: skip
+# Qwen3-235B-A22B-Instruct-2507: 94 layers of 4,096, 4 KV heads of 128 (188 KiB a token), 128
+# experts of which 8 answer, 256k context (its model card; unsloth's GGUF header).
+QWEN3_235B = _Family(235.1e9, 94, 188, 151936, 4096, context_length=262144,
+                     active_parameters=22e9, experts=128, experts_used=8)  # fmt: skip
 # Arcee AFM-4.5B, a decode anchor on Graviton4 and Axion: 4.62 B parameters as llama-bench prints
 # them (Arm's Axion learning path). Its layers, KV heads and vocabulary were not found published:
 # 36 layers of width 2560 with 8 KV heads of 80 and a 128k vocabulary add up to 4.62 B.
@@ -52,7 +63,7 @@ def _preset(name: str, family: _Family, size_gb: float) -> Model:
         name=name,
         size_bytes=size,
         layers=family.layers,
-        kv_bytes_per_token=family.kv_kib * KIB,
+        kv_bytes_per_token=round(family.kv_kib * KIB),
         context_length=family.context_length,
         active_bytes=int(size * active / family.parameters) if active else None,
         parameters=int(family.parameters),
@@ -81,6 +92,13 @@ PRESETS: dict[str, Model] = {
         _preset("deepseek-r1-q4_k_m", DEEPSEEK_R1, 404.3),
         # bartowski's, which Arm's Graviton4 run used: 353.00 GiB in 10 parts.
         _preset("deepseek-r1-q4_0", DEEPSEEK_R1, 379.03),
+        # unsloth's Kimi-K2-Instruct GGUFs (docs.unsloth.ai, "Kimi K2: how to run locally"): the
+        # dynamic 2-bit UD-Q2_K_XL, 381 GB in 8 parts, and the full Q8, 1.09 TB: more than one
+        # VM holds on Google Cloud (576 GB) or Azure (672 GiB).
+        _preset("kimi-k2-q2_k_xl", KIMI_K2, 381.0),
+        _preset("kimi-k2-q8_0", KIMI_K2, 1090.0),
+        # unsloth's Qwen3-235B-A22B-Instruct-2507 Q4_K_M, 142.15 GB in 3 parts.
+        _preset("qwen3-235b-a22b-q4_k_m", QWEN3_235B, 142.15),
         # llama-bench: 2.50 GiB; Q8_0 stores 34 bytes per 32 weights.
         _preset("afm-4.5b-q4_0", AFM_4_5B, 2.684),
         _preset("afm-4.5b-q8_0", AFM_4_5B, 4.909),

@@ -60,3 +60,23 @@ def test_a_moe_without_expert_counts_reads_each_tokens_experts_as_its_own() -> N
     active = R1.weight_bytes_per_token / R1.size_bytes
     assert unknown.read_share(4) == pytest.approx(4 * active)
     assert unknown.reuse_share(4) == pytest.approx(3 * active)
+
+
+@pytest.mark.parametrize(
+    ("name", "size_gb", "active_b", "kv_bytes", "experts"),
+    [
+        ("kimi-k2-q2_k_xl", 381.0, 32e9, 61 * 576 * 2, (384, 8)),
+        ("kimi-k2-q8_0", 1090.0, 32e9, 61 * 576 * 2, (384, 8)),
+        ("qwen3-235b-a22b-q4_k_m", 142.15, 22e9, 94 * 4 * 128 * 2 * 2, (128, 8)),
+    ],
+)
+def test_the_largest_open_moe_presets_carry_their_published_shape(
+    name: str, size_gb: float, active_b: float, kv_bytes: int, experts: tuple[int, int]
+) -> None:
+    model = PRESETS[name]
+    assert model.size_gb == pytest.approx(size_gb) and model.active_parameters == active_b
+    assert model.kv_bytes_per_token == kv_bytes  # latent attention: one K row of 576, no V
+    assert (model.experts, model.experts_used) == experts
+    assert model.weight_bytes_per_token == pytest.approx(
+        size_gb * 1e9 * active_b / model.parameters
+    )
