@@ -500,13 +500,18 @@ BATCHED_RUNS = (
                ((2, 46.36), (4, 74.68), (8, 91.04)), _N2 + ": 'original' column"),
 )  # fmt: skip
 
-# The CPU families a compute rate is known for, and its basis. Graviton3 (Neoverse V1), Graviton2
-# (N1) and Cobalt 100 (N2): no published prompt run with Arm's current kernels on a catalog type.
+# The CPU families a compute rate is known for, and its basis. Graviton3 (Neoverse V1) and
+# Graviton2 (N1): no published prompt run with Arm's current kernels.
 COMPUTE_BASIS = {
     "axion": f"measured: {AXION_PROMPT.label}, {AXION_PROMPT.prompt_tps} tok/s",
     "graviton4": "assumed equal to Axion's per vCPU: the same Neoverse V2 core, and no published "
     "Graviton4 prompt run at many tokens was found (Arm's 8B 14-token run holds it)",
+    "cobalt100": "measured on a Neoverse N2 at 64 threads (llama.cpp #13886: Llama-3-8B Q4_K_M, "
+    "128-token prompt at 147.83 tok/s repacked, 110.12 plain), Cobalt 100's core (LLVM's "
+    "cobalt-100 alias of neoverse-n2), scaled with vCPUs as Axion's rate grows with threads",
 }
+# The Neoverse N2 runs' threads (BATCHED_RUNS: the repacked column, then the plain one).
+N2_THREADS = 64
 NO_BATCHING_GAIN = "no batching gain assumed"
 
 
@@ -559,8 +564,26 @@ def _repacked_flops(instance: InstanceType, hidden: float | None = None) -> floa
     anchor = AXION_PROMPT
     if instance.cpu_family not in COMPUTE_BASIS or node_bandwidth_gbps(anchor.instance) is None:
         return None
-    flops = _anchor_flops(anchor, overlap() if hidden is None else hidden)
-    return flops * math.pow(instance.vcpus / anchor.threads, anchor.scaling_exponent)
+    hidden = overlap() if hidden is None else hidden
+    if instance.cpu_family == "cobalt100":
+        flops, threads = _n2_flops(REPACKED, hidden), N2_THREADS
+    else:
+        flops, threads = _anchor_flops(anchor, hidden), anchor.threads
+    return flops * math.pow(instance.vcpus / threads, anchor.scaling_exponent)
+
+
+@cache
+def _n2_flops(kernel: str, hidden: float) -> float:
+    """The Neoverse N2's rate with ``kernel`` at N2_THREADS, from its own runs (#13886)."""
+    run = BATCHED_RUNS[0 if kernel == REPACKED else 1]
+    node = measured_node(PRESETS[run.model], decode_tps=run.decode_tps,
+                         prompt_tokens=run.prompt_tokens, prompt_tps=run.prompt_tps,
+                         kv_tokens=run.kv_tokens, label=run.label, plain=kernel == PLAIN,
+                         hidden=hidden)  # fmt: skip
+    flops = node.flops(kernel)
+    if flops is None:
+        raise ValueError(f"{run.label}: no {kernel} rate")
+    return flops
 
 
 @cache
@@ -613,6 +636,8 @@ def compute_flops(instance: InstanceType, kernel: str = REPACKED) -> float | Non
         return repacked
     if kernel != PLAIN:
         raise ValueError(f"a kernel is {REPACKED} or {PLAIN}, not {kernel!r}")
+    if instance.cpu_family == "cobalt100":  # the N2's own plain run
+        return repacked * _n2_flops(PLAIN, overlap()) / _n2_flops(REPACKED, overlap())
     return repacked / plain_slowdown()
 
 

@@ -208,3 +208,26 @@ def test_a_tied_head_is_read_whole_by_the_node_that_computes_the_logits() -> Non
     (plain,) = perf.one_node(untied, 4096).shares
     assert perf.computed_weight_bytes(untied, plain) == plain.weight_bytes - untied.input_bytes
     assert perf.token_flops(tied) > perf.token_flops(untied)  # type: ignore[operator]
+
+
+def test_cobalt_100_computes_at_the_neoverse_n2s_measured_rates() -> None:
+    """Cobalt 100 is a Neoverse N2: #13886's runs give its rates, repacked and plain, at 64
+    threads; a 64-vCPU Cobalt VM predicts the N2's own 128-token prompt back."""
+    node = catalog.find("azure", "eastus", "Standard_D64ps_v6")
+    assert node is not None and node.cpu_family == "cobalt100" and node.vcpus == perf.N2_THREADS
+    assert "cobalt100" in perf.COMPUTE_BASIS and "#13886" in perf.COMPUTE_BASIS["cobalt100"]
+    repacked, plain = (perf.compute_flops(node, k) for k in (perf.REPACKED, perf.PLAIN))
+    assert (
+        repacked
+        and plain
+        and repacked / plain
+        == pytest.approx(
+            perf._n2_flops(perf.REPACKED, perf.overlap())
+            / perf._n2_flops(perf.PLAIN, perf.overlap())
+        )
+    )
+    run = perf.BATCHED_RUNS[0]
+    measured = perf.measured_node(PRESETS[run.model], decode_tps=run.decode_tps,
+                                  prompt_tokens=run.prompt_tokens, prompt_tps=run.prompt_tps,
+                                  kv_tokens=run.kv_tokens, label="n2")  # fmt: skip
+    assert repacked == pytest.approx(measured.repacked_flops)
