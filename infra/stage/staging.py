@@ -130,6 +130,7 @@ def stage(
     elif hashers:
         parts = [h.part(h.offset, digest) for h, digest in zip(hashers, digests, strict=True)]
         text = slices.manifest_text(slices.manifest(parts)).encode()
+        store.earlier(manifest_key)  # opens the upload (one piece: a manifest is a few MB)
         store.put(manifest_key, 1, text)
         store.finish(manifest_key, [1], hashlib.sha256(text).hexdigest())
         print(f"slice manifest: {store.url(manifest_key)}", file=sys.stderr)

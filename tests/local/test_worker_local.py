@@ -27,7 +27,7 @@ from infra.local.options import build_prefix, state_dir
 from infra.local.usage import VPC_INTERFACE
 from infra.models import gguf_header
 from infra.models.parts import part_paths
-from tests.conftest import GREEDY_PROMPT, complete, one_node_completion
+from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion
 from tests.local.conftest import gemma_down, gemma_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -64,7 +64,7 @@ def _comm(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def sliced(llama_source: Path) -> Iterator[dict[str, Any]]:
-    up = gemma_up(llama_source, 2, "L", worker_local=True)
+    up = gemma_up(llama_source, 2, "l", worker_local=True)
     try:
         network = up["spec"].network()
         up["network"] = network
@@ -149,10 +149,10 @@ def test_a_main_copy_that_lacks_a_tensor_it_would_load_fails_naming_it(sliced, t
     listed.write_text("blk.0.attn_q.weight\n")
     model = part_paths(sliced["options"].model)[0]
     run = subprocess.run(
-        [str(bin_dir / "llama-cli"), "-m", str(model), "-p", "hi", "-n", "1", "-no-cnv",
-         "--threads", "1"],
+        [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
+         str(free_port()), "-t", "1"],
         env={**os.environ, "LLAMA_WEIGHTS_ELSEWHERE": str(listed)},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode != 0
     assert "blk.0.attn_q.weight is on a worker's disk" in run.stderr + run.stdout
