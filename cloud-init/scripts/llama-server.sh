@@ -31,6 +31,13 @@ if [[ -n "${RPC_WORKERS:-}" ]]; then
   # stay on this node's CPU, the rest go to the workers in LLAMA_TENSOR_SPLIT's counts.
   rpc_args=(--rpc "$RPC_WORKERS" --n-gpu-layers "$LLAMA_GPU_LAYERS" --tensor-split "$LLAMA_TENSOR_SPLIT")
 fi
+# Worker-local loading: the workers hold their own slices; this node's copy holds its own
+# (fetch-slice.sh), the rest are holes, which the keys keep llama-server from reading, and the
+# load touches pages as it goes instead of reading the whole file ahead (patches 0003, 0006, 0007).
+if [[ -n "${SLICE_MANIFEST:-}" ]]; then
+  export GGML_RPC_WEIGHT_KEYS="$LLAMA_DATA_DIR/slice/keys" LLAMA_WEIGHTS_ELSEWHERE="$LLAMA_DATA_DIR/slice/elsewhere"
+  export LLAMA_MMAP_POPULATE=never
+fi
 
 # A draft model (DRAFT_MODEL_URLS): speculative decoding, the draft on this node's CPU alone
 # (with --rpc the draft would follow the workers, a network hop per drafted token). llama-server

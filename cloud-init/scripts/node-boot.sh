@@ -45,7 +45,13 @@ fi
 # large model the download is the longer. Each records its own failure in the status file; a
 # download keeps its finished parts when the build fails, for the retry.
 fetch=""
-if [[ "$LLAMA_ROLE" == main ]]; then
+if [[ -n "${SLICE_MANIFEST:-}" ]]; then
+  # Worker-local loading: each node fetches its own slice of the model, the main node its
+  # layers and the header (the workers' ranges stay holes), a worker its layers into its RPC
+  # server's cache; what is in place from an earlier boot is kept.
+  "$LLAMA_RPC_BIN_DIR/fetch-slice.sh" &
+  fetch=$!
+elif [[ "$LLAMA_ROLE" == main ]]; then
   # A model disk of its own (model-disk.sh) is mounted first; the build need not wait for it.
   if [[ -n "${MODEL_DISK_GB:-}" ]]; then
     { "$LLAMA_RPC_BIN_DIR/model-disk.sh" && "$LLAMA_RPC_BIN_DIR/fetch-model.sh"; } &

@@ -52,6 +52,8 @@ class ServingGroup:
     patch_settings: tuple[tuple[str, str], ...] = ()
     threads: int | None = None
     worker_wait_seconds: int = 900
+    # Worker-local loading: the slice manifest of the staged model (``lrc stage``); "": off.
+    slice_manifest: str = ""
     # The bytes the main node downloads (the model and its draft): how long a boot may take to
     # serve before a spend guard counts the group's nodes idle (``sizing.serve_deadline_seconds``).
     fetched_bytes: int = 0
@@ -76,6 +78,8 @@ def group_boots(group: ServingGroup) -> list[NodeBoot]:
     """The group's main node's and then each of its workers' boot settings: its workers take
     RPC from its own main node only."""
     main_ip, *worker_ips = group.ips
+    shares = group.placement.shares
+    sliced = group.slice_manifest
     workers = [
         _node(
             group,
@@ -83,8 +87,13 @@ def group_boots(group: ServingGroup) -> list[NodeBoot]:
             ip,
             rpc_allowed_sources=(f"{main_ip}/32",),
             platform_addresses=group.platform_addresses,
+            slice_manifest=sliced,
+            slice_sources=group.model_urls if sliced else (),
+            slice_first_layer=shares[n].first_layer if sliced else 0,
+            slice_layers=shares[n].layers if sliced else 0,
+            slice_output=int(bool(sliced) and n == len(worker_ips)),
         )
-        for ip in worker_ips
+        for n, ip in enumerate(worker_ips, start=1)
     ]
     main = _node(
         group,
@@ -116,6 +125,8 @@ def group_boots(group: ServingGroup) -> list[NodeBoot]:
         draft_max=group.draft_max,
         draft_min=group.draft_min,
         model_store_region=group.model_store_region,
+        slice_manifest=sliced,
+        slice_layers=shares[0].layers if sliced else 0,
     )
     return [main, *workers]
 

@@ -127,6 +127,7 @@ def _main(name: str, setting: str = "", **more: Any) -> dict[str, Any]:
 
 _DRAFTED = ("draft_urls",)
 _GUARDED = ("guarded",)
+_SLICED = ("slice_manifest",)
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,18 @@ class NodeBoot:
     guard_interval_seconds: int = field(
         default=GUARD_INTERVAL_SECONDS, metadata=_env("GUARD_INTERVAL_SECONDS", when=_GUARDED)
     )
+    # Worker-local loading: the slice manifest ``lrc stage`` wrote (""=off) and the layers this
+    # node holds: each node fetches its own slice of the model (llama-rpc-slice), a worker keeps
+    # it on its disk for its RPC server, and the main node sends it keys instead of weights.
+    slice_manifest: str = field(default="", metadata=_given("SLICE_MANIFEST"))
+    slice_sources: tuple[str, ...] = field(
+        default=(), metadata=_env("SLICE_SOURCES", role="worker", when=_SLICED)
+    )
+    slice_first_layer: int = field(
+        default=0, metadata=_env("SLICE_FIRST_LAYER", role="worker", when=_SLICED)
+    )
+    slice_layers: int = field(default=0, metadata=_env("SLICE_LAYERS", when=_SLICED))
+    slice_output: int = field(default=0, metadata=_env("SLICE_OUTPUT", role="worker", when=_SLICED))
     # The llama.cpp patches' own variables (their switches among them), by name, written last.
     extra_env: dict[str, str] = field(
         default_factory=dict, metadata={"setting": "llamaCppPatchesOff"}
@@ -440,6 +453,12 @@ def _validate_cluster_cidr(boot: NodeBoot) -> None:
 
 
 def _validate_worker(boot: NodeBoot) -> None:
+    if boot.slice_manifest and (not boot.slice_sources or boot.slice_layers < 0):
+        raise BootConfigError(
+            "slice_sources",
+            "a worker that loads its own slice needs the model's part URLs (slice_sources) and "
+            "its layers (slice_first_layer, slice_layers)",
+        )
     if not boot.rpc_allowed_sources:
         raise BootConfigError(
             "rpc_allowed_sources",
@@ -505,6 +524,12 @@ def _validate_server(boot: NodeBoot) -> None:
 
 
 def _validate_main(boot: NodeBoot) -> None:
+    if boot.slice_manifest and not boot.rpc_workers:
+        raise BootConfigError(
+            "slice_manifest",
+            "worker-local loading (slice_manifest) needs workers: a node that holds every layer "
+            "fetches the whole model",
+        )
     _validate_server(boot)
     if boot.server_listen is not None:
         _listen_address(boot.server_listen)

@@ -41,6 +41,9 @@ class Patch:
     path: Path
     switch: tuple[tuple[str, str], ...]  # the (setting, value) pairs that turn it off
     upstream: str
+    # ``Roles:`` in its text: the roles whose binaries it changes, where that is fewer than the
+    # files it touches say (a change to the client half of a file a worker also compiles).
+    declared_roles: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
@@ -68,7 +71,9 @@ class Patch:
     @property
     def roles(self) -> frozenset[str]:
         """The roles whose builds it changes: the main node's always; a worker's unless every
-        file it touches is one the worker's build does not compile."""
+        file it touches is one the worker's build does not compile, or its ``Roles:`` says so."""
+        if self.declared_roles:
+            return self.declared_roles | {"main"}
         main_only = all(
             f.startswith(MAIN_ONLY_SOURCES) and not f.startswith(WORKER_SOURCES) for f in self.files
         )
@@ -113,7 +118,7 @@ def _read(path: Path) -> Patch:
     fields = dict(
         line.split(":", 1)
         for line in header.splitlines()
-        if line.startswith(("Switch:", "Upstream:"))
+        if line.startswith(("Switch:", "Upstream:", "Roles:"))
     )
     if "Switch" not in fields or "Upstream" not in fields:
         raise ValueError(f"{path}: a patch says what turns it off (Switch:) and its Upstream:")
@@ -121,4 +126,7 @@ def _read(path: Path) -> Patch:
     words = fields["Switch"].split("(", 1)[0].split()
     pairs = (word.partition("=") for word in words if "=" in word)
     switch = tuple((name, value) for name, _, value in pairs)
-    return Patch(path, switch, fields["Upstream"].strip())
+    roles = frozenset(fields.get("Roles", "").split("(", 1)[0].split())
+    if not roles <= {"main", "worker"}:
+        raise ValueError(f"{path}: Roles: names main or worker, not {sorted(roles)}")
+    return Patch(path, switch, fields["Upstream"].strip(), roles)

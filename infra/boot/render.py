@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.boot.cloud_yaml import dump
 from infra.boot.installed import installed_text
-from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
+from infra.boot.node import STAGED_SCHEMES, VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import HASH_SUFFIX, patch_set
 from infra.core import network_rules
 from infra.core.limits import METRICS_PORT, Role
@@ -83,6 +83,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 # key reader with a key kept
 # in the cloud's secret store, the spend guard with a guard, and on Azure its deallocation.
 STAGED_SCRIPT = "fetch-staged.sh"
+# Worker-local loading: each node's own slice of the model.
+SLICE_SCRIPTS = ("fetch-slice.sh", "llama-rpc-slice")
 API_KEY_READER = "llama-rpc-secret"
 # The reader's module for each kind of API_KEY_SOURCE (its cloud's secret store).
 API_KEY_READER_MODULES = {
@@ -118,7 +120,9 @@ def not_run(script: str) -> bool:
 def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     """The scripts a node installs: its role's, and those of the features it uses."""
     scripts = ROLE_SCRIPTS[boot.role]
-    if boot.staged:
+    if boot.slice_manifest:
+        scripts += SLICE_SCRIPTS
+    if boot.staged or any(url.startswith(STAGED_SCHEMES) for url in boot.slice_sources):
         scripts += (STAGED_SCRIPT,)
     # The reader of the cloud's stores: for the API key, and for files beyond the user data.
     kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})

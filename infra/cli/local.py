@@ -112,6 +112,7 @@ def _up(args: argparse.Namespace) -> int:
         patches_off=tuple(args.patches_off.split(",")) if args.patches_off else (),
         draft_model=args.draft_model,
         draft_max=args.draft_max,
+        worker_local=args.worker_local,
     )
     contract = cluster.up(
         options,
@@ -275,6 +276,15 @@ def _draft_flags(start: argparse.ArgumentParser) -> None:
     )
 
 
+def _worker_local_flag(start: argparse.ArgumentParser) -> None:
+    start.add_argument(
+        "--worker-local",
+        action="store_true",
+        help="worker-local loading: each node fetches its own slice of the model and a worker "
+        "loads its layers from its own disk; the main node sends keys, not weights",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", type=Path, default=cache_dir(), help="build and model cache")
@@ -329,6 +339,7 @@ def _parser() -> argparse.ArgumentParser:
         "serverArgs (repeat it: --server-arg=--temp --server-arg=0.7)",
     )
     _draft_flags(start)
+    _worker_local_flag(start)
     start.add_argument(
         "--source",
         type=Path,

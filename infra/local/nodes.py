@@ -32,6 +32,7 @@ from infra.local.netns import VpcNetwork
 from infra.local.options import LocalClusterError, UpOptions, build_prefix, state_dir
 from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry
 from infra.models.parts import model_id, part_paths
+from infra.stage import slices
 
 
 def node_short_name(index: int, group: int) -> str:
@@ -120,7 +121,17 @@ def serving_group(
         patch_settings=options.llama_env,
         threads=options.threads,
         worker_wait_seconds=options.worker_wait_seconds,
+        slice_manifest=_slice_manifest(options, on_machine=on_machine),
     )
+
+
+def _slice_manifest(options: UpOptions, *, on_machine: bool) -> str:
+    """With worker-local loading, the URL of the model's slice manifest, as a node reads it: written
+    beside the model's first part once (the local cluster's stand-in for ``lrc stage``)."""
+    if not options.worker_local:
+        return ""
+    written = slices.manifest_file(part_paths(options.model))
+    return f"file://{MODELS_MOUNT}/{written.name}" if on_machine else written.resolve().as_uri()
 
 
 def node_boots(

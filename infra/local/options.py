@@ -76,6 +76,9 @@ class UpOptions:
     # tokens it drafts a step; a stack's draftModel and draftMax.
     draft_model: Path | None = None
     draft_max: int = DEFAULT_DRAFT_MAX
+    # Worker-local loading: each node fetches its own slice of the model (by the slice manifest,
+    # written beside the model once) and a worker loads its layers from its own disk.
+    worker_local: bool = False
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:

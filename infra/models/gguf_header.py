@@ -41,6 +41,7 @@ USER_AGENT = "llama-rpc-cluster (GGUF header reader)"
 CONTENT_RANGE = re.compile(r"bytes (?P<start>\d+)-(?P<end>\d+)/(?P<total>\d+)")
 # What reading a file that is not a well-formed GGUF raises (struct.error: a read past its end).
 PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error)
+DEFAULT_ALIGNMENT = 32
 LAYER_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.")
 # f16 K and V cache entries.
 KV_ELEMENT_BYTES = 2
@@ -54,6 +55,8 @@ class _Part:
     fields: dict[str, Any]
     tensor_bytes: dict[str, int]
     tensor_elements: dict[str, int]
+    tensor_offsets: dict[str, int]  # from the file's start
+    data_start: int  # where the tensor data starts: the header's length, aligned
 
 
 @contextmanager
@@ -132,13 +135,18 @@ class _Scanner:
             fields[key] = self.value(self.number("I"))
         tensor_bytes: dict[str, int] = {}
         tensor_elements: dict[str, int] = {}
+        relative: dict[str, int] = {}
         for _ in range(tensors):
             name = self.string()
             elements = math.prod(self.number("Q") for _ in range(self.number("I")))
             block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.number("I"))]
-            self.number("Q")  # where its data starts
+            relative[name] = self.number("Q")  # where its data starts, in the data section
             tensor_bytes[name], tensor_elements[name] = elements * size // block, elements
-        return _Part(fields, tensor_bytes, tensor_elements)
+        # The data section starts at the next multiple of general.alignment (gguf.cpp: 32).
+        alignment = int(fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        start = -(-self.offset // alignment) * alignment
+        offsets = {name: start + at for name, at in relative.items()}
+        return _Part(fields, tensor_bytes, tensor_elements, offsets, start)
 
 
 def _read_part(path: Path) -> _Part:
@@ -321,23 +329,55 @@ def _sliding_layers(fields: dict[str, Any], arch: str, layers: int) -> frozenset
     return frozenset(i for i in range(layers) if i % period < period - 1)
 
 
+def tensor_home(name: str, layers: int) -> tuple[str, int | None]:
+    """Where llama.cpp places a tensor, by its name: ("layer", its layer), ("output", None) for
+    the output head (``output*``, with the last layer), or ("input", None) for everything else
+    outside the layers, which stays on the main node's CPU."""
+    match = LAYER_TENSOR.match(name)
+    if match and int(match["layer"]) < layers:
+        return "layer", int(match["layer"])
+    return ("output", None) if name.startswith("output") else ("input", None)
+
+
 def _layer_weights(tensor_bytes: dict[str, int], layers: int) -> tuple[int, int, tuple[int, ...]]:
-    """(input bytes, output bytes, bytes of each layer) as llama.cpp places them: the output
-    head (``output*``) with the last layer, a copy of the embeddings when the output is tied to
-    them, and everything else outside the layers on the main node's CPU."""
+    """(input bytes, output bytes, bytes of each layer) as llama.cpp places them (``tensor_home``),
+    with a copy of the embeddings on the output's node when the output is tied to them."""
     per_layer = [0] * layers
     input_bytes = output_bytes = 0
     for name, size in tensor_bytes.items():
-        match = LAYER_TENSOR.match(name)
-        if match and int(match["layer"]) < layers:
-            per_layer[int(match["layer"])] += size
-        elif name.startswith("output"):
+        home, layer = tensor_home(name, layers)
+        if layer is not None:
+            per_layer[layer] += size
+        elif home == "output":
             output_bytes += size
         else:
             input_bytes += size
     if "output.weight" not in tensor_bytes:
         output_bytes += tensor_bytes.get("token_embd.weight", 0)
     return input_bytes, output_bytes, tuple(per_layer)
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    """Where a part's bytes are: its header's length (the data section's start) and each
+    tensor's range, in file order; and the model's layers (the first part's block count)."""
+
+    fields: dict[str, Any]
+    data_start: int
+    tensors: tuple[tuple[str, int, int], ...]  # (name, offset from the file's start, bytes)
+
+
+def layout(prefix: bytes) -> PartLayout | None:
+    """A part's layout from its first bytes; None when they do not hold the whole header."""
+    if not prefix.startswith(b"GGUF") or _header_length(prefix) is None:
+        return None
+    with _errors("the part's header"):
+        part = _Scanner(prefix).part()
+    ranges = sorted(
+        ((name, part.tensor_offsets[name], size) for name, size in part.tensor_bytes.items()),
+        key=lambda t: t[1],
+    )
+    return PartLayout(part.fields, part.data_start, tuple(ranges))
 
 
 def header_fields(path: Path) -> dict[str, Any]:

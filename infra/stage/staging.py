@@ -3,6 +3,8 @@ of the cloud and region that will read them, each checked by its sha256."""
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,6 +12,7 @@ from typing import Any
 
 from infra.live import LiveCloud, Piece, StageError, Store, live_cloud
 from infra.models.parts import saved_name
+from infra.stage import slices
 from infra.stage.upload import Report, copy_part
 
 # The SDKs' errors for credentials that are missing, expired or refused (by class name, so that
@@ -113,11 +116,24 @@ def stage(
         store = _Counted(store, held)
     store.check_region(region)
     staged, digests = [], []
+    # The slice manifest beside the first part (worker-local loading), made in the same pass.
+    manifest_key = f"{prefix}{saved_name(urls[0])}{slices.MANIFEST_SUFFIX}"
+    hashers = [] if store.have(manifest_key) else [slices.SliceHasher(saved_name(u)) for u in urls]
     for index, url in enumerate(urls):
         key = f"{prefix}{saved_name(url)}"
         want = sums[index] if sums else None
-        digests.append(copy_part(store, url, key, want, report=report))
+        feed = hashers[index].feed if hashers else None
+        digests.append(copy_part(store, url, key, want, report=report, feed=feed))
         staged.append(store.url(key))
+    if problem := next((h.problem for h in hashers if h.problem), ""):
+        print(f"no slice manifest (worker-local loading): {problem}", file=sys.stderr)
+    elif hashers:
+        parts = [h.part(h.offset, digest) for h, digest in zip(hashers, digests, strict=True)]
+        text = slices.manifest_text(slices.manifest(parts)).encode()
+        store.earlier(manifest_key)  # opens the upload (one piece: a manifest is a few MB)
+        store.put(manifest_key, 1, text)
+        store.finish(manifest_key, [1], hashlib.sha256(text).hexdigest())
+        print(f"slice manifest: {store.url(manifest_key)}", file=sys.stderr)
     return staged, digests
 
 

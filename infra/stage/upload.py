@@ -176,10 +176,14 @@ def copy_part(
     *,
     report: Report = lambda _copied: None,
     sleep: Callable[[float], None] = time.sleep,
+    feed: Callable[[bytes], None] | None = None,
 ) -> str:
-    """Copy one part unless the store has it already; its sha256."""
+    """Copy one part unless the store has it already; its sha256. ``feed`` sees every byte of
+    the part in order (the slice manifest's hashes), read again from ``url`` if the store has it."""
     if (have := store.have(key)) and want in (None, have):
         print(f"have {store.url(key)} (sha256 {have})", file=sys.stderr)
+        if feed is not None:
+            _read_through(url, feed, sleep)
         return have
     pieces = _Pieces(store, key, sleep)
     if pieces.earlier:
@@ -196,6 +200,8 @@ def copy_part(
         number = 1
         while True:
             digest.update(data)
+            if feed is not None:
+                feed(data)
             pieces.put(number, data)
             report(Copied(name, source.offset, source.total, pieces.kept))
             if len(data) < size:
@@ -213,6 +219,16 @@ def copy_part(
         raise StageError(f"checksum mismatch for {url}: expected sha256 {want}, got {got}")
     store.finish(key, pieces.numbers, got)
     return got
+
+
+def _read_through(url: str, feed: Callable[[bytes], None], sleep: Callable[[float], None]) -> None:
+    print(f"reading {url} for its slice manifest", file=sys.stderr)
+    source = _Source(url, sleep)
+    try:
+        while data := source.piece(PART_BYTES):
+            feed(data)
+    finally:
+        source.close()
 
 
 def _md5(data: bytes) -> str:

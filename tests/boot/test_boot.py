@@ -96,9 +96,14 @@ def test_a_node_gets_the_diffs_its_build_needs_and_the_hashes_of_the_rest(node: 
         else:
             assert shipped[f"{patch.name}.sha256"] == f"{patch.diff_sha256}\n"
     withheld = {p.name for p in patches if node.role not in p.roles}
-    # The loader's patch changes llama-server alone; a worker's build needs every other.
-    loader = {"0003-mmap-no-populate-beyond-memory.patch"}
-    assert withheld == (set() if node.role == "main" else loader)
+    # The loader's patches change llama-server alone, and 0006 the RPC client alone (its
+    # ``Roles: main``); a worker's build needs every other.
+    main_only = {
+        "0003-mmap-no-populate-beyond-memory.patch",
+        "0006-rpc-weights-by-key-from-worker-disk.patch",
+        "0007-loader-worker-weights-stay-remote.patch",
+    }
+    assert withheld == (set() if node.role == "main" else main_only)
 
 
 def test_each_diff_keeps_one_line_of_context() -> None:

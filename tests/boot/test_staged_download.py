@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from infra.stack.backends.aws import staged_model_policy
@@ -267,3 +268,46 @@ def test_staging_refuses_a_bad_checksum_and_a_bucket_in_another_region(store) ->
     elsewhere = stage(store, "--region", "eu-west-1", "--bucket", "models", "--url", url)
     assert elsewhere.returncode == 1
     assert "bucket models is in us-east-1, the stack in eu-west-1" in elsewhere.stderr
+
+
+def test_staging_writes_the_slice_manifest_and_a_worker_reads_only_its_ranges(
+    store, tmp_path
+) -> None:
+    """Worker-local loading through the store: `lrc stage` writes the slice manifest beside the
+    part, and a worker's llama-rpc-slice reads the manifest and then one ranged GET (206) per
+    tensor of its layers, never the whole part."""
+    from tests.models.test_models import write_gguf
+
+    rng = np.random.default_rng(3)
+    tensors = {f"blk.{i}.ffn_up.weight": rng.standard_normal((128, 64)).astype(np.float32)
+               for i in range(4)}  # fmt: skip
+    write_gguf(store.files / "sliced.gguf", layers=4, tensors=tensors)
+    url = f"http://127.0.0.1:{HTTP_PORT}/sliced.gguf"
+    staged = stage(store, "--region", REGION, "--bucket", "models", "--prefix", "sliced/",
+                   "--url", url)  # fmt: skip
+    assert staged.returncode == 0, staged.stderr
+    manifest = "s3://models/sliced/sliced.gguf.slices.json"
+    assert f"slice manifest: {manifest}" in staged.stderr
+    before = ranged_gets(store, "models/sliced/sliced.gguf")
+    admin_id, admin_secret = store.admin_key
+    env = {"PATH": os.environ["PATH"], "MODEL_STORE_REGION": REGION,
+           "MODEL_STORE_ENDPOINT": store.endpoint, "AWS_ACCESS_KEY_ID": admin_id,
+           "AWS_SECRET_ACCESS_KEY": admin_secret}  # fmt: skip
+    cache = tmp_path / "rpc"
+    done = subprocess.run(
+        ["ip", "netns", "exec", store.namespace, sys.executable, str(SCRIPTS / "llama-rpc-slice"),
+         "worker", "--manifest", manifest, "--source", "s3://models/sliced/sliced.gguf",
+         "--first-layer", "2", "--layers", "2", "--cache-dir", str(cache)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = (store.files / "sliced.gguf").read_bytes()
+    held = sorted(p.name for p in cache.iterdir())
+    assert len(held) == 2
+    mine = [tensors[f"blk.{i}.ffn_up.weight"].tobytes() for i in (2, 3)]
+    assert sorted(hashlib.sha256(t).hexdigest()[:16] for t in mine) == held
+    assert all(t in data for t in mine)
+    # One ranged read a tensor of its layers; no read of the whole part.
+    assert ranged_gets(store, "models/sliced/sliced.gguf") - before == 2
+    log = re.sub(r"\x1b\[[0-9;]*m", "", store.log.read_text())
+    assert '"GET /models/sliced/sliced.gguf HTTP/1.1" 200' not in log

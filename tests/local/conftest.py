@@ -72,7 +72,12 @@ def gemma_up(llama_source: Path, workers: int, suffix: str, **changes: Any) -> d
     require_netns()
     cache = cache_dir()
     # Apart by variant, so that clusters up at once never share a range.
-    variant = 4 * ("draft_model" in changes) + 2 * ("server_args" in changes) + (workers > 0)
+    variant = (
+        8 * ("worker_local" in changes)
+        + 4 * ("draft_model" in changes)
+        + 2 * ("server_args" in changes)
+        + (workers > 0)
+    )
     options = UpOptions(
         **{
             "workers": workers,
@@ -80,7 +85,7 @@ def gemma_up(llama_source: Path, workers: int, suffix: str, **changes: Any) -> d
             "source": llama_source,
             "cache": cache,
             "cluster_id": f"g{suffix}{random.randint(0, 99999)}",
-            "cidr": f"10.216.{random.randint(0, 31) * 8 + variant}.0/24",
+            "cidr": f"10.216.{random.randint(0, 15) * 16 + variant}.0/24",
             "threads": 1,
             "context_size": GEMMA_CONTEXT,
             # Whatever this machine's memory: the placement (6 + 6 + 6 layers through two

@@ -74,7 +74,7 @@ def number(patch_name: str) -> str:
 
 def test_the_pinned_commit_has_its_patch_set() -> None:
     numbers = [number(p.name) for p in patch_set(LLAMA_CPP_COMMIT)]
-    assert numbers == ["0001", "0002", "0003", "0004", "0005"]
+    assert numbers == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
 
 
 def all_on(llama_source: Path, model: Path) -> Served:
@@ -114,6 +114,8 @@ def test_greedy_output_through_two_workers_is_the_same_with_each_patch_off(
     on = all_on(llama_source, model)
     for patch in patch_set(LLAMA_CPP_COMMIT):
         if number(patch.name) == "0005":  # its workers compute as one node that does not repack
+            continue
+        if number(patch.name) in ("0006", "0007"):  # worker-local loading's: test_worker_local
             continue
         off = serve(llama_source, model, llama_env=SMALL_MEMORY, patches_off=(number(patch.name),))
         assert off.completion == on.completion, patch.name

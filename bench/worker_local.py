@@ -1,0 +1,175 @@
+"""Worker-local loading on the local cluster, on and off, in one run, the arms interleaved: what
+each worker's network interface received while the group loaded, the time from the cluster's
+start to serving, and the time to serve again after ``kill -9`` of a worker's RPC server.
+
+    uv run python bench/worker_local.py [--repetitions 2] [--kills 2]
+
+Writes bench/results/worker_local.json. Each repetition boots Gemma 3 270M through a main node and
+two workers (processes in network namespaces, one thread each) twice, in the order AB, BA, ...:
+"local" (each node fetches its own slice of the model by the slice manifest and a worker loads
+its layers from its own disk; patches 0006 and 0007) and "sent" (the main node holds the whole
+model and sends each worker its weights, the default). After each up it reads the workers'
+received bytes, then kills the last worker's ggml-rpc-server ``--kills`` times, timing each until
+a greedy completion answers again with the text it gave before. Every run is kept. Timings mean
+something only on a quiet machine: the figures record what else was running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from infra.core import outputs  # noqa: E402
+from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
+from infra.local import cluster  # noqa: E402
+from infra.local.model import real_model  # noqa: E402
+from infra.local.options import UpOptions  # noqa: E402
+from infra.local.source import cache_dir, sdist_tree  # noqa: E402
+from infra.local.spec import ClusterSpec  # noqa: E402
+from infra.local.usage import VPC_INTERFACE  # noqa: E402
+from tests.conftest import complete  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "worker_local.json"
+HEAVY = "pytest|llama-server|llama-bench|rpc-server|systemd-nspawn|cc1plus"
+WORKERS = ("w1", "w2")
+
+
+def other_heavy_work() -> list[str]:
+    found = subprocess.run(["pgrep", "-af", HEAVY], capture_output=True, text=True, check=False)
+    own = str(os.getpid())
+    return [line[:100] for line in found.stdout.splitlines() if line.split()[0] != own]
+
+
+def received_bytes(namespace: str) -> int:
+    text = subprocess.run(
+        ["ip", "netns", "exec", namespace, "cat", "/proc/net/dev"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout  # fmt: skip
+    for line in text.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == VPC_INTERFACE:
+            return int(counters.split()[0])
+    raise RuntimeError(f"no {VPC_INTERFACE} in {namespace}")
+
+
+def rpc_server_pids(namespace: str) -> list[int]:
+    pids = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "ggml-rpc-server":
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def serve_again(url: str, want: Any) -> float:
+    """Seconds until the group answers ``want`` again (from now)."""
+    started = time.monotonic()
+    while time.monotonic() < started + 600:
+        try:
+            if complete(url, timeout=30) == want:
+                return time.monotonic() - started
+        except (OSError, urllib.error.URLError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the group did not answer again within 600 s")
+
+
+def one_run(arm: str, number: int, kills: int, source: Path) -> dict[str, Any]:
+    cache = cache_dir()
+    options = UpOptions(
+        workers=2, model=real_model(cache), source=source, cache=cache,
+        cluster_id=f"bl{arm[0]}{number}", cidr=f"10.219.{random.randint(0, 250)}.0/24",
+        threads=1, context_size=2048, node_memory_bytes=8 * 1024**3,
+        worker_local=arm == "local",
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        contract = cluster.up(options, timeout=1800)
+        up_seconds = time.monotonic() - started
+        spec = ClusterSpec.load(cache, options.cluster_id)
+        network = spec.network()
+        assert network is not None
+        received = {w: received_bytes(network.namespace(w)) for w in WORKERS}
+        url = contract[outputs.LLAMA_SERVER_URL]
+        want = complete(url, timeout=120)
+        heals = []
+        for _ in range(kills):
+            namespace = network.namespace(WORKERS[-1])
+            before = received_bytes(namespace)
+            for pid in rpc_server_pids(namespace):
+                os.kill(pid, signal.SIGKILL)
+            seconds = serve_again(url, want)
+            heals.append({"seconds": round(seconds, 2),
+                          "worker_received_bytes": received_bytes(namespace) - before})  # fmt: skip
+        statuses = cluster.read_status(spec)
+        return {
+            "arm": arm,
+            "up_seconds": round(up_seconds, 2),
+            "worker_received_bytes": received,
+            "slices": {n: statuses[n].get("slice") for n in ("main", *WORKERS)},
+            "heals": heals,
+        }
+    finally:
+        cluster.down(cache, options.cluster_id)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--kills", type=int, default=2)
+    args = parser.parse_args()
+    source = sdist_tree(cache_dir(), download=False)
+    busy_before = other_heavy_work()
+    runs = []
+    for number in range(args.repetitions):
+        order = ("local", "sent") if number % 2 == 0 else ("sent", "local")
+        for arm in order:
+            runs.append(one_run(arm, number, args.kills, source))
+            print(json.dumps(runs[-1]), file=sys.stderr)
+    summary: dict[str, Any] = {}
+    for arm in ("local", "sent"):
+        mine = [r for r in runs if r["arm"] == arm]
+        summary[arm] = {
+            "worker_received_bytes": [sum(r["worker_received_bytes"].values()) for r in mine],
+            "up_seconds": [r["up_seconds"] for r in mine],
+            "heal_seconds": [h["seconds"] for r in mine for h in r["heals"]],
+        }
+    local, sent = summary["local"], summary["sent"]
+    summary["received_ratio"] = round(
+        sum(local["worker_received_bytes"]) / sum(sent["worker_received_bytes"]), 4
+    )
+    summary["heal_ratio"] = round(sum(local["heal_seconds"]) / sum(sent["heal_seconds"]), 3)
+    document = {
+        "what": __doc__.split("\n\n")[0],
+        "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "summary": summary,
+        "runs": runs,
+        "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
+    }
+    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
