@@ -244,7 +244,7 @@ def _loads(nodes: list[Node], start: float) -> list[Phase]:
 def _fetch(node: Node, start: float, count: int) -> Phase:
     rate, basis = fetch_rate(node.instance, node.cached, node.disk, count)
     if node.index == 0:
-        what = "the header and its slice"
+        what = "its slice (and the header, whose few MB are not counted)"
     else:
         what = (
             f"its slice into its tensor cache, on a disk of its own at {node.disk.mibps:.0f} "
