@@ -208,22 +208,31 @@ def worker_local_serve() -> str:
 
 
 def worker_cache_read() -> str:
-    """``76.7 GB of cache files at 1,637 MiB/s and repacking it, 46 s``."""
+    """``76.7 GB of cache files, 25.6 GB of them from its disk at 1,637 MiB/s, and repacking
+    them, 18 s``."""
     load = slowest("timeToServe", "staged-local", "load worker")
-    read = re.search(r"^([\d.]+) GB.* from its disk at (\d+) MiB/s", load["basis"])
+    read = re.search(
+        r"^([\d.]+) GB.*?, ([\d.]+) GB from its disk .*? at (\d+) MiB/s", load["basis"]
+    )
     assert read, load["basis"]
     return (
-        f"{read[1]} GB of cache files at {int(read[2]):,} MiB/s and repacking it, "
-        f"{load['seconds']} s"
+        f"{read[1]} GB of cache files, {read[2]} GB of them from its disk at {int(read[3]):,} "
+        f"MiB/s, and repacking them, {load['seconds']} s"
     )
 
 
-def heal_goal() -> str:
-    """``over the 60 s goal by 2 s, bound by`` ... ``(46 s)``."""
-    goal = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"]["heal"]
-    assert not goal["met"], "the page says the heal misses its goal"
-    assert goal["binding"].startswith("load worker"), "the page says a worker's read binds"
-    return f"over the {goal['goalSeconds']} s goal by {goal['overSeconds']} s"
+def goal(kind: str) -> str:
+    """``within the 180 s goal by 35 s`` or ``over the 180 s goal by 12 s``."""
+    found = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"][kind]
+    side = "within" if found["met"] else "over"
+    return f"{side} the {found['goalSeconds']} s goal by {abs(found['overSeconds'])} s"
+
+
+def heal_bound() -> str:
+    """The heal's binding phase is the slowest worker's reload: its seconds."""
+    found = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"]["heal"]
+    assert found["binding"].startswith("load worker"), "the page says a worker's reload binds"
+    return f"{slowest('timeToHeal', 'worker-local', 'load worker')['seconds']} s"
 
 
 @dataclass(frozen=True)
@@ -239,17 +248,15 @@ FIGURES = [
     Figure("docs/planner.md", "as above, {} with worker-local loading and a prebuilt binary (",
            lambda: total("timeToServe", "staged-local")),
     Figure("docs/planner.md", "binary ({} MiB/s, then the slowest load", worker_local_serve),
-    Figure("docs/planner.md", "a worker reading its {}), within the 180 s goal", worker_cache_read),
-    Figure("docs/planner.md", "), {} the 180 s goal. After a lost worker",
-           lambda: "within" if option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"]
-           ["serve"]["met"] else "over"),
+    Figure("docs/planner.md", "a worker reading its {}), within the 180", worker_cache_read),
+    Figure("docs/planner.md", "), {}. After a lost worker",
+           lambda: goal("serve")),
     Figure("docs/planner.md", "the group serves again in {} when the main node sends",
            lambda: total("timeToHeal", "main-sends")),
     Figure("docs/planner.md", "the weights again, in {} when each node reloads from",
            lambda: total("timeToHeal", "worker-local")),
-    Figure("docs/planner.md", "its own disk: {}, bound by that worker's read", heal_goal),
-    Figure("docs/planner.md", "of its cache files from its disk ({}).",
-           lambda: f"{slowest('timeToHeal', 'worker-local', 'load worker')['seconds']} s"),
+    Figure("docs/planner.md", "reloads from its own disk, {}: the restart", lambda: goal("heal")),
+    Figure("docs/planner.md", "then the slowest worker's reload ({}).", heal_bound),
     Figure("README.md", "$0.30/h, serving about {} after `pulumi up`",
            lambda: duration(stack("aws-small")["timeToServe"]["internet"]["totalSeconds"])),
     Figure("README.md", "and {} vCPUs of the account's Standard On-Demand",

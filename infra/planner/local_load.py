@@ -97,9 +97,13 @@ def slice_bytes(share: NodeShare) -> int:
     return share.weight_bytes
 
 
-def slice_cached(share: NodeShare, node: InstanceType) -> bool:
-    """Whether a node's memory holds its slice twice: the file's pages and the loaded copy."""
-    return 2 * slice_bytes(share) <= sizing.usable_memory_bytes(node)
+def disk_bytes(share: NodeShare, node: InstanceType) -> int:
+    """Bytes of a node's slice its load reads from its disk rather than the page cache: what its
+    memory cannot hold beside the loaded copy (weights and KV cache). As the loaded copy grows,
+    the kernel evicts that much of the slice's pages, at worst pages not yet read; after a
+    restart, that much could not have stayed cached beside the copy the dead process held."""
+    room = sizing.usable_memory_bytes(node) - share.bytes
+    return min(slice_bytes(share), max(0, slice_bytes(share) - room))
 
 
 def _limit(limits: dict[str, float]) -> tuple[float, str]:
@@ -109,8 +113,10 @@ def _limit(limits: dict[str, float]) -> tuple[float, str]:
     return rate, f"{name} {rate / GB:.2f} GB/s (beside: {others})"
 
 
-def fetch_rate(node: InstanceType, cached: bool, disk: Disk, nodes: int) -> tuple[float, str]:
-    """Bytes a second at which a node fetches its slice, and what bounds it."""
+def fetch_rate(node: InstanceType, disk: Disk, nodes: int) -> tuple[float, str]:
+    """Bytes a second at which a node fetches its slice, and what bounds it: the page cache
+    takes the slice only up to the kernel's dirty limit (no node script raises it for a slice),
+    so its disk's write counts."""
     cores = min(SLICE_STREAMS, node.vcpus)
     limits = {
         "the node's network (catalog)": (node.network_gbps or math.inf) * GB / 8,
@@ -124,8 +130,7 @@ def fetch_rate(node: InstanceType, cached: bool, disk: Disk, nodes: int) -> tupl
             cores * serve.SHA256_GBPS_PER_CORE * GB
         ),
     }
-    if not cached:
-        limits[f"its disk's write, {disk.mibps:.0f} MiB/s"] = disk.mibps * MIB
+    limits[f"its disk's write, {disk.mibps:.0f} MiB/s"] = disk.mibps * MIB
     return _limit(limits)
 
 
@@ -173,8 +178,22 @@ class Node:
         return slice_bytes(self.share)
 
     @property
-    def cached(self) -> bool:
-        return slice_cached(self.share, self.instance)
+    def from_disk(self) -> int:
+        return disk_bytes(self.share, self.instance)
+
+    @property
+    def from_cache(self) -> int:
+        return self.bytes - self.from_disk
+
+    def cache_seconds(self) -> float:
+        return self.from_cache / (serve.POPULATE_GBPS * GB)
+
+    def split(self) -> str:
+        return (
+            f"{self.from_cache / GB:.1f} GB from the page cache at {serve.POPULATE_GBPS} GB/s "
+            f"({serve.LOAD_BASIS}), {self.from_disk / GB:.1f} GB from its disk (what memory "
+            "cannot hold beside the loaded copy)"
+        )
 
 
 def nodes_of(
@@ -195,45 +214,32 @@ def nodes_of(
 
 
 def _main_load(node: Node, start: float) -> Phase:
-    """The main node's own layers from its own disk: mapped in from the page cache where its
-    memory holds them twice, else read by page faults beside the repack (patch 0003)."""
-    own = node.bytes
+    """The main node's own layers from its own disk and page cache, read by page faults
+    (patch 0003) beside the repack on every core."""
     repack, repack_basis = serve.repack_rate(node.instance)
-    if node.cached:
-        read = own / (serve.POPULATE_GBPS * GB)
-        return Phase(
-            "load main",
-            start,
-            read + own / repack,
-            f"its {own / GB:.1f} GB from the page cache (MAP_POPULATE, one thread) at "
-            f"{serve.POPULATE_GBPS} GB/s ({serve.LOAD_BASIS}), then {repack_basis}",
-        )
     mibps, basis = serve.demand_paged_mibps(node.instance, node.disk.mibps)
+    read = node.cache_seconds() + node.from_disk / (mibps * MIB)
     return Phase(
         "load main",
         start,
-        max(own / (mibps * MIB), own / repack),
-        f"its {own / GB:.1f} GB read from its disk by page faults at {mibps:.0f} MiB/s "
-        f"({basis}), {repack_basis} beside it",
+        max(read, node.bytes / repack),
+        f"its {node.bytes / GB:.1f} GB: {node.split()}, by page faults at {mibps:.0f} MiB/s "
+        f"({basis}); {repack_basis} beside it",
     )
 
 
 def _worker_load(node: Node, start: float) -> Phase:
     """A worker's layers from its own tensor cache: each tensor's file read, then repacked
     (patch 0005), one tensor after another as the main node's keys come."""
-    if node.cached:
-        read = serve.POPULATE_GBPS * GB
-        read_basis = f"from the page cache at {serve.POPULATE_GBPS} GB/s ({serve.LOAD_BASIS})"
-    else:
-        read, how = cache_read_rate(node.instance, node.disk)
-        read_basis = f"from its disk at {read / MIB:.0f} MiB/s: {how}"
+    read, how = cache_read_rate(node.instance, node.disk)
     repack, repack_basis = serve.repack_rate(node.instance)
     return Phase(
         f"load {node.name}",
         start,
-        node.bytes / read + node.bytes / repack,
+        node.cache_seconds() + node.from_disk / read + node.bytes / repack,
         f"{node.bytes / GB:.1f} GB, the main node sending 8-byte keys, no weights: each tensor's "
-        f"cache file read {read_basis}; then {repack_basis} (patch 0005)",
+        f"cache file read, {node.split()} at {read / MIB:.0f} MiB/s: {how}; then {repack_basis} "
+        "(patch 0005)",
     )
 
 
@@ -242,7 +248,7 @@ def _loads(nodes: list[Node], start: float) -> list[Phase]:
 
 
 def _fetch(node: Node, start: float, count: int) -> Phase:
-    rate, basis = fetch_rate(node.instance, node.cached, node.disk, count)
+    rate, basis = fetch_rate(node.instance, node.disk, count)
     if node.index == 0:
         what = "its slice (and the header, whose few MB are not counted)"
     else:
@@ -251,8 +257,6 @@ def _fetch(node: Node, start: float, count: int) -> Phase:
             "MiB/s (as the main node's model disk; the hourly price counts the workers' system "
             "disks only)"
         )
-    if node.cached:
-        what += ", held in the page cache as it is written (memory holds it twice)"
     return Phase(
         f"fetch {node.name}",
         start,
@@ -274,16 +278,32 @@ def _binary(main: InstanceType, start: float) -> Phase:
 
 
 def time_to_serve(
-    main: InstanceType, worker: InstanceType, layout: Placement, disk_mibps: float
+    model: Model, main: InstanceType, worker: InstanceType, layout: Placement, disk_mibps: float
 ) -> ServeTime:
     """Staged, worker-local, prebuilt: each node boots, fetches the binary and its own slice,
-    then loads it from its own disk."""
-    nodes = nodes_of(main, worker, layout, disk_mibps)
+    then loads it from its own disk. One node has no slice to take: the staged path as the main
+    node runs it, with the binary instead of the build."""
     boot = Phase("boot", 0.0, serve.BOOT_SECONDS, serve.BOOT_BASIS)
-    phases = [boot, _binary(main, boot.end)]
-    phases += [_fetch(node, boot.end, len(nodes)) for node in nodes]
+    binary = _binary(main, boot.end)
+    if len(layout.shares) == 1:
+        return _prebuilt(
+            serve.time_to_serve(model, main, layout, disk_mibps, path="staged"), binary
+        )
+    nodes = nodes_of(main, worker, layout, disk_mibps)
+    phases = [boot, binary, *(_fetch(node, boot.end, len(nodes)) for node in nodes)]
     phases += _loads(nodes, max(p.end for p in phases))
     return ServeTime(PATH, tuple(phases))
+
+
+def _prebuilt(staged: ServeTime, binary: Phase) -> ServeTime:
+    """``staged`` with ``binary`` in the build's place: the load starts once the binary and the
+    check are done."""
+    build = next(p for p in staged.phases if p.name == "build")
+    loads = [p for p in staged.phases if p.name.startswith("load")]
+    before = [p for p in staged.phases if p is not build and not p.name.startswith("load")]
+    shift = max(binary.end, *(p.end for p in before)) - min(p.start for p in loads)
+    moved = [Phase(p.name, p.start + shift, p.seconds, p.basis) for p in loads]
+    return ServeTime(PATH, (before[0], binary, *before[1:], *moved))
 
 
 def _restart() -> list[Phase]:

@@ -11,7 +11,7 @@ from typing import Any
 from infra.core import perf
 from infra.core.units import duration, money
 from infra.models import PRESETS, Model
-from infra.planner import serve, target, timelines, verdict
+from infra.planner import local_load, serve, target, timelines, verdict
 from infra.planner.base import Option, Plan
 from infra.planner.engines import EngineLine, engine_lines
 from infra.planner.search import fewest_nodes
@@ -175,6 +175,15 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             "patch set: the main node's layers repacked on every core while every worker is "
             "sent its own at once; the main disk at its throughput, up to what the node "
             "reaches its disks at (catalog disks.csv); each phase in timeToServe names its basis"
+        ),
+        "serveLocal": (
+            "staged-local: each node fetches a prebuilt llama.cpp and only its own layers' byte "
+            "ranges from the object store onto its own disk, and loads them from there (the main "
+            "node sends the workers keys, no weights); timeToHeal: after a lost worker's RPC "
+            "server, the measured restart, then the main node sending every weight again "
+            "(main-sends) or each node reloading its own slice (worker-local); serveGoals: "
+            f"each against {local_load.SERVE_GOAL_SECONDS:.0f} s to serve and "
+            f"{local_load.HEAL_GOAL_SECONDS:.0f} s to heal, naming the phase that binds"
         ),
         "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "

@@ -105,7 +105,11 @@ def evaluate(
             )
             for path in PATHS
         }
-        | {local_load.PATH: local_load.time_to_serve(main_type, instance, layout, disk_mibps)},
+        | {
+            local_load.PATH: local_load.time_to_serve(
+                model, main_type, instance, layout, disk_mibps
+            )
+        },
         heal={
             path: local_load.time_to_heal(
                 local_load.Group(model, main_type, instance, layout, disk_mibps), path
