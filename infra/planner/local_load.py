@@ -14,16 +14,19 @@ node's fetch and the slowest node's load set the time::
 
 Healing: when a worker's RPC server dies, the main node's llama-server aborts at its next send
 and systemd restarts both (cloud-init/systemd: ``RestartSec``). Then the group loads again: with
-the main node sending the weights (``main-sends``, the path before worker-local loading) the main
+the main node sending the weights (``main-sends``, the staged path's loader) the main
 node reads the whole model again and sends every worker its layers; with worker-local loading
-each node reads its own slice from its own disk (from memory where it holds the slice beside the
-loaded copy) and no weight crosses the network.
+each node reads its own slice from its own disk and page cache, and no weight crosses the
+network.
 
-A node's slice comes back from the page cache only where its memory holds the slice twice (the
-file's pages and the loaded, repacked copy); otherwise it is written to the disk as it comes and
-read back from the disk, so the disk's write bounds the fetch and its read the load. Every rate
-names its source; ``GOALS`` are the design's targets, and ``verdict`` says which phase binds and
-by how much when a timeline misses one.
+A node's fetch writes its slice at its disk's pace (the page cache takes it only up to the
+kernel's dirty limit). Its load reads from the page cache what its memory holds beside the loaded
+copy and the rest from its disk: at boot, the kernel evicts that much of the slice's pages as
+the copy grows (at worst pages not yet read); after a restart, that much could not have stayed
+cached beside the copy the dead process held. One node has no slice to take: its timeline is
+the staged one with the binary in the build's place. Every rate names its source;
+``SERVE_GOAL_SECONDS`` and ``HEAL_GOAL_SECONDS`` are the design's targets, and ``verdict`` says
+which phase of the critical path binds and by how much.
 """
 
 from __future__ import annotations
@@ -387,8 +390,9 @@ class Verdict:
         steps = " -> ".join(f"{p.name} {p.seconds:.0f} s" for p in self.path)
         if self.met:
             return (
-                f"within the {self.goal_seconds:.0f} s goal by {-self.over_seconds:.0f} s "
-                f"(critical path: {steps})"
+                f"within the {self.goal_seconds:.0f} s goal by {-self.over_seconds:.0f} s; "
+                f"longest: {self.binding.name} ({self.binding.seconds:.0f} s); critical path: "
+                f"{steps}"
             )
         return (
             f"misses the {self.goal_seconds:.0f} s goal by {self.over_seconds:.0f} s; binds: "
