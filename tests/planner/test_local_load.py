@@ -142,7 +142,9 @@ def test_one_node_serves_as_staged_with_the_binary_in_the_builds_place() -> None
     assert local.total_seconds < staged.total_seconds
 
 
-def test_a_cache_read_is_the_measured_share_of_the_disk_within_its_iops(monkeypatch) -> None:
+def test_a_cache_read_is_the_measured_share_of_the_disk_within_its_iops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """One thread's read() at the kernel's read-ahead runs at the measured share of the disk's
     rate; where the disk's IOPS of the largest I/O it counts as one cannot carry that, the IOPS
     bound it (gp3: 4 IOPS per MiB/s as the stack provisions them)."""
