@@ -129,7 +129,7 @@ def fetch_rate(node: InstanceType, disk: Disk, nodes: int) -> tuple[float, str]:
         f"its share of the store's {STORE_GETS_BASIS}, {RANGE_BYTES // MIB} MiB ranges": (
             STORE_GETS_PER_SECOND * RANGE_BYTES / nodes
         ),
-        f"sha256 a tensor as it comes, {cores} cores ({serve.LOAD_BASIS})": (
+        f"sha256, each tensor on a core of its own, up to {cores} at once ({serve.LOAD_BASIS})": (
             cores * serve.SHA256_GBPS_PER_CORE * GB
         ),
     }
