@@ -180,6 +180,61 @@ def reference_against_pick() -> str:
     )
 
 
+def arms_timeline(kind: str, path: str) -> dict[str, Any]:
+    """A timeline of Arm's three c8g.16xlarge: ``timeToServe`` or ``timeToHeal`` on a path."""
+    found: dict[str, Any] = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)[kind][path]
+    return found
+
+
+def total(kind: str, path: str) -> str:
+    return f"{arms_timeline(kind, path)['totalSeconds']} s"
+
+
+def slowest(kind: str, path: str, prefix: str) -> dict[str, Any]:
+    phases = [p for p in arms_timeline(kind, path)["phases"] if p["name"].startswith(prefix)]
+    found: dict[str, Any] = max(phases, key=lambda p: p["seconds"])
+    return found
+
+
+def worker_local_serve() -> str:
+    """``boot 90 s, the slices in 37 s at the disks' write of 2,000 MiB/s``."""
+    fetch = slowest("timeToServe", "staged-local", "fetch")
+    disk = re.search(r"its disk's write, (\d+) MiB/s", fetch["basis"])
+    assert disk, fetch["basis"]
+    boot = slowest("timeToServe", "staged-local", "boot")["seconds"]
+    return (
+        f"boot {boot} s, the slices in {fetch['seconds']} s at the disks' write of {int(disk[1]):,}"
+    )
+
+
+def worker_cache_read() -> str:
+    """``76.7 GB of cache files, 25.6 GB of them from its disk at 1,637 MiB/s, and repacking
+    them, 18 s``."""
+    load = slowest("timeToServe", "staged-local", "load worker")
+    read = re.search(
+        r"^([\d.]+) GB.*?, ([\d.]+) GB from its disk .*? at (\d+) MiB/s", load["basis"]
+    )
+    assert read, load["basis"]
+    return (
+        f"{read[1]} GB of cache files, {read[2]} GB of them from its disk at {int(read[3]):,} "
+        f"MiB/s, and repacking them, {load['seconds']} s"
+    )
+
+
+def goal(kind: str) -> str:
+    """``within the 180 s goal by 35 s`` or ``over the 180 s goal by 12 s``."""
+    found = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"][kind]
+    side = "within" if found["met"] else "over"
+    return f"{side} the {found['goalSeconds']} s goal by {abs(found['overSeconds'])} s"
+
+
+def heal_bound() -> str:
+    """The heal's binding phase is the slowest worker's reload: its seconds."""
+    found = option(plan(*ARMS_GUIDE), "aws", "c8g.16xlarge", 3)["serveGoals"]["heal"]
+    assert found["binding"].startswith("load worker"), "the page says a worker's reload binds"
+    return f"{slowest('timeToHeal', 'worker-local', 'load worker')['seconds']} s"
+
+
 @dataclass(frozen=True)
 class Figure:
     page: str
@@ -188,6 +243,20 @@ class Figure:
 
 
 FIGURES = [
+    Figure("docs/planner.md", "three c8g.16xlarge, staged: {} as above,",
+           lambda: total("timeToServe", "staged")),
+    Figure("docs/planner.md", "as above, {} with worker-local loading and a prebuilt binary (",
+           lambda: total("timeToServe", "staged-local")),
+    Figure("docs/planner.md", "binary ({} MiB/s, then the slowest load", worker_local_serve),
+    Figure("docs/planner.md", "a worker reading its {}), within the 180", worker_cache_read),
+    Figure("docs/planner.md", "), {}. After a lost worker",
+           lambda: goal("serve")),
+    Figure("docs/planner.md", "the group serves again in {} when the main node sends",
+           lambda: total("timeToHeal", "main-sends")),
+    Figure("docs/planner.md", "the weights again, in {} when each node reloads from",
+           lambda: total("timeToHeal", "worker-local")),
+    Figure("docs/planner.md", "reloads from its own disk, {}: the restart", lambda: goal("heal")),
+    Figure("docs/planner.md", "then the slowest worker's reload ({}).", heal_bound),
     Figure("README.md", "$0.30/h, serving about {} after `pulumi up`",
            lambda: duration(stack("aws-small")["timeToServe"]["internet"]["totalSeconds"])),
     Figure("README.md", "and {} vCPUs of the account's Standard On-Demand",

@@ -69,6 +69,8 @@ class Option:
     # None where a compute rate is unknown.
     prompt: perf.Prompt | None = field(default=None, compare=False)
     workers_repack: bool = False  # whether its RPC workers repack (patch 0005 in the build)
+    # After a lost worker, by how the group loads again (local_load.HEAL_PATHS); none alone.
+    heal: dict[str, ServeTime] = field(default_factory=dict, compare=False)
 
     @property
     def kubernetes(self) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 from infra.core import perf
 from infra.core.units import duration, money
 from infra.models import PRESETS, Model
-from infra.planner import serve, target, verdict
+from infra.planner import local_load, serve, target, timelines, verdict
 from infra.planner.base import Option, Plan
 from infra.planner.engines import EngineLine, engine_lines
 from infra.planner.search import fewest_nodes
@@ -100,6 +100,10 @@ def option_json(option: Option) -> dict[str, Any]:
         # The internet path: what a stack with https model URLs does.
         "predictedSecondsToServe": round(option.serve["internet"].total_seconds),
         "timeToServe": {path: timeline.to_json() for path, timeline in option.serve.items()},
+        # After a lost worker's RPC server, by how the group loads again (none on one node).
+        "timeToHeal": {path: timeline.to_json() for path, timeline in option.heal.items()},
+        # The worker-local timelines against the design's goals (which phase binds, by how much).
+        "serveGoals": timelines.goals_json(option),
         "priceSource": instance.price_source,
         "priceDate": instance.price_date or None,
         "costSources": list(option.cost.sources),
@@ -171,6 +175,15 @@ def assumptions(plan: Plan) -> dict[str, Any]:
             "patch set: the main node's layers repacked on every core while every worker is "
             "sent its own at once; the main disk at its throughput, up to what the node "
             "reaches its disks at (catalog disks.csv); each phase in timeToServe names its basis"
+        ),
+        "serveLocal": (
+            "staged-local: each node fetches a prebuilt llama.cpp and only its own layers' byte "
+            "ranges from the object store onto its own disk, and loads them from there (the main "
+            "node sends the workers keys, no weights); timeToHeal: after a lost worker's RPC "
+            "server, the measured restart, then the main node sending every weight again "
+            "(main-sends) or each node reloading its own slice (worker-local); serveGoals: "
+            f"each against {local_load.SERVE_GOAL_SECONDS:.0f} s to serve and "
+            f"{local_load.HEAL_GOAL_SECONDS:.0f} s to heal, naming the phase that binds"
         ),
         "cost": "on-demand instances, NAT for egress and disks, and with replicas every "
         "group's nodes behind one NAT and the private balancer's hourly price; a price the "
@@ -343,6 +356,8 @@ def table(plan: Plan, verbose: bool = False) -> str:
         lines += [
             f"  {r.instance.provider:<8}  {r.instance.name:<17}  {r.reason}" for r in plan.rejected
         ]
+    if len(plan.options) == 1 and plan.options[0].fits:
+        lines.append(timelines.text(plan.options[0]))
     lines += ["", "assumptions:"] + [
         f"  {k}: {v}" for k, v in assumptions(plan).items() if k not in ("anchors", "sort")
     ]

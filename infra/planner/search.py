@@ -22,6 +22,7 @@ from infra.clouds import FACTS
 from infra.core import costs, perf, pins, placement, sizing
 from infra.core.limits import KUBERNETES, MAX_NODES, MAX_REPLICAS, MAX_WORKERS, VM
 from infra.models import Model
+from infra.planner import local_load
 from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
 from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
 
@@ -103,6 +104,17 @@ def evaluate(
                 model, main_type, layout, disk_mibps, path=path, internet_gbps=download_gbps
             )
             for path in PATHS
+        }
+        | {
+            local_load.PATH: local_load.time_to_serve(
+                model, main_type, instance, layout, disk_mibps
+            )
+        },
+        heal={
+            path: local_load.time_to_heal(
+                local_load.Group(model, main_type, instance, layout, disk_mibps), path
+            )
+            for path in (local_load.HEAL_PATHS if workers else ())
         },
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
         main_disk_gb=main_disk,

@@ -300,7 +300,7 @@ def time_to_serve(
     # The workers are ready by then: their build is shorter than the main node's on any type
     # (worker_build_seconds; tests/planner/test_plan.py).
     start = max(build.end, verify.end)
-    load = _upstream_load if loader == "upstream" else _patched_load
+    load = _upstream_load if loader == "upstream" else patched_load
     phases += load(model, main, layout, disk_mibps, start)
     return ServeTime(path, tuple(phases))
 
@@ -309,7 +309,7 @@ def _flow_bytes_per_second(main: InstanceType) -> float:
     return min(main.network_gbps or SINGLE_FLOW_GBPS, SINGLE_FLOW_GBPS) * GB / 8
 
 
-def _patched_load(
+def patched_load(
     model: Model, main: InstanceType, layout: Placement, disk_mibps: float, start: float
 ) -> list[Phase]:
     phases = []
@@ -336,7 +336,7 @@ def _patched_load(
             )
         )
     own = layout.shares[0].weight_bytes
-    repack, basis = _repack_rate(main)
+    repack, basis = repack_rate(main)
     phases.append(Phase("load main", start, own / repack, f"{own / GB:.1f} GB {basis}"))
     flow = _flow_bytes_per_second(main)
     rate = min(RPC_SEND_GBPS_PATCHED * GB, flow)
@@ -399,7 +399,7 @@ def demand_paged_mibps(main: InstanceType, disk_mibps: float) -> tuple[float, st
     return mibps, basis
 
 
-def _repack_rate(main: InstanceType) -> tuple[float, str]:
+def repack_rate(main: InstanceType) -> tuple[float, str]:
     """Bytes a second the main node repacks on every vCPU, and the basis: the measured rate per
     thread, each thread beyond the first worth the measured efficiency, up to a third of the
     node's memory bandwidth (the repack reads each byte, writes it, and the new pages are
