@@ -148,7 +148,8 @@ def sized(name: str) -> str:
 
 def one_vm_holds(name: str, provider: str) -> bool:
     """Whether some single VM of the cloud holds the preset: the planner's fewest nodes is one."""
-    return min(o["nodes"] for o in plan(name)["options"] if o["provider"] == provider) == 1
+    fewest: int = min(o["nodes"] for o in plan(name)["options"] if o["provider"] == provider)
+    return fewest == 1
 
 
 def what_one_vm_holds() -> list[list[str]]:
@@ -212,6 +213,9 @@ FIGURES = [
            lambda: pools_from("aws")),
     Figure("README.md", "up to 3 TB (the pick for kimi-k2-q8_0 there is {}).",
            lambda: nodes_of(picked(plan("kimi-k2-q8_0"), "aws"))),
+    Figure("docs/planner.md", "The largest Arm VMs are {} on Azure; the largest open",
+           lambda: "{} on Google Cloud and {}".format(
+               *(largest_vm(*where) for where in search.home_regions(["gcp", "azure"])))),
     Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
            lambda: dollars(stack("aws-small")["hourlyUsd"])),
     Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",
