@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra import catalog
+from infra import catalog, models
 from infra.cli import lrc
 from infra.core.units import duration
 from infra.planner import search
@@ -118,13 +118,11 @@ CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}
 SHAPED_AS_405B = ("--layers", "126", "--kv-bytes-per-token", "516096")
 
 
-def largest_vms() -> str:
-    """Each cloud's Arm VM with the most memory, in its home region's catalog."""
-    found = []
-    for provider, region in search.home_regions(["aws", "azure", "gcp"]):
-        biggest = max(catalog.types_in(provider, region), key=lambda t: t.memory_gib)
-        found.append(f"{biggest.name} ({biggest.memory_gib:,.0f} GiB) on {CLOUD_NAMES[provider]}")
-    return f"{found[0]}, {found[1]} and {found[2]}"
+def largest_vm(provider: str, region: str) -> str:
+    """The cloud's Arm VM with the most memory in the region's catalog, as the README names it:
+    ``x8g.48xlarge (3,072 GiB)``."""
+    biggest = max(catalog.types_in(provider, region), key=lambda t: t.memory_gib)
+    return f"{biggest.name} ({biggest.memory_gib:,.0f} GiB)"
 
 
 def picked(document: dict[str, Any], provider: str) -> dict[str, Any]:
@@ -140,24 +138,39 @@ def priced(found: dict[str, Any]) -> str:
     )
 
 
-def picks_405b() -> str:
-    shown = [
-        f"{o['nodes']} x {o['instanceType']} on {CLOUD_NAMES[p]} ({priced(o)})"
-        for p in ("aws", "gcp", "azure")
-        for o in [picked(plan(*PLAN_405B), p)]
-    ]
-    return f"{shown[0]}, {shown[1]} and {shown[2]}"
+def nodes_of(found: dict[str, Any]) -> str:
+    return f"{found['nodes']} x {found['instanceType']}"
 
 
-def picks_largest_moe() -> str:
-    """Where one VM of GCP and Azure cannot hold the 1T-class MoE: each one's pick."""
-    document = plan("kimi-k2-q8_0", "--cloud", "gcp", "--cloud", "azure")
-    shown = [
-        f"{o['nodes']} x {o['instanceType']} on {CLOUD_NAMES[p]}"
-        for p in ("gcp", "azure")
-        for o in [picked(document, p)]
-    ]
-    return f"{shown[0]} and {shown[1]}"
+def sized(name: str) -> str:
+    return f"{name} ({models.PRESETS[name].size_gb:,.0f} GB)"
+
+
+def one_vm_holds(name: str, provider: str) -> bool:
+    """Whether some single VM of the cloud holds the preset: the planner's fewest nodes is one."""
+    fewest: int = min(o["nodes"] for o in plan(name)["options"] if o["provider"] == provider)
+    return fewest == 1
+
+
+def what_one_vm_holds() -> list[list[str]]:
+    """The README's opening table, cloud by cloud in its home region: its largest Arm VM, the
+    largest preset one VM holds, each preset none holds with the planner's pick, and the pick for
+    the 405B."""
+    rows = []
+    for provider, region in search.home_regions(["aws", "gcp", "azure"]):
+        by_size = sorted(models.PRESETS, key=lambda name: models.PRESETS[name].size_bytes)
+        alone = [name for name in by_size if one_vm_holds(name, provider)]
+        pooled = [name for name in by_size if not one_vm_holds(name, provider)]
+        rows.append([
+            CLOUD_NAMES[provider],
+            largest_vm(provider, region),
+            sized(alone[-1]),
+            "; ".join(f"{sized(name)}: {nodes_of(picked(plan(name), provider))}"
+                      for name in pooled) or "none",
+            f"{nodes_of(picked(plan(*PLAN_405B), provider))} "
+            f"({priced(picked(plan(*PLAN_405B), provider))})",
+        ])  # fmt: skip
+    return rows
 
 
 def pools_from(provider: str) -> str:
@@ -261,17 +274,17 @@ FIGURES = [
            lambda: duration(stack("aws-small")["timeToServe"]["internet"]["totalSeconds"])),
     Figure("README.md", "and {} vCPUs of the account's Standard On-Demand",
            lambda: vcpus("aws-small")),
-    Figure("README.md", "The largest Arm VMs in the catalog are {}. `lrc plan", largest_vms),
-    Figure("README.md", "llama-3.1-405b-q4_0` ({}) picks one node",
-           lambda: f"{plan(*PLAN_405B)['model']['sizeGb']:.0f} GB"),
-    Figure("README.md", "picks one node on every cloud: {} (`+`: the disks", picks_405b),
     Figure("README.md", "three c8g.16xlarge, serves the same model at {} the pick's cost per",
            reference_against_pick),
     Figure("README.md", "pick first pools nodes at about {}, past what their largest VM holds",
            lambda: f"{pools_from('gcp')}, {pools_from('azure')}"),
     Figure("README.md", "VM holds, and {}, where several smaller VMs cost less per token",
            lambda: pools_from("aws")),
-    Figure("README.md", "`lrc plan kimi-k2-q8_0` (1,090 GB) pools {}", picks_largest_moe),
+    Figure("README.md", "up to 3 TB (the pick for kimi-k2-q8_0 there is {}).",
+           lambda: nodes_of(picked(plan("kimi-k2-q8_0"), "aws"))),
+    Figure("docs/planner.md", "The largest Arm VMs are {} on Azure; the largest open",
+           lambda: "{} on Google Cloud and {}".format(
+               *(largest_vm(*where) for where in search.home_regions(["gcp", "azure"])))),
     Figure("README.md", "Qwen2.5-1.5B-Instruct for about {}/h",
            lambda: dollars(stack("aws-small")["hourlyUsd"])),
     Figure("README.md", "(`aws-c8g`: {} stopped, for the NAT gateway and the disks)",
@@ -430,6 +443,72 @@ def test_the_405b_table_is_the_planners() -> None:
             duration(found["timeToServe"][way]["totalSeconds"]) for way in ("internet", "staged")
         )
         assert serve == f"{internet.removesuffix(' min')} / {staged}", row
+
+
+WHAT_ONE_VM_HOLDS = (
+    "| cloud | largest Arm VM | largest preset one VM holds (4,096 tokens) "
+    "| presets no VM holds: the pick | Llama 3.1 405B Q4_0 (229 GB): the pick |"
+)
+
+
+def test_the_readme_opens_with_what_one_vm_holds_on_each_cloud() -> None:
+    """The table the README leads with is the planner's today: a preset that grows past a VM,
+    a new type in the catalog or a new pick for the 405B changes a cell here."""
+    assert _table("README.md", WHAT_ONE_VM_HOLDS) == what_one_vm_holds()
+    head = (REPO / "README.md").read_text().split("```", 1)[0]
+    assert WHAT_ONE_VM_HOLDS in head, "the README leads with the table, before its commands"
+    assert f"({plan(*PLAN_405B)['model']['sizeGb']:.0f} GB)" in WHAT_ONE_VM_HOLDS
+
+
+def test_the_opening_table_names_a_cluster_only_where_no_vm_holds_the_model() -> None:
+    """The claim the table makes: on GCP and Azure the largest mixtures of experts need several
+    VMs, and every VM of AWS's largest holds them (x8g up to 3 TiB)."""
+    rows = {row[0]: row for row in what_one_vm_holds()}
+    assert rows["AWS"][3] == "none"
+    for cloud in ("GCP", "Azure"):
+        assert "kimi-k2-q8_0" in rows[cloud][3] and "deepseek-v3.1-q8_0" in rows[cloud][3]
+        assert "kimi-k2-q8_0" not in rows[cloud][2]
+
+
+FLAGSHIP_TABLE = (
+    "| model | provider | instance type | nodes | layers | $/h | tok/s "
+    "| first token (1,000-token prompt) | $/Mtok | to serve: internet / staged |"
+)
+FLAGSHIP_MODELS = ("kimi-k2-q8_0", "deepseek-v3.1-q8_0")
+
+
+def test_the_plans_where_one_vm_is_not_enough_are_the_planners() -> None:
+    """docs/planner.md's table of the largest mixtures of experts: each cloud's pick for each,
+    its placement, price, speed, first token and time to serve as the planner gives them."""
+    rows = _table("docs/planner.md", FLAGSHIP_TABLE)
+    shown = [(row[0].strip("`"), row[1]) for row in rows]
+    assert shown == [(m, p) for m in FLAGSHIP_MODELS for p in ("aws", "gcp", "azure")]
+    for row in rows:
+        model, provider = row[0].strip("`"), row[1]
+        assert row[2:] == _plan_row(picked(plan(model), provider)), f"{model} on {provider}"
+
+
+def _plan_row(found: dict[str, Any]) -> list[str]:
+    """A row of the planner page's tables, from instance type to time to serve."""
+    partial = "+" if found["pricePartial"] else ""
+    speed, waited, cost = (
+        found["predictedDecodeTps"], found["predictedFirstTokenSeconds"],
+        found["usdPerMillionTokens"],
+    )  # fmt: skip
+    internet, staged = (
+        duration(found["timeToServe"][way]["totalSeconds"]) for way in ("internet", "staged")
+    )
+    layers = [share["layers"] for share in found["placement"]]
+    return [
+        found["instanceType"],
+        str(found["nodes"]),
+        " + ".join(map(str, layers)),
+        "unknown" if found["hourlyUsd"] is None else f"{found['hourlyUsd']:.2f}{partial}",
+        "n/a" if speed is None else f"{speed:.2f}",
+        "n/a" if waited is None else first_token(waited),
+        "n/a" if cost is None else f"{cost:,.0f}{partial}",
+        f"{internet.removesuffix(' min')} / {staged}",
+    ]
 
 
 def _normal(text: str) -> str:

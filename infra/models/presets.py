@@ -42,6 +42,11 @@ DEEPSEEK_R1 = _Family(671e9, 61, 4880, 129280, 7168, context_length=163840,
 # model card, MoonshotAI/Kimi-K2; llama.cpp prints "model params = 1.026 T").
 KIMI_K2 = _Family(1026.4e9, 61, 68.625, 163840, 7168, context_length=131072,
                   active_parameters=32e9, experts=384, experts_used=8)  # fmt: skip
+# DeepSeek-V3.1 (August 2025): V3's 671B with 37B active (8 of 256 routed experts and a shared
+# one), 61 layers of 7,168, 128k context; its GGUFs (unsloth's) postdate PR #12801 and cache the
+# latent K row only, as Kimi K2's do.
+DEEPSEEK_V3_1 = _Family(671e9, 61, 68.625, 129280, 7168, context_length=131072,
+                        active_parameters=37e9, experts=256, experts_used=8)  # fmt: skip
 # Qwen3-235B-A22B-Instruct-2507: 94 layers of 4,096, 4 KV heads of 128 (188 KiB a token), 128
 # experts of which 8 answer, 256k context (its model card; unsloth's GGUF header).
 QWEN3_235B = _Family(235.1e9, 94, 188, 151936, 4096, context_length=262144,
@@ -97,6 +102,14 @@ PRESETS: dict[str, Model] = {
         # VM holds on Google Cloud (576 GB) or Azure (672 GiB).
         _preset("kimi-k2-q2_k_xl", KIMI_K2, 381.0),
         _preset("kimi-k2-q8_0", KIMI_K2, 1090.0),
+        # unsloth's DeepSeek-V3.1-GGUF: the dynamic UD-Q2_K_XL, 256 GB in 6 parts, and UD-Q5_K_XL,
+        # 485 GB in 10 (huggingface.co/unsloth/DeepSeek-V3.1-GGUF/tree/main/UD-Q2_K_XL and
+        # .../UD-Q5_K_XL); the 8-bit "full 671B", 715 GB (docs.unsloth.ai, "DeepSeek-V3.1: how
+        # to run locally"; bartowski's V3-0324 Q8_0 is 713.29 GB): more than one VM holds on
+        # Google Cloud (576 GB) or Azure (672 GiB).
+        _preset("deepseek-v3.1-q2_k_xl", DEEPSEEK_V3_1, 256.0),
+        _preset("deepseek-v3.1-q5_k_xl", DEEPSEEK_V3_1, 485.0),
+        _preset("deepseek-v3.1-q8_0", DEEPSEEK_V3_1, 715.0),
         # unsloth's Qwen3-235B-A22B-Instruct-2507 Q4_K_M, 142.15 GB in 3 parts.
         _preset("qwen3-235b-a22b-q4_k_m", QWEN3_235B, 142.15),
         # llama-bench: 2.50 GiB; Q8_0 stores 34 bytes per 32 weights.

@@ -67,6 +67,9 @@ def test_a_moe_without_expert_counts_reads_each_tokens_experts_as_its_own() -> N
     [
         ("kimi-k2-q2_k_xl", 381.0, 32e9, 61 * 576 * 2, (384, 8)),
         ("kimi-k2-q8_0", 1090.0, 32e9, 61 * 576 * 2, (384, 8)),
+        ("deepseek-v3.1-q2_k_xl", 256.0, 37e9, 61 * 576 * 2, (256, 8)),
+        ("deepseek-v3.1-q5_k_xl", 485.0, 37e9, 61 * 576 * 2, (256, 8)),
+        ("deepseek-v3.1-q8_0", 715.0, 37e9, 61 * 576 * 2, (256, 8)),
         ("qwen3-235b-a22b-q4_k_m", 142.15, 22e9, 94 * 4 * 128 * 2 * 2, (128, 8)),
     ],
 )
