@@ -96,7 +96,7 @@ def one_run(arm: str, number: int, kills: int, source: Path) -> dict[str, Any]:
     cache = cache_dir()
     options = UpOptions(
         workers=2, model=real_model(cache), source=source, cache=cache,
-        cluster_id=f"bl{arm[0]}{number}", cidr=f"10.219.{random.randint(0, 250)}.0/24",
+        cluster_id=f"bl{arm[0]}{number}", cidr=f"10.219.{random.randint(0, 250)}.0/24",  # noqa: S311 (a range, not a secret)
         threads=1, context_size=2048, node_memory_bytes=8 * 1024**3,
         worker_local=arm == "local",
     )  # fmt: skip
