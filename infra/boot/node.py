@@ -294,6 +294,11 @@ class NodeBoot:
         return any(url.startswith(STAGED_SCHEMES) for url in self.model_urls)
 
     @property
+    def reads_store(self) -> bool:
+        """The node reads the object store: a staged model, or its slice of one."""
+        return self.staged or any(url.startswith(STAGED_SCHEMES) for url in self.slice_sources)
+
+    @property
     def guarded(self) -> bool:
         """A spend guard watches the node (``llama-rpc-guard``)."""
         return self.stop_after_idle_seconds > 0 or self.stop_after_seconds > 0

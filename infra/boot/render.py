@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.boot.cloud_yaml import dump
 from infra.boot.installed import installed_text
-from infra.boot.node import STAGED_SCHEMES, VM_PATHS, NodeBoot, NodePaths, render_env_file
+from infra.boot.node import VM_PATHS, NodeBoot, NodePaths, render_env_file
 from infra.boot.patches import HASH_SUFFIX, patch_set
 from infra.core import network_rules
 from infra.core.limits import METRICS_PORT, Role
@@ -122,7 +122,7 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     scripts = ROLE_SCRIPTS[boot.role]
     if boot.slice_manifest:
         scripts += SLICE_SCRIPTS
-    if boot.staged or any(url.startswith(STAGED_SCHEMES) for url in boot.slice_sources):
+    if boot.reads_store:
         scripts += (STAGED_SCRIPT,)
     # The reader of the cloud's stores: for the API key, and for files beyond the user data.
     kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})
@@ -192,7 +192,7 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     paths = VM_PATHS
     units = node_units(boot)
     packages = sorted(
-        BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.staged else ())
+        BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.reads_store else ())
     )
     fetched = fetched_files(boot, paths)
     files = [file for file in boot_files(boot, paths) if file not in fetched]

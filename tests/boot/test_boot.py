@@ -60,6 +60,16 @@ FULL_MAIN = dataclasses.replace(
     stop_by="azure-deallocate",
 )
 GUARDED_WORKER = dataclasses.replace(WORKER, stop_after_idle_seconds=1800)
+# Worker-local loading, from a staged model's slice manifest.
+SLICE_MANIFEST = "s3://models/m/m.gguf.slices.json"
+SLICED_MAIN = dataclasses.replace(
+    MAIN, model_urls=("s3://models/m/m.gguf",), model_store_region="us-east-1",
+    slice_manifest=SLICE_MANIFEST, slice_layers=27,
+)  # fmt: skip
+SLICED_WORKER = dataclasses.replace(
+    WORKER, slice_manifest=SLICE_MANIFEST, slice_sources=("s3://models/m/m.gguf",),
+    slice_first_layer=27, slice_layers=27, slice_output=1,
+)  # fmt: skip
 # The key read from the other clouds' stores.
 GCP_KEYED_MAIN = dataclasses.replace(
     MAIN, api_key_file=boot.VM_API_KEY_FILE, api_key_source="gcp-sm:llama-rpc-cluster-dev-api-key"
@@ -181,7 +191,9 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
     """Scripts call each other through the bin directory, and units name them: every name a
     role's scripts and units refer to is installed on that role's nodes."""
     used = set()
-    for node in (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, GCP_KEYED_MAIN, AZURE_KEYED_MAIN):
+    nodes = (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, GCP_KEYED_MAIN, AZURE_KEYED_MAIN,
+             SLICED_MAIN, SLICED_WORKER)  # fmt: skip
+    for node in nodes:
         files = files_of(node)
         installed = {
             path.rsplit("/", 1)[1]: entry["content"]
@@ -201,8 +213,10 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"fetch-model.sh", "model-disk.sh", "llama-rpc-secret"}
         if not node.api_key_source:  # node-boot.sh runs it only with a key source
             called -= {"llama-rpc-secret"}
-        if not node.staged:  # fetch-model.sh sources it only for a staged model
+        if not node.staged and not node.slice_manifest:  # sourced for a staged model only
             called -= {"fetch-staged.sh"}
+        if not node.slice_manifest:  # node-boot.sh runs it only with worker-local loading
+            called -= {"fetch-slice.sh"}
         if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
             called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"
