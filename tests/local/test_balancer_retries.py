@@ -196,19 +196,23 @@ def start_pair(directory: Path, edit: tuple[str, str] | None = None) -> Pair:
     require_tool("haproxy")
     port = free_port()
     groups = (Group("group1", MAINS[0], port), Group("group2", MAINS[1], port))
-    for group in groups:
-        group.start()
     config = balancer_boot(ipaddress.IPv4Network("127.0.0.0/24"), list(MAINS), server_port=port,
                            slots=1, timeout_seconds=600)  # fmt: skip
     assert config is not None and config.listen_ip == LISTEN
-    balancer = lb.Balancer(namespace=None, directory=directory)
-    balancer.write_config(config)
-    if edit is not None:
-        text = balancer.config.read_text()
-        assert edit[0] in text
-        balancer.config.write_text(text.replace(edit[0], edit[1]))
-    balancer.start()
-    return Pair(groups, balancer, port)
+    pair = Pair(groups, lb.Balancer(namespace=None, directory=directory), port)
+    try:
+        for group in groups:
+            group.start()
+        pair.balancer.write_config(config)
+        if edit is not None:
+            text = pair.balancer.config.read_text()
+            assert edit[0] in text
+            pair.balancer.config.write_text(text.replace(edit[0], edit[1]))
+        pair.balancer.start()
+    except BaseException:
+        stop_pair(pair)
+        raise
+    return pair
 
 
 def stop_pair(pair: Pair) -> None:

@@ -3,8 +3,9 @@
 The fast tests check the settings, the balancer's configuration (HAProxy's own ``-c``) and its
 health checks against stand-in servers on loopback. The netns tier brings up two groups of a
 main node and one worker serving the generated model, and sends requests from a namespace of its
-own on the VPC bridge: both groups answer; one group's main node is killed and every request is
-still answered while it comes back; each group's workers take RPC from their own main only.
+own on the VPC bridge: both groups answer; one group's main node is killed, and then its worker,
+and every request is still answered while it comes back; each group's workers take RPC from their
+own main only.
 Traffic goes only to loopback and to the namespaces these tests create.
 """
 
