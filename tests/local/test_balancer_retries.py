@@ -6,8 +6,9 @@ an answer, closed or reset, and then its port refuses until its supervisor has r
 /health answers 200 again. Every request that got no byte back is answered by the other group,
 even when the dying group was the only one with a free slot; one whose answer had begun (a
 stream) is not sent again, and its client sees the cut; a group whose /health says it is loading
-gets nothing. A request is sent again only from a copy of it whole: one within the buffer's bound
-is, a larger one is not. Traffic goes only to loopback.
+gets nothing; one that outlasts the server timeout (a whole generation's time) is not started
+again. A request is sent again only from a copy of it whole: one within the buffer's bound is, a
+larger one is not. Traffic goes only to loopback.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class Group:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        with connection, connection.makefile("rb") as stream:
+        # HAProxy may have closed the connection by the time the answer is written (a check done,
+        # a request it timed out): the answer then goes nowhere.
+        with connection, connection.makefile("rb") as stream, contextlib.suppress(OSError):
             while request := _read_request(stream):
                 path, body = request
                 if path == "/health":
@@ -354,3 +357,19 @@ def test_a_request_is_sent_again_up_to_the_buffers_bound_and_not_past_it(pair: P
     assert (within.status, within.group) == (200, "group2")
     beyond = through_group_1(boot.BUFFER_BYTES + 1)
     assert beyond.status == 502 and beyond.group is None
+
+
+def test_a_request_that_outlasts_the_server_timeout_is_not_sent_again(tmp_path: Path) -> None:
+    """The server timeout is a whole generation's time: a request that reaches it gets HAProxy's
+    504 and is not started again on the other group (here the timeout is cut to 1 s, under the
+    stand-in's SLOW_SECONDS)."""
+    pair = start_pair(
+        tmp_path / "lb", edit=("    timeout server 600s\n", "    timeout server 1s\n")
+    )
+    try:
+        pair.wait_for(UP)
+        reply = send(pair.port, SLOW_PATH)
+        assert reply.status == 504 and reply.group is None, reply
+        assert sorted(len(g.requests) for g in pair.groups) == [0, 1]
+    finally:
+        stop_pair(pair)
