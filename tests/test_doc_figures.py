@@ -297,9 +297,11 @@ FIGURES = [
     Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure, slow to",
            lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
                "aws-c8g", "gcp-c4a", "azure-cobalt")))),
-    Figure("docs/replicas.md", "two failed checks (about {} s after its main node",
+    Figure("docs/replicas.md", "else after two failed checks (within {} s of its main node's port",
            seconds_to_fall),
-    Figure("docs/local.md", "two failed checks take a group out (about {} s after",
+    Figure("docs/replicas.md", "a main node that hangs takes the checks' {} s timeout each",
+           lambda: balancer.CHECK_TIMEOUT.removesuffix("s")),
+    Figure("docs/local.md", "two failed checks take a group out (within {} s of its main",
            seconds_to_fall),
     Figure("docs/replicas.md", "is sent again, to another group, up to {} times",
            lambda: NUMBER_WORDS[balancer.RETRIES]),

@@ -34,9 +34,10 @@ BACKEND = "groups"
 # Health checks. llama-server answers /health from its HTTP threads without touching the model
 # (200 once loaded, 503 while loading), so checking often costs nothing. A group is checked every
 # second, and every quarter second once a check has failed or passed against its state: two
-# failures in a row take it out, about 1.25 s after its main node stops answering (one failed
-# check is a blip, not a death), and two passes bring it back once its model is loaded. Traffic
-# is quicker still: one refused connection takes a group out at once (``observe layer4``).
+# failures in a row take it out, within 1.25 s of its port closing (one failed check is a blip,
+# not a death; a main node that hangs costs CHECK_TIMEOUT a check), and two passes bring it back
+# once its model is loaded. Traffic is quicker still: one refused connection takes a group out at
+# once (``observe layer4``).
 CHECK_INTERVAL = "1s"
 CHECK_FAST_INTERVAL = "250ms"
 CHECK_TIMEOUT = "2s"
