@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from infra import catalog, models
+from infra.boot import balancer
 from infra.cli import lrc
 from infra.core.units import duration
 from infra.planner import search
@@ -248,6 +249,25 @@ def heal_bound() -> str:
     return f"{slowest('timeToHeal', 'worker-local', 'load worker')['seconds']} s"
 
 
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
+
+
+def _seconds(setting: str) -> float:
+    """An HAProxy time as the balancer writes it (``1s``, ``250ms``), in seconds."""
+    if setting.endswith("ms"):
+        return int(setting.removesuffix("ms")) / 1000
+    return int(setting.removesuffix("s"))
+
+
+def seconds_to_fall() -> str:
+    """From the last check a group passed to its being taken out: the next check, then the
+    failures after it at the fast interval."""
+    fall = _seconds(balancer.CHECK_INTERVAL) + _seconds(balancer.CHECK_FAST_INTERVAL) * (
+        balancer.CHECKS_TO_FALL - 1
+    )
+    return f"{fall:g}"
+
+
 @dataclass(frozen=True)
 class Figure:
     page: str
@@ -359,6 +379,26 @@ FIGURES = [
     Figure("docs/cost-runs.md", "The three stacks above are predicted at {} (Azure, slow to",
            lambda: "{} (AWS), {} (GCP) and {}".format(*(costrun_dry_run()[stack] for stack in (
                "aws-c8g", "gcp-c4a", "azure-cobalt")))),
+    Figure("docs/replicas.md", "else after two failed checks (within {} s of its main node's port",
+           seconds_to_fall),
+    Figure("docs/replicas.md", "a main node that hangs takes the checks' {} s timeout each",
+           lambda: balancer.CHECK_TIMEOUT.removesuffix("s")),
+    Figure("docs/local.md", "two failed checks take a group out (within {} s of its main",
+           seconds_to_fall),
+    Figure("docs/replicas.md", "is sent again, to another group, up to {} times",
+           lambda: NUMBER_WORDS[balancer.RETRIES]),
+    Figure("docs/replicas.md", "is sent to up to {} more groups",
+           lambda: NUMBER_WORDS[balancer.RETRIES]),
+    Figure("docs/replicas.md", "reads each request whole before sending it ({} s to send it)",
+           lambda: balancer.REQUEST_TIMEOUT.removesuffix("s")),
+    Figure("docs/replicas.md", "one of up to {} bytes, headers and body (a 256 KiB buffer)",
+           lambda: f"{balancer.RETRIED_REQUEST_BYTES:,}"),
+    Figure("docs/replicas.md", "headers and body (a {} KiB buffer)",
+           lambda: str(balancer.BUFFER_BYTES // 1024)),
+    Figure("docs/local.md", "a request of up to {} bytes, headers and body, can be",
+           lambda: f"{balancer.RETRIED_REQUEST_BYTES:,}"),
+    Figure("docs/replicas.md", "HAProxy holds every group's slots and {} waiting requests",
+           lambda: str(balancer.QUEUED_REQUESTS)),
 ]  # fmt: skip
 
 

@@ -8,6 +8,11 @@ at most its slots at once, the group with the fewest open requests gets the next
 request that no group can take now waits in HAProxy's queue, in arrival order, for the first
 group to free a slot, never inside one group's own queue behind a long generation. One HAProxy
 counts every open request; a cloud's managed balancers count per node or proxy and queue nothing.
+
+A group that loses a worker goes down whole: its main node's llama-server aborts (llama.cpp
+#26724), the requests it had open end with no answer, and its supervisor restarts it. The
+balancer takes such a group out within seconds and sends a request that got no byte back to
+another group; a request whose answer had begun (a stream) is never sent twice.
 """
 
 from __future__ import annotations
@@ -26,14 +31,47 @@ from infra.core import layout
 # The response header naming the group that answered (HAProxy's server name, "group1", …).
 SERVED_BY_HEADER = "X-Served-By"
 BACKEND = "groups"
-# Health checks. llama-server answers /health from its HTTP threads without touching the model,
-# so checking every second costs nothing. Two failures take a group out (within about 2 s of its
-# death), and so does one refused connection, at once; two passes in a row bring it back once
-# its model is loaded.
+# Health checks. llama-server answers /health from its HTTP threads without touching the model
+# (200 once loaded, 503 while loading), so checking often costs nothing. A group is checked every
+# second, and every quarter second once a check has failed or passed against its state: two
+# failures in a row take it out, within 1.25 s of its port closing (one failed check is a blip,
+# not a death; a main node that hangs costs CHECK_TIMEOUT a check), and two passes bring it back
+# once its model is loaded. Traffic is quicker still: one refused connection takes a group out at
+# once (``observe layer4``).
 CHECK_INTERVAL = "1s"
+CHECK_FAST_INTERVAL = "250ms"
 CHECK_TIMEOUT = "2s"
 CHECKS_TO_FALL = 2
 CHECKS_TO_RISE = 2
+# Sending a request again (HAProxy's L7 retries), to another group with a free slot if there is
+# one, and only when it got no byte back: its connection refused or failed, or closed or reset
+# before a whole answer's headers (what an aborting llama-server leaves), or llama-server's 503
+# (its model loading). Not a server timeout: it strikes after a whole generation's time (the
+# timeouts below), and a retry would start that generation again. Not a malformed answer
+# (junk-response): a dying llama-server sends none (headers cut short count as empty), and a group
+# that sends one would get it again. Three retries: when every other group's slots are busy the
+# first goes back to the dying group (HAProxy sends a retry to another server only if one has a
+# free slot), whose refused connection takes it out; the second waits in the queue for another
+# group's slot; the third is for a dying process that still takes a connection as it goes. A
+# request that itself makes llama-server abort therefore reaches at most 1 + RETRIES groups.
+RETRIES = 3
+RETRY_ON = ("conn-failure", "empty-response", "503")
+# HAProxy sends a request again only from a copy of it, whole, in one buffer (tune.bufsize, 16 KiB
+# by default), made when it is first sent, and only if all of it had come by then: so each request
+# is read whole before it is sent (``option http-buffer-request``; the client has REQUEST_TIMEOUT
+# to send it), into a 256 KiB buffer. A request of up to RETRIED_REQUEST_BYTES, headers and body,
+# can be sent again; a larger one is passed on as it comes, with no copy, and gets HAProxy's 502
+# if its group dies before answering.
+BUFFER_BYTES = 256 * 1024
+# The buffer less HAProxy's reserve for rewriting headers (tune.maxrewrite: 1,024 bytes with a
+# buffer this size) and its framing of the message (HTX: a few bytes a header).
+RETRIED_REQUEST_BYTES = BUFFER_BYTES - 4 * 1024
+REQUEST_TIMEOUT = "60s"
+# Client connections HAProxy holds beyond every group's slots (global maxconn): requests waiting
+# in its queue, and connections idle between requests (for REQUEST_TIMEOUT at most). They bound
+# its memory, a few buffers of BUFFER_BYTES an open request (its own, its copy, its answer's), and
+# its file descriptors (two a connection). More wait in the kernel's backlog until one ends.
+QUEUED_REQUESTS = 512
 HAPROXY_PACKAGES = ("haproxy", "nftables")
 # The nodes' own installer, which retries apt with a growing delay: the balancer node may boot
 # before its NAT route carries traffic, and cloud-init's `packages` runs once.
@@ -94,6 +132,12 @@ class BalancerBoot:
                 f"{self.timeout_seconds}"
             )
 
+    @property
+    def max_connections(self) -> int:
+        """The connections HAProxy holds at once: every group's slots busy and QUEUED_REQUESTS
+        waiting."""
+        return len(self.mains) * self.slots + QUEUED_REQUESTS
+
 
 def balancer_boot(
     subnet: ipaddress.IPv4Network,
@@ -142,6 +186,10 @@ def haproxy_config(
     stats = f"    stats socket {stats_socket} mode 600 level admin\n" if stats_socket else ""
     user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
     timeout = balancer.timeout_seconds
+    checks = (
+        f"check inter {CHECK_INTERVAL} fastinter {CHECK_FAST_INTERVAL} fall {CHECKS_TO_FALL} "
+        f"rise {CHECKS_TO_RISE}"
+    )
     resolvers = (
         f"resolvers {RESOLVERS}\n    parse-resolv-conf\n    hold valid 10s\n\n" if by_name else ""
     )
@@ -152,6 +200,11 @@ def haproxy_config(
 # Rendered by infra/boot/balancer.py; checked with `haproxy -c -f` before it runs.
 global
     log stdout format raw daemon
+    # A request is sent again from a copy of it, whole, in one buffer: one of up to
+    # {RETRIED_REQUEST_BYTES} bytes can be.
+    tune.bufsize {BUFFER_BYTES}
+    # Every group's slots busy, and {QUEUED_REQUESTS} requests waiting for one.
+    maxconn {balancer.max_connections}
 {stats}{user}
 {resolvers}defaults
     mode http
@@ -164,12 +217,15 @@ global
     timeout server {timeout}s
     timeout queue {timeout}s
     timeout check {CHECK_TIMEOUT}
-    # A request that meets a group that has just died (connection refused, or closed before any
-    # answer) or one still loading (503) is sent again, to another group. One whose connection
-    # the dying server reset gets 502: HAProxy retries a reset only for refused TLS early data.
-    retries 3
+    # Each request is read whole before it is sent to a group, so that it can be sent again.
+    option http-buffer-request
+    timeout http-request {REQUEST_TIMEOUT}
+    # A request that got no byte back from its group (refused, closed or reset before a whole
+    # answer's headers, or 503 while loading) is sent again, to another group; one whose answer
+    # has begun is not: a stream is never sent twice.
+    retries {RETRIES}
     option redispatch 1
-    retry-on conn-failure empty-response 503
+    retry-on {" ".join(RETRY_ON)}
 
 frontend api
     bind {balancer.listen_ip}:{balancer.port}
@@ -183,7 +239,7 @@ backend {BACKEND}
     balance leastconn
     option httpchk GET /health
     http-check expect status 200
-    default-server check inter {CHECK_INTERVAL} fall {CHECKS_TO_FALL} rise {CHECKS_TO_RISE}
+    default-server {checks}
     # A group whose connection fails is taken out at once, not after its checks fail: a retry
     # goes to another server than the last, and when the others are full (maxconn) the only one
     # left would be the dead one; taken out, the retry waits in the queue instead.

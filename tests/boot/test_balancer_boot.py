@@ -62,6 +62,24 @@ def test_each_group_takes_its_slots_and_the_rest_wait_for_the_first_free() -> No
     assert "user haproxy" in text and "stats socket" not in text
 
 
+def test_a_dead_group_leaves_quickly_and_what_got_no_byte_back_is_sent_again() -> None:
+    """Checks every second, every quarter second once one has failed, two to take a group out;
+    each request read whole into a buffer that holds the bound the docs give, sent again at most
+    three times, to another group where one has a slot, never after a timeout; every slot and the
+    queue's share within HAProxy's connections (tests/local/test_balancer_retries.py runs them)."""
+    text = balancer.haproxy_config(BALANCER)
+    assert "default-server check inter 1s fastinter 250ms fall 2 rise 2\n" in text
+    assert "default-server observe layer4 error-limit 1 on-error mark-down\n" in text
+    assert "    option http-buffer-request\n    timeout http-request 60s\n" in text
+    assert "    retries 3\n    option redispatch 1\n" in text
+    assert "    retry-on conn-failure empty-response 503\n" in text
+    assert "response-timeout" not in text and "all-retryable-errors" not in text
+    assert f"    tune.bufsize {256 * 1024}\n" in text
+    assert balancer.RETRIED_REQUEST_BYTES == 258_048 < balancer.BUFFER_BYTES
+    # Three groups of two slots busy, and the queue's 512.
+    assert BALANCER.max_connections == 518 and "    maxconn 518\n" in text
+
+
 def test_the_packages_come_from_the_retrying_installer_and_then_the_configuration() -> None:
     """cloud-init's one-shot ``packages`` would leave the node without HAProxy for good when its
     NAT route is not carrying traffic yet: the nodes' own installer retries instead."""

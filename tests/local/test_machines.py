@@ -547,17 +547,73 @@ def test_the_build_step_ran_and_found_the_build_complete(up) -> None:
     assert "already built" in log
 
 
-def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(up) -> None:
-    before = on(up, "w1", "systemctl", "show", ROLE_UNIT["worker"], "-p", "NRestarts").strip()
-    on(up, "w1", "systemctl", "kill", "--signal=SIGKILL", ROLE_UNIT["worker"])
-    wait_for(
-        lambda: (
-            on(up, "w1", "systemctl", "show", ROLE_UNIT["worker"], "-p", "NRestarts").strip()
-            != before
-        ),
-        120,
-        "systemd restarting the worker",
+# What the clients of the worker test send through the balancer, one after another.
+THROUGH_THE_BALANCER = {"prompt": "Once upon a time", "temperature": 0, "n_predict": 32,
+                        "cache_prompt": False}  # fmt: skip
+
+
+def restarts(up: dict[str, Any], name: str, unit: str) -> int:
+    return int(unit_state(up, name, unit)["NRestarts"])
+
+
+def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(
+    up: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two clients send requests through the balancer, one slot a group, so both groups are
+    busy. Group 1's worker is killed (SIGKILL) while group 1 answers one: its main node's
+    llama-server aborts on its next RPC (llama.cpp #26724) and systemd restarts both. The
+    balancer sends the request group 1 had open to group 2 (waiting for its slot), takes group 1
+    out until it serves again, and no request fails; then group 1 answers again, the same greedy
+    text as before."""
+    balancer = up["balancer"]
+    worker, main = ROLE_UNIT["worker"], ROLE_UNIT["main"]
+    before = {"w1": restarts(up, "w1", worker), "main": restarts(up, "main", main)}
+    stop = tmp_path / "stop"
+    logs = [tmp_path / f"client{i}.jsonl" for i in range(2)]
+    client = completion_client(
+        up["contract"][outputs.BALANCER_URL], THROUGH_THE_BALANCER, count=-1, stop=stop,
+        timeout=600, key_file=up["spec"].api_key_file,
+    )  # fmt: skip
+    clients = [
+        subprocess.Popen([*exec_prefix(up["client"]), *client], stdout=log.open("w"))
+        for log in logs
+    ]
+
+    def rows() -> list[dict[str, Any]]:
+        return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+
+    def state(group: str) -> str:
+        return str(balancer.group_states()[group])
+
+    def open_on(group: str) -> int:
+        return next(int(r["scur"] or 0) for r in balancer.stats() if r["svname"] == group)
+
+    try:
+        wait_for(lambda: {r["group"] for r in rows()} >= {"group1", "group2"}, 120, "both answer")
+        wait_for(lambda: open_on("group1") > 0, 60, "a request open on group 1")
+        killed_at = time.monotonic()
+        on(up, "w1", "systemctl", "kill", "--signal=SIGKILL", worker)
+        wait_for(lambda: restarts(up, "w1", worker) > before["w1"], 120, "the worker restarted")
+        wait_for(lambda: restarts(up, "main", main) > before["main"], 120, "the main restarted")
+        wait_for(lambda: state("group1") == "UP", 600, "group 1 checked up again")
+        back_at = time.monotonic()
+        wait_for(
+            lambda: any(r["group"] == "group1" and r["start"] > back_at for r in rows()),
+            120,
+            "group 1 answering again",
+        )
+    finally:
+        stop.touch()
+        for running in clients:
+            running.wait(timeout=650)
+    answered = rows()
+    during = [r for r in answered if killed_at < r["start"] and r["end"] < back_at]
+    print(
+        f"{len(answered)} requests; group 1 back {back_at - killed_at:.1f} s after its worker "
+        f"was killed; {len(during)} meanwhile, answered by {sorted({r['group'] for r in during})}"
     )
+    assert [r for r in answered if r["status"] != 200] == []
+    assert during and {r["group"] for r in during} == {"group2"}
     wait_serving(up)
     assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"]) == up["completion"]
 
