@@ -174,6 +174,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["endpoint"] = "https://0123456789ABCDEF.gr7.us-east-1.eks.amazonaws.com"
             state["certificateAuthority"] = {"data": "Q0VSVElGSUNBVEU="}
             state["vpcConfig"] = {**state["vpcConfig"], "clusterSecurityGroupId": "sg-0eks"}
+            # The service range EKS picks for a cluster in a 10.x VPC (EKS API
+            # KubernetesNetworkConfigRequest: 10.100.0.0/16 or 172.20.0.0/16).
+            state["kubernetesNetworkConfig"] = {"serviceIpv4Cidr": "172.20.0.0/16"}
         if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
         if args.typ == "aws:ssm/parameter:Parameter":

@@ -35,7 +35,7 @@ from infra.conformance.rules import (
     revealed,
     values_at,
 )
-from infra.core import scheduling
+from infra.core import pins, scheduling
 
 NAMES = "https://kubernetes.io/docs/concepts/overview/working-with-objects/names/"
 LABELS = (
@@ -77,6 +77,7 @@ LWS_CRD = (
 )
 LWS_WEBHOOK = f"{LWS} pkg/webhooks/leaderworkerset_webhook.go"
 PROGRAM = "the program's rule"
+PATCH = "pulumi_kubernetes 4.34.2 apps/v1/DeploymentPatch.py (Patch resources)"
 
 # The API server's name formats (kubernetes/apimachinery pkg/util/validation/validation.go).
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -106,6 +107,7 @@ SECRET = "kubernetes:core/v1:Secret"  # noqa: S105 (a type token, not a secret)
 SERVICE_TYPE = "kubernetes:core/v1:Service"
 NETWORK_POLICY_TYPE = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DEPLOYMENT_TYPE = "kubernetes:apps/v1:Deployment"
+DEPLOYMENT_PATCH = "kubernetes:apps/v1:DeploymentPatch"
 LEADER_WORKER_SET = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
 
 
@@ -213,6 +215,29 @@ class InItsNamespace(Rule):
                 yield (
                     f"is not made after {other.name} ({NAMESPACE}), the namespace "
                     f"{wanted!r} it lives in: the API refuses an object in a missing namespace"
+                )
+
+
+@dataclass(frozen=True)
+class InControllerNamespace(Rule):
+    """An object in the namespace the LWS controller's manifest makes (not a Namespace of the
+    stack's) is made after the manifest: the API refuses an object in a missing namespace."""
+
+    family: ClassVar[str] = ORDER
+    source: str = f"{NAMESPACE_LIFECYCLE}; kubernetes-sigs/lws v0.10.0 config/default (namespace)"
+
+    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+        wanted = next((v for _, v in values_at(resource.inputs, "metadata.namespace")), None)
+        if wanted != pins.LWS_NAMESPACE:
+            return
+        manifests = [r for r in stack.resources if r.type == CONFIG_FILE]
+        if not manifests:
+            yield f"is in {wanted!r}, which only the LWS controller's manifest makes: there is none"
+        for manifest in manifests:
+            if not stack.waits_for(resource, manifest):
+                yield (
+                    f"is not made after {manifest.name} ({CONFIG_FILE}), whose manifest makes the "
+                    f"namespace {wanted!r} it lives in"
                 )
 
 
@@ -477,7 +502,7 @@ def _namespaced(
     """A namespaced object: its name, namespace, labels, and its place after its namespace."""
     return ResourceRules(
         type_,
-        (name, namespace(), metadata_labels(), InItsNamespace(), *rules),
+        (name, namespace(), metadata_labels(), InItsNamespace(), InControllerNamespace(), *rules),
         replaced_on=_metadata_forced(*replaced_on),
         source=FORCE_NEW,
     )
@@ -569,6 +594,17 @@ RULES = by_type(
         # apps/v1 never changes a Deployment's selector: pulumi-kubernetes replaces it.
         replaced_on=("spec.selector",),
     ),
+    # A patch of the controller's Deployment (server-side apply of the fields it gives), which
+    # pulumi-kubernetes awaits as it does a Deployment: the LeaderWorkerSet waits for it.
+    _namespaced(
+        DEPLOYMENT_PATCH,
+        _subdomain_name(f"{DEPLOYMENT}; {PATCH} (the name of the patched object is required)"),
+        OneOf(
+            "metadata.name",
+            (pins.LWS_DEPLOYMENT,),
+            f"{PROGRAM}: the stack patches the LWS controller's Deployment alone",
+        ),
+    ),
     _namespaced(
         LEADER_WORKER_SET,
         # Its name is its headless Service's: the webhook takes an RFC 1035 label only.
@@ -594,6 +630,11 @@ RULES = by_type(
             (CONFIG_FILE,),
             "a LeaderWorkerSet needs the controller's CRD and webhook first",
             CRD,
+        ),
+        After(
+            (DEPLOYMENT_PATCH,),
+            "the controller's webhook admits a LeaderWorkerSet once its pods are ready",
+            f"{LWS_WEBHOOK}; {PATCH} (awaited as a Deployment)",
         ),
         # The CRD has no x-kubernetes-validations: the webhook refuses (rather than replaces) a
         # change of subGroupPolicy, and takes a new size as a rolling update. pulumi-kubernetes

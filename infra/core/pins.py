@@ -25,3 +25,10 @@ LWS_VERSION = "v0.10.0"
 LWS_MANIFEST_URL = (
     f"https://github.com/kubernetes-sigs/lws/releases/download/{LWS_VERSION}/manifests.yaml"
 )
+# What the release's manifest makes that the stack refers to (kubernetes-sigs/lws v0.10.0
+# config/default: the namespace and name prefix, config/manager: the manager's pod label,
+# manager_webhook_patch.yaml: the webhook server's port).
+LWS_NAMESPACE = "lws-system"
+LWS_DEPLOYMENT = "lws-controller-manager"
+LWS_PODS = {"control-plane": "controller-manager"}
+LWS_WEBHOOK_PORT = 9443

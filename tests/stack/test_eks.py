@@ -53,8 +53,13 @@ INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 ADDON = "aws:eks/addon:Addon"
 CONTROLLER = "kubernetes:yaml/v2:ConfigFile"
 LWS = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
-# What the program puts beside the rendered objects: the namespace and the API key's Secret.
-STACK_OWN = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:Secret"}
+POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+READY = "kubernetes:apps/v1:DeploymentPatch"
+ROLE = "aws:iam/role:Role"
+ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+# What the program puts beside the rendered objects: the namespace and the API key's Secret (and,
+# outside the namespace, the cluster's own pods' policies and the controller's readiness).
+STACK_OWN = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:Secret", READY}
 
 
 def applied(d: Deployment) -> list[dict[str, Any]]:
@@ -62,6 +67,8 @@ def applied(d: Deployment) -> list[dict[str, Any]]:
     found = []
     for r in d.resources:
         if not r.typ.startswith("kubernetes:") or r.typ == CONTROLLER or r.typ in STACK_OWN:
+            continue
+        if r.inputs.get("metadata", {}).get("namespace") != eks.NAMESPACE:
             continue
         found.append({k: v for k, v in r.inputs.items() if v is not None})
     return found
@@ -193,12 +200,95 @@ def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     assert len(small.of_type(SUBNET)) == 3
 
 
-def test_network_policies_are_enforced_by_the_vpc_cni() -> None:
-    [addon] = deployed(STACK).of_type(ADDON)
-    assert addon.inputs["addonName"] == "vpc-cni"
-    values = json.loads(addon.inputs["configurationValues"])
+def addons(d: Deployment) -> dict[str, dict[str, Any]]:
+    return {r.inputs["addonName"]: r.inputs for r in d.of_type(ADDON)}
+
+
+def test_network_policies_are_enforced_by_the_vpc_cni_in_strict_mode() -> None:
+    addon = addons(deployed(STACK))["vpc-cni"]
+    values = json.loads(addon["configurationValues"])
     assert values["enableNetworkPolicy"] == "true"  # a string, as the add-on's schema takes it
-    assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+    # Strict: a new pod is denied everything until its policies apply (standard lets all in).
+    assert values["env"]["NETWORK_POLICY_ENFORCING_MODE"] == "strict"
+    assert addon["resolveConflictsOnCreate"] == "OVERWRITE"
+
+
+def test_every_node_joins_with_the_cni_in_strict_mode_and_its_agent_in_place() -> None:
+    stack = deployed(STACK).stack()
+    network = [r for r in stack.resources if r.type == ADDON]
+    assert {r.inputs["addonName"] for r in network} == {"vpc-cni", "eks-pod-identity-agent"}
+    groups = [r for r in stack.resources if r.type == NODE_GROUP]
+    assert groups
+    for group in groups:
+        for addon in network:
+            assert stack.waits_for(group, addon), (group.name, addon.name)
+
+
+def test_strict_mode_gives_the_clusters_dns_and_the_controller_policies_of_their_own() -> None:
+    d = deployed(STACK)
+    policies = {
+        r.inputs["metadata"]["namespace"]: r.inputs
+        for r in d.of_type(POLICY)
+        if r.inputs["metadata"]["namespace"] != eks.NAMESPACE
+    }
+    assert set(policies) == {"kube-system", "lws-system"}
+    api = "172.20.0.1/32"  # the mocked cluster's service range, its first address
+    vpc = "10.42.0.0/16"
+    dns = policies["kube-system"]["spec"]
+    assert dns["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert dns["policyTypes"] == ["Ingress", "Egress"]
+    # Port 53 alone, from any pod; out to the VPC's resolver and the API, nothing else.
+    assert [rule["ports"] for rule in dns["ingress"]] == [
+        [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    ]
+    out = {
+        (block["ipBlock"]["cidr"], port["port"])
+        for rule in dns["egress"]
+        for block in rule["to"]
+        for port in rule["ports"]
+    }
+    assert out == {
+        (vpc, 53),
+        ("169.254.169.253/32", 53),
+        (vpc, 443),
+        (api, 443),
+    }
+    controller = policies["lws-system"]["spec"]
+    assert controller["podSelector"] == {"matchLabels": {"control-plane": "controller-manager"}}
+    assert controller["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": vpc}}], "ports": [{"protocol": "TCP", "port": 9443}]}
+    ]
+    assert [b["ipBlock"]["cidr"] for b in controller["egress"][0]["to"]] == [vpc, api]
+    assert controller["egress"][0]["ports"] == [{"protocol": "TCP", "port": 443}]
+
+
+def test_the_cni_role_is_its_service_accounts_alone_and_the_nodes_hold_no_eni_rights() -> None:
+    d = deployed(STACK)
+    roles = {r.name: r for r in d.of_type(ROLE)}
+    attached = {
+        (r.inputs["role"], r.inputs["policyArn"].rsplit("/", 1)[-1]) for r in d.of_type(ATTACHMENT)
+    }
+    node_policies = {p for role, p in attached if role == "llama-rpc-cluster-node-role"}
+    assert node_policies == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"}
+    cni_policies = {p for role, p in attached if role == "llama-rpc-cluster-cni-role"}
+    assert cni_policies == {"AmazonEKS_CNI_Policy"}
+    # Only EKS Pod Identity takes the CNI's role, and only for aws-node.
+    trust = json.loads(roles["llama-rpc-cluster-cni-role"].inputs["assumeRolePolicy"])
+    [statement] = trust["Statement"]
+    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    cni = addons(d)["vpc-cni"]
+    assert cni["podIdentityAssociations"] == [
+        {
+            "roleArn": "arn:aws:iam::123456789012:role/llama-rpc-cluster-cni-role",
+            "serviceAccount": "aws-node",
+        }
+    ]
+    stack = d.stack()
+    [addon] = [r for r in stack.resources if r.inputs.get("addonName") == "vpc-cni"]
+    for attachment in stack.resources:
+        if attachment.type == ATTACHMENT and attachment.inputs["role"].endswith("cni-role"):
+            assert stack.waits_for(addon, attachment)
 
 
 @pytest.mark.parametrize(
@@ -260,7 +350,19 @@ def test_the_controller_comes_from_its_pinned_release_before_the_leader_worker_s
     stack = d.stack()
     [lws] = [r for r in stack.resources if r.type == LWS]
     [ctrl] = [r for r in stack.resources if r.type == CONTROLLER]
-    assert stack.waits_for(lws, ctrl)
+    [ready] = [r for r in stack.resources if r.type == READY]
+    [policy] = [
+        r
+        for r in stack.resources
+        if r.type == POLICY and r.inputs["metadata"]["namespace"] == "lws-system"
+    ]
+    # The manifest is applied without waiting: its pods need their policy (in its namespace)
+    # first. The patch of its Deployment waits for them, and the LeaderWorkerSet for the patch.
+    assert ctrl.inputs.get("skipAwait") is True
+    assert stack.waits_for(policy, ctrl) and stack.waits_for(ready, policy)
+    assert stack.waits_for(lws, ready)
+    assert ready.inputs["metadata"]["name"] == "lws-controller-manager"
+    assert ready.inputs["metadata"]["namespace"] == "lws-system"
     # The controller's pods need nodes and their network.
     for other in stack.resources:
         if other.type in (NODE_GROUP, ADDON):

@@ -1,11 +1,14 @@
 """``LlamaRpcKubernetesCluster``: the stack on EKS (``platform: kubernetes``).
 
 The VPC of the VM stacks (its NAT, baseline and flow logs), an EKS control plane whose endpoint
-is private (public only for ``kubernetesApiCidrs``), the VPC CNI with network policies enforced,
-and one managed node group of Graviton nodes per instance type (Amazon Linux 2023 for Arm, IMDSv2
-only, encrypted gp3 disks, one cluster placement group, no SSH). On it: the LeaderWorkerSet
-controller from its release, and the objects ``lrc k8s render`` writes for the same stack
-(``infra.stack.kube.objects``), with the stack's API key as a Secret.
+is private (public only for ``kubernetesApiCidrs``), the VPC CNI enforcing network policies in
+strict mode (a new pod is denied everything until its policies apply) with a role of its own that
+EKS Pod Identity gives its service account alone (the nodes' role holds no network-interface
+rights), and one managed node group of Graviton nodes per instance type (Amazon Linux 2023 for
+Arm, IMDSv2 only, encrypted gp3 disks, one cluster placement group, no SSH). On it: the
+LeaderWorkerSet controller from its release, and the objects ``lrc k8s render`` writes for the
+same stack (``infra.stack.kube.objects``), with the stack's API key as a Secret, and the policies
+strict mode needs for the cluster's DNS and the controller (``infra.stack.kube.system``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.backends.aws import EC2_ASSUME_ROLE, AwsBackend
 from infra.stack.component import stack_api_key
 from infra.stack.config import ClusterConfig
-from infra.stack.kube import objects
+from infra.stack.kube import objects, system
 
 # The Kubernetes names of the stack's objects: one namespace, the LeaderWorkerSet's name.
 NAMESPACE = layout.PROJECT
@@ -40,6 +43,20 @@ POD_SECURITY = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
 }
+# A role EKS Pod Identity hands to a service account's pods (the EKS guide's trust policy: both
+# actions, the pods.eks.amazonaws.com principal).
+POD_IDENTITY_ASSUME_ROLE = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": aws_facts.EKS_POD_IDENTITY_PRINCIPAL},
+            "Action": ["sts:AssumeRole", "sts:TagSession"],
+        }
+    ],
+}
+# Labels of the objects the stack puts in the cluster's own namespaces.
+SYSTEM_LABELS = {"app.kubernetes.io/part-of": layout.PROJECT}
 ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023's root volume, which holds the pods' model
 EKS_ASSUME_ROLE = {
     "Version": "2012-10-17",
@@ -236,7 +253,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         if config.flow_logs:
             self._aws.flow_logs(name, vpc, network_tags, child)
 
-        cluster, cni = self._control_plane(name, config, subnets=[nodes_subnet, plane])
+        cluster, addons = self._control_plane(name, config, subnets=[nodes_subnet, plane])
         node_role = self._role(f"{name}-node", EC2_ASSUME_ROLE, aws_facts.EKS_NODE_POLICIES, config)
         placement = aws.ec2.PlacementGroup(
             f"{name}-placement",
@@ -253,12 +270,19 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 role=node_role,
                 subnet=nodes_subnet,
                 placement=placement,
+                network=addons,
             )
             for pool in node_pools(config)
         ]
         api_key = stack_api_key(name, config, self)
         self._workloads(
-            name, config, cluster, api_key, rendered, after=[cni, *pools], profile=args.aws_profile
+            name,
+            config,
+            cluster,
+            api_key,
+            rendered,
+            after=[*addons, *pools],
+            profile=args.aws_profile,
         )
 
         cost = config.hourly_cost
@@ -295,9 +319,10 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
 
     def _control_plane(
         self, name: str, config: ClusterConfig, *, subnets: list[aws.ec2.Subnet]
-    ) -> tuple[aws.eks.Cluster, aws.eks.Addon]:
+    ) -> tuple[aws.eks.Cluster, list[aws.eks.Addon]]:
         """The EKS control plane in the two subnets, its endpoint as ``kubernetesApiCidrs`` says,
-        and the VPC CNI add-on that enforces network policies."""
+        the Pod Identity agent, and the VPC CNI add-on that enforces network policies in strict
+        mode with its own role."""
         child = pulumi.ResourceOptions(parent=self)
         cluster_role, cluster_policies = self._role(
             f"{name}-cluster", EKS_ASSUME_ROLE, aws_facts.EKS_CLUSTER_POLICIES, config
@@ -338,18 +363,36 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 tags=self._aws.tags(config, "control-plane"),
                 opts=child,
             )
-        cni = aws.eks.Addon(
-            f"{name}-vpc-cni",
+        # The agent runs on each node's host network, so it serves before the CNI does; the CNI
+        # asks it for its role's credentials.
+        agent = aws.eks.Addon(
+            f"{name}-pod-identity-agent",
             cluster_name=cluster.name,
-            addon_name="vpc-cni",
-            configuration_values=json.dumps(aws_facts.EKS_VPC_CNI_CONFIGURATION),
-            # EKS installs its own vpc-cni first; the managed add-on takes it over.
+            addon_name=aws_facts.EKS_POD_IDENTITY_AGENT,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=self._aws.tags(config, "control-plane"),
             opts=child,
         )
-        return cluster, cni
+        cni_role, cni_policies = self._role(
+            f"{name}-cni", POD_IDENTITY_ASSUME_ROLE, aws_facts.EKS_CNI_POLICIES, config
+        )
+        cni = aws.eks.Addon(
+            f"{name}-vpc-cni",
+            cluster_name=cluster.name,
+            addon_name="vpc-cni",
+            configuration_values=json.dumps(aws_facts.EKS_VPC_CNI_CONFIGURATION),
+            # aws-node, and no other pod, takes the CNI's role.
+            pod_identity_associations=[
+                {"role_arn": cni_role.arn, "service_account": aws_facts.EKS_CNI_SERVICE_ACCOUNT}
+            ],
+            # EKS installs its own vpc-cni first; the managed add-on takes it over.
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            tags=self._aws.tags(config, "control-plane"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[agent, *cni_policies]),
+        )
+        return cluster, [agent, cni]
 
     def _workloads(
         self,
@@ -363,7 +406,8 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         profile: str | None,
     ) -> None:
         """On the cluster: the LeaderWorkerSet controller once the nodes and their network are
-        up (``after``), the namespace, the API key's Secret and the rendered objects."""
+        up (``after``), the policies strict mode needs for the cluster's DNS and the controller,
+        the namespace, the API key's Secret and the rendered objects."""
         child = pulumi.ResourceOptions(parent=self)
         provider = k8s.Provider(
             f"{name}-k8s",
@@ -373,13 +417,45 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             opts=child,
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
-        # The controller's own Deployment waits for a node, and the network for its CNI.
+        # Strict mode denies a pod everything until a policy selects it: the cluster's DNS and
+        # the controller get theirs. The Kubernetes API is the `kubernetes` Service's address
+        # and the control plane's interfaces in the VPC.
+        api = cluster.kubernetes_network_config.apply(
+            lambda network: system.kubernetes_service_address(network.service_ipv4_cidr)
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-cluster-dns",
+            **system.dns_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
+            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=after)),
+        )
+        # The controller's own Deployment waits for a node, and the network for its CNI. Its
+        # pods cannot become ready before their policy (which needs the manifest's namespace)
+        # is in: the manifest is applied without waiting, and a patch of the Deployment waits.
         controller = k8s.yaml.v2.ConfigFile(
             f"{name}-lws-controller",
             file=LWS_MANIFEST_URL,
+            skip_await=True,
             opts=pulumi.ResourceOptions.merge(
                 on_cluster,
                 pulumi.ResourceOptions(depends_on=after),
+            ),
+        )
+        controller_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-lws-controller-policy",
+            **system.controller_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
+            opts=pulumi.ResourceOptions.merge(
+                on_cluster, pulumi.ResourceOptions(depends_on=[controller])
+            ),
+        )
+        ready = k8s.apps.v1.DeploymentPatch(
+            f"{name}-lws-controller-ready",
+            metadata={
+                "name": system.CONTROLLER_DEPLOYMENT,
+                "namespace": system.CONTROLLER_NAMESPACE,
+                "labels": dict(SYSTEM_LABELS),
+            },
+            opts=pulumi.ResourceOptions.merge(
+                on_cluster, pulumi.ResourceOptions(depends_on=[controller_policy])
             ),
         )
         namespace = k8s.core.v1.Namespace(
@@ -399,7 +475,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 opts=in_namespace,
             )
         for obj in rendered:
-            self._apply(name, obj, in_namespace, controller)
+            self._apply(name, obj, in_namespace, ready)
 
     def _role(
         self,
@@ -436,6 +512,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         role: tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]],
         subnet: aws.ec2.Subnet,
         placement: aws.ec2.PlacementGroup,
+        network: list[aws.eks.Addon],
     ) -> aws.eks.NodeGroup:
         child = pulumi.ResourceOptions(parent=self)
         tags = {**self._aws.tags(config, pool.role), "Name": f"{name}-{pool.role}"}
@@ -488,7 +565,9 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             update_config={"max_unavailable": 1},
             labels={ROLE_LABEL: pool.role},
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=attached),
+            # A node joins with the CNI in strict mode and its role's agent already in place: no
+            # pod on it starts in the standard mode.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, *network]),
         )
         return group
 
@@ -499,8 +578,8 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions,
         controller: pulumi.Resource,
     ) -> None:
-        """One rendered object as its typed resource (the LeaderWorkerSet after its controller,
-        whose webhook admits it)."""
+        """One rendered object as its typed resource (the LeaderWorkerSet after its controller is
+        ready, whose webhook admits it)."""
         kind, metadata = obj["kind"], obj["metadata"]
         logical = f"{name}-{metadata['name']}"
         body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
