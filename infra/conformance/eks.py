@@ -324,7 +324,9 @@ class AfterAssociatedRoles(Rule):
 
     def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
         for _, role in _associated_roles(resource, stack):
-            for attachment in _attachments(role, stack) if role else []:
+            if role is None:  # _pod_identity_roles reports it
+                continue
+            for attachment in _attachments(role, stack):
                 if not stack.waits_for(resource, attachment):
                     yield (
                         f"is not made after {attachment.name} ({ATTACHMENT}), a policy of its "

@@ -94,8 +94,9 @@ QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 DATA_LIMIT = 1024 * 1024  # 1 MiB: a ConfigMap's data, a Secret's
 PROTOCOLS = ("TCP", "UDP", "SCTP")
-# A pinned release of a manifest: https, with a vX.Y.Z tag as a path segment.
-PINNED_URL = re.compile(r"https://[^/\s]+(/[^/\s]+)*/v\d+\.\d+\.\d+(/[^/\s]+)+")
+# The verified copy of a pinned release's manifest (infra.stack.kube.controller): named by the
+# release, the manifest's sha256 and the controller image's digest (their first 16 hex digits).
+PINNED_COPY = re.compile(r"(.*/)?v\d+\.\d+\.\d+-[0-9a-f]{16}-[0-9a-f]{16}\.yaml")
 INT32_MAX = 2**31 - 1
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
@@ -262,11 +263,16 @@ def _kubeconfig(resource: Registered, _stack: Stack) -> str | None:
 
 
 def _pinned_manifest(resource: Registered, _stack: Stack) -> str | None:
+    """The controller's manifest is the program's verified copy of a pinned release (its bytes
+    checked against their sha256, the controller's image by digest: infra.stack.kube.controller),
+    never a URL: a release asset can be replaced, and a tag moved, without a change to the
+    program."""
     file = str(resource.inputs.get("file") or "")
-    if not PINNED_URL.fullmatch(file):
+    if not PINNED_COPY.fullmatch(file):
         return (
-            f"file {file!r} is not an https URL of a pinned release (a vX.Y.Z path segment): "
-            "a moving manifest changes the cluster without a change to the program"
+            f"file {file!r} is not the verified copy of a pinned release "
+            "(<dir>/vX.Y.Z-<sha256>-<image digest>.yaml): a URL's content can change without a "
+            "change to the program"
         )
     return None
 

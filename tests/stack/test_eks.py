@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
+import yaml
 
 from infra import catalog
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
 from infra.conformance import rules
-from infra.core import costs, outputs
-from infra.core.pins import LWS_MANIFEST_URL
+from infra.core import costs, outputs, pins
 from infra.stack.files import stack_values
 from infra.stack.kube import eks, objects
 from tests.pulumi_mocks import (
+    CONTROLLER_MANIFEST,
+    CONTROLLER_PINS,
     GENERATED_KEY,
     KUBERNETES_API_CIDRS,
     NO_KEY,
@@ -260,6 +264,11 @@ def test_strict_mode_gives_the_clusters_dns_and_the_controller_policies_of_their
     ]
     assert [b["ipBlock"]["cidr"] for b in controller["egress"][0]["to"]] == [vpc, api]
     assert controller["egress"][0]["ports"] == [{"protocol": "TCP", "port": 443}]
+    # The DNS's policy is in place before any node joins (CoreDNS never starts without it).
+    stack = d.stack()
+    [dns_policy] = [r for r in stack.resources if r.name == "llama-rpc-cluster-cluster-dns"]
+    groups = [r for r in stack.resources if r.type == NODE_GROUP]
+    assert groups and all(stack.waits_for(group, dns_policy) for group in groups)
 
 
 def test_the_cni_role_is_its_service_accounts_alone_and_the_nodes_hold_no_eni_rights() -> None:
@@ -345,8 +354,17 @@ def test_one_graviton_node_group_per_type_from_a_locked_down_launch_template(
 def test_the_controller_comes_from_its_pinned_release_before_the_leader_worker_set() -> None:
     d = deployed(STACK)
     [controller] = d.of_type(CONTROLLER)
-    assert controller.inputs["file"] == LWS_MANIFEST_URL
-    assert "/download/v0.10.0/" in LWS_MANIFEST_URL
+    # The provider applies the verified copy of the release's manifest: its objects, with the
+    # controller's image by the digest the stack pins, and no image by tag.
+    assert "/download/v0.10.0/" in pins.LWS_MANIFEST_URL
+    applied = list(yaml.safe_load_all(Path(controller.inputs["file"]).read_text()))
+    release = [o for o in yaml.safe_load_all(CONTROLLER_MANIFEST.read_text()) if o]
+    image = CONTROLLER_PINS[f"{P}kubernetesControllerImage"]
+    [deployment_] = [o for o in applied if o["kind"] == "Deployment"]
+    [manager] = deployment_["spec"]["template"]["spec"]["containers"]
+    assert manager["image"] == image
+    manager["image"] = pins.LWS_IMAGE_BY_TAG
+    assert applied == release
     stack = d.stack()
     [lws] = [r for r in stack.resources if r.type == LWS]
     [ctrl] = [r for r in stack.resources if r.type == CONTROLLER]
@@ -532,6 +550,37 @@ def test_the_platforms_settings_are_refused_where_there_is_no_such_platform(
     stack: str, overrides: dict[str, Any], setting: str
 ) -> None:
     refused(stack, overrides, setting)
+
+
+def test_the_controller_is_refused_unless_its_manifest_and_image_are_pinned() -> None:
+    """Until the program records them, a stack names the manifest's sha256 and the image's
+    digest itself; without them, or with bytes of another sha256, nothing is created."""
+    for setting, words in (
+        ("kubernetesControllerSha256", "sha256sum"),
+        ("kubernetesControllerImage", "imagetools inspect registry.k8s.io/lws/lws:v0.10.0"),
+    ):
+        mocks = RecordingMocks()
+        with pytest.raises(pulumi.RunError, match=f"{setting}: is required") as error:
+            deploy(STACK, {f"{P}{setting}": None}, mocks)
+        assert words in str(error.value)
+        assert mocks.resources == []
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="has sha256 ab3200df") as error:
+        deploy(STACK, {f"{P}kubernetesControllerSha256": "0" * 64}, mocks)
+    assert "not " + "0" * 64 in str(error.value)
+    assert mocks.resources == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("kubernetesControllerImage", "registry.k8s.io/lws/lws:v0.10.0"),
+        ("kubernetesControllerSha256", "AB" * 32),
+        ("kubernetesControllerSha256", "ab" * 31),
+    ],
+)
+def test_a_controller_pin_that_pins_nothing_is_refused_by_name(setting: str, value: str) -> None:
+    refused(STACK, {f"{P}{setting}": value}, setting)
 
 
 def test_a_refused_stack_creates_nothing() -> None:

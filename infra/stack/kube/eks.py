@@ -26,10 +26,10 @@ import pulumi_kubernetes as k8s
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
 from infra.core import layout, network_rules, outputs, scheduling
-from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.backends.aws import EC2_ASSUME_ROLE, AwsBackend
 from infra.stack.component import stack_api_key
 from infra.stack.config import ClusterConfig
+from infra.stack.kube import controller as lws_controller
 from infra.stack.kube import objects, system
 
 # The Kubernetes names of the stack's objects: one namespace, the LeaderWorkerSet's name.
@@ -137,6 +137,23 @@ def workloads(config: ClusterConfig) -> list[dict[str, Any]]:
     return rendered
 
 
+def controller_manifest(config: ClusterConfig) -> str:
+    """The LWS controller's manifest as the stack applies it (``infra.stack.kube.controller``):
+    refused before anything is created when it cannot be pinned."""
+    try:
+        pinned = lws_controller.release(
+            config.kubernetes_controller_sha256, config.kubernetes_controller_image
+        )
+        return str(lws_controller.verified_manifest(pinned))
+    except lws_controller.ControllerError as error:
+        raise pulumi.RunError(str(error)) from None
+    except OSError as error:  # the download (URLError is one)
+        raise pulumi.RunError(
+            f"the LeaderWorkerSet controller's manifest could not be fetched ({error}); "
+            "nothing was created"
+        ) from None
+
+
 def api_ranges(cidrs: Sequence[str]) -> tuple[list[str], list[str]]:
     """kubernetesApiCidrs split: the internet's ranges (the public endpoint's allow list) and the
     rest (private networks, which reach the private endpoint)."""
@@ -222,6 +239,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
     ) -> None:
         # Refused here, before the component or any resource is registered.
         rendered = workloads(args.config)
+        manifest = controller_manifest(args.config)
         super().__init__("llama-rpc-cluster:index:LlamaRpcKubernetesCluster", name, None, opts)
         config = args.config
         if args.zone is None:
@@ -254,6 +272,28 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             self._aws.flow_logs(name, vpc, network_tags, child)
 
         cluster, addons = self._control_plane(name, config, subnets=[nodes_subnet, plane])
+        provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=pulumi.Output.all(
+                cluster.name, cluster.endpoint, cluster.certificate_authority.data
+            ).apply(
+                lambda got: kubeconfig(got[0], got[1], got[2], config.region, args.aws_profile)
+            ),
+            opts=child,
+        )
+        # Strict mode denies a pod everything until a policy selects it: the cluster's DNS and
+        # the controller get theirs. The Kubernetes API is the `kubernetes` Service's address
+        # and the control plane's interfaces in the VPC.
+        api = cluster.kubernetes_network_config.apply(
+            lambda network: system.kubernetes_service_address(network.service_ipv4_cidr)
+        )
+        # The DNS's policy needs only the API, and the nodes join after it: CoreDNS never
+        # starts without it.
+        dns_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-cluster-dns",
+            **system.dns_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+        )
         node_role = self._role(f"{name}-node", EC2_ASSUME_ROLE, aws_facts.EKS_NODE_POLICIES, config)
         placement = aws.ec2.PlacementGroup(
             f"{name}-placement",
@@ -270,7 +310,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 role=node_role,
                 subnet=nodes_subnet,
                 placement=placement,
-                network=addons,
+                network=[*addons, dns_policy],
             )
             for pool in node_pools(config)
         ]
@@ -278,11 +318,12 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         self._workloads(
             name,
             config,
-            cluster,
+            provider,
+            api,
             api_key,
-            rendered,
+            rendered=rendered,
             after=[*addons, *pools],
-            profile=args.aws_profile,
+            manifest=manifest,
         )
 
         cost = config.hourly_cost
@@ -398,42 +439,24 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         self,
         name: str,
         config: ClusterConfig,
-        cluster: aws.eks.Cluster,
+        provider: k8s.Provider,
+        api: pulumi.Output[str],
         api_key: pulumi.Output[str] | None,
-        rendered: list[dict[str, Any]],
         *,
+        rendered: list[dict[str, Any]],
         after: list[pulumi.Resource],
-        profile: str | None,
+        manifest: str,
     ) -> None:
         """On the cluster: the LeaderWorkerSet controller once the nodes and their network are
-        up (``after``), the policies strict mode needs for the cluster's DNS and the controller,
-        the namespace, the API key's Secret and the rendered objects."""
-        child = pulumi.ResourceOptions(parent=self)
-        provider = k8s.Provider(
-            f"{name}-k8s",
-            kubeconfig=pulumi.Output.all(
-                cluster.name, cluster.endpoint, cluster.certificate_authority.data
-            ).apply(lambda got: kubeconfig(got[0], got[1], got[2], config.region, profile)),
-            opts=child,
-        )
+        up (``after``) and its policy (strict mode), the namespace, the API key's Secret and the
+        rendered objects."""
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
-        # Strict mode denies a pod everything until a policy selects it: the cluster's DNS and
-        # the controller get theirs. The Kubernetes API is the `kubernetes` Service's address
-        # and the control plane's interfaces in the VPC.
-        api = cluster.kubernetes_network_config.apply(
-            lambda network: system.kubernetes_service_address(network.service_ipv4_cidr)
-        )
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-cluster-dns",
-            **system.dns_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=after)),
-        )
         # The controller's own Deployment waits for a node, and the network for its CNI. Its
         # pods cannot become ready before their policy (which needs the manifest's namespace)
         # is in: the manifest is applied without waiting, and a patch of the Deployment waits.
         controller = k8s.yaml.v2.ConfigFile(
             f"{name}-lws-controller",
-            file=LWS_MANIFEST_URL,
+            file=manifest,
             skip_await=True,
             opts=pulumi.ResourceOptions.merge(
                 on_cluster,
@@ -512,7 +535,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         role: tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]],
         subnet: aws.ec2.Subnet,
         placement: aws.ec2.PlacementGroup,
-        network: list[aws.eks.Addon],
+        network: list[pulumi.Resource],
     ) -> aws.eks.NodeGroup:
         child = pulumi.ResourceOptions(parent=self)
         tags = {**self._aws.tags(config, pool.role), "Name": f"{name}-{pool.role}"}
@@ -565,8 +588,8 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             update_config={"max_unavailable": 1},
             labels={ROLE_LABEL: pool.role},
             tags=tags,
-            # A node joins with the CNI in strict mode and its role's agent already in place: no
-            # pod on it starts in the standard mode.
+            # A node joins with the CNI in strict mode, its role's agent and the DNS's policy
+            # already in place: no pod on it starts in the standard mode.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, *network]),
         )
         return group

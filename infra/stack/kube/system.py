@@ -29,9 +29,11 @@ WEBHOOK_PORT = pins.LWS_WEBHOOK_PORT
 API_PORT = 443
 
 
-def kubernetes_service_address(service_range: str) -> str:
+def kubernetes_service_address(service_range: str | None) -> str:
     """The ``kubernetes`` Service's ClusterIP (the first address of the service range) as a /32
     (or /128)."""
+    if not service_range:
+        raise ValueError("EKS reported no IPv4 service range for the cluster")
     network = ipaddress.ip_network(service_range)
     return f"{network[1]}/{network.max_prefixlen}"
 
