@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from infra.clouds import aws as aws_facts
 from infra.conformance import rules
 from infra.core import costs, outputs, pins
 from infra.stack.files import stack_values
-from infra.stack.kube import eks, objects
+from infra.stack.kube import controller, eks, objects
 from tests.pulumi_mocks import (
     CONTROLLER_MANIFEST,
     CONTROLLER_PINS,
@@ -568,6 +569,20 @@ def test_the_controller_is_refused_unless_its_manifest_and_image_are_pinned() ->
     with pytest.raises(pulumi.RunError, match="has sha256 ab3200df") as error:
         deploy(STACK, {f"{P}kubernetesControllerSha256": "0" * 64}, mocks)
     assert "not " + "0" * 64 in str(error.value)
+    assert mocks.resources == []
+
+
+def test_a_manifest_that_cannot_be_fetched_stops_the_stack_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(url: str) -> bytes:
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(controller, "download", unreachable)
+    monkeypatch.setattr(controller, "manifests_dir", lambda: tmp_path)  # nothing kept yet
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match=r"could not be fetched .*no route to host"):
+        deploy(STACK, None, mocks)
     assert mocks.resources == []
 
 

@@ -18,9 +18,11 @@ from typing import Any
 
 from infra.clouds import aws as aws_facts
 from infra.core import pins
+from infra.stack.kube.objects import DNS_PEER
 
-DNS_NAMESPACE = "kube-system"
-DNS_PODS = {"k8s-app": "kube-dns"}  # CoreDNS's label, which pods' DNS policies select too
+# CoreDNS, as the stack's pods' egress policies name it.
+DNS_NAMESPACE = DNS_PEER["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+DNS_PODS = DNS_PEER["podSelector"]["matchLabels"]
 DNS_PORT = 53
 CONTROLLER_NAMESPACE = pins.LWS_NAMESPACE
 CONTROLLER_DEPLOYMENT = pins.LWS_DEPLOYMENT
