@@ -134,6 +134,12 @@ def validate_identity_grants(args: StackValidationArgs, report_violation: Report
         report_violation(violation.message, violation.urn or None)
 
 
+def validate_eks_node_roles(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    resources = [stack_resource(r) for r in args.resources]
+    for violation in rules.eks_nodes_without_eni_rights(resources):
+        report_violation(violation.message, violation.urn or None)
+
+
 def validate_metrics(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     resources = [stack_resource(r) for r in args.resources]
     for violation in rules.metrics_only_from_main(resources):
@@ -210,6 +216,17 @@ POLICIES = [
         "Grant the named actions on the stack's own resources, through the stack's own "
         "inline policies, predefined roles or custom role.",
         Severity.HIGH,
+    ),
+    StackValidationPolicy(
+        name="eks-nodes-hold-no-eni-rights",
+        description="On EKS, a node group's role holds no right to create or rewire network "
+        "interfaces (AmazonEKS_CNI_Policy, or its actions inline), and the VPC CNI takes a role "
+        "of its own (EKS Pod Identity or IRSA) instead of the nodes'.",
+        validate=validate_eks_node_roles,
+        severity=Severity.HIGH,
+        remediation_steps="Attach AmazonEKS_CNI_Policy to a role that trusts "
+        "pods.eks.amazonaws.com, give it to the vpc-cni add-on's aws-node service account "
+        "(podIdentityAssociations), and keep it off the node role.",
     ),
     resource_policy(
         "no-public-node-addresses",

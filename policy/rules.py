@@ -22,6 +22,7 @@ traces it (an Azure id by the group's resource group and name).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import ipaddress
 import json
@@ -2080,6 +2081,147 @@ def identity_grants(resources: Sequence[Resource]) -> list[Violation]:
     return violations
 
 
+# --- invariant 17: EKS nodes hold no network-interface rights --------------------------------
+
+AWS_EKS_ADDON: Final = "aws:eks/addon:Addon"
+AWS_EKS_POD_IDENTITY: Final = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+# The VPC CNI's managed policy: it creates, attaches and modifies network interfaces (and their
+# addresses) on every resource. On a node's role, whatever takes the node's credentials could
+# move any interface of the account into another security group.
+_CNI_POLICY: Final = re.compile(r"arn:aws[a-z-]*:iam::aws:policy/(?:.*/)?AmazonEKS_CNI_Policy")
+# The EC2 actions that create or rewire a network interface (the CNI policy's writes).
+_ENI_ACTIONS: Final = (
+    "ec2:createnetworkinterface",
+    "ec2:attachnetworkinterface",
+    "ec2:detachnetworkinterface",
+    "ec2:deletenetworkinterface",
+    "ec2:modifynetworkinterfaceattribute",
+    "ec2:assignprivateipaddresses",
+    "ec2:unassignprivateipaddresses",
+    "ec2:assignipv6addresses",
+    "ec2:unassignipv6addresses",
+)
+
+
+def _eni_actions(document: Any) -> list[str]:
+    """The actions of a policy document's Allow statements that rewire network interfaces
+    (wildcards such as ``ec2:*NetworkInterface*`` included)."""
+    found: list[str] = []
+    for statement in _statements(document):
+        if str(statement.get("Effect", "")).lower() != "allow":
+            continue
+        for action in _strings(statement.get("Action")):
+            if isinstance(action, str) and any(
+                fnmatch.fnmatchcase(eni, action.lower()) for eni in _ENI_ACTIONS
+            ):
+                found.append(action)
+    return found
+
+
+def _role_grants(role: Resource, resources: Sequence[Resource]) -> Iterator[tuple[Resource, str]]:
+    """Each grant of a role (the role itself, an attachment or inline policy naming it by name
+    or, in a preview, by the property's dependency) that gives network-interface rights, and
+    what it gives."""
+    name = role.props.get("name")
+
+    def names_role(grant: Resource, prop: str) -> bool:
+        value = grant.props.get(prop)
+        return (
+            isinstance(name, str) and name in _strings(value)
+        ) or role.urn in grant.property_dependencies.get(prop, ())
+
+    own = role.props
+    for arn in _strings(own.get("managedPolicyArns")):
+        if isinstance(arn, str) and _CNI_POLICY.fullmatch(arn):
+            yield role, arn
+    for inline in [*_items(own.get("inlinePolicies")), *_items(own.get("policies"))]:
+        document = _mapping(inline).get("policy") or _mapping(inline).get("policyDocument")
+        for action in _eni_actions(document):
+            yield role, action
+    for grant in resources:
+        kind = canonical_type(grant.type)
+        attaches = (kind == AWS_ROLE_POLICY_ATTACHMENT and names_role(grant, "role")) or (
+            kind == AWS_POLICY_ATTACHMENT and names_role(grant, "roles")
+        )
+        arn = grant.props.get("policyArn")
+        if attaches and isinstance(arn, str) and _CNI_POLICY.fullmatch(arn):
+            yield grant, arn
+        elif kind in (AWS_ROLE_POLICY, AWS_NATIVE_ROLE_POLICY) and (
+            names_role(grant, "role") or names_role(grant, "roleName")
+        ):
+            document = grant.props.get("policy") or grant.props.get("policyDocument")
+            for action in _eni_actions(document):
+                yield grant, action
+
+
+def _node_roles(group: Resource, roles: Mapping[str, Resource]) -> list[Resource]:
+    return _linked(roles, group, "nodeRoleArn", lambda r: r.props.get("arn"))
+
+
+def _cni_has_own_role(resources: Sequence[Resource]) -> bool:
+    """Whether the VPC CNI takes a role of its own (a Pod Identity association for aws-node,
+    on its add-on or beside it, or IRSA's service account role)."""
+    for r in resources:
+        kind, props = canonical_type(r.type), r.props
+        cni = kind == AWS_EKS_ADDON and props.get("addonName") == "vpc-cni"
+        if cni and (
+            _present(props.get("serviceAccountRoleArn"))
+            or any(
+                _mapping(a).get("serviceAccount") in ("aws-node", UNKNOWN)
+                for a in _items(props.get("podIdentityAssociations"))
+            )
+        ):
+            return True
+        if kind == AWS_EKS_POD_IDENTITY and props.get("serviceAccount") in ("aws-node", UNKNOWN):
+            return True
+    return False
+
+
+def eks_nodes_without_eni_rights(resources: Sequence[Resource]) -> list[Violation]:
+    """Invariant 17: the role of an EKS node group holds no right to create or rewire network
+    interfaces (``AmazonEKS_CNI_Policy``, or the same actions inline), and the VPC CNI of a stack
+    with node groups takes a role of its own (EKS Pod Identity, or IRSA) rather than the
+    nodes'."""
+    roles = {r.urn: r for r in resources if canonical_type(r.type) in (AWS_ROLE, AWS_NATIVE_ROLE)}
+    groups = [r for r in resources if canonical_type(r.type) == AWS_EKS_NODE_GROUP]
+    violations: list[Violation] = []
+    seen: set[tuple[str, str]] = set()
+    for group in groups:
+        for role in _node_roles(group, roles):
+            for grant, what in _role_grants(role, resources):
+                if (grant.urn, what) in seen:
+                    continue
+                seen.add((grant.urn, what))
+                violations.append(
+                    Violation(
+                        f"{_label(grant.type, grant.name)}: gives {what} to {role.name}, the "
+                        f"role of node group {group.name}: every node (and whatever takes its "
+                        "credentials) could create or move network interfaces of the account; "
+                        "give the VPC CNI a role of its own (a Pod Identity association for "
+                        "aws-node) and keep the nodes' role to AmazonEKSWorkerNodePolicy and "
+                        "image pulls",
+                        grant.urn,
+                    )
+                )
+    addons = [
+        r
+        for r in resources
+        if canonical_type(r.type) == AWS_EKS_ADDON and r.props.get("addonName") == "vpc-cni"
+    ]
+    if groups and addons and not _cni_has_own_role(resources):
+        violations.extend(
+            Violation(
+                f"{_label(addon.type, addon.name)}: the VPC CNI has no role of its own, so it "
+                "runs with the nodes' role, which must then hold its network-interface rights; "
+                "give it podIdentityAssociations=[{roleArn: <a role with AmazonEKS_CNI_Policy "
+                "that trusts pods.eks.amazonaws.com>, serviceAccount: aws-node}]",
+                addon.urn,
+            )
+            for addon in addons
+        )
+    return violations
+
+
 # --- invariant 13: on Kubernetes, the RPC port only from the group's leader ---------------------
 
 # The labels the LeaderWorkerSet controller puts on every pod of a set (v0.10.0), as the
@@ -2452,4 +2594,5 @@ def check_stack(
     result["metrics-only-from-main"] = metrics_only_from_main(resources)
     result["k8s-rpc-only-from-leader"] = k8s_rpc_only_from_leader(resources, port)
     result["identity-grants-deallocate-only"] = identity_grants(resources)
+    result["eks-nodes-hold-no-eni-rights"] = eks_nodes_without_eni_rights(resources)
     return result

@@ -50,6 +50,26 @@ def fixture_catalog() -> Iterator[Path]:
         yield CATALOG_FIXTURE
 
 
+@pytest.fixture(scope="session", autouse=True)
+def controller_manifest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test fetches the LeaderWorkerSet release: the program's download answers the
+    release's URL with the tests' manifest (tests/pulumi_mocks.CONTROLLER_MANIFEST), and keeps
+    what it verifies in a directory of the session's."""
+    from infra.core import pins
+    from infra.stack.kube import controller
+    from tests.pulumi_mocks import CONTROLLER_MANIFEST
+
+    def download(url: str) -> bytes:
+        assert url == pins.LWS_MANIFEST_URL, f"a test fetched {url}"
+        return CONTROLLER_MANIFEST.read_bytes()
+
+    kept = tmp_path_factory.mktemp("lws")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(controller, "download", download)
+        patch.setattr(controller, "manifests_dir", lambda: kept)
+        yield kept
+
+
 def unavailable(reason: str) -> None:
     """Skip on a developer machine; fail in CI, where every tier must run."""
     if os.environ.get("CI"):

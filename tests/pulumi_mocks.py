@@ -10,6 +10,7 @@ import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -70,16 +71,30 @@ def parsed_config(stack: str, overrides: dict[str, Any] | None = None) -> Any:
     return config_of({**stack_values(stack), **(overrides or {})})
 
 
+# The LeaderWorkerSet manifest the tests apply (tests/conftest.py serves it for the release's
+# URL), and the pins a Kubernetes stack is deployed with here: its sha256, and an image by digest.
+CONTROLLER_MANIFEST = Path(__file__).parent / "fixtures" / "lws-manifest" / "manifests.yaml"
+CONTROLLER_PINS = {
+    "llama-rpc-cluster:kubernetesControllerSha256": hashlib.sha256(
+        CONTROLLER_MANIFEST.read_bytes()
+    ).hexdigest(),
+    "llama-rpc-cluster:kubernetesControllerImage": "registry.k8s.io/lws/lws@sha256:" + "5" * 64,
+}
+
+
 def program_settings(
     stack: str, overrides: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """A preset's settings, with overrides, as the program reads them: the project's keys
     without their namespace, each value as Pulumi hands it over (JSON text unless a string; a
-    None override removes the key), and the region from the cloud's own key."""
+    None override removes the key), and the region from the cloud's own key. A Kubernetes
+    preset is deployed with the tests' controller pins (``CONTROLLER_PINS``)."""
     from infra.stack import config as cluster_config
     from infra.stack.settings import decode
 
     values = {**stack_config(stack), **(overrides or {})}
+    if values.get(f"{PROJECT}:platform") == "kubernetes":
+        values = {**stack_config(stack), **CONTROLLER_PINS, **(overrides or {})}
     given = {
         k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items() if v is not None
     }
@@ -174,6 +189,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state["endpoint"] = "https://0123456789ABCDEF.gr7.us-east-1.eks.amazonaws.com"
             state["certificateAuthority"] = {"data": "Q0VSVElGSUNBVEU="}
             state["vpcConfig"] = {**state["vpcConfig"], "clusterSecurityGroupId": "sg-0eks"}
+            # The service range EKS picks for a cluster in a 10.x VPC (EKS API
+            # KubernetesNetworkConfigRequest: 10.100.0.0/16 or 172.20.0.0/16).
+            state["kubernetesNetworkConfig"] = {"serviceIpv4Cidr": "172.20.0.0/16"}
         if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
         if args.typ == "aws:ssm/parameter:Parameter":
@@ -476,6 +494,8 @@ def deploy(
     mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack_name or stack, preview=False)
     config = {**stack_config(stack), **(overrides or {})}
+    if config.get(f"{PROJECT}:platform") == "kubernetes":
+        config = {**stack_config(stack), **CONTROLLER_PINS, **(overrides or {})}
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None},
         # As `pulumi config set --secret` keeps them (a test may say otherwise).

@@ -120,23 +120,49 @@ EKS_SUPPORT_TYPE = "STANDARD"
 EKS_NODE_AMI_TYPE = "AL2023_ARM_64_STANDARD"
 AWS_POLICY = "arn:aws:iam::aws:policy/"
 EKS_CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
-# A node's kubelet, the VPC CNI (which runs with the node's role here) and image pulls from ECR,
-# pulls only (ReadOnly would also list and describe every repository of the account)
-# (docs.aws.amazon.com/eks/latest/userguide/create-node-role.html).
+# A node's kubelet and image pulls from ECR, pulls only (ReadOnly would also list and describe
+# every repository of the account) (docs.aws.amazon.com/eks/latest/userguide/create-node-role.html).
+# Not the VPC CNI's policy: it creates, attaches and modifies network interfaces on any resource
+# ("*"), and on the node's role anything that takes the node's credentials could move an
+# interface of the account into another security group. The guide recommends a role of the CNI's
+# own instead, which EKS Pod Identity gives the aws-node service account alone.
 EKS_NODE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
-    "AmazonEKS_CNI_Policy",
     "AmazonEC2ContainerRegistryPullOnly",
 )
-# The VPC CNI enforces NetworkPolicy objects (enableNetworkPolicy, a string) and keeps few spare
-# addresses a node (WARM_IP_TARGET, MINIMUM_IP_TARGET): by default a node holds a whole spare
-# ENI's worth (50 on a 16xlarge), and 48 nodes would exhaust the /24 their pods share.
-# docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html;
-# github.com/aws/amazon-vpc-cni-k8s docs/eni-and-ip-target.md.
+# The VPC CNI's own role (IPv4 clusters), for its service account in kube-system
+# (docs.aws.amazon.com/eks/latest/userguide/cni-iam-role.html; the add-on takes a Pod Identity
+# association from v1.15.5-eksbuild.1: add-ons-iam.adoc, "Pod Identity Support Reference").
+EKS_CNI_POLICIES = ("AmazonEKS_CNI_Policy",)
+EKS_CNI_SERVICE_ACCOUNT = "aws-node"
+# The add-on whose DaemonSet hands Pod Identity credentials to pods (host network, so it runs
+# before the CNI does); without it an association gives a pod nothing.
+EKS_POD_IDENTITY_AGENT = "eks-pod-identity-agent"
+# The service principal a Pod Identity role trusts, with both actions (the guide's trust policy).
+EKS_POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+# The VPC CNI enforces NetworkPolicy objects (enableNetworkPolicy, a string) in strict mode
+# (NETWORK_POLICY_ENFORCING_MODE): a new pod starts denied until its policies are in place, where
+# the standard mode lets everything reach it until then; a pod no policy selects stays denied,
+# so the stack gives the cluster's DNS and the LWS controller policies of their own. It keeps few
+# spare addresses a node (WARM_IP_TARGET, MINIMUM_IP_TARGET): by default a node holds a whole
+# spare ENI's worth (50 on a 16xlarge), and 48 nodes would exhaust the /24 their pods share.
+# The add-on's configuration takes the chart's env (charts/aws-vpc-cni/values.yaml, v1.23.1),
+# NETWORK_POLICY_ENFORCING_MODE among them (v1.17.1 on: the CNI's README).
+# docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html (step 1, strict
+# mode); github.com/aws/amazon-vpc-cni-k8s docs/eni-and-ip-target.md.
+EKS_NETWORK_POLICY_MODE = "strict"
 EKS_VPC_CNI_CONFIGURATION = {
     "enableNetworkPolicy": "true",
-    "env": {"WARM_IP_TARGET": "2", "MINIMUM_IP_TARGET": "4"},
+    "env": {
+        "WARM_IP_TARGET": "2",
+        "MINIMUM_IP_TARGET": "4",
+        "NETWORK_POLICY_ENFORCING_MODE": EKS_NETWORK_POLICY_MODE,
+    },
 }
+# The VPC's DNS resolver as pods reach it from the host's resolv.conf: the VPC's base + 2 (inside
+# the VPC's range) and this link-local address (docs.aws.amazon.com/vpc/latest/userguide/
+# AmazonDNS-concepts.html).
+VPC_RESOLVER_LINK_LOCAL = "169.254.169.253/32"
 # EKS refuses control-plane subnets in these zones (by zone id: docs.aws.amazon.com/eks/latest/
 # userguide/network-reqs.html).
 EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")

@@ -291,6 +291,8 @@ FACTS = CloudFacts(
         "docs/kubernetes.md says what it needs): `lrc k8s render` writes the objects for any "
         "Kubernetes cluster",
         "kubernetesImage": "there is no kubernetes platform here",
+        "kubernetesControllerSha256": "there is no kubernetes platform here",
+        "kubernetesControllerImage": "there is no kubernetes platform here",
         "kubernetesApiCidrs": "there is no kubernetes platform here",
         "diskThroughputMibps": "Premium SSD throughput follows the disk's size",
         "zone": "the nodes of a group share a proximity placement group, in no availability "

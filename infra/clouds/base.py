@@ -23,6 +23,8 @@ OPTIONAL_SETTINGS = (
     "modelStoreKmsKey",
     "platform",
     "kubernetesImage",
+    "kubernetesControllerSha256",
+    "kubernetesControllerImage",
     "kubernetesApiCidrs",
 )
 

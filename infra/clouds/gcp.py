@@ -174,6 +174,8 @@ FACTS = CloudFacts(
         "docs/kubernetes.md says what it needs): `lrc k8s render` writes the objects for any "
         "Kubernetes cluster",
         "kubernetesImage": "there is no kubernetes platform here",
+        "kubernetesControllerSha256": "there is no kubernetes platform here",
+        "kubernetesControllerImage": "there is no kubernetes platform here",
         "kubernetesApiCidrs": "there is no kubernetes platform here",
         "sshPublicKey": "nodes are reached through IAP with OS Login; project SSH keys are blocked",
         "bastion": "connectCommand forwards through IAP already",

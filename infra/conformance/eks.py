@@ -27,8 +27,15 @@ from infra.conformance.aws import (
     TF,
     tags,
 )
-from infra.conformance.kubernetes import LABELS, Labels
+from infra.conformance.kubernetes import (
+    DNS1123_SUBDOMAIN,
+    LABELS,
+    SUBDOMAIN_MAX,
+    SUBDOMAIN_MEANING,
+    Labels,
+)
 from infra.conformance.rules import (
+    NAME,
     ORDER,
     AutoName,
     Between,
@@ -62,6 +69,17 @@ ENDPOINT = f"{GUIDE}clusters/cluster-endpoint.adoc"
 LAUNCH_TEMPLATES = f"{GUIDE}nodes/launch-templates.adoc"
 CLUSTER_ROLE = f"{GUIDE}security/iam-reference/cluster-iam-role.adoc"
 NODE_ROLE = f"{GUIDE}security/iam-reference/create-node-role.adoc"
+POD_IDENTITY = f"{GUIDE}manage-access/aws-access/service-accounts.adoc"
+ADDON_IAM = f"{GUIDE}workloads/add-ons-iam.adoc"
+NETWORK_POLICY_GUIDE = (
+    f"{GUIDE}networking/eks-networking-add-ons.adoc (cni-network-policy-configure)"
+)
+VPC_CNI = "aws/amazon-vpc-cni-k8s @b5218838"
+VPC_CNI_VALUES = f"{VPC_CNI} charts/aws-vpc-cni/values.yaml (env: strings)"
+VPC_CNI_MODES = f"{VPC_CNI} README.md (NETWORK_POLICY_ENFORCING_MODE, v1.17.1+)"
+SERVICE_ACCOUNT_NAME = (
+    "kubernetes/kubernetes pkg/apis/core/validation ValidateServiceAccountName (NameIsDNSSubdomain)"
+)
 SDK = "pulumi_aws 7.51.1 "  # the installed SDK's argument docs
 AUTONAME = "pulumi/pulumi-aws provider/autonaming.go @0c5f6583 (logical name, '-', 7 characters)"
 CREATE_LAUNCH_TEMPLATE = (
@@ -131,6 +149,9 @@ NODE_POLICIES = (
     ("AmazonEC2ContainerRegistryPullOnly", "AmazonEC2ContainerRegistryReadOnly"),
 )
 CNI_POLICY = ("AmazonEKS_CNI_Policy",)
+POD_IDENTITY_AGENT = "eks-pod-identity-agent"
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+POD_IDENTITY_ACTIONS = frozenset({"sts:AssumeRole", "sts:TagSession"})
 
 
 def _attachments(role: Registered, stack: Stack) -> list[Registered]:
@@ -199,6 +220,118 @@ def _cni_on_nodes(stack: Stack) -> bool:
         and (r.inputs.get("serviceAccountRoleArn") or r.inputs.get("podIdentityAssociations"))
         for r in stack.resources
     )
+
+
+def _associated_roles(resource: Registered, stack: Stack) -> list[tuple[str, Registered | None]]:
+    """Each Pod Identity association's role ARN and the stack's role it names (None if none)."""
+    return [
+        (str(arn), stack.owner(arn))
+        for _, arn in values_at(resource.inputs, "podIdentityAssociations.*.roleArn")
+    ]
+
+
+def _trusts_pod_identity(role: Registered) -> bool:
+    """Whether a role's trust policy lets EKS Pod Identity take it: an Allow statement for the
+    pods.eks.amazonaws.com principal with sts:AssumeRole and sts:TagSession."""
+    text = role.inputs.get("assumeRolePolicy")
+    try:
+        document = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return False
+    statements = (document or {}).get("Statement") if isinstance(document, dict) else None
+    for statement in statements if isinstance(statements, list) else [statements]:
+        if not isinstance(statement, dict) or statement.get("Effect") != "Allow":
+            continue
+        principal = (statement.get("Principal") or {}).get("Service")
+        services = principal if isinstance(principal, list) else [principal]
+        actions = statement.get("Action")
+        actions = set(actions if isinstance(actions, list) else [actions])
+        if POD_IDENTITY_PRINCIPAL in services and actions >= POD_IDENTITY_ACTIONS:
+            return True
+    return False
+
+
+def _pod_identity_roles(resource: Registered, stack: Stack) -> str | None:
+    for arn, role in _associated_roles(resource, stack):
+        if role is None:
+            return f"podIdentityAssociations roleArn {arn!r} is not a role the stack makes"
+        if not _trusts_pod_identity(role):
+            return (
+                f"podIdentityAssociations: the role {role.name} does not trust "
+                f"{POD_IDENTITY_PRINCIPAL} with sts:AssumeRole and sts:TagSession; EKS Pod "
+                "Identity cannot take it"
+            )
+    return None
+
+
+def _pod_identity_agent(resource: Registered, stack: Stack) -> str | None:
+    """An association gives a pod nothing without the agent on the cluster's nodes."""
+    if not resource.inputs.get("podIdentityAssociations"):
+        return None
+    cluster = resource.inputs.get("clusterName")
+    if not any(
+        other.type == ADDON
+        and other.inputs.get("addonName") == POD_IDENTITY_AGENT
+        and other.inputs.get("clusterName") == cluster
+        for other in stack.resources
+    ):
+        return (
+            f"podIdentityAssociations without the {POD_IDENTITY_AGENT} add-on on its cluster: "
+            "the pods would get no credentials"
+        )
+    return None
+
+
+def _cni_role_policies(resource: Registered, stack: Stack) -> str | None:
+    """The VPC CNI's own role carries the CNI's policy (the nodes' role no longer does)."""
+    if resource.inputs.get("addonName") != "vpc-cni":
+        return None
+    for _, role in _associated_roles(resource, stack):
+        if role is None:
+            continue
+        attached = {_policy_name(a) for a in _attachments(role, stack)}
+        if not attached & set(CNI_POLICY):
+            return (
+                f"its role {role.name} lacks {CNI_POLICY[0]}: the CNI could not give pods addresses"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class ServiceAccounts(Rule):
+    """Each Pod Identity association names a service account as Kubernetes names one."""
+
+    family: ClassVar[str] = NAME
+    source: str
+
+    def problems(self, resource: Registered, _stack: Stack) -> Iterator[str]:
+        for where, value in values_at(resource.inputs, "podIdentityAssociations.*.serviceAccount"):
+            text = str(value)
+            if not (1 <= len(text) <= SUBDOMAIN_MAX and DNS1123_SUBDOMAIN.fullmatch(text)):
+                yield f"{where} {text!r}: not a service account's name, {SUBDOMAIN_MEANING}"
+
+
+@dataclass(frozen=True)
+class AfterAssociatedRoles(Rule):
+    """An add-on with Pod Identity associations is made after its roles' policy attachments:
+    its pods start with the role's permissions, not without them."""
+
+    family: ClassVar[str] = ORDER
+    source: str = (
+        "the program's rule: the add-on's pods take their role's credentials as they start "
+        f"({ADDON_IAM})"
+    )
+
+    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+        for _, role in _associated_roles(resource, stack):
+            if role is None:  # _pod_identity_roles reports it
+                continue
+            for attachment in _attachments(role, stack):
+                if not stack.waits_for(resource, attachment):
+                    yield (
+                        f"is not made after {attachment.name} ({ATTACHMENT}), a policy of its "
+                        f"Pod Identity role {role.name}"
+                    )
 
 
 def _owners(resource: Registered, stack: Stack, path: str) -> list[tuple[Any, Registered | None]]:
@@ -348,6 +481,57 @@ def _json_text(resource: Registered, _stack: Stack) -> str | None:
     if not isinstance(parsed, dict):
         return f"configurationValues {text!r} is not JSON text of an object"
     return None
+
+
+# The modes the VPC CNI's node agent takes, and the add-on's network policy switch (a string).
+NETWORK_POLICY_MODES = ("standard", "strict")
+BOOLEAN_TEXT = ("true", "false")
+
+
+def _cni_values(resource: Registered) -> dict[str, Any] | None:
+    """The VPC CNI add-on's configuration as an object (None for another add-on, or text that
+    is not a JSON object, which _json_text reports)."""
+    if resource.inputs.get("addonName") != "vpc-cni":
+        return None
+    text = resource.inputs.get("configurationValues")
+    try:
+        values = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return None
+    return values if isinstance(values, dict) else None
+
+
+def _cni_value_problems(values: dict[str, Any]) -> Iterator[str]:
+    env = values.get("env") or {}
+    if not isinstance(env, dict):
+        yield "configurationValues env is not a map of variables"
+        return
+    others = [key for key, value in env.items() if not isinstance(value, str)]
+    if others:
+        yield f"configurationValues env.{others[0]} is not a string (the add-on takes strings)"
+    switch = values.get("enableNetworkPolicy", "false")
+    if switch not in BOOLEAN_TEXT:
+        yield f'configurationValues enableNetworkPolicy {switch!r} is not "true" or "false"'
+    mode = env.get("NETWORK_POLICY_ENFORCING_MODE")
+    if mode is not None and mode not in NETWORK_POLICY_MODES:
+        yield (
+            f"configurationValues env.NETWORK_POLICY_ENFORCING_MODE {mode!r} is not one of "
+            f"{', '.join(NETWORK_POLICY_MODES)}"
+        )
+    if mode == "strict" and switch != "true":
+        yield (
+            "configurationValues env.NETWORK_POLICY_ENFORCING_MODE strict without "
+            'enableNetworkPolicy "true": the mode is the policy agent\'s, which the switch turns '
+            "on (the guide's steps 1 and 2)"
+        )
+
+
+def _vpc_cni_values(resource: Registered, _stack: Stack) -> str | None:
+    """The VPC CNI's configuration: its env values are strings (the container's environment),
+    enableNetworkPolicy is "true" or "false", and a policy mode is one the agent knows and comes
+    with the agent's enforcement on (the EKS guide sets both)."""
+    values = _cni_values(resource)
+    return None if values is None else next(_cni_value_problems(values), None)
 
 
 def _gp3_blocks(resource: Registered, _stack: Stack) -> str | None:
@@ -503,6 +687,18 @@ RULES = by_type(
                 "resolveConflictsOnUpdate", ("NONE", "OVERWRITE", "PRESERVE"), f"{SDK}eks/addon.py"
             ),
             Requires(_json_text, f"{SDK}eks/addon.py ('a single JSON string')"),
+            Requires(_vpc_cni_values, f"{NETWORK_POLICY_GUIDE}; {VPC_CNI_VALUES}; {VPC_CNI_MODES}"),
+            # EKS Pod Identity: the service account's name, a role that trusts the service's
+            # principal, the agent on the cluster, and (for the CNI) its policy on that role.
+            ServiceAccounts(
+                f"{SDK}eks/_inputs.py AddonPodIdentityAssociationArgs; {SERVICE_ACCOUNT_NAME}"
+            ),
+            Requires(_pod_identity_roles, f"{POD_IDENTITY} (the role's trust policy)"),
+            Requires(
+                _pod_identity_agent, f"{POD_IDENTITY} ('The EKS Pod Identity Agent is required')"
+            ),
+            Requires(_cni_role_policies, f"{GUIDE}networking/cni-iam-role.adoc; {NODE_ROLE}"),
+            AfterAssociatedRoles(),
         ),
         # In place: addonVersion, configurationValues, serviceAccountRoleArn.
         replaced_on=("addonName", "clusterName"),

@@ -35,7 +35,7 @@ from infra.conformance.rules import (
     revealed,
     values_at,
 )
-from infra.core import scheduling
+from infra.core import pins, scheduling
 
 NAMES = "https://kubernetes.io/docs/concepts/overview/working-with-objects/names/"
 LABELS = (
@@ -77,6 +77,7 @@ LWS_CRD = (
 )
 LWS_WEBHOOK = f"{LWS} pkg/webhooks/leaderworkerset_webhook.go"
 PROGRAM = "the program's rule"
+PATCH = "pulumi_kubernetes 4.34.2 apps/v1/DeploymentPatch.py (Patch resources)"
 
 # The API server's name formats (kubernetes/apimachinery pkg/util/validation/validation.go).
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -93,8 +94,9 @@ QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 DATA_LIMIT = 1024 * 1024  # 1 MiB: a ConfigMap's data, a Secret's
 PROTOCOLS = ("TCP", "UDP", "SCTP")
-# A pinned release of a manifest: https, with a vX.Y.Z tag as a path segment.
-PINNED_URL = re.compile(r"https://[^/\s]+(/[^/\s]+)*/v\d+\.\d+\.\d+(/[^/\s]+)+")
+# The verified copy of a pinned release's manifest (infra.stack.kube.controller): named by the
+# release, the manifest's sha256 and the controller image's digest (their first 16 hex digits).
+PINNED_COPY = re.compile(r"(.*/)?v\d+\.\d+\.\d+-[0-9a-f]{16}-[0-9a-f]{16}\.yaml")
 INT32_MAX = 2**31 - 1
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
@@ -106,6 +108,7 @@ SECRET = "kubernetes:core/v1:Secret"  # noqa: S105 (a type token, not a secret)
 SERVICE_TYPE = "kubernetes:core/v1:Service"
 NETWORK_POLICY_TYPE = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DEPLOYMENT_TYPE = "kubernetes:apps/v1:Deployment"
+DEPLOYMENT_PATCH = "kubernetes:apps/v1:DeploymentPatch"
 LEADER_WORKER_SET = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
 
 
@@ -216,6 +219,29 @@ class InItsNamespace(Rule):
                 )
 
 
+@dataclass(frozen=True)
+class InControllerNamespace(Rule):
+    """An object in the namespace the LWS controller's manifest makes (not a Namespace of the
+    stack's) is made after the manifest: the API refuses an object in a missing namespace."""
+
+    family: ClassVar[str] = ORDER
+    source: str = f"{NAMESPACE_LIFECYCLE}; kubernetes-sigs/lws v0.10.0 config/default (namespace)"
+
+    def problems(self, resource: Registered, stack: Stack) -> Iterator[str]:
+        wanted = next((v for _, v in values_at(resource.inputs, "metadata.namespace")), None)
+        if wanted != pins.LWS_NAMESPACE:
+            return
+        manifests = [r for r in stack.resources if r.type == CONFIG_FILE]
+        if not manifests:
+            yield f"is in {wanted!r}, which only the LWS controller's manifest makes: there is none"
+        for manifest in manifests:
+            if not stack.waits_for(resource, manifest):
+                yield (
+                    f"is not made after {manifest.name} ({CONFIG_FILE}), whose manifest makes the "
+                    f"namespace {wanted!r} it lives in"
+                )
+
+
 def _json_object(text: Any) -> dict[str, Any] | None:
     try:
         parsed = json.loads(text) if isinstance(text, str) else None
@@ -237,11 +263,16 @@ def _kubeconfig(resource: Registered, _stack: Stack) -> str | None:
 
 
 def _pinned_manifest(resource: Registered, _stack: Stack) -> str | None:
+    """The controller's manifest is the program's verified copy of a pinned release (its bytes
+    checked against their sha256, the controller's image by digest: infra.stack.kube.controller),
+    never a URL: a release asset can be replaced, and a tag moved, without a change to the
+    program."""
     file = str(resource.inputs.get("file") or "")
-    if not PINNED_URL.fullmatch(file):
+    if not PINNED_COPY.fullmatch(file):
         return (
-            f"file {file!r} is not an https URL of a pinned release (a vX.Y.Z path segment): "
-            "a moving manifest changes the cluster without a change to the program"
+            f"file {file!r} is not the verified copy of a pinned release "
+            "(<dir>/vX.Y.Z-<sha256>-<image digest>.yaml): a URL's content can change without a "
+            "change to the program"
         )
     return None
 
@@ -477,7 +508,7 @@ def _namespaced(
     """A namespaced object: its name, namespace, labels, and its place after its namespace."""
     return ResourceRules(
         type_,
-        (name, namespace(), metadata_labels(), InItsNamespace(), *rules),
+        (name, namespace(), metadata_labels(), InItsNamespace(), InControllerNamespace(), *rules),
         replaced_on=_metadata_forced(*replaced_on),
         source=FORCE_NEW,
     )
@@ -569,6 +600,17 @@ RULES = by_type(
         # apps/v1 never changes a Deployment's selector: pulumi-kubernetes replaces it.
         replaced_on=("spec.selector",),
     ),
+    # A patch of the controller's Deployment (server-side apply of the fields it gives), which
+    # pulumi-kubernetes awaits as it does a Deployment: the LeaderWorkerSet waits for it.
+    _namespaced(
+        DEPLOYMENT_PATCH,
+        _subdomain_name(f"{DEPLOYMENT}; {PATCH} (the name of the patched object is required)"),
+        OneOf(
+            "metadata.name",
+            (pins.LWS_DEPLOYMENT,),
+            f"{PROGRAM}: the stack patches the LWS controller's Deployment alone",
+        ),
+    ),
     _namespaced(
         LEADER_WORKER_SET,
         # Its name is its headless Service's: the webhook takes an RFC 1035 label only.
@@ -594,6 +636,11 @@ RULES = by_type(
             (CONFIG_FILE,),
             "a LeaderWorkerSet needs the controller's CRD and webhook first",
             CRD,
+        ),
+        After(
+            (DEPLOYMENT_PATCH,),
+            "the controller's webhook admits a LeaderWorkerSet once its pods are ready",
+            f"{LWS_WEBHOOK}; {PATCH} (awaited as a Deployment)",
         ),
         # The CRD has no x-kubernetes-validations: the webhook refuses (rather than replaces) a
         # change of subGroupPolicy, and takes a new size as a rolling update. pulumi-kubernetes

@@ -15,7 +15,10 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from infra.core.cache import cache_dir
 from infra.core.pins import LLAMA_CPP_PYTHON_SDIST
+
+__all__ = ["SourceError", "cache_dir", "sdist_tree"]
 
 SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -24,14 +27,6 @@ SIMPLE_INDEX = os.environ.get("LLAMA_RPC_PYPI_SIMPLE", "https://pypi.org/simple"
 
 class SourceError(RuntimeError):
     """The llama.cpp source could not be found or fetched."""
-
-
-def cache_dir() -> Path:
-    """Builds, the sdist and generated models; reused across runs (and by CI when it can)."""
-    base = os.environ.get("LLAMA_RPC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-rpc-cluster"
-    )
-    return Path(base)
 
 
 def sdist_tree(cache: Path | None = None, *, download: bool = True) -> Path:

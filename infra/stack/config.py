@@ -131,6 +131,9 @@ class ClusterConfig:
     # How the nodes run: "vm", or "kubernetes" (AWS: EKS, infra.stack.kube).
     platform: str = VM
     kubernetes_image: str | None = None  # the pods' image (platform kubernetes)
+    # The LWS controller's manifest sha256 and image by digest (the program's pins, else these).
+    kubernetes_controller_sha256: str | None = None
+    kubernetes_controller_image: str | None = None
     kubernetes_api_cidrs: tuple[str, ...] = ()  # who reaches the EKS endpoint from outside
 
     @property
@@ -977,6 +980,8 @@ def from_settings(
         draft_min=BY_KEY["draftMin"].read(settings),
         platform=platform,
         kubernetes_image=BY_KEY["kubernetesImage"].read(settings),
+        kubernetes_controller_sha256=BY_KEY["kubernetesControllerSha256"].read(settings),
+        kubernetes_controller_image=BY_KEY["kubernetesControllerImage"].read(settings),
         kubernetes_api_cidrs=_api_cidrs(settings, "kubernetesApiCidrs"),
     )
     _platform(config)
@@ -1107,6 +1112,8 @@ def _platform(config: ClusterConfig) -> None:
     if not config.kubernetes:
         for key, given in (
             ("kubernetesImage", config.kubernetes_image),
+            ("kubernetesControllerSha256", config.kubernetes_controller_sha256),
+            ("kubernetesControllerImage", config.kubernetes_controller_image),
             ("kubernetesApiCidrs", config.kubernetes_api_cidrs),
         ):
             if given:

@@ -37,7 +37,14 @@ from infra.core.limits import (
     SERVER_PORT,
     VM,
 )
-from infra.core.pins import LLAMA_CPP_COMMIT, is_full_commit
+from infra.core.pins import (
+    LLAMA_CPP_COMMIT,
+    LWS_IMAGE,
+    LWS_IMAGE_BY_TAG,
+    LWS_MANIFEST_URL,
+    is_full_commit,
+    is_sha256,
+)
 from infra.core.server_args import API_KEY, MODEL_ALIAS
 from infra.stack.pulumi_cli import Secret
 
@@ -444,6 +451,25 @@ SETTINGS: tuple[Setting, ...] = (
         "with platform kubernetes: the image the pods run, built from the build context "
         "`lrc k8s render --out DIR` writes (DIR/image) and pushed where the nodes pull from "
         "(an ECR repository of the account)",
+        valid=is_pinned_image_reference,
+        meaning=PINNED_MEANING,
+    ),
+    Setting(
+        "kubernetesControllerSha256",
+        "string",
+        "with platform kubernetes: the sha256 of the LeaderWorkerSet controller's manifest "
+        f"({LWS_MANIFEST_URL}), which the stack checks before applying it (`curl -sL URL | "
+        "sha256sum`, once you have read it); needed until the program records it",
+        valid=is_sha256,
+        meaning="a sha256, 64 lowercase hex digits",
+    ),
+    Setting(
+        "kubernetesControllerImage",
+        "string",
+        "with platform kubernetes: the LeaderWorkerSet controller's image by digest, which "
+        f"replaces the manifest's {LWS_IMAGE_BY_TAG} (`docker buildx imagetools inspect "
+        f"{LWS_IMAGE_BY_TAG}` prints the digest: {LWS_IMAGE}@sha256:DIGEST, or your mirror's); "
+        "needed until the program records it",
         valid=is_pinned_image_reference,
         meaning=PINNED_MEANING,
     ),

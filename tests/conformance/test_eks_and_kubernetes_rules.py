@@ -28,6 +28,7 @@ from infra.conformance.eks import ADDON, ATTACHMENT, CLUSTER, LAUNCH_TEMPLATE, N
 from infra.conformance.kubernetes import (
     CONFIG_FILE,
     CONFIG_MAP,
+    DEPLOYMENT_PATCH,
     DEPLOYMENT_TYPE,
     LEADER_WORKER_SET,
     NAMESPACE,
@@ -51,6 +52,8 @@ LABELS = {
 }
 NS = "llama"
 LWS_URL = "https://github.com/kubernetes-sigs/lws/releases/download/v0.10.0/manifests.yaml"
+# The verified copy the program applies (infra.stack.kube.controller).
+LWS_COPY = f"/home/me/.cache/llama-rpc-cluster/lws/v0.10.0-{'a' * 16}-{'5' * 16}.yaml"
 KUBECONFIG = json.dumps(
     {
         "apiVersion": "v1",
@@ -61,6 +64,18 @@ KUBECONFIG = json.dumps(
     }
 )
 DROP = object()  # removes an input
+POD_IDENTITY_TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "pods.eks.amazonaws.com"},
+                "Action": ["sts:AssumeRole", "sts:TagSession"],
+            }
+        ],
+    }
+)
 
 
 def role_name(role: str) -> str:
@@ -120,10 +135,14 @@ def build() -> rules.Stack:
         role: add(
             ROLE,
             f"{N}-{role}",
-            {"assumeRolePolicy": "{}", "tags": TAGS},
+            {"assumeRolePolicy": trust, "tags": TAGS},
             ids=(role_name(role), role_arn(role)),
         )
-        for role in ("cluster-role", "node-role")
+        for role, trust in (
+            ("cluster-role", "{}"),
+            ("node-role", "{}"),
+            ("cni-role", POD_IDENTITY_TRUST),
+        )
     }
     attachments = {
         name: add(
@@ -135,8 +154,8 @@ def build() -> rules.Stack:
         for name, role, arn in (
             ("cluster-policy", "cluster-role", "AmazonEKSClusterPolicy"),
             ("node-worker-policy", "node-role", "AmazonEKSWorkerNodePolicy"),
-            ("node-cni-policy", "node-role", "AmazonEKS_CNI_Policy"),
             ("node-registry-policy", "node-role", "AmazonEC2ContainerRegistryReadOnly"),
+            ("cni-policy", "cni-role", "AmazonEKS_CNI_Policy"),
         )
     }
     cluster = add(
@@ -163,18 +182,38 @@ def build() -> rules.Stack:
         *subnets,
         ids=(f"{N}-eks-1a2b3c4",),
     )
-    add(
+    agent = add(
         ADDON,
-        f"{N}-vpc-cni",
+        f"{N}-pod-identity-agent",
         {
             "clusterName": f"{N}-eks-1a2b3c4",
-            "addonName": "vpc-cni",
-            "configurationValues": json.dumps({"enableNetworkPolicy": "true"}),
+            "addonName": "eks-pod-identity-agent",
             "resolveConflictsOnCreate": "OVERWRITE",
             "resolveConflictsOnUpdate": "OVERWRITE",
             "tags": TAGS,
         },
         cluster,
+    )
+    cni = add(
+        ADDON,
+        f"{N}-vpc-cni",
+        {
+            "clusterName": f"{N}-eks-1a2b3c4",
+            "addonName": "vpc-cni",
+            "configurationValues": json.dumps(
+                {"enableNetworkPolicy": "true", "env": {"NETWORK_POLICY_ENFORCING_MODE": "strict"}}
+            ),
+            "podIdentityAssociations": [
+                {"roleArn": role_arn("cni-role"), "serviceAccount": "aws-node"}
+            ],
+            "resolveConflictsOnCreate": "OVERWRITE",
+            "resolveConflictsOnUpdate": "OVERWRITE",
+            "tags": TAGS,
+        },
+        cluster,
+        agent,
+        roles["cni-role"],
+        attachments["cni-policy"],
     )
     template = add(
         LAUNCH_TEMPLATE,
@@ -228,11 +267,51 @@ def build() -> rules.Stack:
         template,
         roles["node-role"],
         subnets[0],
-        *(attachments[a] for a in ("node-worker-policy", "node-cni-policy")),
-        attachments["node-registry-policy"],
+        *(attachments[a] for a in ("node-worker-policy", "node-registry-policy")),
+        agent,
+        cni,
     )
     provider = add(PROVIDER, f"{N}-k8s", {"kubeconfig": KUBECONFIG}, cluster)
-    controller = add(CONFIG_FILE, f"{N}-lws-controller", {"file": LWS_URL}, provider)
+    controller = add(
+        CONFIG_FILE, f"{N}-lws-controller", {"file": LWS_COPY, "skipAwait": True}, provider
+    )
+    system = {"app.kubernetes.io/part-of": N}
+    add(
+        NETWORK_POLICY_TYPE,
+        f"{N}-cluster-dns",
+        {
+            "metadata": {"name": f"{N}-cluster-dns", "namespace": "kube-system", "labels": system},
+            "spec": {
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}],
+                "egress": [{"ports": [{"port": 53, "protocol": "UDP"}]}],
+            },
+        },
+        provider,
+    )
+    controller_policy = add(
+        NETWORK_POLICY_TYPE,
+        f"{N}-lws-controller-policy",
+        {
+            "metadata": {"name": f"{N}-lws-controller", "namespace": "lws-system"},
+            "spec": {
+                "podSelector": {"matchLabels": {"control-plane": "controller-manager"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"port": 9443, "protocol": "TCP"}]}],
+            },
+        },
+        provider,
+        controller,
+    )
+    ready = add(
+        DEPLOYMENT_PATCH,
+        f"{N}-lws-controller-ready",
+        {"metadata": {"name": "lws-controller-manager", "namespace": "lws-system"}},
+        provider,
+        controller,
+        controller_policy,
+    )
     namespace = add(NAMESPACE, f"{N}-namespace", {"metadata": {"name": NS}}, provider)
     inside = (provider, namespace)
     add(
@@ -312,6 +391,7 @@ def build() -> rules.Stack:
         },
         *inside,
         controller,
+        ready,
     )
     return rules.Stack(found, owners)
 
@@ -462,6 +542,65 @@ CASES = [
         "JSON",
     ),
     (f"{N}-vpc-cni", {"resolveConflictsOnCreate": "PRESERVE"}, rules.VALUE, "OnCreate"),
+    (
+        f"{N}-vpc-cni",
+        {"configurationValues": json.dumps({"env": {"NETWORK_POLICY_ENFORCING_MODE": "strict"}})},
+        rules.COMBINATION,
+        "strict without enableNetworkPolicy",
+    ),
+    (
+        f"{N}-vpc-cni",
+        {
+            "configurationValues": json.dumps(
+                {"enableNetworkPolicy": "true", "env": {"NETWORK_POLICY_ENFORCING_MODE": "strikt"}}
+            )
+        },
+        rules.COMBINATION,
+        "'strikt'",
+    ),
+    (
+        f"{N}-vpc-cni",
+        {"configurationValues": json.dumps({"enableNetworkPolicy": True})},
+        rules.COMBINATION,
+        "enableNetworkPolicy True",
+    ),
+    (
+        f"{N}-vpc-cni",
+        {"configurationValues": json.dumps({"env": {"WARM_IP_TARGET": 2}})},
+        rules.COMBINATION,
+        "env.WARM_IP_TARGET",
+    ),
+    (
+        f"{N}-vpc-cni",
+        {"podIdentityAssociations__0__serviceAccount": "AWS_node"},
+        rules.NAME,
+        "podIdentityAssociations.0.serviceAccount",
+    ),
+    (
+        f"{N}-vpc-cni",
+        {"podIdentityAssociations__0__roleArn": f"arn:aws:iam::{ACCOUNT}:role/elsewhere"},
+        rules.COMBINATION,
+        "not a role the stack makes",
+    ),
+    (
+        f"{N}-cni-role",
+        {"assumeRolePolicy": POD_IDENTITY_TRUST.replace(', "sts:TagSession"', "")},
+        rules.COMBINATION,
+        "does not trust pods.eks.amazonaws.com",
+    ),
+    (
+        f"{N}-cni-role",
+        {"assumeRolePolicy": POD_IDENTITY_TRUST.replace("pods.eks", "ec2")},
+        rules.COMBINATION,
+        "cni-role",
+    ),
+    (
+        f"{N}-lws-controller-ready",
+        {"metadata__name": "lws-webhook"},
+        rules.VALUE,
+        "metadata.name",
+        "'lws-controller-manager'",
+    ),
     (f"{N}-cluster-policy", {"policyArn": "AmazonEKSClusterPolicy"}, rules.VALUE, "policyArn"),
     # The Kubernetes provider and the LWS controller.
     (f"{N}-k8s", {"kubeconfig": DROP}, rules.COMBINATION, "kubeconfig"),
@@ -473,7 +612,14 @@ CASES = [
         "file",
         "pinned",
     ),
-    (f"{N}-lws-controller", {"file": LWS_URL.replace("https", "http")}, rules.COMBINATION, "https"),
+    # Even the release's own URL: its asset can be replaced.
+    (f"{N}-lws-controller", {"file": LWS_URL}, rules.COMBINATION, "verified copy"),
+    (
+        f"{N}-lws-controller",
+        {"file": LWS_COPY.replace("-" + "5" * 16, "")},
+        rules.COMBINATION,
+        "image digest",
+    ),
     # Object names, namespaces and labels.
     (f"{N}-namespace", {"metadata__name": "Llama"}, rules.NAME, "metadata.name 'Llama'"),
     (f"{N}-namespace", {"metadata__name": "n" * 64}, rules.NAME, "metadata.name", "1-63"),
@@ -549,7 +695,9 @@ def test_a_private_endpoint_needs_the_vpcs_dns_hostnames() -> None:
 
 def test_the_cluster_and_nodes_wait_for_their_own_roles_policies() -> None:
     only(waiting(STACK, E, drop=f"{N}-cluster-policy"), rules.ORDER, "cluster-policy")
-    only(waiting(STACK, G, drop=f"{N}-node-cni-policy"), rules.ORDER, "node-cni-policy")
+    only(waiting(STACK, G, drop=f"{N}-node-worker-policy"), rules.ORDER, "node-worker-policy")
+    # The CNI starts with its own role's policy.
+    only(waiting(STACK, CNI, drop=f"{N}-cni-policy"), rules.ORDER, "cni-policy", "Pod Identity")
     # The cluster does not wait for the nodes' policies (After would ask it to): no rule asks.
     cluster = named(STACK, E)
     assert not STACK.waits_for(cluster, named(STACK, f"{N}-node-worker-policy"))
@@ -557,26 +705,37 @@ def test_the_cluster_and_nodes_wait_for_their_own_roles_policies() -> None:
 
 def test_each_role_carries_the_policies_eks_needs() -> None:
     only(without(STACK, f"{N}-cluster-policy"), rules.COMBINATION, "AmazonEKSClusterPolicy")
-    only(without(STACK, f"{N}-node-cni-policy"), rules.COMBINATION, "AmazonEKS_CNI_Policy")
     only(without(STACK, f"{N}-node-registry-policy"), rules.COMBINATION, "ContainerRegistry")
-    # The CNI's own role (IRSA) takes the policy off the nodes' role.
-    own_role = changed(
-        without(STACK, f"{N}-node-cni-policy"),
-        f"{N}-vpc-cni",
-        serviceAccountRoleArn=f"arn:aws:iam::{ACCOUNT}:role/cni",
+    # The CNI's policy is on its own role, which Pod Identity gives aws-node.
+    only(
+        without(STACK, f"{N}-cni-policy"), rules.COMBINATION, "cni-role lacks AmazonEKS_CNI_Policy"
     )
+    # Without a role of its own, the CNI runs with the nodes', which must then carry it.
+    on_nodes = changed(STACK, CNI, podIdentityAssociations=DROP)
+    only(on_nodes, rules.COMBINATION, "node-role lacks AmazonEKS_CNI_Policy")
+    # IRSA takes the policy off the nodes' role as well.
+    own_role = changed(on_nodes, CNI, serviceAccountRoleArn=f"arn:aws:iam::{ACCOUNT}:role/cni")
     assert rules.violations(own_role, RESOURCE_RULES) == []
     only(changed(STACK, E, roleArn="arn:aws:iam::1:role/x"), rules.COMBINATION, "roleArn")
 
 
+def test_pod_identity_needs_its_agent_on_the_cluster() -> None:
+    only(without(STACK, f"{N}-pod-identity-agent"), rules.COMBINATION, "eks-pod-identity-agent")
+    elsewhere = changed(STACK, f"{N}-pod-identity-agent", clusterName="another-cluster")
+    only(elsewhere, rules.COMBINATION, "podIdentityAssociations without")
+
+
 def test_objects_wait_for_their_namespace_and_the_lws_for_its_controller() -> None:
     only(waiting(STACK, f"{N}-env", drop=f"{N}-namespace"), rules.ORDER, "namespace 'llama'")
-    only(waiting(STACK, f"{N}-lws", drop=f"{N}-lws-controller"), rules.ORDER, "CRD")
-    # An object in a namespace the stack does not make waits for nothing.
-    elsewhere = changed(
-        waiting(STACK, f"{N}-env", drop=f"{N}-namespace"), f"{N}-env", metadata__namespace="other"
-    )
-    assert rules.violations(elsewhere, RESOURCE_RULES) == []
+    # (Waiting for the controller's readiness waits for its manifest too.)
+    unready = waiting(STACK, f"{N}-lws", drop=f"{N}-lws-controller-ready")
+    only(unready, rules.ORDER, "ready")
+    only(waiting(unready, f"{N}-lws", drop=f"{N}-lws-controller"), rules.ORDER, "CRD")
+    # The controller's namespace is its manifest's: what lives there waits for the manifest.
+    policy, ready = f"{N}-lws-controller-policy", f"{N}-lws-controller-ready"
+    only(waiting(STACK, policy, drop=f"{N}-lws-controller"), rules.ORDER, "'lws-system'")
+    alone = waiting(waiting(STACK, ready, drop=f"{N}-lws-controller"), ready, drop=policy)
+    only(alone, rules.ORDER, "'lws-system'")
 
 
 @pytest.mark.parametrize(

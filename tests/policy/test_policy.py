@@ -51,7 +51,8 @@ RPC_PORT = rules.DEFAULT_RPC_PORT
 METRICS = "metrics-only-from-main"
 K8S_RPC = "k8s-rpc-only-from-leader"
 GRANTS = "identity-grants-deallocate-only"
-STACK_POLICIES = ("rpc-only-from-main", METRICS, K8S_RPC, GRANTS)
+ENI = "eks-nodes-hold-no-eni-rights"
+STACK_POLICIES = ("rpc-only-from-main", METRICS, K8S_RPC, GRANTS, ENI)
 POLICIES = [*rules.RESOURCE_VALIDATORS, *STACK_POLICIES]
 # The application security groups' ids, as the mocks give them (Azure's form).
 ASG_MAIN = azure_asg_id(f"{PROJECT}-rg", f"{PROJECT}-main-asg")
@@ -90,10 +91,14 @@ def resources(stack: str, deployment: Deployment | None = None) -> list[rules.Re
 
 def _seen(inputs: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """A resource's properties as the stack check sees a made resource: its outputs, here its
-    inputs and the identity the cloud gave it (an Azure VM's principal, which its grants name)."""
+    inputs and the identity the cloud gave it (an Azure VM's principal, which its grants name;
+    an IAM role's name and ARN, which its attachments and node groups name)."""
     props = copy.deepcopy(inputs)
     if isinstance(state.get("identity"), dict) and "principalId" in state["identity"]:
         props["identity"] = copy.deepcopy(state["identity"])
+    if str(state.get("arn", "")).startswith("arn:aws:iam::"):
+        props.setdefault("name", state.get("name"))
+        props.setdefault("arn", state["arn"])
     return props
 
 
@@ -2680,3 +2685,92 @@ def test_a_broad_grant_is_reported(cloud: str, typ: str, props: dict[str, Any], 
     stack = preset(cloud)
     found = added(stack, resources(stack), typ, "broad", props)
     reported(messages(stack, found), "narrow-grants", "broad", fix)
+
+
+# --- EKS nodes hold no network-interface rights -----------------------------------------------
+
+EKS_PRESET = "aws-eks"  # the shipped EKS stack
+NODE_ROLE = f"{PROJECT}-node-role"
+CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+ENI_STATEMENT = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["ec2:*NetworkInterface*"], "Resource": "*"}],
+    }
+)
+
+
+def test_the_cni_policy_is_on_the_cnis_own_role_not_the_nodes() -> None:
+    found = resources(EKS_PRESET)
+    attachments = {
+        (r.props["role"], r.props["policyArn"])
+        for r in found
+        if r.type == rules.AWS_ROLE_POLICY_ATTACHMENT
+    }
+    assert (f"{PROJECT}-cni-role", CNI_POLICY) in attachments
+    assert not [role for role, arn in attachments if arn == CNI_POLICY and role == NODE_ROLE]
+    assert violations(EKS_PRESET, found)[ENI] == []
+
+
+@pytest.mark.parametrize(
+    ("typ", "props", "fix"),
+    [
+        (rules.AWS_ROLE_POLICY_ATTACHMENT, {"role": NODE_ROLE, "policyArn": CNI_POLICY},
+         "AmazonEKS_CNI_Policy"),
+        (rules.AWS_POLICY_ATTACHMENT, {"roles": [NODE_ROLE], "policyArn": CNI_POLICY},
+         "AmazonEKS_CNI_Policy"),
+        (rules.AWS_ROLE_POLICY, {"role": NODE_ROLE, "policy": ENI_STATEMENT},
+         "ec2:*NetworkInterface*"),
+    ],
+)  # fmt: skip
+def test_network_interface_rights_put_back_on_the_node_role_are_reported(
+    typ: str, props: dict[str, Any], fix: str
+) -> None:
+    found = added(EKS_PRESET, resources(EKS_PRESET), typ, "cni-on-nodes", props)
+    only(messages(EKS_PRESET, found), ENI, "cni-on-nodes", fix, NODE_ROLE, "node group")
+
+
+def test_the_cni_policy_in_the_node_roles_own_list_is_reported() -> None:
+    found = changed(
+        resources(EKS_PRESET), NODE_ROLE, lambda p: p.update(managedPolicyArns=[CNI_POLICY])
+    )
+    only(messages(EKS_PRESET, found), ENI, NODE_ROLE, "AmazonEKS_CNI_Policy")
+
+
+def test_a_preview_traces_an_unknown_role_through_its_dependencies() -> None:
+    """In a first preview the node role's name and ARN are unknown: the attachment and the node
+    group are traced to it by their properties' dependencies."""
+    found = [
+        rules.Resource(
+            r.type,
+            r.name,
+            {**r.props, **({"name": rules.UNKNOWN, "arn": rules.UNKNOWN} if r.name == NODE_ROLE
+                           else {})},
+            r.urn,
+            r.id,
+            {"nodeRoleArn": [urn(EKS_PRESET, rules.AWS_ROLE, NODE_ROLE)]}
+            if r.type == rules.AWS_EKS_NODE_GROUP
+            else r.property_dependencies,
+        )
+        for r in resources(EKS_PRESET)
+    ]  # fmt: skip
+    assert violations(EKS_PRESET, found)[ENI] == []
+    attachment = rules.Resource(
+        rules.AWS_ROLE_POLICY_ATTACHMENT,
+        "cni-on-nodes",
+        {"role": rules.UNKNOWN, "policyArn": CNI_POLICY},
+        urn(EKS_PRESET, rules.AWS_ROLE_POLICY_ATTACHMENT, "cni-on-nodes"),
+        None,
+        {"role": [urn(EKS_PRESET, rules.AWS_ROLE, NODE_ROLE)]},
+    )
+    [violation] = violations(EKS_PRESET, [*found, attachment])[ENI]
+    assert "cni-on-nodes" in violation.message and NODE_ROLE in violation.message
+
+
+def test_a_cni_without_a_role_of_its_own_is_reported() -> None:
+    name = f"{PROJECT}-vpc-cni"
+    found = changed(resources(EKS_PRESET), name, lambda p: p.pop("podIdentityAssociations"))
+    only(messages(EKS_PRESET, found), ENI, name, "podIdentityAssociations", "aws-node")
+    # IRSA is a role of its own too.
+    irsa = changed(found, name, lambda p: p.update(serviceAccountRoleArn="arn:aws:iam::1:role/c"))
+    assert violations(EKS_PRESET, irsa)[ENI] == []

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import urllib.error
+from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
+import yaml
 
 from infra import catalog
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
 from infra.conformance import rules
-from infra.core import costs, outputs
-from infra.core.pins import LWS_MANIFEST_URL
+from infra.core import costs, outputs, pins
 from infra.stack.files import stack_values
-from infra.stack.kube import eks, objects
+from infra.stack.kube import controller, eks, objects
 from tests.pulumi_mocks import (
+    CONTROLLER_MANIFEST,
+    CONTROLLER_PINS,
     GENERATED_KEY,
     KUBERNETES_API_CIDRS,
     NO_KEY,
@@ -53,8 +58,13 @@ INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 ADDON = "aws:eks/addon:Addon"
 CONTROLLER = "kubernetes:yaml/v2:ConfigFile"
 LWS = "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
-# What the program puts beside the rendered objects: the namespace and the API key's Secret.
-STACK_OWN = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:Secret"}
+POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+READY = "kubernetes:apps/v1:DeploymentPatch"
+ROLE = "aws:iam/role:Role"
+ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+# What the program puts beside the rendered objects: the namespace and the API key's Secret (and,
+# outside the namespace, the cluster's own pods' policies and the controller's readiness).
+STACK_OWN = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:Secret", READY}
 
 
 def applied(d: Deployment) -> list[dict[str, Any]]:
@@ -62,6 +72,8 @@ def applied(d: Deployment) -> list[dict[str, Any]]:
     found = []
     for r in d.resources:
         if not r.typ.startswith("kubernetes:") or r.typ == CONTROLLER or r.typ in STACK_OWN:
+            continue
+        if r.inputs.get("metadata", {}).get("namespace") != eks.NAMESPACE:
             continue
         found.append({k: v for k, v in r.inputs.items() if v is not None})
     return found
@@ -193,12 +205,100 @@ def test_the_control_plane_spans_two_zones_and_the_nodes_one() -> None:
     assert len(small.of_type(SUBNET)) == 3
 
 
-def test_network_policies_are_enforced_by_the_vpc_cni() -> None:
-    [addon] = deployed(STACK).of_type(ADDON)
-    assert addon.inputs["addonName"] == "vpc-cni"
-    values = json.loads(addon.inputs["configurationValues"])
+def addons(d: Deployment) -> dict[str, dict[str, Any]]:
+    return {r.inputs["addonName"]: r.inputs for r in d.of_type(ADDON)}
+
+
+def test_network_policies_are_enforced_by_the_vpc_cni_in_strict_mode() -> None:
+    addon = addons(deployed(STACK))["vpc-cni"]
+    values = json.loads(addon["configurationValues"])
     assert values["enableNetworkPolicy"] == "true"  # a string, as the add-on's schema takes it
-    assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+    # Strict: a new pod is denied everything until its policies apply (standard lets all in).
+    assert values["env"]["NETWORK_POLICY_ENFORCING_MODE"] == "strict"
+    assert addon["resolveConflictsOnCreate"] == "OVERWRITE"
+
+
+def test_every_node_joins_with_the_cni_in_strict_mode_and_its_agent_in_place() -> None:
+    stack = deployed(STACK).stack()
+    network = [r for r in stack.resources if r.type == ADDON]
+    assert {r.inputs["addonName"] for r in network} == {"vpc-cni", "eks-pod-identity-agent"}
+    groups = [r for r in stack.resources if r.type == NODE_GROUP]
+    assert groups
+    for group in groups:
+        for addon in network:
+            assert stack.waits_for(group, addon), (group.name, addon.name)
+
+
+def test_strict_mode_gives_the_clusters_dns_and_the_controller_policies_of_their_own() -> None:
+    d = deployed(STACK)
+    policies = {
+        r.inputs["metadata"]["namespace"]: r.inputs
+        for r in d.of_type(POLICY)
+        if r.inputs["metadata"]["namespace"] != eks.NAMESPACE
+    }
+    assert set(policies) == {"kube-system", "lws-system"}
+    api = "172.20.0.1/32"  # the mocked cluster's service range, its first address
+    vpc = "10.42.0.0/16"
+    dns = policies["kube-system"]["spec"]
+    assert dns["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert dns["policyTypes"] == ["Ingress", "Egress"]
+    # Port 53 alone, from any pod; out to the VPC's resolver and the API, nothing else.
+    assert [rule["ports"] for rule in dns["ingress"]] == [
+        [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    ]
+    out = {
+        (block["ipBlock"]["cidr"], port["port"])
+        for rule in dns["egress"]
+        for block in rule["to"]
+        for port in rule["ports"]
+    }
+    assert out == {
+        (vpc, 53),
+        ("169.254.169.253/32", 53),
+        (vpc, 443),
+        (api, 443),
+    }
+    controller = policies["lws-system"]["spec"]
+    assert controller["podSelector"] == {"matchLabels": {"control-plane": "controller-manager"}}
+    assert controller["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": vpc}}], "ports": [{"protocol": "TCP", "port": 9443}]}
+    ]
+    assert [b["ipBlock"]["cidr"] for b in controller["egress"][0]["to"]] == [vpc, api]
+    assert controller["egress"][0]["ports"] == [{"protocol": "TCP", "port": 443}]
+    # The DNS's policy is in place before any node joins (CoreDNS never starts without it).
+    stack = d.stack()
+    [dns_policy] = [r for r in stack.resources if r.name == "llama-rpc-cluster-cluster-dns"]
+    groups = [r for r in stack.resources if r.type == NODE_GROUP]
+    assert groups and all(stack.waits_for(group, dns_policy) for group in groups)
+
+
+def test_the_cni_role_is_its_service_accounts_alone_and_the_nodes_hold_no_eni_rights() -> None:
+    d = deployed(STACK)
+    roles = {r.name: r for r in d.of_type(ROLE)}
+    attached = {
+        (r.inputs["role"], r.inputs["policyArn"].rsplit("/", 1)[-1]) for r in d.of_type(ATTACHMENT)
+    }
+    node_policies = {p for role, p in attached if role == "llama-rpc-cluster-node-role"}
+    assert node_policies == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"}
+    cni_policies = {p for role, p in attached if role == "llama-rpc-cluster-cni-role"}
+    assert cni_policies == {"AmazonEKS_CNI_Policy"}
+    # Only EKS Pod Identity takes the CNI's role, and only for aws-node.
+    trust = json.loads(roles["llama-rpc-cluster-cni-role"].inputs["assumeRolePolicy"])
+    [statement] = trust["Statement"]
+    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    cni = addons(d)["vpc-cni"]
+    assert cni["podIdentityAssociations"] == [
+        {
+            "roleArn": "arn:aws:iam::123456789012:role/llama-rpc-cluster-cni-role",
+            "serviceAccount": "aws-node",
+        }
+    ]
+    stack = d.stack()
+    [addon] = [r for r in stack.resources if r.inputs.get("addonName") == "vpc-cni"]
+    for attachment in stack.resources:
+        if attachment.type == ATTACHMENT and attachment.inputs["role"].endswith("cni-role"):
+            assert stack.waits_for(addon, attachment)
 
 
 @pytest.mark.parametrize(
@@ -255,12 +355,33 @@ def test_one_graviton_node_group_per_type_from_a_locked_down_launch_template(
 def test_the_controller_comes_from_its_pinned_release_before_the_leader_worker_set() -> None:
     d = deployed(STACK)
     [controller] = d.of_type(CONTROLLER)
-    assert controller.inputs["file"] == LWS_MANIFEST_URL
-    assert "/download/v0.10.0/" in LWS_MANIFEST_URL
+    # The provider applies the verified copy of the release's manifest: its objects, with the
+    # controller's image by the digest the stack pins, and no image by tag.
+    assert "/download/v0.10.0/" in pins.LWS_MANIFEST_URL
+    applied = list(yaml.safe_load_all(Path(controller.inputs["file"]).read_text()))
+    release = [o for o in yaml.safe_load_all(CONTROLLER_MANIFEST.read_text()) if o]
+    image = CONTROLLER_PINS[f"{P}kubernetesControllerImage"]
+    [deployment_] = [o for o in applied if o["kind"] == "Deployment"]
+    [manager] = deployment_["spec"]["template"]["spec"]["containers"]
+    assert manager["image"] == image
+    manager["image"] = pins.LWS_IMAGE_BY_TAG
+    assert applied == release
     stack = d.stack()
     [lws] = [r for r in stack.resources if r.type == LWS]
     [ctrl] = [r for r in stack.resources if r.type == CONTROLLER]
-    assert stack.waits_for(lws, ctrl)
+    [ready] = [r for r in stack.resources if r.type == READY]
+    [policy] = [
+        r
+        for r in stack.resources
+        if r.type == POLICY and r.inputs["metadata"]["namespace"] == "lws-system"
+    ]
+    # The manifest is applied without waiting: its pods need their policy (in its namespace)
+    # first. The patch of its Deployment waits for them, and the LeaderWorkerSet for the patch.
+    assert ctrl.inputs.get("skipAwait") is True
+    assert stack.waits_for(policy, ctrl) and stack.waits_for(ready, policy)
+    assert stack.waits_for(lws, ready)
+    assert ready.inputs["metadata"]["name"] == "lws-controller-manager"
+    assert ready.inputs["metadata"]["namespace"] == "lws-system"
     # The controller's pods need nodes and their network.
     for other in stack.resources:
         if other.type in (NODE_GROUP, ADDON):
@@ -430,6 +551,51 @@ def test_the_platforms_settings_are_refused_where_there_is_no_such_platform(
     stack: str, overrides: dict[str, Any], setting: str
 ) -> None:
     refused(stack, overrides, setting)
+
+
+def test_the_controller_is_refused_unless_its_manifest_and_image_are_pinned() -> None:
+    """Until the program records them, a stack names the manifest's sha256 and the image's
+    digest itself; without them, or with bytes of another sha256, nothing is created."""
+    for setting, words in (
+        ("kubernetesControllerSha256", "sha256sum"),
+        ("kubernetesControllerImage", "imagetools inspect registry.k8s.io/lws/lws:v0.10.0"),
+    ):
+        mocks = RecordingMocks()
+        with pytest.raises(pulumi.RunError, match=f"{setting}: is required") as error:
+            deploy(STACK, {f"{P}{setting}": None}, mocks)
+        assert words in str(error.value)
+        assert mocks.resources == []
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="has sha256 ab3200df") as error:
+        deploy(STACK, {f"{P}kubernetesControllerSha256": "0" * 64}, mocks)
+    assert "not " + "0" * 64 in str(error.value)
+    assert mocks.resources == []
+
+
+def test_a_manifest_that_cannot_be_fetched_stops_the_stack_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(url: str) -> bytes:
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(controller, "download", unreachable)
+    monkeypatch.setattr(controller, "manifests_dir", lambda: tmp_path)  # nothing kept yet
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match=r"could not be fetched .*no route to host"):
+        deploy(STACK, None, mocks)
+    assert mocks.resources == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("kubernetesControllerImage", "registry.k8s.io/lws/lws:v0.10.0"),
+        ("kubernetesControllerSha256", "AB" * 32),
+        ("kubernetesControllerSha256", "ab" * 31),
+    ],
+)
+def test_a_controller_pin_that_pins_nothing_is_refused_by_name(setting: str, value: str) -> None:
+    refused(STACK, {f"{P}{setting}": value}, setting)
 
 
 def test_a_refused_stack_creates_nothing() -> None:

@@ -1,11 +1,14 @@
 """``LlamaRpcKubernetesCluster``: the stack on EKS (``platform: kubernetes``).
 
 The VPC of the VM stacks (its NAT, baseline and flow logs), an EKS control plane whose endpoint
-is private (public only for ``kubernetesApiCidrs``), the VPC CNI with network policies enforced,
-and one managed node group of Graviton nodes per instance type (Amazon Linux 2023 for Arm, IMDSv2
-only, encrypted gp3 disks, one cluster placement group, no SSH). On it: the LeaderWorkerSet
-controller from its release, and the objects ``lrc k8s render`` writes for the same stack
-(``infra.stack.kube.objects``), with the stack's API key as a Secret.
+is private (public only for ``kubernetesApiCidrs``), the VPC CNI enforcing network policies in
+strict mode (a new pod is denied everything until its policies apply) with a role of its own that
+EKS Pod Identity gives its service account alone (the nodes' role holds no network-interface
+rights), and one managed node group of Graviton nodes per instance type (Amazon Linux 2023 for
+Arm, IMDSv2 only, encrypted gp3 disks, one cluster placement group, no SSH). On it: the
+LeaderWorkerSet controller from its release, and the objects ``lrc k8s render`` writes for the
+same stack (``infra.stack.kube.objects``), with the stack's API key as a Secret, and the policies
+strict mode needs for the cluster's DNS and the controller (``infra.stack.kube.system``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import pulumi_kubernetes as k8s
 from infra.boot.node import API_KEY_CREDENTIAL
 from infra.clouds import aws as aws_facts
 from infra.core import layout, network_rules, outputs, scheduling
-from infra.core.pins import LWS_MANIFEST_URL
 from infra.stack.backends.aws import EC2_ASSUME_ROLE, AwsBackend
 from infra.stack.component import stack_api_key
 from infra.stack.config import ClusterConfig
-from infra.stack.kube import objects
+from infra.stack.kube import controller as lws_controller
+from infra.stack.kube import objects, system
 
 # The Kubernetes names of the stack's objects: one namespace, the LeaderWorkerSet's name.
 NAMESPACE = layout.PROJECT
@@ -40,6 +43,20 @@ POD_SECURITY = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
 }
+# A role EKS Pod Identity hands to a service account's pods (the EKS guide's trust policy: both
+# actions, the pods.eks.amazonaws.com principal).
+POD_IDENTITY_ASSUME_ROLE = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": aws_facts.EKS_POD_IDENTITY_PRINCIPAL},
+            "Action": ["sts:AssumeRole", "sts:TagSession"],
+        }
+    ],
+}
+# Labels of the objects the stack puts in the cluster's own namespaces.
+SYSTEM_LABELS = {"app.kubernetes.io/part-of": layout.PROJECT}
 ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023's root volume, which holds the pods' model
 EKS_ASSUME_ROLE = {
     "Version": "2012-10-17",
@@ -118,6 +135,23 @@ def workloads(config: ClusterConfig) -> list[dict[str, Any]]:
             + "\n".join(f"  - {problem}" for problem in problems)
         )
     return rendered
+
+
+def controller_manifest(config: ClusterConfig) -> str:
+    """The LWS controller's manifest as the stack applies it (``infra.stack.kube.controller``):
+    refused before anything is created when it cannot be pinned."""
+    try:
+        pinned = lws_controller.release(
+            config.kubernetes_controller_sha256, config.kubernetes_controller_image
+        )
+        return str(lws_controller.verified_manifest(pinned))
+    except lws_controller.ControllerError as error:
+        raise pulumi.RunError(str(error)) from None
+    except OSError as error:  # the download (URLError is one)
+        raise pulumi.RunError(
+            f"the LeaderWorkerSet controller's manifest could not be fetched ({error}); "
+            "nothing was created"
+        ) from None
 
 
 def api_ranges(cidrs: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -205,6 +239,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
     ) -> None:
         # Refused here, before the component or any resource is registered.
         rendered = workloads(args.config)
+        manifest = controller_manifest(args.config)
         super().__init__("llama-rpc-cluster:index:LlamaRpcKubernetesCluster", name, None, opts)
         config = args.config
         if args.zone is None:
@@ -236,7 +271,29 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         if config.flow_logs:
             self._aws.flow_logs(name, vpc, network_tags, child)
 
-        cluster, cni = self._control_plane(name, config, subnets=[nodes_subnet, plane])
+        cluster, addons = self._control_plane(name, config, subnets=[nodes_subnet, plane])
+        provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=pulumi.Output.all(
+                cluster.name, cluster.endpoint, cluster.certificate_authority.data
+            ).apply(
+                lambda got: kubeconfig(got[0], got[1], got[2], config.region, args.aws_profile)
+            ),
+            opts=child,
+        )
+        # Strict mode denies a pod everything until a policy selects it: the cluster's DNS and
+        # the controller get theirs. The Kubernetes API is the `kubernetes` Service's address
+        # and the control plane's interfaces in the VPC.
+        api = cluster.kubernetes_network_config.apply(
+            lambda network: system.kubernetes_service_address(network.service_ipv4_cidr)
+        )
+        # The DNS's policy needs only the API, and the nodes join after it: CoreDNS never
+        # starts without it.
+        dns_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-cluster-dns",
+            **system.dns_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+        )
         node_role = self._role(f"{name}-node", EC2_ASSUME_ROLE, aws_facts.EKS_NODE_POLICIES, config)
         placement = aws.ec2.PlacementGroup(
             f"{name}-placement",
@@ -253,12 +310,20 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 role=node_role,
                 subnet=nodes_subnet,
                 placement=placement,
+                network=[*addons, dns_policy],
             )
             for pool in node_pools(config)
         ]
         api_key = stack_api_key(name, config, self)
         self._workloads(
-            name, config, cluster, api_key, rendered, after=[cni, *pools], profile=args.aws_profile
+            name,
+            config,
+            provider,
+            api,
+            api_key,
+            rendered=rendered,
+            after=[*addons, *pools],
+            manifest=manifest,
         )
 
         cost = config.hourly_cost
@@ -295,9 +360,10 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
 
     def _control_plane(
         self, name: str, config: ClusterConfig, *, subnets: list[aws.ec2.Subnet]
-    ) -> tuple[aws.eks.Cluster, aws.eks.Addon]:
+    ) -> tuple[aws.eks.Cluster, list[aws.eks.Addon]]:
         """The EKS control plane in the two subnets, its endpoint as ``kubernetesApiCidrs`` says,
-        and the VPC CNI add-on that enforces network policies."""
+        the Pod Identity agent, and the VPC CNI add-on that enforces network policies in strict
+        mode with its own role."""
         child = pulumi.ResourceOptions(parent=self)
         cluster_role, cluster_policies = self._role(
             f"{name}-cluster", EKS_ASSUME_ROLE, aws_facts.EKS_CLUSTER_POLICIES, config
@@ -338,48 +404,81 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 tags=self._aws.tags(config, "control-plane"),
                 opts=child,
             )
-        cni = aws.eks.Addon(
-            f"{name}-vpc-cni",
+        # The agent runs on each node's host network, so it serves before the CNI does; the CNI
+        # asks it for its role's credentials.
+        agent = aws.eks.Addon(
+            f"{name}-pod-identity-agent",
             cluster_name=cluster.name,
-            addon_name="vpc-cni",
-            configuration_values=json.dumps(aws_facts.EKS_VPC_CNI_CONFIGURATION),
-            # EKS installs its own vpc-cni first; the managed add-on takes it over.
+            addon_name=aws_facts.EKS_POD_IDENTITY_AGENT,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=self._aws.tags(config, "control-plane"),
             opts=child,
         )
-        return cluster, cni
+        cni_role, cni_policies = self._role(
+            f"{name}-cni", POD_IDENTITY_ASSUME_ROLE, aws_facts.EKS_CNI_POLICIES, config
+        )
+        cni = aws.eks.Addon(
+            f"{name}-vpc-cni",
+            cluster_name=cluster.name,
+            addon_name="vpc-cni",
+            configuration_values=json.dumps(aws_facts.EKS_VPC_CNI_CONFIGURATION),
+            # aws-node, and no other pod, takes the CNI's role.
+            pod_identity_associations=[
+                {"role_arn": cni_role.arn, "service_account": aws_facts.EKS_CNI_SERVICE_ACCOUNT}
+            ],
+            # EKS installs its own vpc-cni first; the managed add-on takes it over.
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            tags=self._aws.tags(config, "control-plane"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[agent, *cni_policies]),
+        )
+        return cluster, [agent, cni]
 
     def _workloads(
         self,
         name: str,
         config: ClusterConfig,
-        cluster: aws.eks.Cluster,
+        provider: k8s.Provider,
+        api: pulumi.Output[str],
         api_key: pulumi.Output[str] | None,
-        rendered: list[dict[str, Any]],
         *,
+        rendered: list[dict[str, Any]],
         after: list[pulumi.Resource],
-        profile: str | None,
+        manifest: str,
     ) -> None:
         """On the cluster: the LeaderWorkerSet controller once the nodes and their network are
-        up (``after``), the namespace, the API key's Secret and the rendered objects."""
-        child = pulumi.ResourceOptions(parent=self)
-        provider = k8s.Provider(
-            f"{name}-k8s",
-            kubeconfig=pulumi.Output.all(
-                cluster.name, cluster.endpoint, cluster.certificate_authority.data
-            ).apply(lambda got: kubeconfig(got[0], got[1], got[2], config.region, profile)),
-            opts=child,
-        )
+        up (``after``) and its policy (strict mode), the namespace, the API key's Secret and the
+        rendered objects."""
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
-        # The controller's own Deployment waits for a node, and the network for its CNI.
+        # The controller's own Deployment waits for a node, and the network for its CNI. Its
+        # pods cannot become ready before their policy (which needs the manifest's namespace)
+        # is in: the manifest is applied without waiting, and a patch of the Deployment waits.
         controller = k8s.yaml.v2.ConfigFile(
             f"{name}-lws-controller",
-            file=LWS_MANIFEST_URL,
+            file=manifest,
+            skip_await=True,
             opts=pulumi.ResourceOptions.merge(
                 on_cluster,
                 pulumi.ResourceOptions(depends_on=after),
+            ),
+        )
+        controller_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-lws-controller-policy",
+            **system.controller_policy(name, SYSTEM_LABELS, vpc_cidr=str(config.vpc_cidr), api=api),
+            opts=pulumi.ResourceOptions.merge(
+                on_cluster, pulumi.ResourceOptions(depends_on=[controller])
+            ),
+        )
+        ready = k8s.apps.v1.DeploymentPatch(
+            f"{name}-lws-controller-ready",
+            metadata={
+                "name": system.CONTROLLER_DEPLOYMENT,
+                "namespace": system.CONTROLLER_NAMESPACE,
+                "labels": dict(SYSTEM_LABELS),
+            },
+            opts=pulumi.ResourceOptions.merge(
+                on_cluster, pulumi.ResourceOptions(depends_on=[controller_policy])
             ),
         )
         namespace = k8s.core.v1.Namespace(
@@ -399,7 +498,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
                 opts=in_namespace,
             )
         for obj in rendered:
-            self._apply(name, obj, in_namespace, controller)
+            self._apply(name, obj, in_namespace, ready)
 
     def _role(
         self,
@@ -436,6 +535,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         role: tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]],
         subnet: aws.ec2.Subnet,
         placement: aws.ec2.PlacementGroup,
+        network: list[pulumi.Resource],
     ) -> aws.eks.NodeGroup:
         child = pulumi.ResourceOptions(parent=self)
         tags = {**self._aws.tags(config, pool.role), "Name": f"{name}-{pool.role}"}
@@ -488,7 +588,9 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             update_config={"max_unavailable": 1},
             labels={ROLE_LABEL: pool.role},
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=attached),
+            # A node joins with the CNI in strict mode, its role's agent and the DNS's policy
+            # already in place: no pod on it starts in the standard mode.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*attached, *network]),
         )
         return group
 
@@ -499,8 +601,8 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions,
         controller: pulumi.Resource,
     ) -> None:
-        """One rendered object as its typed resource (the LeaderWorkerSet after its controller,
-        whose webhook admits it)."""
+        """One rendered object as its typed resource (the LeaderWorkerSet after its controller is
+        ready, whose webhook admits it)."""
         kind, metadata = obj["kind"], obj["metadata"]
         logical = f"{name}-{metadata['name']}"
         body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
