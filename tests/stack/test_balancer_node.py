@@ -154,7 +154,10 @@ def test_the_balancer_node_is_priced_in_the_hourly_cost(cloud: str) -> None:
         # Each group as one group costs (its NAT share is the cloud's own rule), and the node.
         groups = 2 * ((one.instances or 0) + (one.disks or 0))
         assert two.total == pytest.approx(groups + (two.nat or 0) + price, abs=1e-4)
-    assert two.stopped is not None and two.stopped >= price  # it runs while groups stop
+    # Stopped, its disk goes on and its instance does not: its spend guard stops it with them.
+    assert two.balancer_disk is not None and 0 < two.balancer_disk < price
+    kept = (two.nat_stopped or 0) + (two.disks or 0) + two.balancer_disk
+    assert two.stopped == pytest.approx(kept, abs=1e-5)
     # The catalog without the type: named unpriced, never guessed.
     assert costs.balancer_cost(cloud, "nowhere-1").usd is None
 
