@@ -328,7 +328,7 @@ class ClusterConfig:
     def balancer_boot(self) -> BalancerBoot | None:
         """The balancer node's boot; None with one serving group. Whether there is a balancer
         is asked of this, never of ``replicas``. With a spend guard, the balancer node has the
-        groups' (on Kubernetes HAProxy runs as pods, which a scaled-down node group stops)."""
+        groups' (none on Kubernetes, which refuses a spend guard: HAProxy runs as pods there)."""
         return balancer_boot(
             self.private_subnet,
             self.main_ips,

@@ -492,7 +492,7 @@ def test_a_balancer_node_stops_once_no_request_reached_a_group_for_the_idle_time
     wait_until_up(serving_balancer)
     guard = balancer_guard(tmp_path, serving_balancer, STOP_AFTER_IDLE_SECONDS="2")
     try:
-        until = time.time() + 4
+        until = time.time() + 3
         while time.time() < until:  # a request every half second: never 2 s idle
             assert serving_balancer.request() == 200
             assert guard.powered_off_after(timeout=0.5) is None, "requests keep it on"
@@ -554,12 +554,12 @@ def test_a_balancer_node_waits_for_its_groups_to_serve_until_their_deadline(
     loading = Balancer(short_dir, serving=False)
     try:
         guard = balancer_guard(
-            tmp_path, loading, STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="3"
+            tmp_path, loading, STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="2"
         )
         after = guard.powered_off_after(timeout=20)
         log = guard.stop()
         assert after is not None, log
-        assert 4 <= after < 9, after  # the deadline, then the idle time
+        assert 3 <= after < 8, after  # the deadline, then the idle time
         # A group that comes up within the deadline ends the wait: the idle time runs from it.
         second_boot = tmp_path / "second-boot"
         second_boot.mkdir()
@@ -567,7 +567,7 @@ def test_a_balancer_node_waits_for_its_groups_to_serve_until_their_deadline(
             second_boot, loading, STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="600"
         )
         try:
-            assert again.powered_off_after(timeout=3) is None, "groups still loading"
+            assert again.powered_off_after(timeout=2.5) is None, "groups still loading"
             loading.serving(True)
             after = again.powered_off_after(timeout=20)
         finally:
