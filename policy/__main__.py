@@ -180,12 +180,14 @@ POLICIES = [
     ),
     StackValidationPolicy(
         name="identity-grants-deallocate-only",
-        description="On Azure, a worker's identity (a spend guard's) holds one grant: the "
+        description="On Azure, a worker's or the balancer node's identity (a spend guard's) "
+        "holds one grant: the "
         "stack's custom role of one action, deallocate, at its own VM's scope; and every custom "
         "role the stack makes holds that action alone, assignable in a resource group.",
         validate=validate_identity_grants,
         severity=Severity.HIGH,
-        remediation_steps="Grant a worker's identity the stack's deallocate role at its own "
+        remediation_steps="Grant a worker's or the balancer node's identity the stack's "
+        "deallocate role at its own "
         "VM's scope and nothing else; keep the custom role to that one action.",
     ),
     resource_policy(

@@ -1979,7 +1979,7 @@ def metrics_only_from_main(resources: Sequence[Resource]) -> list[Violation]:
     return _only_from_main(stack, resources, carriers=False)  # the RPC policy reports carriers
 
 
-# --- invariant 14: a worker's identity may deallocate its own VM and nothing else ---------------
+# --- invariant 14: a node's own identity may deallocate its own VM and nothing else -----------
 
 
 def _linked(
@@ -2031,8 +2031,9 @@ def _deallocate_only(role: Resource, groups: set[str]) -> list[str]:
 
 
 def identity_grants(resources: Sequence[Resource]) -> list[Violation]:
-    """Invariant 14: on Azure, the identity a spend guard gives a worker VM holds one grant,
-    the stack's custom role of one action (``DEALLOCATE_ACTION``) at that VM's own scope; and
+    """Invariant 14: on Azure, the identity a spend guard gives a VM other than the main node
+    (a worker, the balancer node) holds one grant, the stack's custom role of one action
+    (``DEALLOCATE_ACTION``) at that VM's own scope; and
     every custom role the stack makes holds that action alone, assignable in a resource group.
     A grant whose principal, role or scope a preview does not know is judged by the update's
     stack check."""
@@ -2061,9 +2062,10 @@ def identity_grants(resources: Sequence[Resource]) -> list[Violation]:
         if not granted and _known(grant.props.get("roleDefinitionId")):
             violations.append(
                 Violation(
-                    f"{label}: grants worker {vm.name}'s identity a role other than the stack's "
-                    "deallocate role; remove it: a worker's identity may deallocate its own VM "
-                    "and nothing else (its RPC port has no authentication)",
+                    f"{label}: grants {vm.name}'s identity (a node other than the main node) a "
+                    "role other than the stack's deallocate role; remove it: a worker's or the "
+                    "balancer node's identity may deallocate its own VM and nothing else (the "
+                    "RPC port has no authentication)",
                     grant.urn,
                 )
             )
@@ -2073,8 +2075,8 @@ def identity_grants(resources: Sequence[Resource]) -> list[Violation]:
         if _known(scope) and scopes != [vm]:
             violations.append(
                 Violation(
-                    f"{label}: grants worker {vm.name}'s identity at {_shown([scope])}, not its "
-                    "own VM; set scope=<that VM>.id",
+                    f"{label}: grants {vm.name}'s identity (a node other than the main node) at "
+                    f"{_shown([scope])}, not its own VM; set scope=<that VM>.id",
                     grant.urn,
                 )
             )

@@ -24,8 +24,16 @@ from typing import Any
 
 from infra.boot.cloud_yaml import dump
 from infra.boot.installed import installed_text
-from infra.boot.node import VM_PATHS
-from infra.boot.render import APT_CONF, SCRIPTS_DIR, metadata_ruleset
+from infra.boot.node import STOP_BY, VM_PATHS, NodeBoot, render_env_file
+from infra.boot.render import (
+    APT_CONF,
+    DEALLOCATE_SCRIPT,
+    GUARD_SCRIPT,
+    GUARD_UNIT,
+    SCRIPTS_DIR,
+    UNITS_DIR,
+    metadata_ruleset,
+)
 from infra.core import layout
 
 # The response header naming the group that answered (HAProxy's server name, "group1", …).
@@ -88,6 +96,12 @@ HAPROXY_UNIT = "haproxy.service"
 NFTABLES_CONFIG_PATH = "/etc/nftables.conf"
 NFTABLES_UNIT = "nftables.service"
 STAGED_DIR = "/etc/llama-rpc/balancer"
+# With a spend guard: HAProxy's stats socket, which the guard (root) reads. Root's: HAProxy binds
+# it as root before it drops to its user, in root's /run, read-only (level user), mode 600.
+GUARD_STATS_SOCKET = "/run/llama-rpc-balancer.sock"
+# The guard's scripts beside the installer's: the node's status file (the stop's reason) and,
+# on Azure, the deallocation with the node's own identity.
+GUARD_SCRIPTS = ("llama-rpc-status", GUARD_SCRIPT)
 
 
 def staged_path(path: str) -> str:
@@ -107,9 +121,69 @@ def group_server_name(group: int) -> str:
 
 
 @dataclass(frozen=True)
+class BalancerGuard:
+    """A balancer node's spend guard (``llama-rpc-guard``, role ``balancer``): the limits of the
+    groups behind it, in seconds (0: off), how long their boot may take to serve, how often it
+    looks, and how it stops the node (``STOP_BY``)."""
+
+    stop_after_idle_seconds: int
+    stop_after_seconds: int
+    serve_deadline_seconds: int
+    interval_seconds: int
+    stop_by: str
+
+    def __post_init__(self) -> None:
+        if self.stop_after_idle_seconds < 0 or self.stop_after_seconds < 0:
+            raise ValueError(
+                f"a guard's limits are 0 (off) or more, got {self.stop_after_idle_seconds} and "
+                f"{self.stop_after_seconds}"
+            )
+        if not (self.stop_after_idle_seconds or self.stop_after_seconds):
+            raise ValueError("a guard has a limit: stop_after_idle_seconds or stop_after_seconds")
+        if self.serve_deadline_seconds < 1 or self.interval_seconds < 1:
+            raise ValueError(
+                f"serve_deadline_seconds and interval_seconds are positive, got "
+                f"{self.serve_deadline_seconds} and {self.interval_seconds}"
+            )
+        if self.stop_by not in STOP_BY:
+            raise ValueError(f"stop_by {self.stop_by!r} is not one of {', '.join(STOP_BY)}")
+
+    def env(self) -> dict[str, str]:
+        """The guard's environment file on the balancer node."""
+        return {
+            "LLAMA_ROLE": "balancer",
+            "STOP_AFTER_IDLE_SECONDS": str(self.stop_after_idle_seconds),
+            "STOP_AFTER_SECONDS": str(self.stop_after_seconds),
+            "SERVE_DEADLINE_SECONDS": str(self.serve_deadline_seconds),
+            "STOP_BY": self.stop_by,
+            "GUARD_INTERVAL_SECONDS": str(self.interval_seconds),
+            "BALANCER_STATS_SOCKET": GUARD_STATS_SOCKET,
+            "BALANCER_BACKEND": BACKEND,
+            "LLAMA_DATA_DIR": VM_PATHS.data_dir,
+            "LLAMA_STATUS_FILE": f"{VM_PATHS.data_dir}/status.json",
+        }
+
+
+def balancer_guard(main: NodeBoot) -> BalancerGuard | None:
+    """The guard of a balancer in front of groups whose main node boots as ``main``: the groups'
+    own limits, serve deadline, interval and way of stopping, so the balancer node stops when
+    they do; None when they have no guard."""
+    if not main.guarded:
+        return None
+    return BalancerGuard(
+        stop_after_idle_seconds=main.stop_after_idle_seconds,
+        stop_after_seconds=main.stop_after_seconds,
+        serve_deadline_seconds=main.serve_deadline_seconds,
+        interval_seconds=main.guard_interval_seconds,
+        stop_by=main.stop_by,
+    )
+
+
+@dataclass(frozen=True)
 class BalancerBoot:
     """What the balancer needs to know: where it listens, each group's main node, the slots
-    each has, and the longest a request may generate or wait (seconds)."""
+    each has, and the longest a request may generate or wait (seconds); on a balancer node of a
+    stack with a spend guard, the guard."""
 
     listen_ip: str
     port: int
@@ -117,6 +191,7 @@ class BalancerBoot:
     server_port: int
     slots: int
     timeout_seconds: int
+    guard: BalancerGuard | None = None
 
     def __post_init__(self) -> None:
         if len(self.mains) < 2:
@@ -146,12 +221,13 @@ def balancer_boot(
     server_port: int,
     slots: int,
     timeout_seconds: int,
+    guard: BalancerGuard | None = None,
 ) -> BalancerBoot | None:
     """The balancer in front of these serving groups' main nodes, at the private subnet's
-    balancer address (``layout.balancer_ip``), taking requests on the server port; None for one
-    group, which serves alone. The one place that decides whether there is a balancer: the stack
-    (``ClusterConfig.balancer_boot``) and the local cluster ask it, and everything else asks them
-    for the boot."""
+    balancer address (``layout.balancer_ip``), taking requests on the server port, watched by
+    ``guard`` on a balancer node; None for one group, which serves alone. The one place that
+    decides whether there is a balancer: the stack (``ClusterConfig.balancer_boot``) and the
+    local cluster ask it, and everything else asks them for the boot."""
     if len(mains) < 2:
         return None
     return BalancerBoot(
@@ -161,6 +237,7 @@ def balancer_boot(
         server_port=server_port,
         slots=slots,
         timeout_seconds=timeout_seconds,
+        guard=guard,
     )
 
 
@@ -174,16 +251,20 @@ def haproxy_config(
     balancer: BalancerBoot,
     *,
     stats_socket: str | None = None,
+    stats_level: str = "admin",
     run_as: str | None = None,
     by_name: bool = False,
 ) -> str:
     """HAProxy's configuration: one frontend on the balancer's address, one backend server per
-    serving group's main node (``by_name``: the main nodes are DNS names)."""
+    serving group's main node (``by_name``: the main nodes are DNS names), and with
+    ``stats_socket`` a socket of root's at ``stats_level`` (``admin`` or ``user``, read-only)."""
     servers = "\n".join(
         f"    server {group_server_name(g)} {ip}:{balancer.server_port} maxconn {balancer.slots}"
         for g, ip in enumerate(balancer.mains)
     )
-    stats = f"    stats socket {stats_socket} mode 600 level admin\n" if stats_socket else ""
+    stats = (
+        f"    stats socket {stats_socket} mode 600 level {stats_level}\n" if stats_socket else ""
+    )
     user = f"    user {run_as}\n    group {run_as}\n" if run_as else ""
     timeout = balancer.timeout_seconds
     checks = (
@@ -253,19 +334,31 @@ def cloud_config(balancer: BalancerBoot) -> dict[str, Any]:
     """A balancer node's cloud-config as data (validated by ``cloud-init schema`` in the
     tests): Debian's HAProxy under its own unit, installed by the nodes' retrying installer,
     this configuration checked before it starts, and the metadata service root's alone, as on
-    every node."""
+    every node. With a guard, the spend guard runs from the first moment of each boot, as on the
+    groups' nodes, before the packages (whose install may not end)."""
+    guard = balancer.guard
     configs = {
-        HAPROXY_CONFIG_PATH: haproxy_config(balancer, run_as="haproxy"),
+        HAPROXY_CONFIG_PATH: haproxy_config(
+            balancer,
+            stats_socket=GUARD_STATS_SOCKET if guard else None,
+            stats_level="user",
+            run_as="haproxy",
+        ),
         NFTABLES_CONFIG_PATH: metadata_ruleset(),
     }
+    names = list(INSTALLER_SCRIPTS)
+    if guard is not None:
+        names += GUARD_SCRIPTS
+        if guard.stop_by == "azure-deallocate":
+            names.append(DEALLOCATE_SCRIPT)
     scripts = [
         {
             "path": f"{VM_PATHS.bin_dir}/{script}",
             "owner": "root:root",
-            "permissions": "0755" if script == "install-packages.sh" else "0644",
+            "permissions": "0644" if script == "lib.sh" else "0755",
             "content": installed_text(SCRIPTS_DIR / script),
         }
-        for script in INSTALLER_SCRIPTS
+        for script in names
     ]
     staged = [
         {
@@ -276,12 +369,35 @@ def cloud_config(balancer: BalancerBoot) -> dict[str, Any]:
         }
         for path, content in configs.items()
     ]
+    guarding: list[dict[str, str]] = []
+    start_guard: list[list[str]] = []
+    if guard is not None:
+        guarding = [
+            {
+                "path": f"/etc/systemd/system/{GUARD_UNIT}",
+                "owner": "root:root",
+                "permissions": "0644",
+                "content": installed_text(UNITS_DIR / GUARD_UNIT),
+            },
+            {
+                # Root's alone, as on every node (systemd reads it as root).
+                "path": VM_PATHS.env_file,
+                "owner": "root:root",
+                "permissions": "0600",
+                "content": render_env_file(guard.env()),
+            },
+        ]
+        start_guard = [
+            ["systemctl", "daemon-reload"],
+            ["systemctl", "enable", "--now", "--no-block", GUARD_UNIT],
+        ]
     return {
         "apt": {"conf": APT_CONF},
-        "write_files": scripts + staged,
+        "write_files": scripts + staged + guarding,
         # The packages, then their configuration; the metadata rules first: HAProxy never
         # needs the node's credentials.
         "runcmd": [
+            *start_guard,
             [
                 "env",
                 f"LLAMA_PACKAGES={' '.join(HAPROXY_PACKAGES)}",

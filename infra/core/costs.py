@@ -50,6 +50,9 @@ class HourlyCost:
     # The balancer node: its instance and, where the disk is priced, its system disk. None: no
     # balancer, or its instance price is unknown (unpriced).
     balancer: float | None = None
+    # The balancer node's system disk alone: what it costs once stopped (its spend guard stops
+    # it with the groups). None: no balancer, or the disk is not priced.
+    balancer_disk: float | None = None
     # The NAT with no node running (the gateway and its address go on; GCP's per-VM part stops).
     nat_stopped: float | None = None
     # A managed Kubernetes control plane (EKS), billed while the cluster exists. None: none.
@@ -61,12 +64,12 @@ class HourlyCost:
     @property
     def stopped(self) -> float | None:
         """What the cluster costs an hour with every instance stopped (AWS stop, GCP stop,
-        Azure deallocate): its disks, its NAT and its balancer, which go on; on Kubernetes, with
-        its node groups scaled to zero: the NAT and the control plane. Parts the catalog does not
-        price are left out, as in ``total`` (``unpriced`` names them); None when no part is
-        priced."""
+        Azure deallocate), the balancer node's too: its disks (the balancer node's among them)
+        and its NAT, which go on; on Kubernetes, with its node groups scaled to zero: the NAT
+        and the control plane. Parts the catalog does not price are left out, as in ``total``
+        (``unpriced`` names them); None when no part is priced."""
         disks = self.disks if self.disks_kept_stopped else None
-        kept = (self.nat_stopped, disks, self.balancer, self.control_plane)
+        kept = (self.nat_stopped, disks, self.balancer_disk, self.control_plane)
         parts = [p for p in kept if p is not None]
         return round(sum(parts), 5) if parts else None
 
@@ -172,9 +175,9 @@ def hourly_cost(
         counts[node.instance.name] = (count + 1, node.instance.hourly_usd)
     unpriced = [f"{name} instances" for name, (_, price) in counts.items() if price is None]
     instances = None if unpriced else sum(node.instance.hourly_usd or 0.0 for node in nodes)
-    # The balancer node reaches its package through the NAT too, and runs while the groups stop.
-    behind_nat_always = 1 if balancer and nodes else 0
-    nat = _priced(provider, facts.nat.hourly_usage(len(nodes) + behind_nat_always))
+    # The balancer node reaches its package through the NAT too (and stops with the groups).
+    balancer_behind_nat = 1 if balancer and nodes else 0
+    nat = _priced(provider, facts.nat.hourly_usage(len(nodes) + balancer_behind_nat))
     if nat is None:
         unpriced.append(facts.nat.name)
     monthly_disks = [
@@ -199,10 +202,10 @@ def hourly_cost(
     fast = facts.fast_network_min_vcpus
     if fast is not None and any(node.instance.vcpus >= fast for node in nodes):
         unpriced.append(facts.fast_network_name)  # billed on top; no price in the catalog
-    balancer_usd = None
+    balancer_usd = balancer_disk = None
     if balancer and nodes:
         balancer_node = balancer_cost(provider, nodes[0].instance.region)
-        balancer_usd = balancer_node.usd
+        balancer_usd, balancer_disk = balancer_node.usd, balancer_node.disk_usd
         if balancer_usd is None:
             unpriced.append(BALANCER_NODE)
         elif not balancer_node.disk_priced and f"{facts.disk.name} disks" not in unpriced:
@@ -230,9 +233,10 @@ def hourly_cost(
         sources=tuple(sources),
         instance_counts=tuple((name, count, price) for name, (count, price) in counts.items()),
         balancer=balancer_usd,
+        balancer_disk=balancer_disk,
         control_plane=plane_usd,
         disks_kept_stopped=not control_plane,
-        nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(behind_nat_always))),
+        nat_stopped=_rounded(_priced(provider, facts.nat.hourly_usage(0))),
     )
 
 
@@ -241,6 +245,7 @@ class BalancerNodeCost:
     usd: float | None  # its instance and, where priced, its system disk; None: unpriced
     disk_priced: bool
     source: str  # the instance price's source and date; "" when the catalog lacks the type
+    disk_usd: float | None = None  # its system disk alone, $/h (stopped); None: unpriced
 
 
 def balancer_cost(provider: str, region: str) -> BalancerNodeCost:
@@ -249,11 +254,12 @@ def balancer_cost(provider: str, region: str) -> BalancerNodeCost:
     facts = FACTS[provider]
     node = catalog.find(provider, region, facts.balancer_instance_type)
     disk = _priced(provider, facts.disk.monthly_usage(WORKER_DISK_GB, None))
+    disk_usd = None if disk is None else round(disk / HOURS_PER_MONTH, 5)
     if node is None or node.hourly_usd is None:
-        return BalancerNodeCost(None, disk is not None, "")
+        return BalancerNodeCost(None, disk is not None, "", disk_usd)
     usd = node.hourly_usd + (disk or 0.0) / HOURS_PER_MONTH
     source = f"{node.price_source}, {node.price_date or 'no date'}"
-    return BalancerNodeCost(round(usd, 5), disk is not None, source)
+    return BalancerNodeCost(round(usd, 5), disk is not None, source, disk_usd)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -24,7 +24,8 @@ CONNECT_COMMAND = "connectCommand"
 # --show-secrets`); None without one, and on the local cluster (its file: `lrc local status`).
 API_KEY = "apiKey"
 HOURLY_COST_USD = "hourlyCostUsd"
-# What the stack still costs an hour with every instance stopped (disks, NAT, balancer).
+# What the stack still costs an hour with every instance stopped, the balancer node's too
+# (disks, NAT).
 STOPPED_HOURLY_COST_USD = "stoppedHourlyCostUsd"
 LLAMA_CPP_COMMIT = "llamaCppCommit"
 # Replicas: how many serving groups, the private balancer in front of them (None with one
@@ -33,6 +34,10 @@ LLAMA_CPP_COMMIT = "llamaCppCommit"
 REPLICAS = "replicas"
 BALANCER_URL = "balancerUrl"
 GROUPS = "groups"
+# The balancer node's instance (VM name on GCP and Azure): a spend guard stops it with its
+# groups and ``lrc start`` starts it with them. None without a balancer node (one group; on
+# Kubernetes, where HAProxy runs as pods; on the local cluster, where it is a process).
+BALANCER_INSTANCE_ID = "balancerInstanceId"
 # The one command a watcher (`top`) can be granted alone: on AWS, the name of the stack's SSM
 # document that takes one reading of a group's metrics; None where a cloud's command channel
 # has no such grant (GCP, Azure) and on the local cluster.
@@ -61,6 +66,7 @@ ALL_KEYS = (
     REPLICAS,
     BALANCER_URL,
     GROUPS,
+    BALANCER_INSTANCE_ID,
     METRICS_DOCUMENT,
     ZONE,
     RESOURCE_GROUP,
@@ -106,9 +112,13 @@ def main_ids(stack_outputs: Mapping[str, Any]) -> list[str]:
 
 def node_ids(stack_outputs: Mapping[str, Any]) -> list[str]:
     """Every node of the stack, each group's workers before its main node (a main node that
-    comes up first waits for them anyway)."""
+    comes up first waits for them anyway), and the balancer node last, where there is one (its
+    groups pass HAProxy's checks as they come up)."""
     ids: list[str] = []
     for group in group_outputs(stack_outputs):
         ids += [str(worker) for worker in group.get(WORKER_INSTANCE_IDS) or []]
         ids.append(str(group[MAIN_INSTANCE_ID]))
+    balancer = stack_outputs.get(BALANCER_INSTANCE_ID)
+    if balancer:
+        ids.append(str(balancer))
     return ids

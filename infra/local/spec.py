@@ -170,6 +170,7 @@ class ClusterSpec:
                 f"http://{self.balancer.ip}:{self.server_port}" if self.balancer else None
             ),
             outputs.GROUPS: groups,
+            outputs.BALANCER_INSTANCE_ID: None,  # the balancer is a process of this machine
             outputs.METRICS_DOCUMENT: None,
             outputs.ZONE: None,
             outputs.RESOURCE_GROUP: None,

@@ -80,7 +80,7 @@ def option_json(option: Option) -> dict[str, Any]:
             "controlPlane": option.cost.control_plane,
         },
         "platform": option.platform,
-        # With every instance stopped: the disks, the NAT and the balancer go on.
+        # With every instance stopped, the balancer node's too: the disks and the NAT go on.
         "stoppedHourlyUsd": option.cost.stopped,
         "groupHourlyUsd": option.group_cost.total,
         "unpriced": list(option.cost.unpriced),

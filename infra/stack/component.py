@@ -112,6 +112,7 @@ class LlamaRpcCluster(pulumi.ComponentResource):
             outputs.REPLICAS: config.replicas,
             outputs.BALANCER_URL: balancer and f"http://{balancer.listen_ip}:{balancer.port}",
             outputs.GROUPS: per_group,
+            outputs.BALANCER_INSTANCE_ID: balancer_node.instance_id if balancer_node else None,
             outputs.METRICS_DOCUMENT: backend.metrics_document(name, config, self),
             **backend.location(network),
         }

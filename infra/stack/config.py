@@ -27,7 +27,12 @@ from infra.boot import (
     deliver,
     render,
 )
-from infra.boot.balancer import HAPROXY_MAX_TIMEOUT_SECONDS, BalancerBoot, balancer_boot
+from infra.boot.balancer import (
+    HAPROXY_MAX_TIMEOUT_SECONDS,
+    BalancerBoot,
+    balancer_boot,
+    balancer_guard,
+)
 from infra.boot.deliver import files_source as store_path
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.node import STAGED_SCHEMES, setting_of
@@ -325,13 +330,15 @@ class ClusterConfig:
     @cached_property
     def balancer_boot(self) -> BalancerBoot | None:
         """The balancer node's boot; None with one serving group. Whether there is a balancer
-        is asked of this, never of ``replicas``."""
+        is asked of this, never of ``replicas``. With a spend guard, the balancer node has the
+        groups' (none on Kubernetes, which refuses a spend guard: HAProxy runs as pods there)."""
         return balancer_boot(
             self.private_subnet,
             self.main_ips,
             server_port=self.server_port,
             slots=self.slots,
             timeout_seconds=self.generation_timeout_seconds,
+            guard=None if self.kubernetes else balancer_guard(self.boots(0)[0]),
         )
 
     def serving_group(self, group: int = 0) -> ServingGroup:

@@ -5,16 +5,23 @@ accepts; the metadata service root's alone, on every boot."""
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from infra.boot import balancer
-from infra.boot.balancer import BalancerBoot
+from infra.boot.balancer import BalancerBoot, BalancerGuard
 from infra.boot.installed import installed_text
-from infra.boot.node import VM_PATHS
-from infra.boot.render import SCRIPTS_DIR, metadata_ruleset
+from infra.boot.node import VM_PATHS, example
+from infra.boot.render import (
+    DEALLOCATE_SCRIPT,
+    GUARD_UNIT,
+    SCRIPTS_DIR,
+    UNITS_DIR,
+    metadata_ruleset,
+)
 from tests.conftest import assert_valid_cloud_config, require_tool
 
 BALANCER = BalancerBoot(
@@ -144,3 +151,87 @@ def test_the_longest_timeout_allowed_is_one_haproxy_takes_and_one_more_second_is
     assert check(balancer.HAPROXY_MAX_TIMEOUT_SECONDS).returncode == 0
     over = check(balancer.HAPROXY_MAX_TIMEOUT_SECONDS + 1)
     assert over.returncode != 0 and "timer overflow" in over.stdout + over.stderr
+
+
+GUARD = BalancerGuard(
+    stop_after_idle_seconds=900,
+    stop_after_seconds=0,
+    serve_deadline_seconds=20_000,
+    interval_seconds=30,
+    stop_by="azure-deallocate",
+)
+
+
+def test_a_guarded_balancer_node_runs_the_spend_guard_from_the_start_of_each_boot(
+    tmp_path: Path,
+) -> None:
+    """The guard's unit, scripts and settings, started before the packages (whose install may
+    never end: the deadline holds then too); HAProxy's stats socket read-only and root's; the
+    configuration still one HAProxy accepts."""
+    guarded = BalancerBoot(**{**BALANCER.__dict__, "guard": GUARD})  # type: ignore[arg-type]
+    text = balancer.render(guarded)
+    assert_valid_cloud_config(text, tmp_path)
+    files = files_of(text)
+    for script in (*balancer.INSTALLER_SCRIPTS, *balancer.GUARD_SCRIPTS, DEALLOCATE_SCRIPT):
+        entry = files[f"{VM_PATHS.bin_dir}/{script}"]
+        assert entry["content"] == installed_text(SCRIPTS_DIR / script)
+        assert entry["owner"] == "root:root"
+    assert files[f"/etc/systemd/system/{GUARD_UNIT}"]["content"] == installed_text(
+        UNITS_DIR / GUARD_UNIT
+    )
+    env = files[VM_PATHS.env_file]
+    assert (env["owner"], env["permissions"]) == ("root:root", "0600")
+    settings = dict(line.split("=", 1) for line in str(env["content"]).splitlines())
+    assert settings["LLAMA_ROLE"] == "'balancer'"
+    assert settings["STOP_AFTER_IDLE_SECONDS"] == "'900'"
+    assert settings["SERVE_DEADLINE_SECONDS"] == "'20000'"
+    assert settings["STOP_BY"] == "'azure-deallocate'"
+    assert settings["BALANCER_STATS_SOCKET"] == f"'{balancer.GUARD_STATS_SOCKET}'"
+    assert settings["BALANCER_BACKEND"] == f"'{balancer.BACKEND}'"
+    commands = [" ".join(command) for command in yaml.safe_load(text)["runcmd"]]
+    started = commands.index(f"systemctl enable --now --no-block {GUARD_UNIT}")
+    assert started < commands.index(next(c for c in commands if balancer.INSTALLER in c))
+    config = str(configured(text, balancer.HAPROXY_CONFIG_PATH)["content"])
+    assert f"stats socket {balancer.GUARD_STATS_SOCKET} mode 600 level user\n" in config
+    assert balancer.GUARD_STATS_SOCKET.startswith("/run/") and "level admin" not in config
+    haproxy = require_tool("haproxy")
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(config)
+    checked = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    # A guard that powers off (AWS, GCP) has no deallocation to run.
+    poweroff = replace(guarded, guard=replace(GUARD, stop_by="poweroff"))
+    assert f"{VM_PATHS.bin_dir}/{DEALLOCATE_SCRIPT}" not in files_of(balancer.render(poweroff))
+    # Without a guard, none of it.
+    plain = files_of(balancer.render(BALANCER))
+    assert VM_PATHS.env_file not in plain and f"/etc/systemd/system/{GUARD_UNIT}" not in plain
+
+
+def test_the_balancer_nodes_guard_has_its_groups_limits() -> None:
+    main = replace(
+        example("main"),
+        stop_after_idle_seconds=600,
+        stop_after_seconds=7200,
+        serve_deadline_seconds=9000,
+        guard_interval_seconds=30,
+        stop_by="azure-deallocate",
+    )
+    assert balancer.balancer_guard(main) == BalancerGuard(600, 7200, 9000, 30, "azure-deallocate")
+    assert balancer.balancer_guard(example("main")) is None  # the groups have none
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"stop_after_idle_seconds": 0}, "has a limit"),
+        ({"stop_after_seconds": -1}, "0 \\(off\\) or more"),
+        ({"serve_deadline_seconds": 0}, "positive"),
+        ({"interval_seconds": 0}, "positive"),
+        ({"stop_by": "terminate"}, "is not one of poweroff, azure-deallocate"),
+    ],
+)
+def test_a_balancer_guard_that_cannot_work_is_refused(
+    changes: dict[str, object], says: str
+) -> None:
+    with pytest.raises(ValueError, match=says):
+        replace(GUARD, **changes)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SCRIPTS, free_port
+from tests.conftest import REPO, SCRIPTS, free_port, require_tool
 
 METRICS = REPO / "tests" / "fixtures" / "metrics"
 AZURE = REPO / "tests" / "fixtures" / "azure"
@@ -368,3 +368,233 @@ def test_a_worker_whose_rpc_server_did_not_stop_keeps_its_egress_rule(server, tm
     result, nft = _run_deallocate_on_a_worker(server, tmp_path, stop_exit=1)
     assert nft == []
     assert "did not stop: its egress rule stays" in result.stderr
+
+
+# --- a balancer node: the real HAProxy, as the balancer node runs it, in front of two groups ---
+
+
+class _Main(http.server.BaseHTTPRequestHandler):
+    """A group's main node as HAProxy sees it: /health 200 once serving (503 while loading), and
+    a completion that takes ``seconds`` to generate."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        state = self.server.state  # type: ignore[attr-defined]
+        if self.path == "/health":
+            self._send(200 if state["serving"] else 503)
+            return
+        time.sleep(state["seconds"])
+        self._send(200)
+
+    def _send(self, code: int) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Mains(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # HAProxy closes a health check's connection as soon as it has the status
+
+
+class Balancer:
+    """Two groups' main nodes on loopback addresses of their own and HAProxy in front of them,
+    with the configuration and stats socket a guarded balancer node has (``haproxy -db``)."""
+
+    def __init__(self, directory: Path, *, serving: bool) -> None:
+        from infra.boot.balancer import BalancerBoot, haproxy_config
+
+        self.port = free_port()
+        self.mains: list[http.server.ThreadingHTTPServer] = []
+        for address in ("127.0.0.2", "127.0.0.3"):
+            main = _Mains((address, self.port), _Main)
+            main.state = {"serving": serving, "seconds": 0}  # type: ignore[attr-defined]
+            threading.Thread(target=main.serve_forever, daemon=True).start()
+            self.mains.append(main)
+        self.socket = directory / "stats.sock"  # a unix socket's path: 107 bytes at most
+        boot = BalancerBoot(
+            listen_ip="127.0.0.1", port=self.port, mains=("127.0.0.2", "127.0.0.3"),
+            server_port=self.port, slots=1, timeout_seconds=60,
+        )  # fmt: skip
+        config = directory / "haproxy.cfg"
+        config.write_text(haproxy_config(boot, stats_socket=str(self.socket), stats_level="user"))
+        self.process = subprocess.Popen(
+            [require_tool("haproxy"), "-db", "-f", str(config)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.time() + 10
+        while not self.socket.is_socket():
+            assert self.process.poll() is None and time.time() < deadline, self.process.stderr
+            time.sleep(0.05)
+
+    def serving(self, serving: bool) -> None:
+        for main in self.mains:
+            main.state["serving"] = serving  # type: ignore[attr-defined]
+
+    def request(self, seconds: float = 0) -> int:
+        """A completion through the balancer; its HTTP status (503: no group took it)."""
+        for main in self.mains:
+            main.state["seconds"] = seconds  # type: ignore[attr-defined]
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as client:
+            client.sendall(b"GET /v1/models HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            return int(client.recv(64).split()[1])
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        for main in self.mains:
+            main.shutdown()
+            main.server_close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="guard-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def serving_balancer(short_dir: Path) -> Iterator[Balancer]:
+    balancer = Balancer(short_dir, serving=True)
+    yield balancer
+    balancer.close()
+
+
+def balancer_guard(tmp_path: Path, balancer: Balancer, **settings: str) -> Guard:
+    from infra.boot.balancer import BACKEND
+
+    return Guard(
+        tmp_path, LLAMA_ROLE="balancer", BALANCER_STATS_SOCKET=str(balancer.socket),
+        BALANCER_BACKEND=BACKEND, **settings,
+    )  # fmt: skip
+
+
+def wait_until_up(balancer: Balancer) -> None:
+    """Both groups passed HAProxy's health checks (two in a row, a second apart)."""
+    deadline = time.time() + 10
+    while balancer.request() != 200:
+        assert time.time() < deadline, "no group came up behind HAProxy"
+        time.sleep(0.2)
+
+
+def test_a_balancer_node_stops_once_no_request_reached_a_group_for_the_idle_time(
+    serving_balancer, tmp_path
+) -> None:
+    wait_until_up(serving_balancer)
+    guard = balancer_guard(tmp_path, serving_balancer, STOP_AFTER_IDLE_SECONDS="2")
+    try:
+        until = time.time() + 3
+        while time.time() < until:  # a request every half second: never 2 s idle
+            assert serving_balancer.request() == 200
+            assert guard.powered_off_after(timeout=0.5) is None, "requests keep it on"
+        last = time.time()
+        after = guard.powered_off_after(timeout=20)
+    finally:
+        log = guard.stop()
+    assert after is not None, log
+    assert guard.started + after - last >= 2, "the idle time runs from the last request"
+    assert guard.status()["last_stop_reason"].startswith("idle: 2s"), guard.status()
+
+
+def test_a_request_a_group_still_generates_keeps_the_balancer_node_on(
+    serving_balancer, tmp_path
+) -> None:
+    wait_until_up(serving_balancer)
+    guard = balancer_guard(tmp_path, serving_balancer, STOP_AFTER_IDLE_SECONDS="1")
+    try:
+        answered: list[int] = []
+        slow = threading.Thread(target=lambda: answered.append(serving_balancer.request(5)))
+        slow.start()
+        assert guard.powered_off_after(timeout=4) is None, "a generation in hand is not idle"
+        slow.join()
+        assert answered == [200]
+        done = time.time()
+        after = guard.powered_off_after(timeout=20)
+    finally:
+        log = guard.stop()
+    assert after is not None, log
+    assert guard.started + after - done >= 1
+
+
+def test_requests_no_group_takes_do_not_keep_the_balancer_node_on(
+    serving_balancer, tmp_path
+) -> None:
+    """Every group idle and stopped: HAProxy answers 503 itself, which is no work, so a client
+    that keeps knocking does not keep the balancer node (and its bill) on."""
+    wait_until_up(serving_balancer)
+    guard = balancer_guard(tmp_path, serving_balancer, STOP_AFTER_IDLE_SECONDS="2")
+    try:
+        assert guard.powered_off_after(timeout=1) is None
+        serving_balancer.serving(False)  # the groups' guards stopped them
+        gone = time.time()
+        while (after := guard.powered_off_after(timeout=0.3)) is None:
+            assert time.time() - gone < 20, "knocking kept the balancer on"
+            serving_balancer.request()
+    finally:
+        log = guard.stop()
+    assert after is not None, log
+    assert guard.started + after - gone >= 2
+    assert serving_balancer.request() == 503, "HAProxy, not a group, answered"
+
+
+def test_a_balancer_node_waits_for_its_groups_to_serve_until_their_deadline(
+    short_dir, tmp_path
+) -> None:
+    """While every group is still building or loading, the balancer node is not idle; past the
+    groups' serve deadline, with none ever serving, it is."""
+    loading = Balancer(short_dir, serving=False)
+    try:
+        guard = balancer_guard(
+            tmp_path, loading, STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="2"
+        )
+        after = guard.powered_off_after(timeout=20)
+        log = guard.stop()
+        assert after is not None, log
+        assert 3 <= after < 8, after  # the deadline, then the idle time
+        # A group that comes up within the deadline ends the wait: the idle time runs from it.
+        second_boot = tmp_path / "second-boot"
+        second_boot.mkdir()
+        again = balancer_guard(
+            second_boot, loading, STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="600"
+        )
+        try:
+            assert again.powered_off_after(timeout=2.5) is None, "groups still loading"
+            loading.serving(True)
+            after = again.powered_off_after(timeout=20)
+        finally:
+            log = again.stop()
+        assert after is not None, log
+    finally:
+        loading.close()
+
+
+def test_a_balancer_whose_haproxy_does_not_answer_is_busy_until_the_deadline(
+    short_dir, tmp_path
+) -> None:
+    """HAProxy not installed yet, or restarting: not idle, for the serve deadline after boot."""
+    absent = short_dir / "absent.sock"
+    guard = Guard(
+        tmp_path, LLAMA_ROLE="balancer", BALANCER_STATS_SOCKET=str(absent),
+        BALANCER_BACKEND="groups", STOP_AFTER_IDLE_SECONDS="1", SERVE_DEADLINE_SECONDS="2",
+    )  # fmt: skip
+    after = guard.powered_off_after(timeout=20)
+    log = guard.stop()
+    assert after is not None, log
+    assert 3 <= after < 8, after
+
+
+def test_a_guard_of_an_unknown_role_refuses_to_run(tmp_path) -> None:
+    guard = Guard(tmp_path, LLAMA_ROLE="gateway", STOP_AFTER_IDLE_SECONDS="1")
+    guard.process.wait(timeout=20)
+    log = guard.stop()
+    assert guard.process.returncode == 78
+    assert "not main, worker or balancer" in log

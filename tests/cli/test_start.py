@@ -39,6 +39,35 @@ def test_the_command_starts_the_stack_and_points_at_lrc_wait(
     assert "denied" in capsys.readouterr().err
 
 
+def test_the_command_starts_the_balancer_node_with_the_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spend guard stops the balancer node with its groups: `lrc start` starts it again, after
+    them, on every cloud."""
+    found = two_groups(
+        ["main1", "main2"], [["w1"], ["w2"]],
+        **{outputs.CLOUD: "azure", outputs.RESOURCE_GROUP: "rg",
+           outputs.BALANCER_INSTANCE_ID: "lrc-balancer"},
+    )  # fmt: skip
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: found)
+    cli = Cli()
+    monkeypatch.setattr(deployed_module, "run_cli", cli)
+    assert lrc.main(["start", "--stack", "azure-cobalt", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["nodes"] == [
+        f"{vm}: starting" for vm in ("w1", "main1", "w2", "main2", "lrc-balancer")
+    ]
+    assert [argv[6] for argv in cli.argv] == ["w1", "main1", "w2", "main2", "lrc-balancer"]
+    gcp = {**found, outputs.CLOUD: "gcp", outputs.ZONE: "us-central1-a"}
+    monkeypatch.setattr(deployed_module, "stack_outputs", lambda stack: gcp)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj-1")
+    cli = Cli()
+    monkeypatch.setattr(deployed_module, "run_cli", cli)
+    assert lrc.main(["start", "--stack", "gcp-c4a"]) == 0
+    assert "lrc-balancer: starting" in capsys.readouterr().out
+    assert cli.argv[0][4:9] == ["w1", "main1", "w2", "main2", "lrc-balancer"]
+
+
 def test_status_says_a_stopped_group_is_stopped_and_how_to_start_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

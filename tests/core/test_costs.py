@@ -231,7 +231,7 @@ def test_a_stopped_cluster_costs_its_disks_and_its_nat(price_list) -> None:
     assert f"with every instance stopped ${cost.stopped}/h" in cost.basis
 
 
-def test_a_stopped_gcp_cluster_pays_no_per_vm_nat_but_the_balancer_nodes(price_list) -> None:
+def test_a_stopped_gcp_cluster_pays_no_per_vm_nat_and_the_balancer_nodes_disk(price_list) -> None:
     price_list("gcp", GCP_PRICES)
     gcp = [costs.PricedNode(instance("c4a", 1.0, "gcp", "us-central1"), 100)] * 3
     running = costs.hourly_cost("gcp", gcp)
@@ -239,14 +239,15 @@ def test_a_stopped_gcp_cluster_pays_no_per_vm_nat_but_the_balancer_nodes(price_l
     assert running.stopped == round(0.01 + (running.disks or 0), 5)
     with_balancer = costs.hourly_cost("gcp", gcp, balancer=True)
     # The balancer node: the fixture's c4a-standard-1 and its system disk. It sends through the
-    # NAT too, and runs while the groups are stopped.
+    # NAT too while it runs; its spend guard stops it with the groups, and then its disk alone
+    # goes on, and no per-VM NAT charge.
     disk = sizing.WORKER_DISK_GB * GCP_PRICES["disk_gb_month"] / costs.HOURS_PER_MONTH
     assert with_balancer.balancer == round(0.0449 + disk, 5)
+    assert with_balancer.balancer_disk == round(disk, 5)
     assert with_balancer.nat == round(4 * 0.002 + 0.01, 5)
     assert with_balancer.disks == running.disks
-    assert with_balancer.stopped == round(
-        0.002 + 0.01 + (running.disks or 0) + with_balancer.balancer, 5
-    )
+    assert with_balancer.stopped == round(0.01 + (running.disks or 0) + disk, 5)
+    assert with_balancer.stopped < running.stopped + with_balancer.balancer
     assert any(s.startswith("balancer node: test fixture") for s in with_balancer.sources)
 
 

@@ -39,9 +39,14 @@ class Cli:
 def test_every_node_is_started_workers_before_their_main_node() -> None:
     found = two_groups(["m1", "m2"], [["w1", "w2"], ["w3"]])
     assert node_ids(found) == ["w1", "w2", "m1", "w3", "m2"]
+    # The balancer node last: its groups pass HAProxy's checks as they come up.
+    balanced = {**found, outputs.BALANCER_INSTANCE_ID: "b"}
+    assert node_ids(balanced) == ["w1", "w2", "m1", "w3", "m2", "b"]
     # A stack from before serving groups: its top-level outputs.
     old = {outputs.MAIN_INSTANCE_ID: "m", outputs.WORKER_INSTANCE_IDS: ["w"]}
     assert node_ids(old) == ["w", "m"]
+    # One group, or a stack from before the balancer node was an output: no balancer to start.
+    assert node_ids({**old, outputs.BALANCER_INSTANCE_ID: None}) == ["w", "m"]
 
 
 def test_aws_starts_stopped_instances_through_ec2() -> None:

@@ -2317,9 +2317,12 @@ def test_every_stack_with_a_spend_guard_passes_every_policy(
     found = resources(stack, deployment(stack, **options))
     result = violations(stack, found)
     assert not any(result.values()), result
-    if cloud == "azure":  # each worker has its identity and its one grant
+    if cloud == "azure":  # each worker and the balancer node has its identity and one grant
         grants = [r for r in found if r.type == rules.AZURE_ROLE_ASSIGNMENT]
         assert any("worker" in r.name for r in grants)
+        assert f"{PROJECT}-balancer-deallocate" in {r.name for r in grants}
+        balancer = next(r for r in found if r.name == f"{PROJECT}-balancer")
+        assert balancer.props["identity"]["type"] == "SystemAssigned"
 
 
 def guarded_azure() -> tuple[str, list[rules.Resource]]:
@@ -2349,6 +2352,42 @@ def test_a_workers_identity_granted_more_than_its_own_deallocation_is_reported(
     found = changed(baseline, name, change)
     result = messages(stack, found, baseline=baseline)
     reported(result, GRANTS, name, fix)
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        (lambda p: p.update(roleDefinitionId=CONTRIBUTOR), "a role other than"),
+        (lambda p: p.update(scope=f"{PROJECT}-rg-id"), "not its own VM"),
+        (lambda p: p.update(scope=f"{PROJECT}-main-id"), "not its own VM"),
+    ],
+)
+def test_the_balancer_nodes_identity_granted_more_than_its_own_deallocation_is_reported(
+    change: Callable[[dict[str, Any]], object], fix: str
+) -> None:
+    """The balancer node's guard deallocates it with its own identity: a hand edit that widens
+    that grant (another role, the resource group, another VM) is reported on the grant."""
+    stack, baseline = guarded_azure()
+    name = f"{PROJECT}-balancer-deallocate"
+    found = changed(baseline, name, change)
+    result = messages(stack, found, baseline=baseline)
+    reported(result, GRANTS, name, f"{PROJECT}-balancer's identity", fix)
+
+
+def test_a_user_assigned_identity_on_the_balancer_node_is_reported() -> None:
+    """Its own system-assigned identity alone: a shared, user-assigned one may hold anything."""
+    stack, baseline = guarded_azure()
+    name = f"{PROJECT}-balancer"
+    shared = (
+        "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ManagedIdentity/"
+        "userAssignedIdentities/shared"
+    )
+    found = changed(
+        baseline, name,
+        lambda p: p.update(identity={"type": "SystemAssigned, UserAssigned",
+                                     "userAssignedIdentities": {shared: {}}}),
+    )  # fmt: skip
+    reported(messages(stack, found, baseline=baseline), "identity-on-main-only", name)
 
 
 def test_a_grant_to_a_workers_identity_found_by_dependency_in_a_preview_is_judged() -> None:

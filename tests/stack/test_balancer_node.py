@@ -154,7 +154,11 @@ def test_the_balancer_node_is_priced_in_the_hourly_cost(cloud: str) -> None:
         # Each group as one group costs (its NAT share is the cloud's own rule), and the node.
         groups = 2 * ((one.instances or 0) + (one.disks or 0))
         assert two.total == pytest.approx(groups + (two.nat or 0) + price, abs=1e-4)
-    assert two.stopped is not None and two.stopped >= price  # it runs while groups stop
+    # Stopped, its instance does not go on (its spend guard stops it with the groups), its disk
+    # does where the catalog prices it.
+    assert two.balancer_disk is None or 0 < two.balancer_disk < price
+    kept = [p for p in (two.nat_stopped, two.disks, two.balancer_disk) if p is not None]
+    assert two.stopped == (pytest.approx(sum(kept), abs=1e-5) if kept else None)
     # The catalog without the type: named unpriced, never guessed.
     assert costs.balancer_cost(cloud, "nowhere-1").usd is None
 

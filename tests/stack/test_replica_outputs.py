@@ -37,6 +37,7 @@ def test_replica_outputs_name_the_balancer_and_every_group(stack: str, cloud: st
     assert second[outputs.WORKER_INSTANCE_IDS] == [
         name.format(f"{REPLICA2}-worker-{i}") for i in (1, 2)
     ]
+    assert out[outputs.BALANCER_INSTANCE_ID] == name.format(f"{CLUSTER}-balancer")
 
 
 @pytest.mark.parametrize(

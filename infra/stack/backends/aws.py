@@ -786,6 +786,8 @@ class AwsBackend(CloudBackend[AwsNetwork, AwsGroup]):
             private_ip=boot.listen_ip,
             associate_public_ip_address=False,
             vpc_security_group_ids=[balancer_group.id],
+            # Its spend guard powers it off: stopped, not terminated, as the groups' nodes.
+            instance_initiated_shutdown_behavior="stop",
             # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
             **private_instance(
                 balancer_name, tags, root_gb=sizing.WORKER_DISK_GB, disk=disk, user_data=user_data

@@ -6,7 +6,8 @@ groups when there are several.
 
 Baseline (Azure security benchmark): Trusted Launch (secure boot, vTPM), no managed identity on
 any node but where a feature needs one (the main node's, with read access to a staged model's
-containers; with a spend guard, each node's, which may deallocate that node and nothing else),
+containers; with a spend guard, each node's, the balancer node's too, which may deallocate that
+node and nothing else),
 VNet flow logs to a storage account of the stack, tags on every resource including the OS
 disks, and optionally encryption at host and a Bastion host for the tunnel.
 """
@@ -781,21 +782,31 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         if keyed and network.key_vault is not None:
             self._key_reader(spec.name, vm=vm, parent=parent)
         if network.deallocate_role is not None:
-            azure.authorization.RoleAssignment(
-                f"{spec.name}-deallocate",
-                principal_id=vm.identity.apply(
-                    lambda identity: identity.principal_id if identity else ""
-                ),
-                principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
-                role_definition_id=network.deallocate_role.id,
-                scope=vm.id,  # this VM alone
-                description="llama-rpc-cluster: the node's spend guard deallocates it",
-                opts=opts,
-            )
+            self._deallocate_grant(spec.name, vm, network.deallocate_role, opts)
         return Node(
             instance_id=vm.name,
             private_ip=pulumi.Output.from_input(spec.private_ip),
             resource_id=vm.id,
+        )
+
+    @staticmethod
+    def _deallocate_grant(
+        name: str,
+        vm: azure.compute.VirtualMachine,
+        role: azure.authorization.RoleDefinition,
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        """The spend guard's one grant to a VM's own identity: the deallocate role, on that VM."""
+        azure.authorization.RoleAssignment(
+            f"{name}-deallocate",
+            principal_id=vm.identity.apply(
+                lambda identity: identity.principal_id if identity else ""
+            ),
+            principal_type=azure.authorization.PrincipalType.SERVICE_PRINCIPAL,
+            role_definition_id=role.id,
+            scope=vm.id,  # this VM alone
+            description="llama-rpc-cluster: the node's spend guard deallocates it",
+            opts=opts,
         )
 
     def _key_reader(
@@ -879,10 +890,12 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
         """The balancer node at the balancer's fixed address: HAProxy (``infra.boot.balancer``)
         sends each request to a group with a free slot, and queues it for the first to free one
         when none has. Its rules are in the NSG (``balancer_rules``, and each group's
-        ``allow-api-from-balancer``); it has no managed identity and no placement group."""
+        ``allow-api-from-balancer``); it has no placement group, and a managed identity only
+        with a spend guard, which may deallocate this VM and nothing else."""
         if network.balancer is None:
             return None
         boot, security = network.balancer.boot, network.balancer.firewall
+        role = network.deallocate_role if boot.guard is not None else None
         # New groups or timeouts mean a new balancer node: cloud-init reads user data once.
         vm = self._vm(
             f"{name}-balancer",
@@ -895,10 +908,14 @@ class AzureBackend(CloudBackend[AzureNetwork, AzureGroup]):
             custom_data=deliver(render_balancer(boot), "azure").value,
             security=security,
             placement=None,
-            identity=False,
+            identity=role is not None,
             extra_tags={},
             parent=parent,
         )
+        if role is not None:
+            self._deallocate_grant(
+                f"{name}-balancer", vm, role, pulumi.ResourceOptions(parent=parent)
+            )
         return Node(
             instance_id=vm.name,
             private_ip=pulumi.Output.from_input(boot.listen_ip),

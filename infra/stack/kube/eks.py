@@ -344,6 +344,7 @@ class LlamaRpcKubernetesCluster(pulumi.ComponentResource):
             outputs.REPLICAS: config.replicas,
             outputs.BALANCER_URL: service_url(config) if config.balancer_boot else None,
             outputs.GROUPS: per_group,
+            outputs.BALANCER_INSTANCE_ID: None,  # HAProxy runs as pods
             outputs.METRICS_DOCUMENT: None,
             outputs.ZONE: nodes_subnet.availability_zone,
             outputs.RESOURCE_GROUP: None,
