@@ -335,7 +335,7 @@ def main() -> int:
     results = {
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine()},
         "llama_cpp_commit": LLAMA_CPP_COMMIT,
-        "patches": patches_digest(LLAMA_CPP_COMMIT),
+        "patches": patches_digest(LLAMA_CPP_COMMIT, acting=True),  # what the loads ran with
         "model": {
             "shape": "Llama-2-7B layers, Q4_0",
             "bytes": {d: models[d].stat().st_size for d in DEPTHS},

@@ -50,6 +50,11 @@ class Patch:
         return self.path.name
 
     @property
+    def off_by_default(self) -> bool:
+        """It acts only when its setting is given: its switch is that setting left empty."""
+        return bool(self.switch) and all(value == "" for _, value in self.switch)
+
+    @property
     def diff(self) -> str:
         return patch_diff(self.path.read_text())
 
@@ -86,9 +91,13 @@ def patch_set(commit: str, directory: Path = PATCHES_DIR) -> tuple[Patch, ...]:
     return tuple(_read(path) for path in found)
 
 
-def patches_digest(commit: str, directory: Path = PATCHES_DIR) -> str:
-    """The set's digest as build-llama.sh computes it (``none`` without a set)."""
+def patches_digest(commit: str, directory: Path = PATCHES_DIR, *, acting: bool = False) -> str:
+    """The set's digest as build-llama.sh computes it (``none`` without a set); ``acting``: of
+    the patches that act without being asked to (not ``off_by_default``), which are all a run
+    with no patch settings is changed by."""
     patches = patch_set(commit, directory)
+    if acting:
+        patches = tuple(patch for patch in patches if not patch.off_by_default)
     if not patches:
         return NO_PATCHES
     lines = "".join(f"{patch.diff_sha256}  {patch.name}\n" for patch in patches)

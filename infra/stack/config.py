@@ -332,13 +332,16 @@ class ClusterConfig:
         """The balancer node's boot; None with one serving group. Whether there is a balancer
         is asked of this, never of ``replicas``. With a spend guard, the balancer node has the
         groups' (none on Kubernetes, which refuses a spend guard: HAProxy runs as pods there)."""
+        # The groups' boots only where there is a balancer to guard (``balancer_boot`` says
+        # None for one group): a stack's cost is asked of this before its boots are checked.
+        guarded = not self.kubernetes and len(self.main_ips) > 1
         return balancer_boot(
             self.private_subnet,
             self.main_ips,
             server_port=self.server_port,
             slots=self.slots,
             timeout_seconds=self.generation_timeout_seconds,
-            guard=None if self.kubernetes else balancer_guard(self.boots(0)[0]),
+            guard=balancer_guard(self.boots(0)[0]) if guarded else None,
         )
 
     def serving_group(self, group: int = 0) -> ServingGroup:
@@ -993,7 +996,10 @@ def from_settings(
     )
     _platform(config)
     _balancer_timeouts(config)
-    _spending(settings, config)
+    try:
+        _spending(settings, config)
+    except BootConfigError as error:  # the balancer's guard reads the groups' boots
+        raise ConfigError(setting_of(error.setting) or "model", str(error)) from None
     _boot_data(config)
     return config
 
