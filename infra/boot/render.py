@@ -49,6 +49,8 @@ NODE_PACKAGES = ("nftables", "prometheus-node-exporter")
 ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": NODE_PACKAGES, "main": NODE_PACKAGES}
 # A staged model is read from the object store with rclone (many ranged reads at once).
 STAGED_PACKAGES = ("rclone",)
+# The prebuilt llama.cpp is read the same way, and unpacked with tar's zstd.
+PREBUILT_PACKAGES = ("rclone", "zstd")
 
 # apt retries each download itself (cloud-init's `packages`, and install-packages.sh).
 APT_CONF = 'Acquire::Retries "5";\n'
@@ -58,7 +60,7 @@ APT_CONF = 'Acquire::Retries "5";\n'
 # AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
 COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
 # Sourced by the others, never run: installed without the executable bit.
-SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh")
+SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh", "fetch-llama.sh")
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     "worker": (
         *COMMON_SCRIPTS,
@@ -83,6 +85,9 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 # key reader with a key kept
 # in the cloud's secret store, the spend guard with a guard, and on Azure its deallocation.
 STAGED_SCRIPT = "fetch-staged.sh"
+# The prebuilt llama.cpp's fetch (build-llama.sh sources it), which reads the store as the staged
+# model's download does.
+PREBUILT_SCRIPTS = ("fetch-llama.sh", STAGED_SCRIPT)
 API_KEY_READER = "llama-rpc-secret"
 # The reader's module for each kind of API_KEY_SOURCE (its cloud's secret store).
 API_KEY_READER_MODULES = {
@@ -120,6 +125,8 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     scripts = ROLE_SCRIPTS[boot.role]
     if boot.staged:
         scripts += (STAGED_SCRIPT,)
+    if boot.prebuilt_store:
+        scripts += tuple(name for name in PREBUILT_SCRIPTS if name not in scripts)
     # The reader of the cloud's stores: for the API key, and for files beyond the user data.
     kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})
     if kinds != [""]:
@@ -188,7 +195,10 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     paths = VM_PATHS
     units = node_units(boot)
     packages = sorted(
-        BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.staged else ())
+        set(BUILD_PACKAGES)
+        | set(ROLE_PACKAGES[boot.role])
+        | set(STAGED_PACKAGES if boot.staged else ())
+        | set(PREBUILT_PACKAGES if boot.prebuilt_store else ())
     )
     fetched = fetched_files(boot, paths)
     files = [file for file in boot_files(boot, paths) if file not in fetched]
