@@ -154,7 +154,7 @@ fi
 
 started=$EPOCHREALTIME
 if [[ -n "${LLAMA_PREBUILT:-}" ]]; then
-  status phase=fetching_llama build_skipped:=false "prebuilt_url=$(prebuilt_url)"
+  status phase=building build_skipped:=false "prebuilt_url=$(prebuilt_url)"
   log "fetching prebuilt llama.cpp from $(prebuilt_url)"
   prebuilt_reason=""
   if use_prebuilt; then

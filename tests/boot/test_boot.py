@@ -60,6 +60,13 @@ FULL_MAIN = dataclasses.replace(
     stop_by="azure-deallocate",
 )
 GUARDED_WORKER = dataclasses.replace(WORKER, stop_after_idle_seconds=1800)
+# A worker that fetches the prebuilt llama.cpp from its stack's store.
+PREBUILT_WORKER = dataclasses.replace(
+    WORKER,
+    prebuilt_store="s3://lrc/nodes",
+    prebuilt_target="aarch64-armv9-a_sve2_bf16_i8mm",
+    model_store_region="us-east-1",
+)
 # The key read from the other clouds' stores.
 GCP_KEYED_MAIN = dataclasses.replace(
     MAIN, api_key_file=boot.VM_API_KEY_FILE, api_key_source="gcp-sm:llama-rpc-cluster-dev-api-key"
@@ -176,7 +183,9 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
     """Scripts call each other through the bin directory, and units name them: every name a
     role's scripts and units refer to is installed on that role's nodes."""
     used = set()
-    for node in (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, GCP_KEYED_MAIN, AZURE_KEYED_MAIN):
+    nodes = (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, PREBUILT_WORKER, GCP_KEYED_MAIN,
+             AZURE_KEYED_MAIN)  # fmt: skip
+    for node in nodes:
         files = files_of(node)
         installed = {
             path.rsplit("/", 1)[1]: entry["content"]
@@ -196,7 +205,9 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"fetch-model.sh", "model-disk.sh", "llama-rpc-secret"}
         if not node.api_key_source:  # node-boot.sh runs it only with a key source
             called -= {"llama-rpc-secret"}
-        if not node.staged:  # fetch-model.sh sources it only for a staged model
+        if not node.prebuilt_store:  # build-llama.sh sources it only then
+            called -= {"fetch-llama.sh"}
+        if not (node.staged or node.prebuilt_store):  # fetch-model.sh's, fetch-llama.sh's
             called -= {"fetch-staged.sh"}
         if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
             called -= {"llama-rpc-deallocate"}
