@@ -88,8 +88,6 @@ def _asked(args: argparse.Namespace) -> _Asked:
             raise _Refused(f"--cloud {args.cloud}: stack {args.stack} is on {config.cloud}")
         commit, cloud, region = config.llama_cpp_commit, config.cloud, config.region
         march = cpu_arch(config.main_instance_type, config.instance_type)
-    if args.bucket and region is None:
-        raise _Refused("give --region (or --stack) with --bucket")
     if march:  # every family of the catalog is Arm
         target = family_target("aarch64", march)
         spec = Build(commit, patches_digest(commit), target, "aarch64", march)
@@ -129,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.stage.staging import credentials_problem, sdk_problem  # noqa: PLC0415
 
     shown: dict[str, str] = {}
+    cloud = args.cloud or "aws"
     try:
         asked = _asked(args)
         spec, work = asked.spec, cache_dir() / "prebuild"
@@ -139,9 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out or work) / f"{spec.target}.tar.zst"
         shown = {"target": spec.target, "sha256": prebuilt.pack(programs, out), "file": str(out)}
         if args.bucket:
-            store = LIVE[asked.cloud].open_store(
-                args.bucket, region=asked.region, endpoint=args.endpoint
-            )
+            cloud = asked.cloud
+            if asked.region is None:
+                raise _Refused("give --region (or --stack) with --bucket")
+            store = LIVE[cloud].open_store(args.bucket, region=asked.region, endpoint=args.endpoint)
             store.check_region(asked.region)
             shown["url"], shown["sha256"] = prebuilt.upload(store, out, spec, args.prefix)
             # What a stack gives its nodes (LLAMA_PREBUILT): the bundles' common prefix.
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # the SDK's: credentials, access, a missing bucket
-        problem = sdk_problem(LIVE[args.cloud or "aws"], args.bucket or "", error)
+        problem = sdk_problem(LIVE[cloud], args.bucket or "", error)
         if problem is None:
             raise
         print(f"error: {problem}", file=sys.stderr)

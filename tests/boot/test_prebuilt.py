@@ -37,7 +37,7 @@ from infra.local.options import build_prefix
 from infra.local.source import cache_dir
 from infra.stage import prebuilt
 from tests.boot.test_scripts import git_repo
-from tests.conftest import LRC, REPO, free_port, pinned_llama_binary
+from tests.conftest import LRC, REPO, free_port, pinned_llama_binary, require_tool
 
 REGION = "us-east-1"
 BUCKET = "lrc"
@@ -280,3 +280,18 @@ def test_an_arm_family_is_cross_built_and_runs_under_emulation(tmp_path) -> None
     for name in BUNDLE_PROGRAMS:
         header = (unpacked / "bin" / name).read_bytes()[:20]
         assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183, name
+
+
+def test_programs_of_another_machine_are_never_packed_as_an_arm_familys(tmp_path) -> None:
+    """This machine's x86-64 build given as Graviton4's (--bin): run under qemu-user's aarch64
+    first, it fails, and nothing is packed."""
+    require_tool("qemu-aarch64")
+    built = pinned_llama_binary("llama-server").parent
+    made = subprocess.run(
+        [LRC, "prebuild", "--family", "graviton4", "--bin", str(built), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert made.returncode == 1, made.stderr
+    assert "ggml-rpc-server --help failed" in made.stderr
+    assert "Invalid ELF image for this architecture" in made.stderr
+    assert not list(tmp_path.iterdir())
