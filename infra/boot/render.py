@@ -60,7 +60,7 @@ APT_CONF = 'Acquire::Retries "5";\n'
 # AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
 COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
 # Sourced by the others, never run: installed without the executable bit.
-SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh", "fetch-llama.sh")
+SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh", "fetch-llama.sh", "store-remote.sh")
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     "worker": (
         *COMMON_SCRIPTS,
@@ -85,9 +85,10 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 # key reader with a key kept
 # in the cloud's secret store, the spend guard with a guard, and on Azure its deallocation.
 STAGED_SCRIPT = "fetch-staged.sh"
-# The prebuilt llama.cpp's fetch (build-llama.sh sources it), which reads the store as the staged
-# model's download does.
-PREBUILT_SCRIPTS = ("fetch-llama.sh", STAGED_SCRIPT)
+# What both of them read the store with (store_remote).
+STORE_SCRIPT = "store-remote.sh"
+# The prebuilt llama.cpp's fetch (build-llama.sh sources it).
+PREBUILT_SCRIPT = "fetch-llama.sh"
 API_KEY_READER = "llama-rpc-secret"
 # The reader's module for each kind of API_KEY_SOURCE (its cloud's secret store).
 API_KEY_READER_MODULES = {
@@ -126,7 +127,9 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     if boot.staged:
         scripts += (STAGED_SCRIPT,)
     if boot.prebuilt_store:
-        scripts += tuple(name for name in PREBUILT_SCRIPTS if name not in scripts)
+        scripts += (PREBUILT_SCRIPT,)
+    if boot.staged or boot.prebuilt_store:
+        scripts += (STORE_SCRIPT,)
     # The reader of the cloud's stores: for the API key, and for files beyond the user data.
     kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})
     if kinds != [""]:

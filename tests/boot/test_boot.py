@@ -207,8 +207,10 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"llama-rpc-secret"}
         if not node.prebuilt_store:  # build-llama.sh sources it only then
             called -= {"fetch-llama.sh"}
-        if not (node.staged or node.prebuilt_store):  # fetch-model.sh's, fetch-llama.sh's
+        if not node.staged:  # fetch-model.sh sources it only for a staged model
             called -= {"fetch-staged.sh"}
+        if not (node.staged or node.prebuilt_store):  # fetch-staged.sh's, fetch-llama.sh's
+            called -= {"store-remote.sh"}
         if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
             called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"

@@ -199,7 +199,7 @@ def test_a_node_with_a_prebuilt_store_gets_its_fetch_and_the_store_settings() ->
     assert {"rclone", "zstd"} <= set(config["packages"])
     paths = {file["path"].rsplit("/", 1)[-1]: file for file in config["write_files"]}
     assert paths["fetch-llama.sh"]["permissions"] == "0644"  # sourced by build-llama.sh
-    assert "fetch-staged.sh" in paths
+    assert "store-remote.sh" in paths and "fetch-staged.sh" not in paths  # no model here
     env = worker.env()
     assert env["LLAMA_PREBUILT"] == "s3://lrc/nodes" and env["LLAMA_PREBUILT_TARGET"] == TARGET
     assert env["MODEL_STORE_REGION"] == REGION
