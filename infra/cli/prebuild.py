@@ -39,7 +39,7 @@ class _Asked:
     prefix: Path  # where this machine caches the target's build
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     from infra.stack.kube.image import CPU_ARCH  # noqa: PLC0415
 
     parser = command_parser("prebuild", __doc__.splitlines()[0], [json_option()])
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _asked(args: argparse.Namespace) -> _Asked:
+def asked(args: argparse.Namespace) -> _Asked:
     """The build asked for: its commit and target, and the store's cloud and region."""
     from infra.boot.patches import patches_digest  # noqa: PLC0415
     from infra.boot.prebuilt import family_target, native_target  # noqa: PLC0415
@@ -116,12 +116,12 @@ def _programs(args: argparse.Namespace, asked: _Asked, work: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    command = parser()
+    args = command.parse_args(argv)
     if not (args.bucket or args.out):
-        parser.error("give --bucket (and --region or --stack), or --out")
+        command.error("give --bucket (and --region or --stack), or --out")
     if args.prefix and not args.prefix.endswith("/"):
-        parser.error(f"--prefix {args.prefix}: end it with /")
+        command.error(f"--prefix {args.prefix}: end it with /")
     from infra.local.source import cache_dir  # noqa: PLC0415
     from infra.stage import prebuilt  # noqa: PLC0415
     from infra.stage.staging import credentials_problem, sdk_problem  # noqa: PLC0415
@@ -129,20 +129,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown: dict[str, str] = {}
     cloud = args.cloud or "aws"
     try:
-        asked = _asked(args)
-        spec, work = asked.spec, cache_dir() / "prebuild"
+        request = asked(args)
+        spec, work = request.spec, cache_dir() / "prebuild"
         work.mkdir(parents=True, exist_ok=True)
-        programs = _programs(args, asked, work)
+        programs = _programs(args, request, work)
         for line in prebuilt.check_runs(programs, spec.machine):
             print(f"runs: {line}", file=sys.stderr)
         out = Path(args.out or work) / f"{spec.target}.tar.zst"
         shown = {"target": spec.target, "sha256": prebuilt.pack(programs, out), "file": str(out)}
         if args.bucket:
-            cloud = asked.cloud
-            if asked.region is None:
+            cloud = request.cloud
+            if request.region is None:
                 raise _Refused("give --region (or --stack) with --bucket")
-            store = LIVE[cloud].open_store(args.bucket, region=asked.region, endpoint=args.endpoint)
-            store.check_region(asked.region)
+            region = request.region
+            store = LIVE[cloud].open_store(args.bucket, region=region, endpoint=args.endpoint)
+            store.check_region(region)
             shown["url"], shown["sha256"] = prebuilt.upload(store, out, spec, args.prefix)
             # What a stack gives its nodes (LLAMA_PREBUILT): the bundles' common prefix.
             shown["store"] = store.url(args.prefix).rstrip("/")

@@ -31,10 +31,12 @@ from infra.boot.prebuilt import (
     prebuilt_problem,
 )
 from infra.boot.render import cloud_config
+from infra.cli import prebuild as prebuild_command
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.live.aws import S3Store
 from infra.local.options import build_prefix
 from infra.local.source import cache_dir
+from infra.stack.files import stack_config
 from infra.stage import prebuilt
 from tests.boot.test_scripts import git_repo
 from tests.conftest import LRC, REPO, free_port, pinned_llama_binary, require_tool
@@ -295,3 +297,23 @@ def test_programs_of_another_machine_are_never_packed_as_an_arm_familys(tmp_path
     assert "ggml-rpc-server --help failed" in made.stderr
     assert "Invalid ELF image for this architecture" in made.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("stack", "target"),
+    [
+        ("aws-c8g", "aarch64-armv9-a_sve2_bf16_i8mm"),  # Graviton4
+        ("aws-c7g", "aarch64-armv8.4-a_sve_bf16_i8mm_dotprod_crypto"),  # Graviton3
+        ("azure-cobalt", "aarch64-armv9-a_sve2_bf16_i8mm"),  # Cobalt 100 shares Graviton4's
+    ],
+)
+def test_a_stack_is_built_for_its_cpu_family_in_its_cloud_and_region(
+    stack: str, target: str
+) -> None:
+    args = prebuild_command.parser().parse_args(["--stack", stack, "--bucket", "b"])
+    asked = prebuild_command.asked(args)
+    config = stack_config(stack)
+    assert asked.spec.target == target and asked.spec.machine == "aarch64"
+    assert (asked.cloud, asked.region) == (config.cloud, config.region)
+    assert asked.spec.patches == patches_digest(config.llama_cpp_commit)
+    assert asked.prefix == cache_dir() / "llama.cpp" / target
