@@ -133,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec, work = request.spec, cache_dir() / "prebuild"
         work.mkdir(parents=True, exist_ok=True)
         programs = _programs(args, request, work)
+        if problem := prebuilt.stamp_problem(programs, spec):
+            raise StageError(problem)
         for line in prebuilt.check_runs(programs, spec.machine):
             print(f"runs: {line}", file=sys.stderr)
         out = Path(args.out or work) / f"{spec.target}.tar.zst"

@@ -93,6 +93,24 @@ def runner(machine: str) -> list[str]:
     return [qemu, "-L", f"/usr/{CROSS_TRIPLETS[machine]}"]
 
 
+def stamp_problem(programs: Path, spec: Build) -> str | None:
+    """Why the build's stamp (build-llama.sh's ``.built``: the commit, the CMake flags and the
+    patch set) says these programs are not ``spec``'s, or None (no stamp: programs built
+    elsewhere, which whoever gives them vouches for)."""
+    stamp = programs / ".built"
+    if not stamp.is_file():
+        return None
+    lines = stamp.read_text().splitlines()
+    flags = lines[1].split() if len(lines) > 1 else []
+    cpu = f"-DGGML_CPU_ARM_ARCH={spec.march}" if spec.march else "-DGGML_NATIVE=ON"
+    if lines[:1] != [spec.commit] or f"patches {spec.patches}" not in lines or cpu not in flags:
+        return (
+            f"{stamp} says these programs are another build ({' / '.join(lines)}), not "
+            f"llama.cpp {spec.commit[:12]} with patch set {spec.patches} for {spec.target}"
+        )
+    return None
+
+
 def check_runs(programs: Path, machine: str) -> list[str]:
     """Each program of the bundle starts and says what it is (``--version``; ggml-rpc-server,
     which has none, ``--help``); the first line each said."""

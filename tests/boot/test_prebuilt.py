@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import platform
+import shutil
 import subprocess
 import tarfile
 import uuid
@@ -39,7 +40,7 @@ from infra.local.source import cache_dir
 from infra.stack.files import stack_config
 from infra.stage import prebuilt
 from tests.boot.test_scripts import git_repo
-from tests.conftest import LRC, REPO, free_port, pinned_llama_binary, require_tool
+from tests.conftest import LRC, REPO, free_port, pinned_llama_binary, require_tool, unavailable
 
 REGION = "us-east-1"
 BUCKET = "lrc"
@@ -212,6 +213,16 @@ def test_a_node_with_a_prebuilt_store_gets_its_fetch_and_the_store_settings() ->
     assert not {"LLAMA_PREBUILT", "MODEL_STORE_REGION"} & set(plain.env())
 
 
+def native_build() -> Path:
+    """This machine's pinned build (``lrc local up`` makes it) when it is of this tree's patch
+    set, as its stamp says."""
+    built = pinned_llama_binary("llama-server").parent
+    stamp = (built / ".built").read_text().splitlines()
+    if f"patches {patches_digest(LLAMA_CPP_COMMIT)}" not in stamp:
+        unavailable(f"{built} is a build of another patch set ({stamp[-1]}): `lrc local up` builds")
+    return built
+
+
 def prebuild(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **store.env()}
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CA_BUNDLE"):
@@ -230,7 +241,7 @@ def test_prebuild_uploads_this_machines_build_and_a_node_runs_it(
     machines share this CPU), checked, packed and uploaded under the key a node reads; a node of
     the pinned commit and patch set then runs the real programs, fetched, and builds nothing."""
     # Packed as it is (--bin): a test never builds into the cache it shares.
-    built = str(pinned_llama_binary("llama-server").parent)
+    built = str(native_build())
     made = prebuild(store, "--native", "--bin", built, "--prefix", "real/")
     assert made.returncode == 0, made.stderr
     patches = patches_digest(LLAMA_CPP_COMMIT)
@@ -254,6 +265,21 @@ def test_prebuild_uploads_this_machines_build_and_a_node_runs_it(
     server = tmp_path / "prefix" / LLAMA_CPP_COMMIT / "bin" / "llama-server"
     said = subprocess.run([server, "--version"], capture_output=True, text=True)
     assert f"commit {LLAMA_CPP_COMMIT[:7]}" in said.stderr + said.stdout
+
+
+def test_prebuild_refuses_programs_whose_stamp_names_another_build(store, tmp_path) -> None:
+    """A build directory whose stamp (build-llama.sh's) names another patch set is not packed
+    under this one's key: a node would run sources its settings do not name."""
+    given = programs(tmp_path / "other")
+    stamp = f"{LLAMA_CPP_COMMIT}\n-G Ninja -DGGML_NATIVE=ON\npatches 0123456789abcdef\n"
+    (given / ".built").write_text(stamp)
+    made = prebuild(store, "--native", "--bin", str(given), "--prefix", "other/")
+    assert made.returncode == 1 and "says these programs are another build" in made.stderr
+    assert f"patch set {patches_digest(LLAMA_CPP_COMMIT)}" in made.stderr
+    ours = stamp.replace("0123456789abcdef", patches_digest(LLAMA_CPP_COMMIT))
+    (given / ".built").write_text(ours)
+    made = prebuild(store, "--native", "--bin", str(given), "--prefix", "other/")
+    assert made.returncode == 0, made.stderr
 
 
 def test_prebuild_refuses_programs_that_do_not_run(store, tmp_path) -> None:
@@ -288,15 +314,18 @@ def test_programs_of_another_machine_are_never_packed_as_an_arm_familys(tmp_path
     """This machine's x86-64 build given as Graviton4's (--bin): run under qemu-user's aarch64
     first, it fails, and nothing is packed."""
     require_tool("qemu-aarch64")
-    built = pinned_llama_binary("llama-server").parent
+    given = tmp_path / "given"
+    given.mkdir()
+    shutil.copy(pinned_llama_binary("ggml-rpc-server"), given)  # the first it runs; no stamp
+    out = tmp_path / "out"
     made = subprocess.run(
-        [LRC, "prebuild", "--family", "graviton4", "--bin", str(built), "--out", str(tmp_path)],
+        [LRC, "prebuild", "--family", "graviton4", "--bin", str(given), "--out", str(out)],
         capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
     )  # fmt: skip
     assert made.returncode == 1, made.stderr
     assert "ggml-rpc-server --help failed" in made.stderr
     assert "Invalid ELF image for this architecture" in made.stderr
-    assert not list(tmp_path.iterdir())
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
