@@ -291,9 +291,10 @@ def test_prebuild_refuses_programs_that_do_not_run(store, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_an_arm_family_is_cross_built_and_runs_under_emulation(tmp_path) -> None:
+def test_an_arm_family_is_cross_built_and_runs_under_emulation(run_script, store, tmp_path) -> None:
     """Graviton4's bundle, cross-built with Debian's toolchain (minutes, once: it is cached), its
-    programs run under qemu-user before packing; what is packed is aarch64 code."""
+    programs run under qemu-user before packing; what is packed is aarch64 code. A node of
+    another machine (this one) fetches it, finds it whole, and builds instead: it does not run."""
     made = subprocess.run(
         [LRC, "prebuild", "--family", "graviton4", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=3 * 3600, check=False, cwd=REPO,
@@ -308,6 +309,24 @@ def test_an_arm_family_is_cross_built_and_runs_under_emulation(tmp_path) -> None
     for name in BUNDLE_PROGRAMS:
         header = (unpacked / "bin" / name).read_bytes()[:20]
         assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183, name
+    march = "armv9-a+sve2+bf16+i8mm"
+    spec = prebuilt.Build(LLAMA_CPP_COMMIT, patches_digest(LLAMA_CPP_COMMIT), target, "aarch64",
+                          march)  # fmt: skip
+    url, _ = prebuilt.upload(
+        S3Store(store.s3, BUCKET), tmp_path / f"{target}.tar.zst", spec, "arm/"
+    )
+    # The build it falls back to: a source that is not there, which it says at once.
+    result, status = run_script(
+        "build-llama.sh", LLAMA_ROLE="worker", LLAMA_CPP_COMMIT=LLAMA_CPP_COMMIT,
+        LLAMA_CPP_SOURCE=str(tmp_path / "no-source"), LLAMA_PREBUILT=f"s3://{BUCKET}/arm",
+        LLAMA_PREBUILT_TARGET=target, LLAMA_CPP_PATCHES=spec.patches, GIT_FETCH_ATTEMPTS="1",
+        timeout=120, **store.env(),
+    )  # fmt: skip
+    assert status["prebuilt_url"] == url and "prebuilt_sha256" not in status
+    said = f"its ggml-rpc-server does not run on this node ({platform.machine()})"
+    assert status["prebuilt_fallback"] == said, result.stderr
+    assert status["build_source"] == "built" and result.returncode != 0
+    assert not (tmp_path / "prefix" / LLAMA_CPP_COMMIT / "bin").exists()
 
 
 def test_programs_of_another_machine_are_never_packed_as_an_arm_familys(tmp_path) -> None:
