@@ -30,6 +30,16 @@ if [[ -n "${LLAMA_CPU_ARCH:-}" ]]; then
     fail_final "LLAMA_CPU_ARCH '$LLAMA_CPU_ARCH' is not an -march value (like armv9-a+sve2)"
   cpu_args=(-DGGML_NATIVE=OFF "-DGGML_CPU_ARM_ARCH=$LLAMA_CPU_ARCH")
 fi
+# LLAMA_CROSS (a GNU triplet, like aarch64-linux-gnu) builds with that cross toolchain (Debian's
+# crossbuild-essential-*) for a family's -march: the prebuilt binaries `lrc prebuild` makes.
+if [[ -n "${LLAMA_CROSS:-}" ]]; then
+  [[ "$LLAMA_CROSS" =~ ^[a-z0-9_]+-linux-gnu[a-z]*$ && -n "${LLAMA_CPU_ARCH:-}" ]] ||
+    fail_final "LLAMA_CROSS '$LLAMA_CROSS' is not a GNU triplet (like aarch64-linux-gnu) with LLAMA_CPU_ARCH"
+  cpu_args+=(
+    -DCMAKE_SYSTEM_NAME=Linux "-DCMAKE_SYSTEM_PROCESSOR=${LLAMA_CROSS%%-*}"
+    "-DCMAKE_C_COMPILER=$LLAMA_CROSS-gcc" "-DCMAKE_CXX_COMPILER=$LLAMA_CROSS-g++"
+  )
+fi
 # -DLLAMA_USE_PREBUILT_UI=OFF: the server's web UI would otherwise be downloaded at build time.
 cmake_args=(
   -G Ninja
@@ -49,7 +59,8 @@ cmake_args=(
 # without it, keeping its other repacked kernels.
 # (The defines are read whole: grep -q on a pipe can stop the compiler with SIGPIPE, and under
 # pipefail that would read as "no AMX" now and then.)
-native_defines="$(c++ -march=native -dM -E -x c++ /dev/null 2>/dev/null || true)"
+native_defines=""
+[[ -n "${LLAMA_CPU_ARCH:-}" ]] || native_defines="$(c++ -march=native -dM -E -x c++ /dev/null 2>/dev/null || true)"
 if [[ "$native_defines" == *__AMX_INT8__* ]]; then
   no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake_args+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
@@ -118,7 +129,15 @@ fetch_commit() {
   done
 }
 
-if already_built; then
+# The prebuilt binaries (LLAMA_PREBUILT: the store they are kept in; fetch-llama.sh) count as
+# built when they are the bundle of this commit, set and target.
+if [[ -n "${LLAMA_PREBUILT:-}" ]]; then
+  source "$LLAMA_RPC_BIN_DIR/fetch-llama.sh"
+else
+  prebuilt_installed() { return 1; }
+fi
+
+if already_built || prebuilt_installed; then
   log "llama.cpp $LLAMA_CPP_COMMIT already built (${targets[*]}); nothing to do"
   status build_skipped:=true
   exit 0
@@ -128,13 +147,27 @@ mkdir -p "$root"
 # Nodes that share a prefix (the local cluster) take turns; on a VM there is only one builder.
 exec 9>"$root/.build.lock"
 flock 9
-if already_built; then
+if already_built || prebuilt_installed; then
   status build_skipped:=true
   exit 0
 fi
 
-status phase=building build_skipped:=false "build_targets=${targets[*]}"
 started=$EPOCHREALTIME
+if [[ -n "${LLAMA_PREBUILT:-}" ]]; then
+  status phase=building build_skipped:=false "prebuilt_url=$(prebuilt_url)"
+  log "fetching prebuilt llama.cpp from $(prebuilt_url)"
+  prebuilt_reason=""
+  if use_prebuilt; then
+    status build_source=prebuilt "prebuilt_sha256=$prebuilt_sha256" \
+      "build_seconds:=$(llama_rpc_status elapsed "$started")"
+    log "using prebuilt llama.cpp $(prebuilt_url) (sha256 $prebuilt_sha256): ${targets[*]} in $bin_dir, nothing built"
+    exit 0
+  fi
+  log "no usable prebuilt llama.cpp: $prebuilt_reason; building it on this node"
+  status "prebuilt_fallback=$prebuilt_reason"
+fi
+
+status phase=building build_skipped:=false build_source=built "build_targets=${targets[*]}"
 
 # A plain directory (an unpacked release or sdist tree) is used as it is: whoever passes it
 # vouches for its commit. Anything else (a URL, or a directory holding a git repository) is

@@ -66,6 +66,10 @@ class ServingGroup:
     platform_addresses: tuple[str, ...] = ()
     server_listen: str | None = None
     model_store_region: str = ""
+    # The prebuilt llama.cpp's store prefix ("": every node builds) and the nodes' target
+    # (``infra.boot.prebuilt``).
+    prebuilt_store: str = ""
+    prebuilt_target: str = ""
     # How the main node downloads and keeps the model (0: the scripts' own way).
     writeback_bytes: int = 0
     download_jobs: int = 0
@@ -124,7 +128,6 @@ def group_boots(group: ServingGroup) -> list[NodeBoot]:
         draft_sha256=group.draft_sha256,
         draft_max=group.draft_max,
         draft_min=group.draft_min,
-        model_store_region=group.model_store_region,
         slice_manifest=sliced,
         slice_layers=shares[0].layers if sliced else 0,
     )
@@ -150,6 +153,9 @@ def _node(group: ServingGroup, role: Role, ip: str, **of_role: Any) -> NodeBoot:
         serve_deadline_seconds=sizing.serve_deadline_seconds(
             group.fetched_bytes, group.worker_wait_seconds, LOAD_TIMEOUT_SECONDS
         ),
+        model_store_region=group.model_store_region,
+        prebuilt_store=group.prebuilt_store,
+        prebuilt_target=group.prebuilt_target,
         extra_env=dict(group.patch_settings)
         | switches_off(group.llama_cpp_commit, group.patches_off),
         **of_role,

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 from infra.boot.patches import patches_digest
+from infra.boot.prebuilt import prebuilt_problem
 from infra.clouds.stores import STORE_SCHEMES
 from infra.core import server_args
 from infra.core.errors import SettingError
@@ -36,6 +37,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Cloud Storage, and Azure Blob Storage as az://ACCOUNT/CONTAINER/KEY.
 STAGED_SCHEMES = STORE_SCHEMES
 _SAFE_ENV_VALUE = re.compile(r"[^'\n\r\\]*")
+# An S3 region, as rclone signs for it.
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 
 
 class BootConfigError(SettingError):
@@ -241,11 +244,19 @@ class NodeBoot:
     )
     # A staged model (STAGED_SCHEMES): the store's region (S3 needs it), and its endpoint where
     # it is not the provider's own (a local S3 API); the node reads it with its own identity.
+    # With the prebuilt llama.cpp, every node reads the same store.
     model_store_region: str = field(
-        default="", metadata=_main("MODEL_STORE_REGION", when=("staged",))
+        default="", metadata=_env("MODEL_STORE_REGION", when=("reads_store",))
     )
     model_store_endpoint: str = field(
-        default="", metadata=_main("MODEL_STORE_ENDPOINT", when=("staged", ""))
+        default="", metadata=_env("MODEL_STORE_ENDPOINT", when=("reads_store", ""))
+    )
+    # The prebuilt llama.cpp (``infra.boot.prebuilt``): the store prefix its bundles are kept
+    # under (an s3://, gs:// or az:// URL; "": every node builds), and the bundle this node's CPU
+    # runs. The node reads it with its own identity, checks it, and builds when it cannot.
+    prebuilt_store: str = field(default="", metadata=_given("LLAMA_PREBUILT"))
+    prebuilt_target: str = field(
+        default="", metadata=_env("LLAMA_PREBUILT_TARGET", when=("prebuilt_store",))
     )
     # Spend guards (0: off): power the node off after this many seconds idle (a main node: no
     # request processed and no slot busy; a worker: no RPC client, after it had one), or this
@@ -294,9 +305,21 @@ class NodeBoot:
         return any(url.startswith(STAGED_SCHEMES) for url in self.model_urls)
 
     @property
+    def slices_from_store(self) -> bool:
+        """Worker-local loading from the stack's object store (``llama-rpc-slice``)."""
+        return any(url.startswith(STAGED_SCHEMES) for url in self.slice_sources) or (
+            bool(self.slice_manifest) and self.staged
+        )
+
+    @property
     def reads_store(self) -> bool:
-        """The node reads the object store: a staged model, or its slice of one."""
-        return self.staged or any(url.startswith(STAGED_SCHEMES) for url in self.slice_sources)
+        """The node reads the stack's object store: a staged model (or its slice of one), or the
+        prebuilt llama.cpp."""
+        return (
+            bool(self.prebuilt_store)
+            or (self.role == "main" and self.staged)
+            or self.slices_from_store
+        )
 
     @property
     def guarded(self) -> bool:
@@ -414,11 +437,24 @@ def _validate(boot: NodeBoot) -> None:
         )
     if boot.cluster_cidr:
         _validate_cluster_cidr(boot)
+    if boot.prebuilt_store:
+        _validate_prebuilt(boot)
     _validate_guard(boot)
     if boot.role == "worker":
         _validate_worker(boot)
     else:
         _validate_main(boot)
+
+
+def _validate_prebuilt(boot: NodeBoot) -> None:
+    if problem := prebuilt_problem(boot.prebuilt_store, boot.prebuilt_target):
+        raise BootConfigError("prebuilt_store", f"prebuilt_store: {problem}")
+    if boot.prebuilt_store.startswith("s3://") and not _REGION.fullmatch(boot.model_store_region):
+        raise BootConfigError(
+            "model_store_region",
+            f"prebuilt_store {boot.prebuilt_store!r} is in S3: give model_store_region, the "
+            f"store's region (for example us-east-1), not {boot.model_store_region!r}",
+        )
 
 
 def _validate_guard(boot: NodeBoot) -> None:
@@ -577,9 +613,7 @@ def _validate_main(boot: NodeBoot) -> None:
                 "without spaces",
             )
         # S3 needs the region (rclone signs for it); Cloud Storage and Blob Storage do not.
-        if url.startswith("s3://") and not re.fullmatch(
-            r"[a-z]{2}(-[a-z]+)+-\d", (boot.model_store_region)
-        ):
+        if url.startswith("s3://") and not _REGION.fullmatch(boot.model_store_region):
             raise BootConfigError(
                 "model_store_region",
                 f"model URL {url!r} is in an object store: give model_store_region, the "

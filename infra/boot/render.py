@@ -49,6 +49,8 @@ NODE_PACKAGES = ("nftables", "prometheus-node-exporter")
 ROLE_PACKAGES: dict[Role, tuple[str, ...]] = {"worker": NODE_PACKAGES, "main": NODE_PACKAGES}
 # A staged model is read from the object store with rclone (many ranged reads at once).
 STAGED_PACKAGES = ("rclone",)
+# The prebuilt llama.cpp is read the same way, and unpacked with tar's zstd.
+PREBUILT_PACKAGES = ("rclone", "zstd")
 
 # apt retries each download itself (cloud-init's `packages`, and install-packages.sh).
 APT_CONF = 'Acquire::Retries "5";\n'
@@ -58,7 +60,7 @@ APT_CONF = 'Acquire::Retries "5";\n'
 # AWS's 16 KB (compressed) and Azure's 64 KB (uncompressed).
 COMMON_SCRIPTS = ("lib.sh", "llama-rpc-status", "node-boot.sh", "install-packages.sh")
 # Sourced by the others, never run: installed without the executable bit.
-SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh")
+SOURCED_SCRIPTS = ("lib.sh", "supervise.sh", "fetch-staged.sh", "fetch-llama.sh", "store-remote.sh")
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     "worker": (
         *COMMON_SCRIPTS,
@@ -85,6 +87,10 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 STAGED_SCRIPT = "fetch-staged.sh"
 # Worker-local loading: each node's own slice of the model.
 SLICE_SCRIPTS = ("fetch-slice.sh", "llama-rpc-slice")
+# What both of them read the store with (store_remote).
+STORE_SCRIPT = "store-remote.sh"
+# The prebuilt llama.cpp's fetch (build-llama.sh sources it).
+PREBUILT_SCRIPT = "fetch-llama.sh"
 API_KEY_READER = "llama-rpc-secret"
 # The reader's module for each kind of API_KEY_SOURCE (its cloud's secret store).
 API_KEY_READER_MODULES = {
@@ -122,8 +128,12 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     scripts = ROLE_SCRIPTS[boot.role]
     if boot.slice_manifest:
         scripts += SLICE_SCRIPTS
-    if boot.reads_store:
+    if boot.staged:
         scripts += (STAGED_SCRIPT,)
+    if boot.prebuilt_store:
+        scripts += (PREBUILT_SCRIPT,)
+    if boot.staged or boot.prebuilt_store or boot.slices_from_store:
+        scripts += (STORE_SCRIPT,)
     # The reader of the cloud's stores: for the API key, and for files beyond the user data.
     kinds = sorted({source.split(":", 1)[0] for source in (boot.api_key_source, boot.files_source)})
     if kinds != [""]:
@@ -192,7 +202,10 @@ def cloud_config(boot: NodeBoot) -> dict[str, Any]:
     paths = VM_PATHS
     units = node_units(boot)
     packages = sorted(
-        BUILD_PACKAGES + ROLE_PACKAGES[boot.role] + (STAGED_PACKAGES if boot.reads_store else ())
+        set(BUILD_PACKAGES)
+        | set(ROLE_PACKAGES[boot.role])
+        | set(STAGED_PACKAGES if boot.staged or boot.slices_from_store else ())
+        | set(PREBUILT_PACKAGES if boot.prebuilt_store else ())
     )
     fetched = fetched_files(boot, paths)
     files = [file for file in boot_files(boot, paths) if file not in fetched]

@@ -27,6 +27,7 @@ COMMANDS = {
     "top": "watch a deployed stack's nodes, live",
     "exec": "run a command as root on a group's main node",
     "stage": "copy a model's parts once into the cloud's object store",
+    "prebuild": "build llama.cpp once for a CPU family and put it in the object store",
     "costrun": "deploy, benchmark, destroy and audit stacks; report what each cost",
     "k8s": "render a stack as a Kubernetes LeaderWorkerSet and its image recipe",
     "local": "a cluster on this machine, no cloud account",

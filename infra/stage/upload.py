@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from infra.live import Piece, StageError, Store
@@ -233,3 +234,36 @@ def _read_through(url: str, feed: Callable[[bytes], None], sleep: Callable[[floa
 
 def _md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def copy_file(
+    store: Store, path: Path, key: str, *, sleep: Callable[[float], None] = time.sleep
+) -> str:
+    """Copy a file of this machine into the store, in pieces as ``copy_part`` does, unless the
+    store has it already with the same sha256; its sha256."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        for chunk in iter(lambda: source.read(2**20), b""):
+            digest.update(chunk)
+    got = digest.hexdigest()
+    if store.have(key) == got:
+        print(f"have {store.url(key)} (sha256 {got})", file=sys.stderr)
+        return got
+    print(f"copying {path} to {store.url(key)}", file=sys.stderr)
+    size = part_bytes(path.stat().st_size)
+    pieces = _Pieces(store, key, sleep)
+    try:
+        with path.open("rb") as source:
+            number = 1
+            while True:
+                data = _read_exactly(source, size)
+                if not data and number > 1:  # the file ended with the last piece
+                    break
+                pieces.put(number, data)
+                if len(data) < size:
+                    break
+                number += 1
+    finally:
+        pieces.wait()
+    store.finish(key, pieces.numbers, got)
+    return got

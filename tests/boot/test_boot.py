@@ -70,6 +70,13 @@ SLICED_WORKER = dataclasses.replace(
     WORKER, slice_manifest=SLICE_MANIFEST, slice_sources=("s3://models/m/m.gguf",),
     slice_first_layer=27, slice_layers=27, slice_output=1,
 )  # fmt: skip
+# A worker that fetches the prebuilt llama.cpp from its stack's store.
+PREBUILT_WORKER = dataclasses.replace(
+    WORKER,
+    prebuilt_store="s3://lrc/nodes",
+    prebuilt_target="aarch64-armv9-a_sve2_bf16_i8mm",
+    model_store_region="us-east-1",
+)
 # The key read from the other clouds' stores.
 GCP_KEYED_MAIN = dataclasses.replace(
     MAIN, api_key_file=boot.VM_API_KEY_FILE, api_key_source="gcp-sm:llama-rpc-cluster-dev-api-key"
@@ -191,8 +198,8 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
     """Scripts call each other through the bin directory, and units name them: every name a
     role's scripts and units refer to is installed on that role's nodes."""
     used = set()
-    nodes = (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, GCP_KEYED_MAIN, AZURE_KEYED_MAIN,
-             SLICED_MAIN, SLICED_WORKER)  # fmt: skip
+    nodes = (MAIN, WORKER, FULL_MAIN, GUARDED_WORKER, PREBUILT_WORKER, GCP_KEYED_MAIN,
+             AZURE_KEYED_MAIN, SLICED_MAIN, SLICED_WORKER)  # fmt: skip
     for node in nodes:
         files = files_of(node)
         installed = {
@@ -213,10 +220,14 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"fetch-model.sh", "model-disk.sh", "llama-rpc-secret"}
         if not node.api_key_source:  # node-boot.sh runs it only with a key source
             called -= {"llama-rpc-secret"}
-        if not node.staged and not node.slice_manifest:  # sourced for a staged model only
+        if not node.prebuilt_store:  # build-llama.sh sources it only then
+            called -= {"fetch-llama.sh"}
+        if not node.staged:  # fetch-model.sh sources it only for a staged model
             called -= {"fetch-staged.sh"}
         if not node.slice_manifest:  # node-boot.sh runs it only with worker-local loading
             called -= {"fetch-slice.sh"}
+        if not (node.staged or node.prebuilt_store or node.slices_from_store):
+            called -= {"store-remote.sh"}  # what the store's readers source
         if node.stop_by != "azure-deallocate":  # the guard runs it only on Azure
             called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"

@@ -89,7 +89,7 @@ def test_the_installed_command_runs_from_outside_the_checkout(tmp_path: Path) ->
 JSON_COMMANDS = {
     "plan": [["plan"]], "check": [["check"]], "wait": [["wait"]], "status": [["status"]],
     "start": [["start"]], "top": [["top"]], "exec": [["exec"]], "stage": [["stage"]],
-    "boot": [["boot"]], "k8s": [["k8s", "render"]],
+    "boot": [["boot"]], "k8s": [["k8s", "render"]], "prebuild": [["prebuild"]],
     "costrun": [["costrun", "status"]],
     "local": [["local", "up"], ["local", "status"], ["local", "top"], ["local", "start"]],
     "catalog": [["catalog", "show"]],

@@ -309,11 +309,11 @@ def test_an_https_model_gets_none_of_it(cloud: str, added: set[str]) -> None:
 
 
 def store_remote(url: str, **env: str) -> tuple[int, str, dict[str, str]]:
-    """Runs store_remote (fetch-staged.sh, which fetch-model.sh sources) in a clean bash: its
-    status, store_path and the RCLONE_CONFIG_STORE_* variables it exported."""
-    text = (SCRIPTS / "fetch-staged.sh").read_text()
+    """Runs store_remote (store-remote.sh, which fetch-staged.sh sources for fetch-model.sh) in
+    a clean bash: its status, store_path and the RCLONE_CONFIG_STORE_* variables it exported."""
+    text = (SCRIPTS / "store-remote.sh").read_text()
     match = re.search(r"^store_remote\(\) \{\n.*?^\}\n", text, re.DOTALL | re.MULTILINE)
-    assert match, "fetch-staged.sh defines store_remote"
+    assert match, "store-remote.sh defines store_remote"
     script = (
         match.group(0)
         + 'store_remote "$1"; code=$?; printf "%s\\n" "$code" "${store_path:-}"; '
@@ -373,7 +373,7 @@ def test_the_staged_download_is_the_boots_for_every_store_scheme() -> None:
     from infra.boot.node import STAGED_SCHEMES
 
     text = (SCRIPTS / "fetch-model.sh").read_text()
-    staged = (SCRIPTS / "fetch-staged.sh").read_text()
+    staged = (SCRIPTS / "store-remote.sh").read_text()
     sourced = re.search(r"\(([a-z0-9|]+)\):// \]\]; then\n\s*source [^\n]*fetch-staged\.sh", text)
     assert sourced, "fetch-model.sh sources fetch-staged.sh for staged URLs"
     assert {f"{s}://" for s in sourced.group(1).split("|")} == set(STAGED_SCHEMES)
