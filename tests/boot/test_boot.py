@@ -113,9 +113,10 @@ def test_a_node_gets_the_diffs_its_build_needs_and_the_hashes_of_the_rest(node: 
         else:
             assert shipped[f"{patch.name}.sha256"] == f"{patch.diff_sha256}\n"
     withheld = {p.name for p in patches if node.role not in p.roles}
-    # The loader's patches change llama-server alone, and 0006 the RPC client alone (its
-    # ``Roles: main``); a worker's build needs every other.
+    # The loader's patches change llama-server alone, and 0002 and 0006 the RPC client alone
+    # (their ``Roles: main``); a worker's build needs every other.
     main_only = {
+        "0002-rpc-overlap-weight-sends.patch",
         "0003-mmap-no-populate-beyond-memory.patch",
         "0006-rpc-weights-by-key-from-worker-disk.patch",
         "0007-loader-worker-weights-stay-remote.patch",
