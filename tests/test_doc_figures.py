@@ -11,6 +11,7 @@ import io
 import json
 import re
 import shlex
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -275,7 +276,37 @@ class Figure:
     value: Callable[[], str]
 
 
+def worker_local(what: str) -> str:
+    """A figure of ``bench/results/worker_local.json``: bytes as MB (one decimal past 1),
+    seconds as the median of each kill's."""
+    found = json.loads((REPO / "bench/results/worker_local.json").read_text())
+    runs = found["runs"]
+    arm, kind = what.split(":")
+    mine = [r for r in runs if r["arm"] == arm]
+    if kind == "load":
+        mean = sum(sum(r["worker_received_bytes"].values()) for r in mine) / len(mine)
+        return f"{mean / 1e6:.2f}" if mean < 1e6 else f"{mean / 1e6:.0f}"
+    if kind == "heal":
+        heals = [h["worker_received_bytes"] for r in mine for h in r["heals"]]
+        mean = sum(heals) / len(heals)
+        return f"{mean / 1e6:.2f}" if mean < 1e6 else f"{mean / 1e6:.0f}"
+    if kind == "ratio":
+        return f"{found['summary']['received_ratio'] * 100:.2f}"
+    number = int(kind.removeprefix("kill"))
+    seconds = sorted(r["heals"][number]["seconds"] for r in runs)
+    return f"{statistics.median(seconds):.1f}"
+
+
 FIGURES = [
+    Figure("docs/loader.md", "the workers received {} MB while the group loaded",
+           lambda: worker_local("local:load")),
+    Figure("docs/loader.md", "against {} MB with the weights sent",
+           lambda: worker_local("sent:load")),
+    Figure("docs/loader.md", "with the weights sent ({} %)", lambda: worker_local("x:ratio")),
+    Figure("docs/loader.md", "RPC server, {} MB against", lambda: worker_local("local:heal")),
+    Figure("docs/loader.md", "MB against {} MB. The group", lambda: worker_local("sent:heal")),
+    Figure("docs/loader.md", "as fast either way ({} s, and", lambda: worker_local("x:kill0")),
+    Figure("docs/loader.md", "s, and {} s at the second kill", lambda: worker_local("x:kill1")),
     Figure("docs/planner.md", "three c8g.16xlarge, staged: {} as above,",
            lambda: total("timeToServe", "staged")),
     Figure("docs/planner.md", "as above, {} with worker-local loading and a prebuilt binary (",
