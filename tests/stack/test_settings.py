@@ -773,3 +773,19 @@ def test_pods_get_a_config_maps_limit_not_a_vms_user_data_limit() -> None:
     assert cluster_config.from_settings(settings, region=region).kubernetes
     many = with_urls("aws", many_urls(12_000))
     assert "over a ConfigMap's" in refused(eks, many, "model.urls")
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_a_bad_model_url_with_a_guarded_balancer_is_refused_naming_it(cloud: str) -> None:
+    """With replicas and a spend guard the stack's cost reads the groups' boots (the balancer
+    node's guard is theirs) before the boot data is checked: a bad URL is still a refusal that
+    names ``model.urls``, not a crash."""
+    overrides = {
+        "llama-rpc-cluster:replicas": 2,
+        "llama-rpc-cluster:stopAfterIdleMinutes": 30,
+        "llama-rpc-cluster:model": {"preset": "llama-3.1-8b-q4_0",
+                                    "urls": ["https://h.example.com/models/"]},
+    }  # fmt: skip
+    stack = {"aws": "aws-c8g", "gcp": "gcp-c4a", "azure": "azure-cobalt"}[cloud]
+    text = refused(stack, overrides, "model.urls")
+    assert "does not end in a file name" in text
