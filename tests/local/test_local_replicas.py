@@ -521,21 +521,6 @@ def test_killing_one_groups_main_keeps_every_request_answered(
     assert cluster.read_status(up["spec"])["main"]["phase"] == "serving"
 
 
-@pytest.mark.slow
-@pytest.mark.netns
-def test_losing_a_worker_keeps_every_request_answered(up: dict[str, Any], tmp_path: Path) -> None:
-    """Group 1's worker's ggml-rpc-server is killed while group 1 answers a request: its main
-    node's llama-server aborts on the next RPC it sends (llama.cpp #26724), which ends its open
-    requests with no answer. The balancer sends them again to group 2 and takes group 1 out
-    until its supervisor has restarted both and it has loaded again; no request fails."""
-    main_ns = up["network"].namespace("main")
-    (before,) = llama_servers(main_ns)
-    _assert_no_request_lost(_through_an_outage(up, tmp_path, "w1", "ggml-rpc-server"))
-    (restarted,) = llama_servers(main_ns)
-    assert restarted != before  # the main node aborted, and was restarted
-    assert cluster.read_status(up["spec"])["main"]["phase"] == "serving"
-
-
 # An HTTP log line's connection counts: actconn/feconn/beconn/srv_conn/retries, "+" marking a
 # request sent again to another server.
 REDISPATCHED = re.compile(r" \d+/\d+/\d+/\d+/\+\d+ ")
