@@ -115,8 +115,6 @@ def test_choice_equals_brute_force_for_every_preset(name: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-# Forty models a run (each is a whole search, about a second): every run draws new ones.
-@settings(max_examples=40)
 @given(
     size_gb=st.floats(min_value=0.05, max_value=1500),
     layers=st.integers(min_value=1, max_value=200),
