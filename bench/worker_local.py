@@ -39,7 +39,7 @@ from infra.local.model import real_model  # noqa: E402
 from infra.local.options import UpOptions  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
 from infra.local.spec import ClusterSpec  # noqa: E402
-from infra.local.usage import VPC_INTERFACE  # noqa: E402
+from infra.local.usage import received_bytes  # noqa: E402
 from tests.conftest import complete  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "worker_local.json"
@@ -51,18 +51,6 @@ def other_heavy_work() -> list[str]:
     found = subprocess.run(["pgrep", "-af", HEAVY], capture_output=True, text=True, check=False)
     own = str(os.getpid())
     return [line[:100] for line in found.stdout.splitlines() if line.split()[0] != own]
-
-
-def received_bytes(namespace: str) -> int:
-    text = subprocess.run(
-        ["ip", "netns", "exec", namespace, "cat", "/proc/net/dev"],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout  # fmt: skip
-    for line in text.splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == VPC_INTERFACE:
-            return int(counters.split()[0])
-    raise RuntimeError(f"no {VPC_INTERFACE} in {namespace}")
 
 
 def rpc_server_pids(namespace: str) -> list[int]:

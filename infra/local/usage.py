@@ -19,6 +19,7 @@ A node is its network namespace, as a VM is its own kernel's view:
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.request
@@ -28,6 +29,7 @@ from typing import Any
 
 from infra.local import procfs
 from infra.local.machines import CGROUP_ROOT
+from infra.local.netns import exec_prefix
 from infra.local.procfs import Process
 from infra.local.spec import ClusterSpec
 from infra.observe import metrics
@@ -35,6 +37,19 @@ from infra.observe.usage import KvCacheReading, NodeCounters, Reading, Sampler, 
 
 VPC_INTERFACE = "eth0"
 HTTP_TIMEOUT_SECONDS = 10
+
+
+def received_bytes(namespace: str) -> int:
+    """What the VPC interface of ``namespace`` received since the namespace was made."""
+    text = subprocess.run(
+        [*exec_prefix(namespace), "cat", "/proc/net/dev"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout  # fmt: skip
+    for line in text.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == VPC_INTERFACE:
+            return int(counters.split()[0])
+    raise UsageUnavailable(f"no {VPC_INTERFACE} in namespace {namespace}")
 
 
 def cgroup_cpu_seconds(cpu_stat: str) -> float:

@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 
 from infra.core import outputs
-from infra.local import cluster
-from infra.local.netns import VpcNetwork, exec_prefix
+from infra.local import cluster, usage
+from infra.local.netns import VpcNetwork
 from infra.local.options import build_prefix, state_dir
-from infra.local.usage import VPC_INTERFACE
 from infra.models import gguf_header
 from infra.models.parts import part_paths
 from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion
@@ -36,16 +35,7 @@ WORKERS = ("w1", "w2")
 
 
 def received_bytes(network: VpcNetwork, node: str) -> int:
-    """What the node's VPC interface received since its namespace was made."""
-    text = subprocess.run(
-        [*exec_prefix(network.namespace(node)), "cat", "/proc/net/dev"],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout  # fmt: skip
-    for line in text.splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == VPC_INTERFACE:
-            return int(counters.split()[0])
-    raise AssertionError(f"no VPC interface in {node}'s namespace: {text}")
+    return usage.received_bytes(network.namespace(node))
 
 
 def rpc_servers(network: VpcNetwork, node: str) -> list[int]:
