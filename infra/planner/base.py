@@ -5,7 +5,7 @@ planner's ``PlanError``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,7 @@ class Option:
     placement: Placement
     cost: costs.HourlyCost
     decode_tps: float | None
-    serve: dict[str, ServeTime] = field(compare=False)  # by download path (PATHS)
+    serve: Mapping[str, ServeTime] = field(compare=False)  # by download path (PATHS)
     download_usd: float | None
     main_disk_gb: int
     worker_disk_gb: int
@@ -70,7 +70,7 @@ class Option:
     prompt: perf.Prompt | None = field(default=None, compare=False)
     workers_repack: bool = False  # whether its RPC workers repack (patch 0005 in the build)
     # After a lost worker, by how the group loads again (local_load.HEAL_PATHS); none alone.
-    heal: dict[str, ServeTime] = field(default_factory=dict, compare=False)
+    heal: Mapping[str, ServeTime] = field(default_factory=dict, compare=False)
 
     @property
     def kubernetes(self) -> bool:

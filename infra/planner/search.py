@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from infra import catalog
@@ -24,7 +24,7 @@ from infra.core.limits import KUBERNETES, MAX_NODES, MAX_REPLICAS, MAX_WORKERS, 
 from infra.models import Model
 from infra.planner import local_load
 from infra.planner.base import SORTS, Option, Plan, PlanError, Rejection, check_sort
-from infra.planner.serve import INTERNET_GBPS, PATHS, time_to_serve
+from infra.planner.serve import INTERNET_GBPS, PATHS, Timelines, time_to_serve
 
 DEFAULT_CONTEXT = sizing.DEFAULT_CONTEXT
 # The build's patch that makes RPC workers repack their weights as the main node does.
@@ -93,29 +93,38 @@ def evaluate(
     disk_mibps = sizing.main_disk_read_mibps(main_type, main_disk, throughput, model.size_bytes)
     kv_tokens = int(context * perf.KV_FILL_FRACTION)
     repack = workers_repack()
+    group = local_load.Group(model, main_type, instance, layout, disk_mibps)
     option = Option(
         instance=instance,
         count=count,
         placement=layout,
         cost=costs.hourly_cost(instance.provider, priced, control_plane=kubernetes),
         decode_tps=perf.decode_tps(model, nodes, layout, kv_tokens),
-        serve={
-            path: time_to_serve(
-                model, main_type, layout, disk_mibps, path=path, internet_gbps=download_gbps
-            )
-            for path in PATHS
-        }
-        | {
-            local_load.PATH: local_load.time_to_serve(
-                model, main_type, instance, layout, disk_mibps
-            )
-        },
-        heal={
-            path: local_load.time_to_heal(
-                local_load.Group(model, main_type, instance, layout, disk_mibps), path
-            )
-            for path in (local_load.HEAL_PATHS if workers else ())
-        },
+        serve=Timelines(
+            {
+                path: partial(
+                    time_to_serve,
+                    model,
+                    main_type,
+                    layout,
+                    disk_mibps,
+                    path=path,
+                    internet_gbps=download_gbps,
+                )
+                for path in PATHS
+            }
+            | {
+                local_load.PATH: partial(
+                    local_load.time_to_serve, model, main_type, instance, layout, disk_mibps
+                )
+            }
+        ),
+        heal=Timelines(
+            {
+                path: partial(local_load.time_to_heal, group, path)
+                for path in (local_load.HEAL_PATHS if workers else ())
+            }
+        ),
         download_usd=costs.download_usd(instance.provider, model.size_bytes),
         main_disk_gb=main_disk,
         worker_disk_gb=worker_disk_gb,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
@@ -159,6 +160,29 @@ class ServeTime:
             "totalSeconds": round(self.total_seconds),
             "phases": [p.to_json() for p in self.phases],
         }
+
+
+class Timelines(Mapping[str, ServeTime]):
+    """Timelines by path, each worked out the first time it is read: a search weighs every
+    candidate cluster and shows only a few."""
+
+    def __init__(self, make: Mapping[str, Callable[[], ServeTime]]) -> None:
+        self._make = dict(make)
+        self._made: dict[str, ServeTime] = {}
+
+    def __getitem__(self, path: str) -> ServeTime:
+        if path not in self._made:
+            self._made[path] = self._make[path]()
+        return self._made[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._make)
+
+    def __len__(self) -> int:
+        return len(self._make)
+
+    def __repr__(self) -> str:
+        return f"Timelines({', '.join(self._make)})"
 
 
 def build_seconds(vcpus: int) -> float:

@@ -207,6 +207,23 @@ def test_one_node_has_no_worker_to_lose() -> None:
         local_load.time_to_heal(Group(small, NODE, NODE, option.placement, 1000), "worker-local")
 
 
+def test_an_option_works_out_each_timeline_once_and_only_when_read(monkeypatch) -> None:
+    """A search weighs every candidate cluster; only the ones shown need their timelines."""
+    made: list[str] = []
+
+    def heal(group: Group, path: str) -> ServeTime:
+        made.append(path)
+        return ServeTime(path, (Phase("restart", 0.0, 1.0, "basis"),))
+
+    monkeypatch.setattr(local_load, "time_to_heal", heal)
+    option = search.evaluate(MODEL, NODE, 3, 4096)
+    assert made == []
+    first = option.heal["worker-local"]
+    assert option.heal["worker-local"] is first and made == ["worker-local"]
+    assert sorted(option.heal) == sorted(local_load.HEAL_PATHS)
+    assert made == ["worker-local"]
+
+
 def timeline(*spans: tuple[str, float, float]) -> ServeTime:
     return ServeTime(
         "test", tuple(Phase(name, start, seconds, "b") for name, start, seconds in spans)
