@@ -615,7 +615,8 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
 
 
 # The slow tier: clusters, namespaces and machines. With pytest-xdist it runs on one worker, in
-# order, while the other tiers share both workers.
+# order, while the other tiers share both workers; a slow test marked parallel_safe (its own
+# directories, no cluster) runs with the other tiers.
 SLOW_MARKERS = ("slow", "netns", "machines")
 SLOW_GROUP = "clusters"
 
@@ -631,8 +632,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     # Here, not in pytest_collection_modifyitems: xdist reads the groups in its own.
-    if item.config.pluginmanager.hasplugin("xdist") and any(
-        item.get_closest_marker(name) for name in SLOW_MARKERS
+    if (
+        item.config.pluginmanager.hasplugin("xdist")
+        and any(item.get_closest_marker(name) for name in SLOW_MARKERS)
+        and not item.get_closest_marker("parallel_safe")
     ):
         item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
 

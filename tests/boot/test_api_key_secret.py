@@ -98,7 +98,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         stdout=log.open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     imds = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Imds)
-    threading.Thread(target=imds.serve_forever, daemon=True).start()
+    threading.Thread(target=imds.serve_forever, args=(0.05,), daemon=True).start()
     try:
         deadline = time.monotonic() + 30
         while True:  # a connection, not a request: every request counts against `setup`

@@ -95,7 +95,7 @@ def cloud() -> Iterator[tuple[str, dict[str, Any]]]:
     server.state = {  # type: ignore[attr-defined]
         "asked": [], "deny": False, "tags": [{"name": KEY_VAULT_TAG, "value": VAULT}],
     }  # fmt: skip
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", server.state  # type: ignore[attr-defined]
     server.shutdown()
 
@@ -115,7 +115,7 @@ def read_key(
         [sys.executable, str(bin_dir / "llama-rpc-secret")],
         env={**os.environ, "LLAMA_RPC_ENV_FILE": str(env_file), "IMDS_ENDPOINT": url,
              "SECRET_MANAGER_ENDPOINT": url, "KEY_VAULT_ENDPOINT": f"{url}/{VAULT}",
-             "API_KEY_ATTEMPTS": "2"},
+             "API_KEY_ATTEMPTS": "1"},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return result, key_file

@@ -72,7 +72,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
 def server() -> Iterator[tuple[int, dict[str, Any]]]:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
     httpd.state = {"metrics": BEFORE, "requests": []}  # type: ignore[attr-defined]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
     yield httpd.server_address[1], httpd.state  # type: ignore[attr-defined]
     httpd.shutdown()
 
@@ -144,7 +144,7 @@ def test_a_request_in_hand_or_a_decode_keeps_the_main_node_up(server, tmp_path) 
     state["metrics"] = BEFORE.replace("requests_processing 0", "requests_processing 1")
     guard = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="2")
     try:
-        assert guard.powered_off_after(timeout=4) is None, "a busy slot is not idle"
+        assert guard.powered_off_after(timeout=3) is None, "a busy slot is not idle"
         state["metrics"] = BEFORE.replace("requests_deferred 0", "requests_deferred 2")
         assert guard.powered_off_after(timeout=3) is None, "a queued request is not idle"
         state["metrics"] = BEFORE  # nothing in hand: the idle time starts from here
@@ -163,7 +163,7 @@ def test_a_main_node_that_does_not_serve_yet_is_never_idle(server, tmp_path) -> 
     state["metrics"] = None  # 503 Loading model
     guard = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1")
     try:
-        assert guard.powered_off_after(timeout=4) is None
+        assert guard.powered_off_after(timeout=2.5) is None
         state["metrics"] = BEFORE
         assert guard.powered_off_after(timeout=20) is not None
     finally:
@@ -222,7 +222,7 @@ def test_the_guard_reads_a_keyed_servers_metrics_with_the_key(server, tmp_path) 
     key_file.write_text(KEY)
     keyless = Guard(tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(port), STOP_AFTER_IDLE_SECONDS="1")
     try:  # refused (401), the server looks unready: never idle
-        assert keyless.powered_off_after(timeout=3) is None
+        assert keyless.powered_off_after(timeout=2.5) is None
     finally:
         keyless.stop()
     keyed = Guard(
@@ -263,10 +263,10 @@ def test_a_worker_follows_once_its_main_nodes_connection_is_gone(tmp_path) -> No
         )
         try:
             # No client yet (its main node is still getting ready): not idle.
-            assert guard.powered_off_after(timeout=3) is None
+            assert guard.powered_off_after(timeout=2.5) is None
             with socket.create_connection(("127.0.0.1", port)):
                 accepted, _ = listener.accept()
-                assert guard.powered_off_after(timeout=3) is None, "a connected worker is busy"
+                assert guard.powered_off_after(timeout=2.5) is None, "a connected worker is busy"
                 accepted.close()
             gone = time.time()
             after = guard.powered_off_after(timeout=20)
@@ -318,7 +318,7 @@ def test_a_refused_deallocation_still_powers_the_node_off_and_says_so(server, tm
     guard = Guard(
         tmp_path, LLAMA_ROLE="main", SERVER_PORT=str(free_port()), STOP_AFTER_SECONDS="1",
         STOP_BY="azure-deallocate", AZURE_IMDS_ENDPOINT=endpoint, AZURE_ARM_ENDPOINT=endpoint,
-        DEALLOCATE_ATTEMPTS="2",
+        DEALLOCATE_ATTEMPTS="2", DEALLOCATE_RETRY_DELAY="0.2",
     )  # fmt: skip
     after = guard.powered_off_after(timeout=60)
     log = guard.stop()
@@ -414,7 +414,7 @@ class Balancer:
         for address in ("127.0.0.2", "127.0.0.3"):
             main = _Mains((address, self.port), _Main)
             main.state = {"serving": serving, "seconds": 0}  # type: ignore[attr-defined]
-            threading.Thread(target=main.serve_forever, daemon=True).start()
+            threading.Thread(target=main.serve_forever, args=(0.05,), daemon=True).start()
             self.mains.append(main)
         self.socket = directory / "stats.sock"  # a unix socket's path: 107 bytes at most
         boot = BalancerBoot(

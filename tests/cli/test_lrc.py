@@ -108,6 +108,7 @@ def test_every_command_prints_json_with_its_schema_version(
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 @pytest.mark.parametrize("editable", [True, False], ids=["editable", "wheel"])
 def test_the_tool_install_gives_every_command_in_any_directory(
     editable: bool, tmp_path: Path

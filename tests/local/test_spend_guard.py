@@ -113,10 +113,11 @@ def test_an_idle_cluster_powers_off_its_main_node_then_its_worker(guarded) -> No
     for status in statuses.values():
         assert status["phase"] == "stopped"
         assert status["last_stop_reason"].startswith(f"idle: {IDLE_SECONDS}s"), status
-    # Never short of the limit (each guard decides in whole seconds): the main node after its
-    # last request, the worker after its main node's connection closed, which the main node's
-    # power-off does after its guard decided. Nor long after it (a guard looking every 30 s
-    # would be up to 30 s late): the worker's wait includes its main node's shutdown.
+    # Never short of the limit (each guard counts milliseconds, its status whole seconds): the
+    # main node after its last request, the worker after its main node's connection closed,
+    # which the main node's power-off does after its guard decided. Nor long after it (a guard
+    # looking every 30 s would be up to 30 s late): the worker's wait includes its main node's
+    # shutdown.
     decided = {name: status["last_stopped_at"] for name, status in statuses.items()}
     assert IDLE_SECONDS <= decided["main"] - int(last_request) <= IDLE_SECONDS + 10
     assert IDLE_SECONDS <= decided["w1"] - decided["main"] <= IDLE_SECONDS + 20

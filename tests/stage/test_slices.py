@@ -117,7 +117,7 @@ def origin(gguf_file: Path) -> Iterator[dict[str, Any]]:
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(handler, directory=str(gguf_file.parent))
     )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     manifest = gguf_file.with_name("m.gguf.slices.json")
     manifest.write_text(slices.manifest_text(slices.manifest_of_files([gguf_file])))
