@@ -47,6 +47,13 @@ from tests.conftest import (
 
 MAIN = boot.example("main")
 WORKER = boot.example("worker")
+
+
+def script_files() -> list[Path]:
+    """The node scripts, without what Python may write beside them (``__pycache__``)."""
+    return sorted(p for p in SCRIPTS.iterdir() if p.is_file())
+
+
 # Every feature that brings scripts of its own: a staged model, a key read from the cloud's
 # store, a spend guard that deallocates its node (Azure).
 FULL_MAIN = dataclasses.replace(
@@ -187,7 +194,7 @@ def test_schema_check_catches_a_broken_config(tmp_path: Path) -> None:
 
 def test_boot_scripts_pass_shellcheck() -> None:
     shellcheck = require_tool("shellcheck")
-    scripts = sorted(str(p) for p in SCRIPTS.iterdir() if "bash" in p.read_text().split("\n", 1)[0])
+    scripts = sorted(str(p) for p in script_files() if "bash" in p.read_text().split("\n", 1)[0])
     scripts += [str(p) for p in (REPO / "scripts").iterdir()] + [str(REPO / ".ci" / "run")]
     result = subprocess.run(
         [shellcheck, "-x", *scripts], capture_output=True, text=True, cwd=SCRIPTS
@@ -233,7 +240,7 @@ def test_each_role_gets_every_script_it_runs_and_no_other() -> None:
             called -= {"llama-rpc-deallocate"}
         assert called <= set(installed), f"{node.role}: {called - set(installed)} missing"
         used |= set(installed)
-    assert used == {p.name for p in SCRIPTS.iterdir()}, "a script no role runs"
+    assert used == {p.name for p in script_files()}, "a script no role runs"
 
 
 def test_the_boot_unit_and_the_role_unit_are_installed() -> None:
@@ -390,7 +397,7 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/llama-rpc").mkdir(parents=True)
     (root / "etc/llama-rpc/node.env").write_text(boot.render_env_file(MAIN.env()))
-    for script in SCRIPTS.iterdir():
+    for script in script_files():
         target = root / "opt/llama-rpc/bin" / script.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(script, target)
@@ -704,7 +711,7 @@ def _bash_reads(text: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("path", sorted(SCRIPTS.iterdir()), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", script_files(), ids=lambda p: p.name)
 def test_a_node_gets_each_script_as_it_is_parsed_without_its_comments(path: Path) -> None:
     """Bash (or Python) reads the installed script exactly as it reads the repository's."""
     source, installed = path.read_text(), installed_text(path)

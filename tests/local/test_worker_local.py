@@ -1,6 +1,8 @@
-"""Worker-local loading on the local cluster: Gemma 3 270M through two workers, each node holding
-only its own slice of the model (fetched by llama-rpc-slice from the slice manifest), the workers
-loading their layers from their own disks (patches 0006 and 0007).
+"""Worker-local loading on the local cluster of machines: Gemma 3 270M through two workers, each
+node booting from its user data under systemd and holding only its own slice of the model
+(fetched by llama-rpc-slice from the slice manifest), the workers loading their layers from their
+own disks (patches 0006 and 0007), again after their RPC server is killed and after their
+machine reboots.
 
 What is measured is what each worker's network interface received while the group loaded: with
 every weight sent by the main node, at least each worker's weights (``placement``); here, keys.
@@ -20,16 +22,17 @@ from typing import Any
 
 import pytest
 
+from infra.boot import VM_PATHS
 from infra.core import outputs
-from infra.local import cluster, usage
+from infra.local import access, cluster, usage
 from infra.local.netns import VpcNetwork
-from infra.local.options import build_prefix, state_dir
+from infra.local.options import build_prefix
 from infra.models import gguf_header
 from infra.models.parts import part_paths
-from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion
+from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion, require_machines
 from tests.local.conftest import gemma_down, gemma_up
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 
 WORKERS = ("w1", "w2")
 
@@ -54,7 +57,8 @@ def _comm(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def sliced(llama_source: Path) -> Iterator[dict[str, Any]]:
-    up = gemma_up(llama_source, 2, "l", worker_local=True)
+    require_machines()
+    up = gemma_up(llama_source, 2, "l", worker_local=True, machines=True, deliveries=("aws",))
     try:
         network = up["spec"].network()
         up["network"] = network
@@ -73,8 +77,8 @@ def slices(up: dict[str, Any]) -> dict[str, dict[str, int]]:
 def test_each_node_holds_only_its_own_slice(sliced) -> None:
     options = sliced["options"]
     size = options.model.stat().st_size
-    main_copy = state_dir(options.cache, options.cluster_id) / "nodes" / "main" / "models"
-    [copy] = list(main_copy.glob("*.gguf"))
+    main = sliced["spec"].node("main").booted()
+    [copy] = list(main.written(f"{VM_PATHS.data_dir}/models").glob("*.gguf"))
     # The main node's copy is sparse: the header, its own layers and the embeddings.
     assert copy.stat().st_size == size
     assert copy.stat().st_blocks * 512 < 0.9 * size
@@ -146,3 +150,28 @@ def test_a_main_copy_that_lacks_a_tensor_it_would_load_fails_naming_it(sliced, t
     )  # fmt: skip
     assert run.returncode != 0
     assert "blk.0.attn_q.weight is on a worker's disk" in run.stderr + run.stdout
+
+
+def test_a_rebooted_worker_machine_reloads_from_its_own_disk(sliced) -> None:
+    """A reboot of a worker's machine: its slice is still on its disk, so it fetches nothing, and
+    the group answers the same text again, the worker having received keys, not its weights."""
+    network: VpcNetwork = sliced["network"]
+    url = sliced["contract"][outputs.LLAMA_SERVER_URL]
+    before = complete(url, timeout=120)
+    weights = slices(sliced)["w1"]["slice_bytes"]
+    received = received_bytes(network, "w1")  # the namespace, and its counters, outlive a boot
+    rebooted = time.monotonic()
+    access.reboot(sliced["spec"], "w1")
+    after = None
+    while time.monotonic() < rebooted + 600:
+        try:
+            after = complete(url, timeout=30)
+            break
+        except OSError:
+            time.sleep(0.5)
+    healed = time.monotonic() - rebooted
+    assert after == before, healed
+    held = slices(sliced)["w1"]
+    assert held["fetched_bytes"] == 0 and held["kept_bytes"] == weights, held
+    assert received_bytes(network, "w1") - received < 0.1 * weights
+    print(json.dumps({"healed_seconds": round(healed, 2)}))
