@@ -1,17 +1,22 @@
 """Worker-local loading on the local cluster, on and off, in one run, the arms interleaved: what
 each worker's network interface received while the group loaded, the time from the cluster's
-start to serving, and the time to serve again after ``kill -9`` of a worker's RPC server.
+start to serving, and the time to serve again after ``kill -9`` of a worker's RPC server (and,
+on machines, after a reboot of a worker's machine).
 
     uv run python bench/worker_local.py [--repetitions 2] [--kills 2]
+    uv run python bench/worker_local.py --machines [--reboots 2]
 
-Writes bench/results/worker_local.json. Each repetition boots Gemma 3 270M through a main node and
-two workers (processes in network namespaces, one thread each) twice, in the order AB, BA, ...:
+Writes bench/results/worker_local.json (worker_local_machines.json with ``--machines``: each node
+a systemd-nspawn machine booting its user data, root). Each repetition boots Gemma 3 270M through
+a main node and two workers (processes in network namespaces, or machines; one thread each)
+twice, in the order AB, BA, ...:
 "local" (each node fetches its own slice of the model by the slice manifest and a worker loads
 its layers from its own disk; patches 0006 and 0007) and "sent" (the main node holds the whole
 model and sends each worker its weights, the default). After each up it reads the workers'
-received bytes, then kills the last worker's ggml-rpc-server ``--kills`` times, timing each until
-a greedy completion answers again with the text it gave before. Every run is kept. Timings mean
-something only on a quiet machine: the figures record what else was running.
+received bytes, then kills the last worker's ggml-rpc-server ``--kills`` times, and on machines
+reboots the last worker's machine ``--reboots`` times, timing each until a greedy completion
+answers again with the text it gave before. Every run is kept. Timings mean something only on a
+quiet machine: the figures record what else was running.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from infra.core import outputs  # noqa: E402
 from infra.core.pins import LLAMA_CPP_COMMIT  # noqa: E402
-from infra.local import cluster  # noqa: E402
+from infra.local import access, cluster  # noqa: E402
 from infra.local.model import real_model  # noqa: E402
 from infra.local.options import UpOptions  # noqa: E402
 from infra.local.source import cache_dir, sdist_tree  # noqa: E402
@@ -43,6 +48,7 @@ from infra.local.usage import received_bytes  # noqa: E402
 from tests.conftest import complete  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "worker_local.json"
+MACHINE_RESULTS = REPO / "bench" / "results" / "worker_local_machines.json"
 HEAVY = "pytest|llama-server|llama-bench|rpc-server|systemd-nspawn|cc1plus"
 WORKERS = ("w1", "w2")
 
@@ -80,13 +86,15 @@ def serve_again(url: str, want: Any) -> float:
     raise RuntimeError("the group did not answer again within 600 s")
 
 
-def one_run(arm: str, number: int, kills: int, source: Path) -> dict[str, Any]:
+def one_run(
+    arm: str, number: int, source: Path, *, kills: int, reboots: int, machines: bool
+) -> dict[str, Any]:
     cache = cache_dir()
     options = UpOptions(
         workers=2, model=real_model(cache), source=source, cache=cache,
         cluster_id=f"bl{arm[0]}{number}", cidr=f"10.219.{random.randint(0, 250)}.0/24",  # noqa: S311 (a range, not a secret)
         threads=1, context_size=2048, node_memory_bytes=8 * 1024**3,
-        worker_local=arm == "local",
+        worker_local=arm == "local", machines=machines,
     )  # fmt: skip
     started = time.monotonic()
     try:
@@ -98,15 +106,21 @@ def one_run(arm: str, number: int, kills: int, source: Path) -> dict[str, Any]:
         received = {w: received_bytes(network.namespace(w)) for w in WORKERS}
         url = contract[outputs.LLAMA_SERVER_URL]
         want = complete(url, timeout=120)
-        heals = []
+        namespace = network.namespace(WORKERS[-1])
+        heals, rebooted = [], []
         for _ in range(kills):
-            namespace = network.namespace(WORKERS[-1])
             before = received_bytes(namespace)
             for pid in rpc_server_pids(namespace):
                 os.kill(pid, signal.SIGKILL)
             seconds = serve_again(url, want)
             heals.append({"seconds": round(seconds, 2),
                           "worker_received_bytes": received_bytes(namespace) - before})  # fmt: skip
+        for _ in range(reboots if machines else 0):
+            before = received_bytes(namespace)  # the namespace outlives the machine's boots
+            access.reboot(spec, WORKERS[-1])
+            seconds = serve_again(url, want)
+            received_now = received_bytes(namespace) - before
+            rebooted.append({"seconds": round(seconds, 2), "worker_received_bytes": received_now})
         statuses = cluster.read_status(spec)
         return {
             "arm": arm,
@@ -114,6 +128,7 @@ def one_run(arm: str, number: int, kills: int, source: Path) -> dict[str, Any]:
             "worker_received_bytes": received,
             "slices": {n: statuses[n].get("slice") for n in ("main", *WORKERS)},
             "heals": heals,
+            **({"reboots": rebooted} if machines else {}),
         }
     finally:
         cluster.down(cache, options.cluster_id)
@@ -123,6 +138,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repetitions", type=int, default=2)
     parser.add_argument("--kills", type=int, default=2)
+    parser.add_argument("--machines", action="store_true", help="machines instead of processes")
+    parser.add_argument("--reboots", type=int, default=2, help="with --machines")
     args = parser.parse_args()
     source = sdist_tree(cache_dir(), download=False)
     busy_before = other_heavy_work()
@@ -130,7 +147,8 @@ def main() -> int:
     for number in range(args.repetitions):
         order = ("local", "sent") if number % 2 == 0 else ("sent", "local")
         for arm in order:
-            runs.append(one_run(arm, number, args.kills, source))
+            runs.append(one_run(arm, number, source, kills=args.kills,
+                                reboots=args.reboots, machines=args.machines))  # fmt: skip
             print(json.dumps(runs[-1]), file=sys.stderr)
     summary: dict[str, Any] = {}
     for arm in ("local", "sent"):
@@ -140,11 +158,17 @@ def main() -> int:
             "up_seconds": [r["up_seconds"] for r in mine],
             "heal_seconds": [h["seconds"] for r in mine for h in r["heals"]],
         }
+        if args.machines:
+            summary[arm]["reboot_seconds"] = [h["seconds"] for r in mine for h in r["reboots"]]
     local, sent = summary["local"], summary["sent"]
     summary["received_ratio"] = round(
         sum(local["worker_received_bytes"]) / sum(sent["worker_received_bytes"]), 4
     )
     summary["heal_ratio"] = round(sum(local["heal_seconds"]) / sum(sent["heal_seconds"]), 3)
+    if args.machines:
+        summary["reboot_ratio"] = round(
+            sum(local["reboot_seconds"]) / sum(sent["reboot_seconds"]), 3
+        )
     document = {
         "what": __doc__.split("\n\n")[0],
         "llama_cpp_commit": LLAMA_CPP_COMMIT,
@@ -154,7 +178,8 @@ def main() -> int:
         "runs": runs,
         "other_heavy_work": {"before": busy_before, "after": other_heavy_work()},
     }
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    results = MACHINE_RESULTS if args.machines else RESULTS
+    results.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -86,7 +86,8 @@ def test_a_local_cost_run_with_a_draft_model_reports_its_acceptance(
     out = tmp_path / "runs"
     bench = "--requests 2 --predict 32 --prompt-words 32 --no-llama-bench"
     code = cli.main([
-        "run", "--local", "--model", str(model), "--draft-model", str(draft), "--threads", "1",
+        "run", "--local", "--model", str(model), "--draft-model", str(draft), "--workers", "1",
+        "--threads", "1",
         "--out", str(out), "--bench", bench, "--timeout", "20m",
     ])  # fmt: skip
     assert code == 0, capsys.readouterr().err
