@@ -76,7 +76,12 @@ HEAL_BASIS = "measured on the local cluster (Gemma 3 270M, kill -9 of a worker's
 ABORT_SECONDS = 4.2
 BACK_SECONDS = 15.8
 RESTART_SECONDS = 5.0
-RESTART_BASIS = "RestartSec=5 of llama-server.service and llama-rpc-worker.service"
+# systemd counts a unit's restarts for the whole boot: each later loss waits longer, up to this.
+RESTART_MAX_SECONDS = 30.0
+RESTART_BASIS = (
+    "RestartSec=5 of llama-server.service and llama-rpc-worker.service, at a boot's first lost "
+    "worker; up to RestartMaxDelaySec=30s after more (RestartSteps=5)"
+)
 
 # The design's targets: a staged model serving within three minutes of `pulumi up`, and a group
 # serving again within a minute of losing a worker.

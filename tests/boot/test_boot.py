@@ -371,7 +371,9 @@ def test_each_role_unit_starts_after_a_successful_boot_and_restarts_ever_slower(
         assert unit.restart == "always"
         delays = [unit.restart_delay(n) for n in range(1, 10)]
         assert delays[0] == 5 and delays[1] > 5
-        assert 120 <= max(delays) <= 600  # a few minutes, not every 5 s for ever
+        # Not every 5 s for ever, nor so long that a group's heal after many lost workers
+        # outlasts a minute (systemd counts restarts for the whole boot).
+        assert max(delays) == 30
         text = unit_text(unit.name)
         assert "WantedBy=multi-user.target" in text
         assert "User=llama" in text

@@ -192,10 +192,13 @@ def test_a_heal_restarts_then_reloads_and_worker_local_sends_no_weights() -> Non
 
 
 def test_the_restart_figures_are_the_units() -> None:
-    """RESTART_SECONDS is what both units wait before a restart."""
+    """RESTART_SECONDS is what both units wait before a restart, RESTART_MAX_SECONDS the most
+    they wait after many (bench/results/worker_local_machines.json: with a 5 min cap, a boot's
+    fourth lost worker kept its group away a minute)."""
     for unit in ("llama-server.service", "llama-rpc-worker.service"):
         text = (REPO / "cloud-init/systemd" / unit).read_text()
         assert f"RestartSec={local_load.RESTART_SECONDS:g}\n" in text
+        assert f"RestartMaxDelaySec={local_load.RESTART_MAX_SECONDS:g}s\n" in text
 
 
 def test_one_node_has_no_worker_to_lose() -> None:
