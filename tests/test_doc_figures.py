@@ -297,7 +297,29 @@ def worker_local(what: str) -> str:
     return f"{statistics.median(seconds):.1f}"
 
 
+def worker_local_machines(what: str) -> str:
+    """A figure of ``bench/results/worker_local_machines.json``: what the rebooted worker
+    received, in MB, by arm; seconds as the median of each reboot's over every run."""
+    found = json.loads((REPO / "bench/results/worker_local_machines.json").read_text())
+    runs = found["runs"]
+    arm, kind = what.split(":")
+    if kind == "received":
+        got = [h["worker_received_bytes"] for r in runs if r["arm"] == arm for h in r["reboots"]]
+        mean = sum(got) / len(got)
+        return f"{mean / 1e6:.2f}" if mean < 1e6 else f"{mean / 1e6:.0f}"
+    number = int(kind.removeprefix("reboot"))
+    return f"{statistics.median(r['reboots'][number]['seconds'] for r in runs):.1f}"
+
+
 FIGURES = [
+    Figure("docs/loader.md", "received {} MB while the group loaded again",
+           lambda: worker_local_machines("local:received")),
+    Figure("docs/loader.md", "loaded again, against {} MB with the weights sent; the group",
+           lambda: worker_local_machines("sent:received")),
+    Figure("docs/loader.md", "the group answered again in {} s either way",
+           lambda: worker_local_machines("x:reboot0")),
+    Figure("docs/loader.md", "and in {} s at the second reboot",
+           lambda: worker_local_machines("x:reboot1")),
     Figure("docs/loader.md", "the workers received {} MB while the group loaded",
            lambda: worker_local("local:load")),
     Figure("docs/loader.md", "against {} MB with the weights sent",
