@@ -110,6 +110,17 @@ def test_the_greedy_text_is_the_same_as_on_one_node(sliced) -> None:
     assert got == one_node_completion(bin_dir, sliced["options"].model)
 
 
+def answer_again(url: str, within: float) -> tuple[str, list[tuple[int, float]]] | None:
+    """The group's next greedy answer, asked again each half second; None if none came."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            return complete(url, timeout=30)
+        except OSError:
+            time.sleep(0.5)
+    return None
+
+
 def test_a_killed_worker_reloads_from_its_own_disk(sliced) -> None:
     """kill -9 of a worker's RPC server: the group answers again, the same text, and the worker
     received keys again, not its weights."""
@@ -120,13 +131,7 @@ def test_a_killed_worker_reloads_from_its_own_disk(sliced) -> None:
     received = received_bytes(network, "w2")
     killed = time.monotonic()
     os.kill(server, signal.SIGKILL)
-    after = None
-    while time.monotonic() < killed + 300:
-        try:
-            after = complete(url, timeout=30)
-            break
-        except OSError:
-            time.sleep(0.5)
+    after = answer_again(url, 300)
     healed = time.monotonic() - killed
     assert after == before, healed
     assert rpc_servers(network, "w2") not in ([], [server])
@@ -162,13 +167,7 @@ def test_a_rebooted_worker_machine_reloads_from_its_own_disk(sliced) -> None:
     received = received_bytes(network, "w1")  # the namespace, and its counters, outlive a boot
     rebooted = time.monotonic()
     access.reboot(sliced["spec"], "w1")
-    after = None
-    while time.monotonic() < rebooted + 600:
-        try:
-            after = complete(url, timeout=30)
-            break
-        except OSError:
-            time.sleep(0.5)
+    after = answer_again(url, 600)
     healed = time.monotonic() - rebooted
     assert after == before, healed
     held = slices(sliced)["w1"]
