@@ -267,8 +267,8 @@ def test_a_worker_follows_once_its_main_nodes_connection_is_gone(tmp_path) -> No
             with socket.create_connection(("127.0.0.1", port)):
                 accepted, _ = listener.accept()
                 assert guard.powered_off_after(timeout=2.5) is None, "a connected worker is busy"
+                gone = time.time()  # the guard cannot see the connection gone before this
                 accepted.close()
-            gone = time.time()
             after = guard.powered_off_after(timeout=20)
         finally:
             log = guard.stop()
