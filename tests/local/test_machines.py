@@ -556,6 +556,34 @@ def restarts(up: dict[str, Any], name: str, unit: str) -> int:
     return int(unit_state(up, name, unit)["NRestarts"])
 
 
+class Clients:
+    """Two clients sending requests through the balancer one after another from the client's
+    namespace, one slot a group, so that both groups are busy; each request's row (its start
+    and end, the group that answered, the status) read with ``rows``."""
+
+    def __init__(self, up: dict[str, Any], directory: Path):
+        self.stop = directory / "stop"
+        self.logs = [directory / f"client{i}.jsonl" for i in range(2)]
+        client = completion_client(
+            up["contract"][outputs.BALANCER_URL], THROUGH_THE_BALANCER, count=-1, stop=self.stop,
+            timeout=600, key_file=up["spec"].api_key_file,
+        )  # fmt: skip
+        self.running = [
+            subprocess.Popen([*exec_prefix(up["client"]), *client], stdout=log.open("w"))
+            for log in self.logs
+        ]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for log in self.logs for line in log.read_text().splitlines()]
+
+    def end(self) -> list[dict[str, Any]]:
+        """Stop sending (each client ends its request in hand) and every request's row."""
+        self.stop.touch()
+        for running in self.running:
+            running.wait(timeout=650)
+        return self.rows()
+
+
 def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(
     up: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -568,19 +596,8 @@ def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(
     balancer = up["balancer"]
     worker, main = ROLE_UNIT["worker"], ROLE_UNIT["main"]
     before = {"w1": restarts(up, "w1", worker), "main": restarts(up, "main", main)}
-    stop = tmp_path / "stop"
-    logs = [tmp_path / f"client{i}.jsonl" for i in range(2)]
-    client = completion_client(
-        up["contract"][outputs.BALANCER_URL], THROUGH_THE_BALANCER, count=-1, stop=stop,
-        timeout=600, key_file=up["spec"].api_key_file,
-    )  # fmt: skip
-    clients = [
-        subprocess.Popen([*exec_prefix(up["client"]), *client], stdout=log.open("w"))
-        for log in logs
-    ]
-
-    def rows() -> list[dict[str, Any]]:
-        return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    clients = Clients(up, tmp_path)
+    rows = clients.rows
 
     def state(group: str) -> str:
         return str(balancer.group_states()[group])
@@ -616,10 +633,7 @@ def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(
             "group 1 answering again",
         )
     finally:
-        stop.touch()
-        for running in clients:
-            running.wait(timeout=650)
-    answered = rows()
+        answered = clients.end()
     during = [r for r in answered if killed_at < r["start"] and r["end"] < seen_out[-1]]
     print(
         f"{len(answered)} requests; group 1 back {back_at - killed_at:.1f} s after its worker "
@@ -631,12 +645,27 @@ def test_systemd_restarts_a_killed_worker_and_the_main_serves_again(
     assert complete(up["contract"][outputs.LLAMA_SERVER_URL], headers=up["key"]) == up["completion"]
 
 
-def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(up) -> None:
+def test_a_rebooted_worker_and_main_come_back_without_rebuilding_or_downloading(
+    up: dict[str, Any], tmp_path: Path
+) -> None:
+    """Group 1's worker, then its main node, rebooted while two clients keep both groups busy
+    through the balancer: no request fails (group 2 answers what group 1 could not), and group 1
+    comes back from its disks."""
     spec = up["spec"]
     instances = on(up, "main", "ls", "/var/lib/cloud/instances").split()
-    for name in ("w1", "main"):
-        access.reboot(spec, name)
-    wait_serving(up, timeout=900)
+    clients = Clients(up, tmp_path)
+    try:
+        wait_for(lambda: {r["group"] for r in clients.rows()} >= {"group1", "group2"}, 120,
+                 "both answer")  # fmt: skip
+        rebooted_at = time.monotonic()
+        for name in ("w1", "main"):
+            access.reboot(spec, name)
+        wait_serving(up, timeout=900)
+        served_at = time.monotonic()
+    finally:
+        answered = clients.end()
+    assert [r for r in answered if r["status"] != 200] == []
+    assert [r for r in answered if rebooted_at < r["start"] and r["end"] < served_at]
     statuses = cluster.read_status(spec)
     assert statuses["main"]["download_skipped"] is True
     for status in statuses.values():
