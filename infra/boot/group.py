@@ -66,6 +66,8 @@ class ServingGroup:
     platform_addresses: tuple[str, ...] = ()
     server_listen: str | None = None
     model_store_region: str = ""
+    # Another S3 API than the cloud's own ("": the cloud's): the local cluster's store.
+    model_store_endpoint: str = ""
     # The prebuilt llama.cpp's store prefix ("": every node builds) and the nodes' target
     # (``infra.boot.prebuilt``).
     prebuilt_store: str = ""
@@ -154,6 +156,7 @@ def _node(group: ServingGroup, role: Role, ip: str, **of_role: Any) -> NodeBoot:
             group.fetched_bytes, group.worker_wait_seconds, LOAD_TIMEOUT_SECONDS
         ),
         model_store_region=group.model_store_region,
+        model_store_endpoint=group.model_store_endpoint,
         prebuilt_store=group.prebuilt_store,
         prebuilt_target=group.prebuilt_target,
         extra_env=dict(group.patch_settings)

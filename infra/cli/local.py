@@ -113,6 +113,7 @@ def _up(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         draft_max=args.draft_max,
         worker_local=args.worker_local,
+        staged=args.staged,
     )
     contract = cluster.up(
         options,
@@ -282,6 +283,13 @@ def _worker_local_flag(start: argparse.ArgumentParser) -> None:
         action="store_true",
         help="worker-local loading: each node fetches its own slice of the model and a worker "
         "loads its layers from its own disk; the main node sends keys, not weights",
+    )
+    start.add_argument(
+        "--staged",
+        action="store_true",
+        help="machines: stage the model (lrc stage) in the cluster's own S3 store on the VPC and "
+        "have every node read it there, as a stack's nodes read its bucket; the store logs each "
+        "request (STATE/store/requests.jsonl)",
     )
 
 

@@ -49,10 +49,12 @@ from infra.local.nodes import (
     node_entry,
     node_layout,
     place_secret,
+    store_entry,
 )
 from infra.local.options import (
     LOOPBACK_CIDR,
     LocalClusterError,
+    OptionError,
     UpOptions,
     boot_error,
     build_prefix,
@@ -68,6 +70,9 @@ from infra.local.spec import (
     ClusterSpec,
     down_command,
 )
+from infra.local.store import STORE_NODE, LocalStore, StoreError, store_ip, store_url
+from infra.local.store import unavailable_reason as store_unavailable
+from infra.models.parts import part_paths
 from infra.observe.status import phase_text
 
 
@@ -88,8 +93,7 @@ def up(
     image = machine_image(options) if options.machines else None
     slots = node_layout(cidr, options.workers, options.replicas)
     front = local_balancer(options, cidr, slots)
-    if front is not None:
-        _find_haproxy()  # before anything is made: its absence is an install step
+    _check_tools(options, front)
     state = state_dir(options.cache, options.cluster_id)
     if (state / SPEC_FILE).exists():
         if _running(state, ClusterSpec.read(state)):
@@ -104,29 +108,22 @@ def up(
                            keyed=options.api_key)  # fmt: skip
     except BootConfigError as error:
         raise boot_error(error) from None
-    on_bridge = [(s.name, s.ip) for s in slots]
-    if front is not None:
-        on_bridge.append((BALANCER_NODE, front.listen_ip))
-    network = (
-        VpcNetwork(
-            options.cluster_id,
-            cidr,
-            tuple(name for name, _ in on_bridge),
-            tuple(ip for _, ip in on_bridge),
-        )
-        if options.netns
-        else None
-    )
+    network = _network(options, cidr, slots, front) if options.netns else None
     balancer = balancer_entry(front, network, state) if front else None
+    store = store_entry(cidr, network, state) if options.staged and network else None
     state.mkdir(parents=True, exist_ok=True)
     api_key = secrets.token_urlsafe(32) if options.api_key else None
     if api_key is not None:  # the caller's copy: `local status` names the file, never the key
         place_secret(state / API_KEY_NAME, api_key)
-    nodes = tuple(
-        node_entry(options, slot, boot, state=state, network=network, image=image, index=index,
-                   api_key=api_key)
-        for index, (slot, boot) in enumerate(zip(slots, boots, strict=True))
-    )  # fmt: skip
+    try:
+        nodes = tuple(
+            node_entry(options, slot, boot, state=state, network=network, image=image,
+                       index=index, api_key=api_key, store=store.store() if store else None)
+            for index, (slot, boot) in enumerate(zip(slots, boots, strict=True))
+        )  # fmt: skip
+    except BaseException:  # a node refused (its user data): nothing of this cluster is left
+        shutil.rmtree(state, ignore_errors=True)
+        raise
     spec = ClusterSpec(
         id=options.cluster_id,
         netns=options.netns,
@@ -142,6 +139,7 @@ def up(
         replicas=options.replicas,
         balancer=balancer,
         api_key_file=state / API_KEY_NAME if api_key is not None else None,
+        store=store,
     )
     spec.write(state)
     try:
@@ -149,6 +147,8 @@ def up(
             network.create()
         if balancer and front:
             _start_balancer(balancer, front)
+        if store:
+            _fill_store(store.store(), options, progress)
         if image:
             build_on_host(options, state, progress)
             for node in nodes:
@@ -178,11 +178,58 @@ def start(
     spec = ClusterSpec.load(cache, cluster_id)
     if not spec.machines:
         raise LocalClusterError("start is for machines (`up --machines`); run `up` again")
+    if spec.store and not spec.store.store().alive():
+        raise LocalClusterError(
+            f"the cluster's store has stopped, and what it held with it; bring the cluster up "
+            f"again (`{down_command(cluster_id)}`, then `lrc local up`)"
+        )
     stopped = stopped_machines(spec)
     for name in stopped:
         spec.node(name).booted().start()
     _wait_until_serving(state, spec, timeout, progress)
     return stopped, spec.contract()
+
+
+def _network(
+    options: UpOptions, cidr: ipaddress.IPv4Network, slots: list[Slot], front: BalancerBoot | None
+) -> VpcNetwork:
+    """The cluster's namespaces on the bridge: its nodes, then the balancer and the store."""
+    on_bridge = [(s.name, s.ip) for s in slots]
+    if front is not None:
+        on_bridge.append((BALANCER_NODE, front.listen_ip))
+    if options.staged:
+        on_bridge.append((STORE_NODE, store_ip(cidr)))
+    return VpcNetwork(
+        options.cluster_id,
+        cidr,
+        tuple(name for name, _ in on_bridge),
+        tuple(ip for _, ip in on_bridge),
+    )
+
+
+def _fill_store(
+    store: LocalStore, options: UpOptions, progress: Callable[[str], None] | None
+) -> None:
+    """Start the cluster's store and stage the model in it, as `lrc stage` stages it for a
+    stack; the URLs it staged are the ones the nodes were given."""
+    if progress:
+        progress(f"staging the model in the cluster's S3 store ({store.endpoint})")
+    try:
+        store.start()
+        staged = store.stage(options.model)
+    except StoreError as error:
+        raise LocalClusterError(str(error)) from None
+    expected = [store_url(part.name) for part in part_paths(options.model)]
+    if staged != expected:
+        raise LocalClusterError(f"the store staged {staged}, not the nodes' {expected}")
+
+
+def _check_tools(options: UpOptions, front: BalancerBoot | None) -> None:
+    """Before anything is made: a missing tool is an install step."""
+    if front is not None:
+        _find_haproxy()
+    if options.staged and (reason := store_unavailable()):
+        raise OptionError(f"--staged: {reason}")
 
 
 def _find_haproxy() -> str:
@@ -457,6 +504,8 @@ def stop(spec: ClusterSpec, state: Path) -> None:
             node.booted().stop()
     if spec.balancer:
         spec.balancer.balancer().stop()
+    if spec.store:
+        spec.store.store().stop()
     pid = _supervisor_pid(state)
     if pid is not None and _supervisor_alive(state):
         os.kill(pid, signal.SIGTERM)

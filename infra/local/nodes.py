@@ -13,6 +13,7 @@ from infra.boot import (
     API_KEY_CREDENTIAL,
     SCRIPTS_DIR,
     VM_PATHS,
+    BootConfigError,
     NodeBoot,
     NodePaths,
     deliver,
@@ -23,14 +24,30 @@ from infra.boot.balancer import BalancerBoot
 from infra.boot.deliver import for_cloud
 from infra.boot.group import ServingGroup, group_boots
 from infra.boot.render import BOOT_ROOT, fetched_files, files_digest
+from infra.clouds import FACTS
 from infra.core import layout, placement
 from infra.core.layout import PROJECT
 from infra.core.limits import Role
 from infra.local import image as node_image
 from infra.local.machines import DRAFTS_MOUNT, MODELS_MOUNT, SOURCE_MOUNT, Machine
 from infra.local.netns import VpcNetwork
-from infra.local.options import LocalClusterError, UpOptions, build_prefix, state_dir
-from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry
+from infra.local.options import (
+    LocalClusterError,
+    OptionError,
+    UpOptions,
+    build_prefix,
+    state_dir,
+)
+from infra.local.spec import BALANCER_NODE, BalancerEntry, LocalNode, MachineEntry, StoreEntry
+from infra.local.store import (
+    IDENTITY_DROP_IN,
+    STORE_NODE,
+    STORE_PORT,
+    LocalStore,
+    store_ip,
+    store_url,
+)
+from infra.local.store import REGION as STORE_REGION
 from infra.models.parts import model_id, part_paths
 from infra.stage import slices
 
@@ -79,6 +96,16 @@ def balancer_entry(boot: BalancerBoot, network: VpcNetwork | None, state: Path) 
     )
 
 
+def store_entry(cidr: ipaddress.IPv4Network, network: VpcNetwork, state: Path) -> StoreEntry:
+    """The store's place (``--staged``): its namespace on the bridge, address and directory."""
+    return StoreEntry(
+        name=STORE_NODE,
+        ip=store_ip(cidr),
+        namespace=network.namespace(STORE_NODE),
+        directory=state / "store",
+    )
+
+
 def serving_group(
     options: UpOptions,
     ips: list[str],
@@ -92,7 +119,13 @@ def serving_group(
     host's source, model and draft at fixed paths, a process reads them where they are."""
     model_parts = part_paths(options.model)
     draft_parts = part_paths(options.draft_model) if options.draft_model is not None else []
-    if on_machine:
+    store_region = store_endpoint = ""
+    if on_machine and options.staged:  # where `lrc stage` puts each part in the cluster's store
+        source = SOURCE_MOUNT
+        model_urls = tuple(store_url(part.name) for part in model_parts)
+        draft_urls = tuple(f"file://{DRAFTS_MOUNT}/{part.name}" for part in draft_parts)
+        store_region, store_endpoint = STORE_REGION, f"http://{store_ip(cidr)}:{STORE_PORT}"
+    elif on_machine:
         source = SOURCE_MOUNT
         model_urls = tuple(f"file://{MODELS_MOUNT}/{part.name}" for part in model_parts)
         draft_urls = tuple(f"file://{DRAFTS_MOUNT}/{part.name}" for part in draft_parts)
@@ -122,6 +155,8 @@ def serving_group(
         threads=options.threads,
         worker_wait_seconds=options.worker_wait_seconds,
         slice_manifest=_slice_manifest(options, on_machine=on_machine),
+        model_store_region=store_region,
+        model_store_endpoint=store_endpoint,
     )
 
 
@@ -130,6 +165,8 @@ def _slice_manifest(options: UpOptions, *, on_machine: bool) -> str:
     beside the model's first part once (the local cluster's stand-in for ``lrc stage``)."""
     if not options.worker_local:
         return ""
+    if on_machine and options.staged:  # `lrc stage` writes it beside the first part
+        return store_url(part_paths(options.model)[0].name + slices.MANIFEST_SUFFIX)
     written = slices.manifest_file(part_paths(options.model))
     return f"file://{MODELS_MOUNT}/{written.name}" if on_machine else written.resolve().as_uri()
 
@@ -171,9 +208,11 @@ def node_entry(
     image: node_image.Image | None,
     index: int,
     api_key: str | None = None,
+    store: LocalStore | None = None,
 ) -> LocalNode:
     """A node of the cluster, its boot settings written where it reads them (and on a main
-    node, ``api_key`` in root's credential store, at ``boot.api_key_file``)."""
+    node, ``api_key`` in root's credential store, at ``boot.api_key_file``; on a machine that
+    reads the cluster's ``store``, the identity it reads with)."""
     node_dir = state / "nodes" / slot.name
     node_dir.mkdir(parents=True, exist_ok=True)
     namespace = network.namespace(slot.name) if network else None
@@ -184,6 +223,9 @@ def node_entry(
         if boot.api_key_file and api_key is not None:  # root's store, as a VM's boot fills it
             written = machine.machine(network.namespace(slot.name)).written
             place_secret(written(boot.api_key_file), api_key)
+        if store is not None:  # as a VM's role: root's boot reads with it, nothing else can
+            booted = machine.machine(network.namespace(slot.name))
+            place_file(booted.written(IDENTITY_DROP_IN), store.drop_in(), 0o600)
         return LocalNode(
             name=slot.name,
             role=slot.role,
@@ -230,7 +272,17 @@ def machine_node(
     # The files beyond its first steps, where its cloud keeps them (placed below, as a VM reads
     # them).
     boot = for_cloud(boot, cloud, "local", f"/{PROJECT}/{options.cluster_id}/boot/{boot.role}")
-    delivery = deliver(render(boot), cloud)
+    try:
+        delivery = deliver(render(boot), cloud)
+    except BootConfigError as error:
+        if error.setting != "user_data":
+            raise
+        others = [c for c in FACTS if c != cloud]
+        raise OptionError(
+            f"--delivery {cloud}: node {name}'s {error.message.removeprefix('the ')}; give "
+            f"its place in --delivery another cloud's ({' or '.join(others)}), e.g. "
+            f"--delivery {','.join([cloud, *others])}"
+        ) from None
     received = delivery.received()
     host_bin = build_prefix(options.cache) / options.commit / "bin"
     machine = Machine(

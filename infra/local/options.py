@@ -79,6 +79,9 @@ class UpOptions:
     # Worker-local loading: each node fetches its own slice of the model (by the slice manifest,
     # written beside the model once) and a worker loads its layers from its own disk.
     worker_local: bool = False
+    # The model staged (``lrc stage``) in the cluster's own S3 store on the VPC, and read from it
+    # by each node as a stack's nodes read its bucket (machines only: ``infra.local.store``).
+    staged: bool = False
 
 
 def state_dir(cache: Path, cluster_id: str) -> Path:
@@ -161,6 +164,11 @@ def _validate_settings(options: UpOptions) -> None:
 
 def validate(options: UpOptions) -> ipaddress.IPv4Network:
     _validate_settings(options)
+    if options.staged and not options.machines:
+        raise OptionError(
+            "--staged: the nodes read the staged model from the cluster's store as a stack's "
+            "machines do; add --machines (root and the node image)"
+        )
     if not re.fullmatch(r"[a-z0-9]{1,10}", options.cluster_id):
         raise OptionError(f"--id {options.cluster_id!r}: use 1-10 lowercase letters or digits")
     try:

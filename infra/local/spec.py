@@ -20,6 +20,7 @@ from infra.local.balancer import Balancer
 from infra.local.machines import Machine
 from infra.local.netns import VpcNetwork
 from infra.local.options import LocalClusterError, state_dir
+from infra.local.store import LocalStore
 
 BALANCER_NODE = "lb"  # the balancer's namespace and link name (``lrc-<id>-lb``)
 SPEC_FILE = "cluster.json"
@@ -82,6 +83,19 @@ class BalancerEntry:
 
 
 @dataclass(frozen=True)
+class StoreEntry:
+    """The cluster's S3 store (``--staged``): its namespace on the bridge and its directory."""
+
+    name: str
+    ip: str
+    namespace: str
+    directory: Path
+
+    def store(self) -> LocalStore:
+        return LocalStore(namespace=self.namespace, ip=self.ip, directory=self.directory)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     id: str
     netns: bool
@@ -98,6 +112,7 @@ class ClusterSpec:
     balancer: BalancerEntry | None = None
     # The API key's file on this machine (root's, 0600), when requests must carry one.
     api_key_file: Path | None = None
+    store: StoreEntry | None = None
 
     # --- reading it --------------------------------------------------------------------------
 
@@ -127,6 +142,8 @@ class ClusterSpec:
         on_bridge = [(n.name, n.ip) for n in self.nodes]
         if self.balancer:
             on_bridge.append((self.balancer.name, self.balancer.ip))
+        if self.store:
+            on_bridge.append((self.store.name, self.store.ip))
         return VpcNetwork(
             self.id,
             ipaddress.IPv4Network(self.cidr),

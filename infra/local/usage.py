@@ -12,7 +12,9 @@ A node is its network namespace, as a VM is its own kernel's view:
 - bytes: the counters of the node's ``eth0``, its only link to the VPC bridge, from the
   namespace's ``/proc/net/dev``. The main node's link to the host (``tunnel``), which carries the
   API requests, is not counted. The model reaches every node from the host's disk (a bind mount
-  or a ``file://`` URL), never over the VPC, so these bytes are the nodes' RPC traffic;
+  or a ``file://`` URL), so these bytes are the nodes' RPC traffic, but with ``--staged``: then
+  each node also reads the cluster's store over the VPC, as a cloud's nodes read their bucket
+  (the store's request log says how much);
 - KV cache: llama-server's ``/slots`` on the main node (``infra.observe.metrics.kv_cache_usage``).
 """
 
@@ -41,6 +43,16 @@ HTTP_TIMEOUT_SECONDS = 10
 
 def received_bytes(namespace: str) -> int:
     """What the VPC interface of ``namespace`` received since the namespace was made."""
+    return _interface_counters(namespace)[0]
+
+
+def sent_bytes(namespace: str) -> int:
+    """What the VPC interface of ``namespace`` sent since the namespace was made."""
+    return _interface_counters(namespace)[8]
+
+
+def _interface_counters(namespace: str) -> list[int]:
+    """The VPC interface's ``/proc/net/dev`` counters: received bytes first, sent at 8."""
     text = subprocess.run(
         [*exec_prefix(namespace), "cat", "/proc/net/dev"],
         capture_output=True, text=True, check=True, timeout=30,
@@ -48,7 +60,7 @@ def received_bytes(namespace: str) -> int:
     for line in text.splitlines():
         name, _, counters = line.partition(":")
         if name.strip() == VPC_INTERFACE:
-            return int(counters.split()[0])
+            return [int(value) for value in counters.split()]
     raise UsageUnavailable(f"no {VPC_INTERFACE} in namespace {namespace}")
 
 

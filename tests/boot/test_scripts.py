@@ -963,7 +963,7 @@ def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_p
                 status = json.loads((data / "status.json").read_text())
         os.killpg(service.pid, signal.SIGTERM)  # as systemd: the script and its server
         started = time.monotonic()
-        assert service.wait(timeout=20) == 143
+        assert service.wait(timeout=20) == 143, journal.read_text()
         assert time.monotonic() - started < 5
         assert not subprocess.run(["pgrep", "-s", str(service.pid)], capture_output=True).stdout
     finally:

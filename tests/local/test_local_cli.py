@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,18 @@ import pytest
 
 from infra.boot.group import group_boots
 from infra.cli.local import main
+from infra.clouds import FACTS
 from infra.core.limits import MAX_REPLICAS, Role
-from infra.local.nodes import serving_group
-from infra.local.options import SETTING_FLAGS, UpOptions, plan_placement, state_dir, validate
+from infra.local.netns import VpcNetwork
+from infra.local.nodes import machine_node, node_boots, node_layout, serving_group
+from infra.local.options import (
+    SETTING_FLAGS,
+    OptionError,
+    UpOptions,
+    plan_placement,
+    state_dir,
+    validate,
+)
 from infra.stack.settings import MAX_CONTEXT
 from tests.models.test_models import write_gguf
 from tests.pulumi_mocks import refusal
@@ -60,6 +70,8 @@ def up_refuses(capsys, tmp_path: Path, *args: str) -> str:
         (["--draft-model", "x.gguf"], "--draft-model: x.gguf does not exist or is not a file"),
         (["--threads", "0"], "--threads 0: give 1 or more"),
         (["--worker-wait", "0"], "--worker-wait 0: give 1 or more"),
+        # The staged model is read from the cluster's store by machines (not this host's).
+        (["--staged", "--worker-local"], "--staged: the nodes read the staged model from the"),
         # Checked by the node's boot settings, named by the flag that gave it.
         (["--model-sha256", "abc"], "error: --model-sha256: 'abc' is not a 64-character"),
     ],
@@ -186,3 +198,50 @@ def test_a_spend_guard_looks_often_enough_for_its_shortest_limit(
         assert env["STOP_AFTER_IDLE_SECONDS"] == str(round(idle_minutes * 60))
         assert env["STOP_AFTER_SECONDS"] == str(round(hours * 3600))
         assert env["GUARD_INTERVAL_SECONDS"] == interval, (role, env)
+
+
+def test_a_staged_cluster_points_every_node_at_its_store(tmp_path: Path, model: Path) -> None:
+    """--staged: the parts and the slice manifest where `lrc stage` puts them in the cluster's
+    store (.4 of the private subnet), which each node reads with the store's endpoint."""
+    options = UpOptions(workers=2, model=model, source=tmp_path, cache=tmp_path / "c",
+                        machines=True, worker_local=True, staged=True)  # fmt: skip
+    cidr = ipaddress.IPv4Network("10.0.0.0/24")
+    ips = ["10.0.0.10", "10.0.0.11", "10.0.0.12"]
+    group = serving_group(options, ips, cidr, plan_placement(options), on_machine=True)
+    main_env, *worker_envs = (boot.env() for boot in group_boots(group))
+    assert main_env["MODEL_URLS"] == "s3://models/local/m.gguf"
+    for env in (main_env, *worker_envs):
+        assert env["SLICE_MANIFEST"] == "s3://models/local/m.gguf.slices.json"
+        assert env["MODEL_STORE_ENDPOINT"] == "http://10.0.0.4:9000"
+        assert env["MODEL_STORE_REGION"] == "us-east-1"
+    assert [env["SLICE_SOURCES"] for env in worker_envs] == ["s3://models/local/m.gguf"] * 2
+    # Without --staged, a machine reads the host's copy at its mount.
+    plain = serving_group(dataclasses.replace(options, staged=False), ips, cidr,
+                          plan_placement(options), on_machine=True)  # fmt: skip
+    assert plain.model_urls == ("file:///srv/models/m.gguf",) and not plain.model_store_endpoint
+
+
+def test_user_data_over_its_clouds_limit_names_the_delivery_to_change(
+    tmp_path: Path, model: Path, monkeypatch
+) -> None:
+    """A node whose user data its cloud cannot take (here AWS's limit made 2,000 bytes) is
+    refused naming --delivery and the clouds that can take it, before the machine is made."""
+    # deliver() reads the limits from the clouds' facts.
+    small = dataclasses.replace(FACTS["aws"].user_data, limit_bytes=2000)
+    monkeypatch.setitem(FACTS, "aws", dataclasses.replace(FACTS["aws"], user_data=small))
+    options = UpOptions(workers=1, model=model, source=tmp_path, cache=tmp_path / "c",
+                        machines=True, cluster_id="t")  # fmt: skip
+    cidr = ipaddress.IPv4Network(options.cidr)
+    slots = node_layout(cidr, 1)
+    boots = node_boots(options, slots, cidr, plan_placement(options), state=tmp_path,
+                       on_machine=True, keyed=False)  # fmt: skip
+    network = VpcNetwork("t", cidr, tuple(s.name for s in slots), tuple(s.ip for s in slots))
+    with pytest.raises(OptionError) as refused:
+        machine_node(options, "w1", image_root=tmp_path, network=network, boot=boots[1], index=1)
+    assert re.fullmatch(
+        r"--delivery aws: node w1's aws user data is [\d,]+ bytes, over the 2,000-byte limit "
+        r"even compressed; give its place in --delivery another cloud's \(gcp or azure\), "
+        r"e\.g\. --delivery aws,gcp,azure",
+        str(refused.value),
+    ), refused.value
+    assert not (state_dir(options.cache, "t") / "nodes" / "w1" / "user-data").exists()

@@ -14,7 +14,7 @@ import pytest
 from infra.core import outputs
 from infra.local import cluster
 from infra.local.options import LocalClusterError
-from infra.local.spec import BalancerEntry, ClusterSpec, LocalNode, MachineEntry
+from infra.local.spec import BalancerEntry, ClusterSpec, LocalNode, MachineEntry, StoreEntry
 
 MACHINE = MachineEntry(
     name="lrc-t-main",
@@ -60,6 +60,7 @@ def two_groups() -> ClusterSpec:
         placement=({"node": "main", "layers": 2, "bytes": 10},), nodes=nodes, replicas=2,
         balancer=BalancerEntry("lb", "10.9.0.5", "lrc-t-lb", Path("/c/clusters/t/balancer")),
         api_key_file=Path("/c/clusters/t/api-key"),
+        store=StoreEntry("s3", "10.9.0.4", "lrc-t-s3", Path("/c/clusters/t/store")),
     )  # fmt: skip
 
 
@@ -68,7 +69,7 @@ def one_process_node() -> ClusterSpec:
     node = LocalNode("main", "main", "127.0.0.10", None, 0, Path("/s"), env_file=Path("/e"))
     return dataclasses.replace(
         two_groups(), id="local", netns=False, cidr="127.0.0.0/24", nodes=(node,), replicas=1,
-        balancer=None, api_key_file=None,
+        balancer=None, api_key_file=None, store=None,
     )  # fmt: skip
 
 
@@ -171,6 +172,7 @@ def test_groups_nodes_and_the_entry_point() -> None:
     assert contract[outputs.GROUPS][1][outputs.MAIN_PRIVATE_IP] == "10.9.0.30"
     network = spec.network()
     assert network is not None and "lrc-t-lb" in network.namespaces()
+    assert "lrc-t-s3" in network.namespaces()  # the store's, removed with the others
     on_loopback = one_process_node()
     assert on_loopback.entry_url() == "http://127.0.0.10:8080" and on_loopback.network() is None
     assert on_loopback.contract()[outputs.MAIN_INSTANCE_ID] == "main"  # no namespace: its name

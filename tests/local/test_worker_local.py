@@ -1,11 +1,13 @@
-"""Worker-local loading on the local cluster of machines: Gemma 3 270M through two workers, each
-node booting from its user data under systemd and holding only its own slice of the model
-(fetched by llama-rpc-slice from the slice manifest), the workers loading their layers from their
-own disks (patches 0006 and 0007), again after their RPC server is killed and after their
-machine reboots.
+"""Worker-local loading on the local cluster of machines: Gemma 3 270M through two workers, the
+model staged by `lrc stage` in the cluster's own S3 store (``--staged``), each node booting from
+its user data under systemd (AWS's delivery for the main node, GCP's and Azure's for the workers)
+and reading only its own slice of the model from the store (llama-rpc-slice, by the slice
+manifest), the workers loading their layers from their own disks (patches 0006 and 0007), again
+after their RPC server is killed and after their machine reboots.
 
-What is measured is what each worker's network interface received while the group loaded: with
-every weight sent by the main node, at least each worker's weights (``placement``); here, keys.
+What is measured: the ranges each node read, from the store's request log; what the main node's
+network interface sent while the group loaded (with every weight sent by the main node, at least
+the workers' weights; here, keys); and what each worker received beyond what the store sent it.
 Traffic goes only to loopback and to the namespaces these tests create.
 """
 
@@ -27,8 +29,10 @@ from infra.core import outputs
 from infra.local import access, cluster, usage
 from infra.local.netns import VpcNetwork
 from infra.local.options import build_prefix
+from infra.local.store import BUCKET, PREFIX
 from infra.models import gguf_header
 from infra.models.parts import part_paths
+from infra.stage import slices as slices_manifest
 from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion, require_machines
 from tests.local.conftest import gemma_down, gemma_up
 
@@ -58,12 +62,15 @@ def _comm(pid: int) -> str:
 @pytest.fixture(scope="module")
 def sliced(llama_source: Path) -> Iterator[dict[str, Any]]:
     require_machines()
-    up = gemma_up(llama_source, 2, "l", worker_local=True, machines=True, deliveries=("aws",))
+    up = gemma_up(llama_source, 2, "l", worker_local=True, machines=True, staged=True,
+                  deliveries=("aws", "gcp", "azure"))  # fmt: skip
     try:
         network = up["spec"].network()
         up["network"] = network
-        # Read before any request: what the load alone put on each worker's wire.
+        # Read before any request: what the load alone put on each node's wire.
         up["received"] = {node: received_bytes(network, node) for node in WORKERS}
+        up["sent"] = usage.sent_bytes(network.namespace("main"))
+        up["store_log"] = up["spec"].store.store().requests()
         yield up
     finally:
         gemma_down(up)
@@ -92,15 +99,82 @@ def test_each_node_holds_only_its_own_slice(sliced) -> None:
     assert all(held[w]["fetched_bytes"] == held[w]["slice_bytes"] > 0 for w in WORKERS), held
 
 
+def store_reads(up: dict[str, Any], node: str, log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests ``node`` made of the store, in ``log``."""
+    ip = up["spec"].node(node).ip
+    return [r for r in log if r["client"] == ip]
+
+
+# Tensors this close are read as one range by llama-rpc-slice (its GAP).
+SLICE_GAP = 4096
+
+
+def merged(ranges: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+    """Half-open byte ranges, joined where at most ``gap`` bytes apart."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start - out[-1][1] <= gap:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def own_ranges(up: dict[str, Any], index: int) -> list[tuple[int, int]]:
+    """The bytes of the part the node at ``index`` (main 0, workers after) holds, as the docs
+    state it: the main node the header, the embeddings and its layers; a worker its layers, and
+    the last one the output head (and the embeddings, when the output is tied to them)."""
+    written = slices_manifest.manifest_file(part_paths(up["options"].model))
+    manifest = json.loads(written.read_text())
+    [part] = manifest["parts"]
+    layers = [share["layers"] for share in up["spec"].placement]
+    first, last = sum(layers[:index]), index == len(layers) - 1
+    wanted = [(0, part["header_size"])] if index == 0 else []
+    for tensor in part["tensors"]:
+        home = tensor["home"]
+        if (
+            (home == "layer" and first <= tensor["layer"] < first + layers[index])
+            or (home == "input" and (index == 0 or (last and manifest["tied_output"])))
+            or (home == "output" and last)
+        ):
+            wanted.append((tensor["offset"], tensor["offset"] + tensor["size"]))
+    return merged(wanted, gap=SLICE_GAP)  # as the node reads them: tensors that lie together
+
+
+def test_each_node_read_only_its_own_ranges_from_the_store(sliced) -> None:
+    """The store's request log: every read of the part is a ranged GET, and together a node's
+    ranges are exactly the bytes it holds (and the few bytes between tensors that lie together,
+    which it reads with them), each byte once: no node reads the whole part."""
+    part = f"/{BUCKET}/{PREFIX}{part_paths(sliced['options'].model)[0].name}"
+    for index, node in enumerate(("main", *WORKERS)):
+        reads = [r for r in store_reads(sliced, node, sliced["store_log"]) if r["path"] == part]
+        reads = [r for r in reads if r["method"] == "GET"]
+        assert reads and all(r["status"] == 206 and r["range"] for r in reads), (node, reads[:3])
+        got = []
+        for read in reads:
+            start, end = read["range"].removeprefix("bytes=").split("-")
+            assert read["bytes"] == int(end) + 1 - int(start), read
+            got.append((int(start), int(end) + 1))
+        wanted = own_ranges(sliced, index)
+        assert merged(got) == wanted, node
+        assert sum(r["bytes"] for r in reads) == sum(end - start for start, end in wanted), node
+        # A few large reads, not one a tensor.
+        assert len(reads) <= len(wanted) + sum(r["bytes"] for r in reads) // (64 << 20), node
+
+
 def test_the_workers_get_keys_not_weights(sliced) -> None:
     held = slices(sliced)
+    weights = sum(held[node]["slice_bytes"] for node in WORKERS)
+    # Sent by the main node, each byte of the workers' slices would leave its interface; with
+    # the slices on the workers' own disks, under a tenth of that does (keys, graphs, and its
+    # own requests to the store).
+    assert sliced["sent"] < 0.1 * weights, (sliced["sent"], held)
     for node in WORKERS:
-        # Sent by the main node, each byte of a worker's slice would cross its interface; with
-        # the slice on the worker's own disk, under a tenth of that arrives (keys, graphs).
-        assert sliced["received"][node] < 0.1 * held[node]["slice_bytes"], (
-            sliced["received"],
-            held,
-        )
+        # And what reached each worker, beyond what the store sent it, is under a tenth of its
+        # slice.
+        from_store = sum(r["bytes"] for r in store_reads(sliced, node, sliced["store_log"]))
+        beyond = sliced["received"][node] - from_store
+        assert beyond < 0.1 * held[node]["slice_bytes"], (node, beyond, held)
 
 
 def test_the_greedy_text_is_the_same_as_on_one_node(sliced) -> None:
@@ -165,6 +239,7 @@ def test_a_rebooted_worker_machine_reloads_from_its_own_disk(sliced) -> None:
     before = complete(url, timeout=120)
     weights = slices(sliced)["w1"]["slice_bytes"]
     received = received_bytes(network, "w1")  # the namespace, and its counters, outlive a boot
+    read_before = len(sliced["spec"].store.store().requests())
     rebooted = time.monotonic()
     access.reboot(sliced["spec"], "w1")
     after = answer_again(url, 600)
@@ -172,5 +247,8 @@ def test_a_rebooted_worker_machine_reloads_from_its_own_disk(sliced) -> None:
     assert after == before, healed
     held = slices(sliced)["w1"]
     assert held["fetched_bytes"] == 0 and held["kept_bytes"] == weights, held
+    # The store agrees: since the reboot, the worker read the manifest, and no byte of the part.
+    since = store_reads(sliced, "w1", sliced["spec"].store.store().requests()[read_before:])
+    assert since and not [r for r in since if r["path"].endswith(".gguf")], since
     assert received_bytes(network, "w1") - received < 0.1 * weights
     print(json.dumps({"healed_seconds": round(healed, 2)}))
