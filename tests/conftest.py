@@ -213,11 +213,18 @@ def port_answers(argv_prefix: list[str], host: str, port: int) -> bool:
     return subprocess.run([*argv_prefix, *probe], capture_output=True, check=False).returncode == 0
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def loopback_address() -> str:
+    """An address of loopback's 127.0.0.0/8 for one test alone: a port is free only until the
+    test's server binds it, and on 127.0.0.1 another test's server (on the other worker) may
+    take it first and answer this test's probes; on an address of its own, nothing else does."""
+    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(2, 254)}"
 
 
 @pytest.fixture
@@ -461,13 +468,14 @@ def fake_main_node(tmp_path: Path, server: str) -> tuple[Path, Path]:
 
 
 def main_node_env(tmp_path: Path, prefix: Path, data: Path) -> dict[str, str]:
-    """The settings llama-server.sh needs of a main node made by ``fake_main_node``, on
-    loopback: a test adds its own."""
+    """The settings llama-server.sh needs of a main node made by ``fake_main_node``, on an
+    address of loopback of its own: a test adds its own."""
+    ip = loopback_address()
     return {
         "PATH": os.environ["PATH"], "LLAMA_RPC_ENV_FILE": str(tmp_path / "absent.env"),
         "LLAMA_DATA_DIR": str(data), "LLAMA_PREFIX": str(prefix),
-        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": "127.0.0.1",
-        "SERVER_PORT": str(free_port()), "MODEL_URLS": "https://example.org/model.gguf",
+        "LLAMA_CPP_COMMIT": LLAMA_CPP_COMMIT, "LLAMA_NODE_IP": ip,
+        "SERVER_PORT": str(free_port(ip)), "MODEL_URLS": "https://example.org/model.gguf",
     }  # fmt: skip
 
 

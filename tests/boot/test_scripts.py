@@ -34,6 +34,7 @@ from tests.conftest import (
     fake_llama_server,
     fake_main_node,
     free_port,
+    loopback_address,
     main_node_env,
     pinned_llama_binary,
     unavailable,
@@ -491,7 +492,10 @@ def serve(
 def test_the_main_node_serves_with_its_placement_slots_and_context(tmp_path: Path) -> None:
     """llama-server.sh renders the planned flags, and records the placement llama-server reports
     in the status file by the time the node says it is serving."""
-    status, args, journal = serve(tmp_path, GEMMA_LOAD_LOG.read_text())
+    ip = loopback_address()
+    status, args, journal = serve(
+        tmp_path, GEMMA_LOAD_LOG.read_text(), LLAMA_NODE_IP=ip, SERVER_PORT=str(free_port(ip))
+    )
     assert [(p["node"], p["layers"]) for p in status["placement"]] == [
         ("main", 6),
         ("worker-1", 6),
@@ -509,10 +513,7 @@ def test_the_main_node_serves_with_its_placement_slots_and_context(tmp_path: Pat
     assert (flag("--ctx-size"), flag("--parallel"), flag("--fit")) == ("12288", "3", "off")
     # The stack's model id and its allowed flags, after the planned ones.
     assert (flag("--alias"), flag("--temp")) == ("gemma-3-270m", "0.5") and "--jinja" in args
-    assert (flag("--log-verbosity"), flag("--host")) == (
-        "5",
-        "127.0.0.1",
-    ) and "--log-prefix" in args
+    assert (flag("--log-verbosity"), flag("--host")) == ("5", ip) and "--log-prefix" in args
     assert "assigned to device" not in journal and "model buffer size" in journal
 
 
