@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import json
+from statistics import median
 
 import pytest
 
@@ -189,6 +190,19 @@ def test_a_heal_restarts_then_reloads_and_worker_local_sends_no_weights() -> Non
     assert local.total_seconds < sends.total_seconds
     with pytest.raises(ValueError, match="path must be one of"):
         local_load.time_to_heal(group, "rebuild")
+
+
+def test_the_heal_figures_are_the_benchmarks() -> None:
+    """ABORT_SECONDS and BACK_SECONDS are bench/worker_local.py --machines's medians over every
+    run's first kill (both arms: the restart is the same), and systemd started the main node's
+    server again no sooner than RestartSec after it exited."""
+    runs = json.loads((REPO / "bench/results/worker_local_machines.json").read_text())["runs"]
+    first = [run["heals"][0] for run in runs]
+    assert round(median(h["abort_seconds"] for h in first), 1) == local_load.ABORT_SECONDS
+    assert round(median(h["seconds"] for h in first), 1) == local_load.BACK_SECONDS
+    for heal in first:
+        assert heal["restart_seconds"] - heal["abort_seconds"] >= local_load.RESTART_SECONDS
+        assert heal["restart_seconds"] < heal["seconds"]
 
 
 def test_the_restart_figures_are_the_units() -> None:
