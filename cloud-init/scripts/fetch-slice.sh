@@ -15,7 +15,9 @@ mkdir -p "$slice_dir"
 if [[ -n "${LLAMA_SERVICE_USER:-}" && $EUID -eq 0 ]]; then
   chown "root:$LLAMA_SERVICE_USER" "$slice_dir" && chmod 2750 "$slice_dir"
 fi
-streams="${STAGED_STREAMS:-16}"
+# Ranged reads in flight (of 16 MiB each): the planner's SLICE_STREAMS (infra/planner/local_load.py).
+SLICE_STREAMS="${SLICE_STREAMS:-64}"
+require_count SLICE_STREAMS
 status phase=downloading
 started="$(date +%s.%N)"
 code=0
@@ -26,7 +28,7 @@ if [[ "$LLAMA_ROLE" == main ]]; then
   for url in "${urls[@]}"; do args+=(--source "$url" --out "$(model_file "$url")"); done
   mkdir -p "$(dirname "$(model_file "${urls[0]}")")"
   done_json="$(python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-slice" main --manifest "$SLICE_MANIFEST" \
-    "${args[@]}" --layers "$SLICE_LAYERS" --streams "$streams" \
+    "${args[@]}" --layers "$SLICE_LAYERS" --streams "$SLICE_STREAMS" \
     --keys "$slice_dir/keys" --elsewhere "$slice_dir/elsewhere" 2>"$slice_dir/fetch.log")" || code=$?
 else
   require_setting SLICE_SOURCES
@@ -38,7 +40,7 @@ else
   [[ "${SLICE_OUTPUT:-0}" != 1 ]] || output=(--output)
   done_json="$(python3 "$LLAMA_RPC_BIN_DIR/llama-rpc-slice" worker --manifest "$SLICE_MANIFEST" \
     "${args[@]}" --first-layer "$SLICE_FIRST_LAYER" --layers "$SLICE_LAYERS" "${output[@]}" \
-    --streams "$streams" --cache-dir "$slice_dir/rpc" 2>"$slice_dir/fetch.log")" || code=$?
+    --streams "$SLICE_STREAMS" --cache-dir "$slice_dir/rpc" 2>"$slice_dir/fetch.log")" || code=$?
 fi
 if [[ $code -ne 0 ]]; then
   fail "slice download failed: $(tail -n 1 "$slice_dir/fetch.log")"

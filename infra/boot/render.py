@@ -87,6 +87,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 STAGED_SCRIPT = "fetch-staged.sh"
 # Worker-local loading: each node's own slice of the model.
 SLICE_SCRIPTS = ("fetch-slice.sh", "llama-rpc-slice")
+# Its main node's half, which a worker's user data (AWS's 16 KB) does not carry.
+SLICE_MAIN_MODULE = "llama_rpc_slice_main.py"
 # What both of them read the store with (store_remote).
 STORE_SCRIPT = "store-remote.sh"
 # The prebuilt llama.cpp's fetch (build-llama.sh sources it).
@@ -128,6 +130,8 @@ def node_scripts(boot: NodeBoot) -> tuple[str, ...]:
     scripts = ROLE_SCRIPTS[boot.role]
     if boot.slice_manifest:
         scripts += SLICE_SCRIPTS
+        if boot.role == "main":
+            scripts += (SLICE_MAIN_MODULE,)
     if boot.staged:
         scripts += (STAGED_SCRIPT,)
     if boot.prebuilt_store:

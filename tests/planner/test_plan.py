@@ -22,7 +22,7 @@ from infra.core.limits import MAX_NODES
 from infra.core.pins import LLAMA_CPP_COMMIT
 from infra.core.placement import NodeShare, Placement
 from infra.models import PRESETS, Model
-from infra.planner import serve
+from infra.planner import local_load, serve
 from infra.stack import config, files
 from tests.conftest import REPO
 
@@ -387,6 +387,18 @@ def test_fetch_scripts_defaults_are_the_planners() -> None:
     for name in ("STAGED_STREAMS", "DOWNLOAD_JOBS"):
         default = re.search(rf'^{name}="\$\{{{name}:-(\d+)\}}"', script, re.M)
         assert default and int(default.group(1)) == getattr(serve, name)
+
+
+def test_slice_fetch_defaults_are_the_planners() -> None:
+    """A node reads its slice as the planner's staged-local path assumes: SLICE_STREAMS ranged
+    reads in flight (fetch-slice.sh), each of RANGE_BYTES (llama-rpc-slice)."""
+    script = (REPO / "cloud-init/scripts/fetch-slice.sh").read_text()
+    default = re.search(r'^SLICE_STREAMS="\$\{SLICE_STREAMS:-(\d+)\}"', script, re.M)
+    assert default and int(default.group(1)) == local_load.SLICE_STREAMS
+    tool = (REPO / "cloud-init/scripts/llama-rpc-slice").read_text()
+    chunk = re.search(r"^CHUNK = (\d+) << 20$", tool, re.M)
+    assert chunk and int(chunk.group(1)) << 20 == local_load.RANGE_BYTES
+    assert f"default={local_load.SLICE_STREAMS})" in tool
 
 
 def test_speed_is_unknown_where_memory_bandwidth_is_not_published(monkeypatch) -> None:
