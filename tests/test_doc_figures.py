@@ -22,7 +22,7 @@ from infra import catalog, models
 from infra.boot import balancer
 from infra.cli import lrc
 from infra.core.units import duration
-from infra.planner import search
+from infra.planner import local_load, search
 from infra.planner.engines import LLAMA_8B_DRAFT
 from infra.planner.report import first_token
 from infra.stack.files import stack_config
@@ -311,7 +311,47 @@ def worker_local_machines(what: str) -> str:
     return f"{statistics.median(r['reboots'][number]['seconds'] for r in runs):.1f}"
 
 
+def worker_local_staged(what: str) -> str:
+    """A figure of ``bench/results/worker_local_staged.json``: the main node's sent bytes by arm
+    (mean MB), their ratio (%), and a node's reads of the part in the local arm (MB, count)."""
+    found = json.loads((REPO / "bench/results/worker_local_staged.json").read_text())
+    runs = found["runs"]
+    kind, _, which = what.partition(":")
+    if kind == "ratio":
+        return f"{found['summary']['main_sent_ratio'] * 100:.2f}"
+    if kind == "sent":
+        got = [r["main_sent_bytes"] for r in runs if r["arm"] == which]
+        mean = sum(got) / len(got)
+        return f"{mean / 1e6:.2f}" if mean < 1e6 else f"{mean / 1e6:.0f}"
+    arm = "sent" if kind == "whole" else "local"
+    [reads] = {json.dumps(r["store_reads"][which]) for r in runs if r["arm"] == arm}
+    read = json.loads(reads)  # the same in every run of the arm
+    assert read["gets"] == read["ranged"]
+    return f"{read['bytes'] / 1e6:.0f}" if kind in ("mb", "whole") else str(read["gets"])
+
+
 FIGURES = [
+    Figure("docs/planner.md", "`abort` ({} s: a request sent at once",
+           lambda: f"{local_load.ABORT_SECONDS:g}"),
+    Figure("docs/planner.md", "a small model ({} s from the kill to the group",
+           lambda: f"{local_load.BACK_SECONDS:g}"),
+    Figure("docs/loader.md", "interface sent {} MB while the group loaded, against",
+           lambda: worker_local_staged("sent:local")),
+    Figure("docs/loader.md", "loaded, against {} MB when it downloaded the whole model",
+           lambda: worker_local_staged("sent:sent")),
+    Figure("docs/loader.md", "sent the workers their weights ({} %). By the store's",
+           lambda: worker_local_staged("ratio")),
+    Figure("docs/loader.md", "16 MiB at most: the main node {} MB in",
+           lambda: worker_local_staged("mb:main")),
+    Figure("docs/loader.md", "the main node 208 MB in {} (the header",
+           lambda: worker_local_staged("gets:main")),
+    Figure("docs/loader.md", "the workers {} MB in 2 and", lambda: worker_local_staged("mb:w1")),
+    Figure("docs/loader.md", "the workers 22 MB in {} and", lambda: worker_local_staged("gets:w1")),
+    Figure("docs/loader.md", "MB in 2 and {} MB in 13 (the last",
+           lambda: worker_local_staged("mb:w2")),
+    Figure("docs/loader.md", "and 201 MB in {} (the last", lambda: worker_local_staged("gets:w2")),
+    Figure("docs/loader.md", "the main node alone read the whole {} MB",
+           lambda: worker_local_staged("whole:main")),
     Figure("docs/loader.md", "received {} MB while the group loaded again",
            lambda: worker_local_machines("local:received")),
     Figure("docs/loader.md", "loaded again, against {} MB with the weights sent; the group",
