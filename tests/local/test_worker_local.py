@@ -32,6 +32,7 @@ from infra.local.options import build_prefix
 from infra.local.store import BUCKET, PREFIX
 from infra.models import gguf_header
 from infra.models.parts import part_paths
+from infra.planner import local_load
 from infra.stage import slices as slices_manifest
 from tests.conftest import GREEDY_PROMPT, complete, free_port, one_node_completion, require_machines
 from tests.local.conftest import gemma_down, gemma_up
@@ -158,8 +159,9 @@ def test_each_node_read_only_its_own_ranges_from_the_store(sliced) -> None:
         wanted = own_ranges(sliced, index)
         assert merged(got) == wanted, node
         assert sum(r["bytes"] for r in reads) == sum(end - start for start, end in wanted), node
-        # A few large reads, not one a tensor.
-        assert len(reads) <= len(wanted) + sum(r["bytes"] for r in reads) // (64 << 20), node
+        # Ranges of the planner's size, not one a tensor.
+        ranges = sum(-(-(end - start) // local_load.RANGE_BYTES) for start, end in wanted)
+        assert len(reads) == ranges, node
 
 
 def test_the_workers_get_keys_not_weights(sliced) -> None:
