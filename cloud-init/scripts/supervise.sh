@@ -59,13 +59,19 @@ run_until_ready() {
   exit "$code"
 }
 
-# stop_child PID: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS (10).
+# stop_child PID: SIGTERM, again 0.2 s later, then SIGKILL after STOP_GRACE_SECONDS (10). systemd
+# signals every process of the unit, and goes on signalling those that appear while it does: the
+# child may get its SIGTERM at the same moment as this one (two that arrive together are one, and
+# llama-server exits only at its second), and a sleep here may be signalled too, which must not
+# end this before the SIGKILL.
 stop_child() {
   local pid="$1" tries
-  kill -TERM "$pid" 2>/dev/null || return 0
   for ((tries = 0; tries < ${STOP_GRACE_SECONDS:-10} * 10; tries++)); do
     kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
+    if ((tries == 0 || tries == 2)); then
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+    sleep 0.1 || true
   done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true

@@ -974,6 +974,51 @@ def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_p
             os.killpg(service.pid, signal.SIGKILL)
 
 
+def test_a_stop_that_also_signals_the_scripts_own_children_still_ends_the_server(
+    tmp_path: Path,
+) -> None:
+    """systemd signals every process of the unit and goes on signalling those that appear while it
+    does: the script's own waits (a sleep) are signalled too. Here every process of the session is
+    signalled once, as soon as it is seen, until the script ends, and a stand-in server waits out
+    every SIGTERM: the script still
+    kills it within the grace, instead of ending at the first signalled sleep and leaving it for
+    systemd's SIGKILL 90 s later."""
+    prefix, data = fake_main_node(tmp_path, fake_llama_server("trap '' TERM; cat \"$FAKE_LOG\""))
+    env = {
+        **main_node_env(tmp_path, prefix, data),
+        "RPC_WORKERS": "", "FAKE_ARGS": str(tmp_path / "args"), "STOP_GRACE_SECONDS": "1",
+        "FAKE_LOG": str(GEMMA_LOAD_LOG),
+    }  # fmt: skip
+    journal = tmp_path / "journal"
+    with journal.open("w") as out:
+        service = subprocess.Popen(
+            ["bash", str(SCRIPTS / "llama-server.sh")], env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        status: dict = {}
+        while status.get("phase") != "serving":
+            assert service.poll() is None, (status, journal.read_text())
+            time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads((data / "status.json").read_text())
+        started, signalled = time.monotonic(), set()
+        while service.poll() is None and time.monotonic() - started < 5:
+            listed = subprocess.run(
+                ["pgrep", "-s", str(service.pid)], capture_output=True, text=True
+            )
+            for pid in {int(p) for p in listed.stdout.split()} - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                signalled.add(pid)
+        assert service.wait(timeout=20) == 143, journal.read_text()
+        assert time.monotonic() - started < 5
+        assert not subprocess.run(["pgrep", "-s", str(service.pid)], capture_output=True).stdout
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(service.pid, signal.SIGKILL)
+
+
 # --- packages and the llama.cpp source: transient failures are retried, boundedly ---
 
 FAKE_DPKG_QUERY = 'grep -qx "${!#}" "$FAKE_INSTALLED" && printf installed\n'
