@@ -12,13 +12,11 @@ stops.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.boot.balancer import BACKEND, BalancerBoot, haproxy_config
+from infra.local import tracked
 from infra.local.netns import exec_prefix
 
 HAPROXY = "haproxy"
@@ -131,36 +130,14 @@ class Balancer:
             time.sleep(0.05)
 
     def pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return tracked.read_pid(self.pid_file)
 
     def alive(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        stat = Path(f"/proc/{pid}/stat")
-        try:
-            # A zombie (exited, not yet reaped by whoever started it) is not alive.
-            return stat.read_text().split(")")[-1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+        return tracked.alive(self.pid_file)
 
     def stop(self) -> None:
         """SIGTERM (HAProxy stops at once), then SIGKILL after 10 s."""
-        pid = self.pid()
-        if pid is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not self.alive():
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + 10
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-        self.pid_file.unlink(missing_ok=True)
+        tracked.stop(self.pid_file)
 
     def stats(self, timeout: float = 2) -> list[dict[str, str]]:
         """HAProxy's ``show stat`` for the groups: one row per group's server (``svname``,

@@ -13,13 +13,11 @@ whose store has stopped is brought up again.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import ipaddress
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from typing import Any
 
 from infra.boot import BOOT_UNIT
 from infra.core import layout
+from infra.local import tracked
 from infra.local.netns import exec_prefix
 from infra.models.parts import part_paths
 
@@ -185,33 +184,13 @@ class LocalStore:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line]
 
     def pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return tracked.read_pid(self.pid_file)
 
     def alive(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:  # a zombie (exited, not yet reaped by whoever started it) is not alive
-            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+        return tracked.alive(self.pid_file)
 
     def stop(self) -> None:
-        pid = self.pid()
-        if pid is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not self.alive():
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + 10
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-        self.pid_file.unlink(missing_ok=True)
+        tracked.stop(self.pid_file)
 
     def _tail(self) -> str:
         try:

@@ -940,11 +940,9 @@ def test_the_main_node_counts_the_weights_it_has_sent_while_it_loads(tmp_path: P
         os.kill(int((tmp_path / "fake.pid").read_text()), 0)
 
 
-def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_path: Path) -> None:
-    """systemd stops a service by signalling all of it: llama-server, answering a request, waits
-    for it at the first SIGTERM (as long as systemd lets it: 90 s) and exits at the second. The
-    script sends the second at once, then SIGKILL after STOP_GRACE_SECONDS: here a stand-in that
-    ignores SIGTERM is gone within the grace, and the script exits as stopped."""
+def serving_stand_in(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """llama-server.sh serving a stand-in llama-server that waits out every SIGTERM (a stop grace
+    of 1 s), in a session of its own, once the node says it serves; (the script, its journal)."""
     prefix, data = fake_main_node(tmp_path, fake_llama_server("trap '' TERM; cat \"$FAKE_LOG\""))
     env = {
         **main_node_env(tmp_path, prefix, data),
@@ -957,13 +955,23 @@ def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_p
             ["bash", str(SCRIPTS / "llama-server.sh")], env=env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    status: dict = {}
+    while status.get("phase") != "serving":
+        if service.poll() is not None:
+            raise AssertionError((status, journal.read_text()))
+        time.sleep(0.1)
+        with contextlib.suppress(OSError, ValueError):
+            status = json.loads((data / "status.json").read_text())
+    return service, journal
+
+
+def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_path: Path) -> None:
+    """systemd stops a service by signalling all of it: llama-server, answering a request, waits
+    for it at the first SIGTERM (as long as systemd lets it: 90 s) and exits at the second. The
+    script sends the second at once, then SIGKILL after STOP_GRACE_SECONDS: here a stand-in that
+    ignores SIGTERM is gone within the grace, and the script exits as stopped."""
+    service, journal = serving_stand_in(tmp_path)
     try:
-        status: dict = {}
-        while status.get("phase") != "serving":
-            assert service.poll() is None, (status, journal.read_text())
-            time.sleep(0.1)
-            with contextlib.suppress(OSError, ValueError):
-                status = json.loads((data / "status.json").read_text())
         os.killpg(service.pid, signal.SIGTERM)  # as systemd: the script and its server
         started = time.monotonic()
         assert service.wait(timeout=20) == 143, journal.read_text()
@@ -983,25 +991,8 @@ def test_a_stop_that_also_signals_the_scripts_own_children_still_ends_the_server
     every SIGTERM: the script still
     kills it within the grace, instead of ending at the first signalled sleep and leaving it for
     systemd's SIGKILL 90 s later."""
-    prefix, data = fake_main_node(tmp_path, fake_llama_server("trap '' TERM; cat \"$FAKE_LOG\""))
-    env = {
-        **main_node_env(tmp_path, prefix, data),
-        "RPC_WORKERS": "", "FAKE_ARGS": str(tmp_path / "args"), "STOP_GRACE_SECONDS": "1",
-        "FAKE_LOG": str(GEMMA_LOAD_LOG),
-    }  # fmt: skip
-    journal = tmp_path / "journal"
-    with journal.open("w") as out:
-        service = subprocess.Popen(
-            ["bash", str(SCRIPTS / "llama-server.sh")], env=env,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    service, journal = serving_stand_in(tmp_path)
     try:
-        status: dict = {}
-        while status.get("phase") != "serving":
-            assert service.poll() is None, (status, journal.read_text())
-            time.sleep(0.1)
-            with contextlib.suppress(OSError, ValueError):
-                status = json.loads((data / "status.json").read_text())
         started, signalled = time.monotonic(), set()
         while service.poll() is None and time.monotonic() - started < 5:
             listed = subprocess.run(
