@@ -23,8 +23,11 @@ METADATA_RULESET="${METADATA_RULESET:-/etc/llama-rpc/metadata.nft}"
 LLAMA_PREFIX="${LLAMA_PREFIX:-/opt/llama.cpp}"
 RPC_PORT="${RPC_PORT:-50052}"
 
+# Builtins only: a service's stop signal that arrives while bash reads a command substitution
+# runs its trap from inside bash's parser, which then fails on the command's next substitution
+# (bash 5.2: "trap: unexpected EOF while looking for matching `)'", exit 2) instead of stopping.
 log() {
-  printf '%s %s: %s\n' "$(date -u +%FT%TZ)" "$(basename "$0")" "$*" >&2
+  TZ=UTC printf '%(%FT%TZ)T %s: %s\n' -1 "${0##*/}" "$*" >&2
 }
 
 # llama_rpc_status COMMAND ...: the status tool, on this node's status file; it also does the

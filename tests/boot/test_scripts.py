@@ -403,6 +403,8 @@ def test_a_log_without_the_layer_lines_is_an_error_that_says_why(tmp_path: Path)
     assert "0 placed layers of 18; was llama-server run with --log-verbosity 5" in result.stderr
     result = placement_of(GEMMA_LOAD_LOG, "10.0.1.11:50052,10.0.9.9:50052")
     assert result.returncode != 0 and "RPC0[10.0.1.12:50052] is on no server" in result.stderr
+    result = placement_of(GEMMA_LOAD_LOG, "")  # the log's layers are on RPC servers
+    assert result.returncode != 0 and "a layer is on RPC0, beyond the servers" in result.stderr
 
 
 def test_the_filter_passes_each_line_on_as_it_comes(tmp_path: Path) -> None:
@@ -980,6 +982,32 @@ def test_a_stopped_service_stops_a_server_that_waits_out_its_first_sigterm(tmp_p
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(service.pid, signal.SIGKILL)
+
+
+def test_a_stop_signal_while_a_service_logs_still_stops_it(tmp_path: Path) -> None:
+    """bash runs a pending trap while it reads a command substitution, and then fails to parse
+    the command's next one: a service stopped while it logs exited 2 ("trap: unexpected EOF"),
+    not as stopped. Here `date` and `basename` take half a second, so a log line that used them
+    would be mid-substitution when the signal comes."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    for name in ("date", "basename"):
+        real = shutil.which(name)
+        (slow / name).write_text(f'#!/bin/sh\nsleep 0.5\nexec {real} "$@"\n')
+        (slow / name).chmod(0o755)
+    script = f"set -euo pipefail; source {SCRIPTS / 'lib.sh'}; trap 'exit 143' TERM\n"
+    script += "while :; do log stopping soon; sleep 0.05; done\n"
+    env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
+    for _ in range(3):
+        service = subprocess.Popen(
+            ["bash", "-c", script], env=env, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        time.sleep(0.3)
+        os.killpg(service.pid, signal.SIGTERM)
+        _, errors = service.communicate(timeout=10)
+        assert service.returncode == 143, errors
+        assert "stopping soon" in errors
 
 
 def test_a_stop_that_also_signals_the_scripts_own_children_still_ends_the_server(
