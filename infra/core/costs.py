@@ -180,13 +180,17 @@ def hourly_cost(
     nat = _priced(provider, facts.nat.hourly_usage(len(nodes) + balancer_behind_nat))
     if nat is None:
         unpriced.append(facts.nat.name)
-    monthly_disks = [
-        _priced(provider, facts.disk.monthly_usage(node.disk_gb, node.disk_throughput_mibps))
-        for node in nodes
-    ] + [
-        _priced(provider, facts.disk.monthly_usage(node.system_disk_gb, None))
-        for node in nodes
-        if node.system_disk_gb
+    # Priced once per size: a group's workers share one (the planner prices many clusters).
+    disk_prices: dict[tuple[int, int | None], float | None] = {}
+
+    def monthly_disk(gb: int, throughput_mibps: int | None) -> float | None:
+        if (gb, throughput_mibps) not in disk_prices:
+            usage = facts.disk.monthly_usage(gb, throughput_mibps)
+            disk_prices[gb, throughput_mibps] = _priced(provider, usage)
+        return disk_prices[gb, throughput_mibps]
+
+    monthly_disks = [monthly_disk(node.disk_gb, node.disk_throughput_mibps) for node in nodes] + [
+        monthly_disk(node.system_disk_gb, None) for node in nodes if node.system_disk_gb
     ]
     disks = None
     if any(cost is None for cost in monthly_disks):

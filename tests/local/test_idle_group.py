@@ -30,9 +30,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 # answered (the balancer's header) and its tokens.
 BODY = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True, "cache_prompt": False}
 SHORT = 8
-# Long enough for several short requests, each a fraction of a second, to run meanwhile.
-LONG = 1200
-LONGER = 2400
+# Long enough for several short requests, each a fraction of a second, to run meanwhile (about
+# 10 s at the shared cluster's 60 tokens a second).
+LONG = 600
+LONGER = 1200
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.machines]
 LRC = Path(sys.executable).parent / "lrc"  # the console script the project installs
 IDLE_SECONDS = 6
 # Long enough for a boot to serve and the idle test to end well inside it.
-DEADLINE_SECONDS = 45
+DEADLINE_SECONDS = 38
 
 
 @pytest.fixture(scope="module")
