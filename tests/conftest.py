@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import inspect
 import json
 import os
 import random
@@ -627,6 +628,10 @@ def one_plus_two(llama_source: Path, prefix: str, second_octet: int, **changes: 
 # directories, no cluster) runs with the other tiers.
 SLOW_MARKERS = ("slow", "netns", "machines")
 SLOW_GROUP = "clusters"
+# The tests that deploy stacks under mocks run on one worker too, in order: each worker makes a
+# deployment once (tests/pulumi_mocks.py), and the slow tier's worker, joining the other tiers
+# at the end, would make them all again for the last few.
+DEPLOYMENTS_GROUP = "deployments"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -646,6 +651,23 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         and not item.get_closest_marker("parallel_safe")
     ):
         item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
+    elif item.config.pluginmanager.hasplugin("xdist") and deploys_stacks(item):
+        item.add_marker(pytest.mark.xdist_group(DEPLOYMENTS_GROUP))
+
+
+def deploys_stacks(item: pytest.Item) -> bool:
+    """Whether the item's module uses the mocked deployments: it binds tests.pulumi_mocks or
+    something of it, or of a test module of the program (tests/stack)."""
+    module = getattr(item, "module", None)
+    if module is None:
+        return False
+    for value in vars(module).values():
+        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if isinstance(name, str) and (
+            name == "tests.pulumi_mocks" or name.startswith("tests.stack.")
+        ):
+            return True
+    return False
 
 
 @pytest.hookimpl(tryfirst=True)
