@@ -307,6 +307,10 @@ global
     retries {RETRIES}
     option redispatch 1
     retry-on {" ".join(RETRY_ON)}
+    # A client that closes its connection gives its request up: dropped from the queue, or
+    # closed to its group, whose llama-server stops generating it and frees the slot. Without
+    # it HAProxy waits for the whole answer, a generation nobody reads holding a group's slot.
+    option abortonclose
 
 frontend api
     bind {balancer.listen_ip}:{balancer.port}

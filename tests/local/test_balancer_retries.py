@@ -17,11 +17,12 @@ import contextlib
 import http.client
 import io
 import ipaddress
+import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,10 @@ FIRST_EVENT = b'data: {"content": "Hello"}\n\n'
 # the group's one slot meanwhile.
 SLOW_PATH = "/slow"
 SLOW_SECONDS = 2.0
+# A request to this path is a generation: it holds the group's slot for GENERATE_SECONDS, unless
+# its connection closes first (llama-server checks, and stops generating what nobody will read).
+GENERATE_PATH = "/generate"
+GENERATE_SECONDS = 2.5
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Group:
     health: int = 200
     failure: str | None = None
     requests: list[tuple[str, int]] = field(default_factory=list)
+    # Each generation's end: seconds until its connection closed, or None if it ran to the end.
+    generations: list[float | None] = field(default_factory=list)
     listener: socket.socket | None = None
 
     def start(self) -> None:
@@ -100,6 +107,11 @@ class Group:
                 self.requests.append((path, len(body)))
                 if path == SLOW_PATH:
                     time.sleep(SLOW_SECONDS)
+                elif path == GENERATE_PATH:
+                    closed_after = _closed_within(connection, GENERATE_SECONDS)
+                    self.generations.append(closed_after)
+                    if closed_after is not None:
+                        return
                 elif self.failure is not None:
                     self._fail(connection, self.failure)
                     return
@@ -133,6 +145,22 @@ def _read_request(stream: io.BufferedReader) -> tuple[str, bytes] | None:
     except OSError:  # HAProxy closed a check's connection, or the stand-in its own
         return None
     return line.decode().split()[1], body
+
+
+def _closed_within(connection: socket.socket, seconds: float) -> float | None:
+    """Seconds until the peer closed the connection (read end of file), or None if it was
+    still open after ``seconds``."""
+    started = time.monotonic()
+    while (left := seconds - (time.monotonic() - started)) > 0:
+        readable, _, _ = select.select([connection], [], [], left)
+        if readable:
+            try:
+                if not connection.recv(1, socket.MSG_PEEK):
+                    return time.monotonic() - started
+            except ConnectionResetError:
+                return time.monotonic() - started
+            time.sleep(0.01)  # bytes, not a close: nothing more is expected on it
+    return None
 
 
 def _answer(connection: socket.socket, status: int, body: bytes) -> None:
@@ -373,3 +401,66 @@ def test_a_request_that_outlasts_the_server_timeout_is_not_sent_again(tmp_path: 
         assert sorted(len(g.requests) for g in pair.groups) == [0, 1]
     finally:
         stop_pair(pair)
+
+
+def _give_up(pair: Pair, path: str, after: Callable[[], bool]) -> None:
+    """A client that sends a request and closes its connection, unanswered, once ``after``."""
+    with socket.create_connection((LISTEN, pair.port), timeout=30) as client:
+        client.sendall(raw_request(path, b"{}"))
+        deadline = time.monotonic() + 10
+        while not after():
+            assert time.monotonic() < deadline, pair.log()
+            time.sleep(0.01)
+
+
+def _generations(pair: Pair, count: int) -> list[float | None]:
+    deadline = time.monotonic() + GENERATE_SECONDS + 10
+    while len(ended := [e for g in pair.groups for e in g.generations]) < count:
+        assert time.monotonic() < deadline, pair.log()
+        time.sleep(0.01)
+    return ended
+
+
+def test_a_client_that_gives_up_frees_its_groups_slot(pair: Pair) -> None:
+    """A client closes its connection while its request generates: the group sees the close at
+    once (llama-server then stops generating, and its slot is free), not after the whole
+    answer."""
+    _give_up(pair, GENERATE_PATH, lambda: any(g.requests for g in pair.groups))
+    (closed_after,) = _generations(pair, 1)
+    assert closed_after is not None and closed_after < 1, closed_after
+
+
+def test_without_abortonclose_a_given_up_request_generates_to_the_end(tmp_path: Path) -> None:
+    """The control: without ``option abortonclose`` HAProxy keeps the group's connection open
+    until the whole answer has come, for a client that is gone."""
+    pair = start_pair(tmp_path / "lb", edit=("    option abortonclose\n", ""))
+    try:
+        pair.wait_for(UP)
+        _give_up(pair, GENERATE_PATH, lambda: any(g.requests for g in pair.groups))
+        assert _generations(pair, 1) == [None]
+    finally:
+        stop_pair(pair)
+
+
+def test_a_request_given_up_in_the_queue_never_reaches_a_group(pair: Pair) -> None:
+    """Both groups generate; a third request waits in HAProxy's queue, and its client gives up:
+    once the groups are free it is not sent to either (nobody would read its answer)."""
+    held = [threading.Thread(target=send, args=(pair.port, GENERATE_PATH)) for _ in range(2)]
+    for thread in held:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not all(g.requests for g in pair.groups):
+            assert time.monotonic() < deadline, pair.log()
+            time.sleep(0.01)
+        _give_up(pair, GENERATE_PATH, lambda: pair.balancer.queued() == 1)
+        assert _generations(pair, 2) == [None, None]  # the held ones, answered
+    finally:
+        for thread in held:
+            thread.join()
+    send(pair.port)  # a request after them reaches a group, so the queue has been served
+    assert sorted(path for g in pair.groups for path, _ in g.requests) == [
+        "/completion",
+        GENERATE_PATH,
+        GENERATE_PATH,
+    ], pair.log()
